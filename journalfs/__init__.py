@@ -1,0 +1,2 @@
+"""journalfs: journal files as browsable records, gvfs-compatible metadata as xattrs."""
+__version__ = "0.1.0"

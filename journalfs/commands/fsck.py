@@ -1,0 +1,6 @@
+"""`journalfs fsck` (placeholder until it lands)."""
+
+
+def add_parser(sub):
+    p = sub.add_parser("fsck", help="(not yet available)")
+    p.set_defaults(run=lambda args: 1)

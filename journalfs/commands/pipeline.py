@@ -1,0 +1,6 @@
+"""`journalfs pipeline` (placeholder until it lands)."""
+
+
+def add_parser(sub):
+    p = sub.add_parser("pipeline", help="(not yet available)")
+    p.set_defaults(run=lambda args: 1)

@@ -1,0 +1,159 @@
+"""The one interface every format codec implements.
+
+A codec turns bytes into records and records into bytes. It never opens files: callers hand
+it a buffer (bytes, memoryview or mmap) plus the file's name, which only appears in errors.
+
+Records are plain dicts holding exactly the contract's JSON fields (``format``, ``seq``,
+``offset``, ``kind`` and the per-format fields), except that a binary payload is kept as
+``bytes`` under ``"payload"``; :func:`record_to_json` turns that into ``payload_b64``.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+Buffer = Any  # bytes | bytearray | memoryview | mmap.mmap
+Record = dict
+
+
+class FormatError(Exception):
+    """Damage in a journal file: which file, at which byte, and why."""
+
+    def __init__(self, source: str, offset: int, reason: str):
+        super().__init__(source, offset, reason)
+        self.source = source
+        self.offset = offset
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.source}: damaged at byte {self.offset}: {self.reason}"
+
+
+@dataclass
+class Columns:
+    """Columnar output of :meth:`Codec.read_columns`.
+
+    ``data`` maps each contract field name (``seq``, ``offset``, ``kind``, the format's fields,
+    and ``payload`` as a list/array of bytes) to a numpy array or a Python list, all of length
+    ``rows``. ``next_offset``/``next_seq`` say where a following call resumes; ``error`` is the
+    damage that ended decoding early (the rows before it are valid).
+    """
+
+    data: dict[str, Any]
+    rows: int
+    next_offset: int | None
+    next_seq: int
+    error: FormatError | None = None
+
+
+@dataclass
+class Finding:
+    """One problem found by :meth:`Codec.validate` (beyond what reading already rejects)."""
+
+    offset: int
+    reason: str
+    severity: str = "error"  # "error" (damage) or "warning" (odd but readable)
+
+
+@dataclass
+class Repair:
+    """What :meth:`Codec.repair` decided: the new file bytes and a sentence per change."""
+
+    data: bytes
+    actions: list[str] = field(default_factory=list)
+
+
+class Codec:
+    """Base class; one subclass per format, registered in :mod:`journalfs.formats`."""
+
+    name: str = ""  # contract format name, e.g. "kestrel-writer"
+    kinds: tuple[str, ...] = ()
+    #: True when :meth:`read` can resume at any record's ``offset`` (with its ``seq``).
+    resumable: bool = True
+    #: Fixed record width in bytes for fixed-width formats (random access without an index).
+    record_size: int | None = None
+    header_size: int = 0
+
+    # -- detection -------------------------------------------------------------------------
+    def sniff(self, head: bytes) -> bool:
+        """True when ``head`` (the file's first up-to-64 bytes) carries this format's magic."""
+        raise NotImplementedError
+
+    # -- reading ---------------------------------------------------------------------------
+    def read(self, buf: Buffer, source: str, start: int | None = None, seq: int = 0,
+             stop: int | None = None) -> Iterator[Record]:
+        """Yield records in file order from byte ``start`` (a record boundary; None = first).
+
+        ``seq`` is the ordinal of the record at ``start``. Decoding stops before any record that
+        begins at or after ``stop``. At the first damage, raise :class:`FormatError` after
+        yielding every valid record before it. Every size or offset read from the buffer is
+        checked against ``len(buf)`` before use.
+        """
+        raise NotImplementedError
+
+    def read_columns(self, buf: Buffer, source: str, start: int | None = None, seq: int = 0,
+                     stop: int | None = None, limit: int | None = None) -> Columns:
+        """Up to ``limit`` records as columns. Formats on the hot path override this with a
+        vectorised decoder; this default goes through :meth:`read`."""
+        rows: list[Record] = []
+        error = None
+        next_offset = start
+        it = self.read(buf, source, start, seq, stop)
+        try:
+            for rec in it:
+                if limit is not None and len(rows) >= limit:
+                    next_offset = rec["offset"]
+                    break
+                rows.append(rec)
+            else:
+                next_offset = None
+        except FormatError as exc:
+            error = exc
+            next_offset = None
+        finally:
+            it.close()
+        names: list[str] = []
+        for r in rows:
+            for k in r:
+                if k not in names:
+                    names.append(k)
+        data = {k: [r.get(k) for r in rows] for k in names}
+        return Columns(data, len(rows), next_offset, seq + len(rows), error)
+
+    # -- writing ---------------------------------------------------------------------------
+    def write(self, records: Sequence[Record], **header: Any) -> bytes:
+        """Encode ``records`` (dicts as :meth:`read` yields; ``seq``/``offset`` ignored) into a
+        complete file. ``header`` carries format-level settings (e.g. TTL, flags, tag)."""
+        raise NotImplementedError
+
+    # -- validation and recovery -----------------------------------------------------------
+    def validate(self, buf: Buffer, source: str, **context: Any) -> list[Finding]:
+        """Format-specific consistency checks beyond decoding (links, indexes, status).
+        ``context`` may carry related files' bytes (e.g. ``log=`` for a Wallaby index)."""
+        return []
+
+    def repair(self, buf: Buffer, source: str, **context: Any) -> Repair | None:
+        """Apply the format's own recovery rule; None when nothing needs repair. Never drops a
+        record that :meth:`read` returns as valid."""
+        return None
+
+
+def payload_b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(bytes(data)).decode("ascii")
+
+
+def record_to_json(rec: Record) -> dict:
+    """The contract's JSON object for one record (payload bytes become ``payload_b64``)."""
+    out = {}
+    for k, v in rec.items():
+        if k == "payload":
+            out["payload_b64"] = payload_b64(v)
+        else:
+            out[k] = v
+    return out
+
+
+def record_json_line(rec: Record) -> str:
+    return json.dumps(record_to_json(rec), ensure_ascii=False, separators=(", ", ": "))
