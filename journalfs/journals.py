@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import datetime
 import mmap
 import os
+import tempfile
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -121,4 +123,122 @@ class RecordIndex:
         raise IndexError(seq)
 
 
-__all__ = ["CHECKPOINT_EVERY", "CODECS", "RecordIndex", "mapped", "read_file", "sniff_file"]
+# -- related files ---------------------------------------------------------------------------
+
+def _sibling_of_format(directory: str, fmt: str, preferred: str) -> str | None:
+    """``directory/preferred`` when it is a ``fmt`` file, else the first such file by name."""
+    first = os.path.join(directory, preferred)
+    if os.path.isfile(first) and _format_of(first) == fmt:
+        return first
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return None
+    for name in names:
+        candidate = os.path.join(directory, name)
+        if is_backup(name) or not os.path.isfile(candidate):
+            continue
+        if _format_of(candidate) == fmt:
+            return candidate
+    return None
+
+
+def _format_of(path: str) -> str | None:
+    codec = sniff_file(path)
+    return codec.name if codec else None
+
+
+def related_files(path: str, codec: Codec) -> dict[str, str]:
+    """The files :meth:`Codec.validate` / :meth:`Codec.repair` of ``path`` want as context,
+    by context keyword: a Wallaby index's ``log`` (its name without ``.idx``), a Wallaby log's
+    ``index`` (``<name>.idx``), an akka meta file's ``data`` and an akka data file's ``meta``
+    (same directory, preferably named ``data`` / ``meta``). Only files whose magic matches."""
+    directory = os.path.dirname(path) or "."
+    related: dict[str, str] = {}
+    if codec.name == "wallaby-index" and path.endswith(".idx"):
+        log = path[: -len(".idx")]
+        if os.path.isfile(log) and _format_of(log) == "wallaby-log":
+            related["log"] = log
+    elif codec.name == "wallaby-log":
+        index = path + ".idx"
+        if os.path.isfile(index) and _format_of(index) == "wallaby-index":
+            related["index"] = index
+    elif codec.name == "akka-meta":
+        data = _sibling_of_format(directory, "akka-data", "data")
+        if data:
+            related["data"] = data
+    elif codec.name == "akka-data":
+        meta = _sibling_of_format(directory, "akka-meta", "meta")
+        if meta:
+            related["meta"] = meta
+    return related
+
+
+# -- safe rewriting ----------------------------------------------------------------------------
+
+BACKUP_MARK = ".journalfs-backup-"
+
+
+def is_backup(name: str) -> bool:
+    return BACKUP_MARK in os.path.basename(name)
+
+
+def fsync_dir(directory: str) -> None:
+    fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.fsync(fd)
+
+
+def write_backup(path: str, data: bytes) -> str:
+    """Write ``data`` to a new ``<path>.journalfs-backup-<UTC timestamp>`` (never overwriting an
+    existing file), fsync it and its directory; return its name."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    base = f"{path}{BACKUP_MARK}{stamp}"
+    for attempt in range(1000):
+        name = base if attempt == 0 else f"{base}-{attempt}"
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            continue
+        try:
+            _write_durably(fd, data)
+        finally:
+            os.close(fd)
+        fsync_dir(os.path.dirname(path))
+        return name
+    raise FileExistsError(f"{base}: too many backups with this timestamp")
+
+
+def replace_atomically(path: str, data: bytes) -> None:
+    """Replace ``path`` by ``data``: temp file in the same directory, fsync, rename, fsync dir.
+    The file keeps its permission bits; a crash leaves either the old or the new content."""
+    directory = os.path.dirname(path) or "."
+    mode = os.stat(path).st_mode & 0o7777
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".journalfs-tmp",
+                               dir=directory)
+    try:
+        try:
+            os.fchmod(fd, mode)
+            _write_durably(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(directory)
+
+
+__all__ = ["BACKUP_MARK", "CHECKPOINT_EVERY", "CODECS", "RecordIndex", "fsync_dir", "is_backup",
+           "mapped", "read_file", "related_files", "replace_atomically", "sniff_file",
+           "write_backup"]

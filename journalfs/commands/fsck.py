@@ -1,6 +1,272 @@
-"""`journalfs fsck` (placeholder until it lands)."""
+"""`journalfs fsck PATH [--repair]`: verify journal files and gvfs metadata stores.
+
+PATH is one file, a gvfs store's tree file, or a directory (every journal file below it,
+recursively). Each file is decoded to its end and checked by its codec's ``validate`` with its
+related files as context (a Wallaby log and its index, akka meta and data). Files are only
+written with ``--repair``: the codec's own recovery rule makes the new bytes, which are
+accepted only if every record that was valid before is still there; then a backup
+``<file>.journalfs-backup-<UTC time>`` is written and fsynced, and the file is replaced
+atomically. Exit 0 when everything is clean (or fully repaired), 3 when damage remains.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from ..formats import Codec, Finding, FormatError
+from ..formats.base import Record, record_to_json
+from ..journals import (is_backup, mapped, related_files, replace_atomically, sniff_file,
+                        write_backup)
+
+EXIT_OK, EXIT_ERROR, EXIT_DAMAGED = 0, 1, 3
+#: Fields a recovery rule may legitimately rewrite (links, completion state, derived offsets);
+#: the no-loss check compares records without them.
+MUTABLE_FIELDS = frozenset({"format", "seq", "offset", "prev", "next", "self", "complete",
+                            "status", "first", "last", "highest_seq", "log_offset"})
+#: Formats that only index another file: their repair rebuilds them from that file (which holds
+#: the records and is left untouched), so their own entries are not records to preserve.
+DERIVED_FORMATS = frozenset({"wallaby-index"})
 
 
-def add_parser(sub):
-    p = sub.add_parser("fsck", help="(not yet available)")
-    p.set_defaults(run=lambda args: 1)
+def add_parser(sub) -> None:
+    p = sub.add_parser("fsck", help="verify (and with --repair, fix) journal files and stores",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("path", help="a journal file, a gvfs store tree file, or a directory")
+    p.add_argument("--repair", action="store_true",
+                   help="apply each format's recovery rule (a backup is written first)")
+    p.set_defaults(run=run)
+
+
+@dataclass
+class Report:
+    """What fsck found in one file (or store) and what it did about it."""
+
+    path: str
+    format: str
+    records: int | None = None  # None for a store (its check counts no records)
+    findings: list[Finding] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    failure: str | None = None  # fsck itself could not check the file (exit 1)
+
+    @property
+    def damaged(self) -> bool:
+        return any(f.severity == "error" for f in self.findings)
+
+
+def run(args) -> int:
+    path = args.path
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file or directory")
+    if os.path.isdir(path):
+        targets = list(_journal_files(path))
+        if not targets:
+            print(f"{path}: no journal files found")
+            return EXIT_OK
+    else:
+        codec = sniff_file(path)
+        if codec is None:
+            print(f"journalfs: {path}: not a supported journal (unknown magic bytes)",
+                  file=sys.stderr)
+            return EXIT_DAMAGED
+        targets = [(path, codec)]
+    reports = [check_target(p, c, args.repair) for p, c in targets]
+    return _exit_code(reports)
+
+
+def _exit_code(reports: list[Report]) -> int:
+    if any(r.damaged for r in reports):
+        return EXIT_DAMAGED
+    if any(r.failure for r in reports):
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def _journal_files(root: str) -> Iterator[tuple[str, Codec]]:
+    """Every journal file below ``root`` in name order, except our own backups and gvfs
+    journals that belong to a tree in the same directory (checked with their store)."""
+    for directory, dirs, files in os.walk(root):
+        dirs.sort()
+        found = []
+        for name in sorted(files):
+            full = os.path.join(directory, name)
+            if is_backup(name) or os.path.islink(full) or not os.path.isfile(full):
+                continue
+            codec = sniff_file(full)
+            if codec is not None:
+                found.append((full, codec))
+        trees = [os.path.basename(p) for p, c in found if c.name == "gvfs-tree"]
+        for full, codec in found:
+            if codec.name == "gvfs-journal" and _store_tree_of(os.path.basename(full), trees):
+                continue
+            yield full, codec
+
+
+def _store_tree_of(journal_name: str, trees: list[str]) -> str | None:
+    """The tree a journal named ``<tree>-<8 hex>.log`` belongs to, if it is among ``trees``."""
+    stem = journal_name[: -len("-xxxxxxxx.log")] if journal_name.endswith(".log") else None
+    return stem if stem in trees else None
+
+
+def check_target(path: str, codec: Codec, repair: bool) -> Report:
+    try:
+        if codec.name == "gvfs-tree":
+            report = check_store(path, repair)
+        else:
+            report = check_file(path, codec, repair)
+    except (OSError, FormatError) as exc:  # FormatError here: from context files or validate
+        report = Report(path, codec.name, failure=str(exc))
+    print_report(report)
+    return report
+
+
+# -- one journal file ---------------------------------------------------------------------------
+
+def check_file(path: str, codec: Codec, repair: bool) -> Report:
+    report = Report(path, codec.name)
+    with _context(path, codec) as context, mapped(path) as buf:
+        report.records, report.findings = inspect(buf, path, codec, context)
+        if not repair:
+            return report
+        fix = codec.repair(buf, path, **context)  # None when nothing needs repair
+        original = bytes(buf)
+        if fix is None or fix.data == original:
+            if report.damaged:
+                report.actions.append("no automatic repair exists for this damage")
+            return report
+        refusal = lost_record(buf, fix.data, path, codec)
+        if refusal:
+            report.actions.append(f"repair refused: {refusal}")
+            return report
+    backup = write_backup(path, original)
+    replace_atomically(path, fix.data)
+    report.actions.extend(fix.actions or ["repaired"])
+    report.actions.append(f"backup written to {backup}")
+    with _context(path, codec) as context, mapped(path) as buf:
+        report.records, report.findings = inspect(buf, path, codec, context)
+    return report
+
+
+def inspect(buf, path: str, codec: Codec, context: dict[str, Any]) -> tuple[int, list[Finding]]:
+    """Decode every record (counting them) and run the codec's validation."""
+    findings: list[Finding] = []
+    count = 0
+    records = codec.read(buf, path)
+    try:
+        for _ in records:
+            count += 1
+    except FormatError as exc:
+        findings.append(Finding(exc.offset, exc.reason))
+    finally:
+        records.close()
+    try:
+        findings.extend(codec.validate(buf, path, **context))
+    except FormatError as exc:
+        findings.append(Finding(exc.offset, exc.reason))
+    return count, _unique(findings)
+
+
+def _unique(findings: list[Finding]) -> list[Finding]:
+    seen, out = set(), []
+    for f in sorted(findings, key=lambda f: f.offset):
+        key = (f.offset, f.reason, f.severity)
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    return out
+
+
+@contextlib.contextmanager
+def _context(path: str, codec: Codec):
+    """The related files of ``path`` mapped read-only, as ``validate``/``repair`` keywords."""
+    with contextlib.ExitStack() as stack:
+        yield {name: stack.enter_context(mapped(other))
+               for name, other in related_files(path, codec).items()}
+
+
+def lost_record(before, after: bytes, path: str, codec: Codec) -> str | None:
+    """Why ``after`` would lose a record that ``before`` holds as valid, or None.
+
+    The valid records of ``before`` must reappear in ``after`` in the same order (``after`` may
+    hold more); records the format's recovery rule discards by definition (transactions to roll
+    back) do not count, and fields that recovery rewrites (links, completion) are ignored.
+    Derived files (indexes) are rebuilt from their source and are exempt.
+    """
+    if codec.name in DERIVED_FORMATS:
+        return None
+    kept = (r for r in _valid_prefix(codec, before, path) if r.get("status") != "rollback")
+    repaired = _valid_prefix(codec, after, path)
+    for old, new in itertools.zip_longest(kept, repaired):
+        if old is None:
+            return None
+        if new is None:
+            return f"record {old['seq']} (byte {old['offset']}) would be lost"
+        if _identity(old) != _identity(new):
+            return f"record {old['seq']} (byte {old['offset']}) would change"
+    return None
+
+
+def _valid_prefix(codec: Codec, buf, path: str) -> Iterator[Record]:
+    records = codec.read(buf, path)
+    try:
+        yield from records
+    except FormatError:
+        return
+    finally:
+        records.close()
+
+
+def _identity(rec: Record) -> str:
+    return json.dumps({k: v for k, v in record_to_json(rec).items() if k not in MUTABLE_FIELDS},
+                      sort_keys=True)
+
+
+# -- gvfs metadata stores -----------------------------------------------------------------------
+
+def check_store(tree_path: str, repair: bool) -> Report:
+    """A gvfs store (tree + journal) is checked as a whole by the metastore's own fsck; while
+    that is unavailable, the tree file is checked like any journal file."""
+    try:
+        from ..metastore.fsck import check_store as metastore_check
+    except ImportError:
+        report = check_file(tree_path, sniff_file(tree_path), repair)
+        report.actions.append("store-level check unavailable (journalfs.metastore.fsck missing)")
+        return report
+    return _store_report(tree_path, metastore_check(tree_path, repair))
+
+
+def _store_report(tree_path: str, result: Any) -> Report:
+    """Adapt whatever the metastore's check returns: a Report-like object, a list of findings
+    (Finding or text), or a bool (True = clean)."""
+    report = Report(tree_path, "gvfs-store")
+    if isinstance(result, bool):
+        if not result:
+            report.findings.append(Finding(0, "store is damaged"))
+        return report
+    findings = getattr(result, "findings", result)
+    report.actions.extend(str(a) for a in getattr(result, "actions", ()) or ())
+    for item in findings or ():
+        report.findings.append(item if isinstance(item, Finding) else Finding(0, str(item)))
+    return report
+
+
+# -- output -------------------------------------------------------------------------------------
+
+def print_report(report: Report) -> None:
+    if report.failure:
+        print(f"{report.path}: {report.format}: could not check: {report.failure}")
+        return
+    errors = sum(f.severity == "error" for f in report.findings)
+    state = "DAMAGED" if errors else "ok"
+    counts = ([] if report.records is None else [f"{report.records} records"]) + (
+        [f"{errors} errors"] if errors else [])
+    print(f"{report.path}: {report.format}: {state}" + (f" ({', '.join(counts)})" if counts else ""))
+    for f in report.findings:
+        print(f"  byte {f.offset}: {f.severity}: {f.reason}")
+    for action in report.actions:
+        print(f"  {action}")
+    sys.stdout.flush()

@@ -1,6 +1,131 @@
-"""`journalfs meta` (placeholder until it lands)."""
+"""`journalfs meta ...`: read and write a gvfs-format metadata store (tree + journal) directly.
+
+TREE is the tree file (e.g. ~/.local/share/gvfs-metadata/home); its journal is found by tag.
+Reads open the store read-only (no lock); writes take the store's writer lock, so they fail
+with a clear message while a mount (or another `meta` command) is writing it.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from ..metastore.store import SYNC_MODES, MetaStore
 
 
-def add_parser(sub):
-    p = sub.add_parser("meta", help="(not yet available)")
-    p.set_defaults(run=lambda args: 1)
+def add_parser(sub) -> None:
+    p = sub.add_parser("meta", help="read and write a gvfs metadata store",
+                       description=__doc__.split("\n\n")[0])
+    msub = p.add_subparsers(dest="meta_command", required=True, parser_class=type(p))
+
+    def cmd(name, fn, help, *args):
+        c = msub.add_parser(name, help=help)
+        c.add_argument("tree", help="the store's tree file")
+        for a in args:
+            c.add_argument(a)
+        c.add_argument("--sync", choices=SYNC_MODES, default="always",
+                       help="durability of writes (default: always)")
+        c.set_defaults(run=fn)
+        return c
+
+    cmd("dump", run_dump, "print every path with metadata").add_argument(
+        "--json", action="store_true", help="one JSON object {path: {key: value}}")
+    g = cmd("get", run_get, "print a path's keys (or one key)", "path")
+    g.add_argument("key", nargs="?")
+    g.add_argument("--json", action="store_true")
+    s = cmd("set", run_set, "set a key (several values or --list: a list)", "path", "key")
+    s.add_argument("values", nargs="+", metavar="VALUE")
+    s.add_argument("--list", action="store_true", help="store a list even for one value")
+    cmd("unset", run_unset, "remove a key", "path", "key")
+    cmd("rm", run_rm, "remove a path's metadata and its subtree's", "path")
+    cmd("mv", run_mv, "move a path's metadata (subtree included)", "src", "dst")
+    cmd("compact", run_compact, "rotate: merge the journal into a new tree")
+
+
+def _reader(args) -> MetaStore:
+    return MetaStore.open(args.tree, readonly=True, create=False)
+
+
+def _writer(args) -> MetaStore:
+    return MetaStore.open(args.tree, sync=args.sync)
+
+
+def _warn_damage(store: MetaStore) -> None:
+    error = store.status()["journal_error"]
+    if error:
+        print(f"journalfs: warning: {error} (later journal entries ignored, as gvfs does)",
+              file=sys.stderr)
+
+
+def _show(value) -> str:
+    return ", ".join(json.dumps(v, ensure_ascii=False) for v in value) if isinstance(value, list) \
+        else json.dumps(value, ensure_ascii=False)
+
+
+def run_dump(args) -> int:
+    store = _reader(args)
+    try:
+        state = store.dump()
+        _warn_damage(store)
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(state, ensure_ascii=False, sort_keys=True, indent=1))
+        return 0
+    for path in sorted(state):
+        print(path)
+        for key, value in sorted(state[path].items()):
+            kind = "list" if isinstance(value, list) else "string"
+            print(f"  {key} ({kind}): {_show(value)}")
+    return 0
+
+
+def run_get(args) -> int:
+    store = _reader(args)
+    try:
+        meta = store.get_all(args.path)
+    finally:
+        store.close()
+    if args.key is not None:
+        if args.key not in meta:
+            print(f"journalfs: {args.path}: no key {args.key!r}", file=sys.stderr)
+            return 1
+        meta = {args.key: meta[args.key]}
+    if args.json:
+        print(json.dumps(meta if args.key is None else meta[args.key], ensure_ascii=False))
+    elif args.key is not None:
+        value = meta[args.key]
+        print("\n".join(value) if isinstance(value, list) else value)
+    else:
+        for key, value in meta.items():
+            print(f"{key}: {_show(value)}")
+    return 0
+
+
+def _write(args, op) -> int:
+    with _writer(args) as store:
+        op(store)
+    return 0
+
+
+def run_set(args) -> int:
+    value = list(args.values) if (args.list or len(args.values) > 1) else args.values[0]
+    return _write(args, lambda s: s.set(args.path, args.key, value))
+
+
+def run_unset(args) -> int:
+    return _write(args, lambda s: s.unset(args.path, args.key))
+
+
+def run_rm(args) -> int:
+    return _write(args, lambda s: s.remove(args.path))
+
+
+def run_mv(args) -> int:
+    return _write(args, lambda s: s.move(args.src, args.dst))
+
+
+def run_compact(args) -> int:
+    with _writer(args) as store:
+        store.rotate()
+        print(f"compacted {store.tree_path}: new journal {store.journal_path}")
+    return 0

@@ -1,9 +1,220 @@
-"""Placeholder until the codec lands."""
-from .base import Codec
+"""gvfs metadata journal (``\\xda\\x1ajour``): header, CRC'd entries, encoder and validator.
+
+Byte layout: specs/gvfs-metadata.md. Readers stop at the first invalid entry (gvfs does the
+same); entries past the header's ``num_entries`` are not part of the journal at all.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+from .base import Codec, FormatError, Record
+
+MAGIC = b"\xda\x1ajour"
+HEADER_SIZE = 20
+FIRST_ENTRY = HEADER_SIZE
+#: The size gvfs gives every new journal; ours may be larger (gvfs honours file_size).
+GVFS_JOURNAL_SIZE = 32 * 1024
+MIN_ENTRY = 24
+
+OP_SET, OP_SETV, OP_UNSET, OP_COPY, OP_REMOVE = range(5)
+KIND_OF_OP = ("set", "setv", "unset", "copy", "remove")
+OP_OF_KIND = {k: i for i, k in enumerate(KIND_OF_OP)}
+
+_HEADER = struct.Struct(">6sBBIII")
+_U32 = struct.Struct(">I")
+_ENTRY_HEAD = struct.Struct(">IIQB")  # size, crc, mtime, op
+
+
+def encode_str(s: str) -> bytes:
+    """Keys, values and paths as stored: UTF-8 (raw bytes of odd file names survive) + NUL."""
+    data = s.encode("utf-8", "surrogateescape")
+    if b"\0" in data:
+        raise ValueError(f"NUL byte in {s!r}")
+    return data + b"\0"
+
+
+def decode_str(data: bytes) -> str:
+    return data.decode("utf-8", "surrogateescape")
+
+
+@dataclass(frozen=True)
+class JournalHeader:
+    tag: int
+    file_size: int
+    num_entries: int
+
+
+def parse_header(buf, source: str) -> JournalHeader:
+    if len(buf) < HEADER_SIZE:
+        raise FormatError(source, 0, f"journal header needs {HEADER_SIZE} bytes, file has {len(buf)}")
+    magic, major, _minor, tag, file_size, num = _HEADER.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise FormatError(source, 0, "not a gvfs metadata journal (bad magic)")
+    if major != 1:
+        raise FormatError(source, 6, f"unsupported journal major version {major}")
+    if file_size != len(buf):
+        raise FormatError(source, 12, f"header file_size {file_size} != real size {len(buf)}")
+    return JournalHeader(tag, file_size, num)
+
+
+def new_journal(tag: int, file_size: int = GVFS_JOURNAL_SIZE) -> bytearray:
+    """A fresh, empty journal file image (zero-filled after the header, as gvfs makes them)."""
+    if file_size < HEADER_SIZE + MIN_ENTRY or file_size % 4 or file_size > 0xFFFFFFFF:
+        raise ValueError(f"bad journal size {file_size}")
+    out = bytearray(file_size)
+    _HEADER.pack_into(out, 0, MAGIC, 1, 0, tag, file_size, 0)
+    return out
+
+
+def _pad4(out: bytearray) -> None:
+    out += b"\0" * (-len(out) % 4)
+
+
+def encode_entry(kind: str, mtime: int, path: str, key: str | None = None,
+                 value: str | Sequence[str] | None = None, source: str | None = None) -> bytes:
+    """One complete journal entry (both size fields and the CRC filled in)."""
+    op = OP_OF_KIND[kind]
+    out = bytearray(16)
+    out += bytes((op,))
+    out += encode_str(path)
+    if op in (OP_SET, OP_SETV, OP_UNSET):
+        out += encode_str(key)
+    if op == OP_SET:
+        out += encode_str(value)
+    elif op == OP_SETV:
+        _pad4(out)
+        values = list(value)
+        out += _U32.pack(len(values))
+        for v in values:
+            out += encode_str(v)
+    elif op == OP_COPY:
+        out += encode_str(source)
+    _pad4(out)
+    out += b"\0\0\0\0"
+    size = len(out)
+    struct.pack_into(">IIQ", out, 0, size, 0, mtime & 0xFFFFFFFFFFFFFFFF)
+    _U32.pack_into(out, size - 4, size)
+    _U32.pack_into(out, 4, zlib.crc32(memoryview(out)[8:]))
+    return bytes(out)
+
+
+def _cstr(buf, pos: int, end: int, source: str, what: str) -> tuple[str, int]:
+    """The NUL-terminated string at ``pos`` that must end before ``end``; and the next pos."""
+    nul = buf.find(b"\0", pos, end) if hasattr(buf, "find") else bytes(buf[pos:end]).find(b"\0")
+    if nul < 0:
+        raise FormatError(source, pos, f"unterminated {what}")
+    return decode_str(bytes(buf[pos:nul])), nul + 1
+
+
+def decode_entry(buf, offset: int, source: str, limit: int | None = None) -> tuple[dict, int]:
+    """Validate and decode the entry at ``offset``; returns (fields, entry_size).
+
+    ``limit`` is the end of the journal area (the file size). Raises FormatError naming the
+    first rule the entry breaks.
+    """
+    limit = len(buf) if limit is None else limit
+    if offset % 4:
+        raise FormatError(source, offset, "entry not 4-byte aligned")
+    if offset + MIN_ENTRY > limit:
+        raise FormatError(source, offset, "entry header runs past the end of the journal")
+    size, crc, mtime, op = _ENTRY_HEAD.unpack_from(buf, offset)
+    if size < MIN_ENTRY or size % 4 or offset + size > limit:
+        raise FormatError(source, offset, f"bad entry size {size}")
+    end = offset + size
+    if _U32.unpack_from(buf, end - 4)[0] != size:
+        raise FormatError(source, end - 4, "trailing entry size differs from leading size")
+    if zlib.crc32(memoryview(buf)[offset + 8:end]) != crc:
+        raise FormatError(source, offset + 4, "entry CRC mismatch")
+    if op > OP_REMOVE:
+        raise FormatError(source, offset + 16, f"unknown entry op {op}")
+    body_end = end - 4
+    path, pos = _cstr(buf, offset + 17, body_end, source, "path")
+    rec: dict = {"kind": KIND_OF_OP[op], "mtime": mtime, "path": path}
+    if op in (OP_SET, OP_SETV, OP_UNSET):
+        rec["key"], pos = _cstr(buf, pos, body_end, source, "key")
+    if op == OP_SET:
+        rec["value"], pos = _cstr(buf, pos, body_end, source, "value")
+    elif op == OP_SETV:
+        pos += -(pos - offset) % 4
+        if pos + 4 > body_end:
+            raise FormatError(source, pos, "list count runs past the entry")
+        count = _U32.unpack_from(buf, pos)[0]
+        pos += 4
+        if count > body_end - pos:  # every value takes at least its NUL byte
+            raise FormatError(source, pos - 4, f"list count {count} larger than the entry")
+        values = []
+        for _ in range(count):
+            v, pos = _cstr(buf, pos, body_end, source, "list value")
+            values.append(v)
+        rec["value"] = values
+    elif op == OP_COPY:
+        rec["source"], pos = _cstr(buf, pos, body_end, source, "copy source")
+    return rec, size
+
+
+def iter_entries(buf, source: str, start: int = FIRST_ENTRY, first_index: int = 0,
+                 count: int | None = None) -> Iterator[tuple[int, dict, int]]:
+    """(offset, fields, size) of valid entries from ``start`` (entry number ``first_index``) up
+    to the header's num_entries (or ``count`` more); FormatError at the first invalid one."""
+    header = parse_header(buf, source)
+    remaining = header.num_entries - first_index if count is None else count
+    offset = start
+    while remaining > 0:
+        rec, size = decode_entry(buf, offset, source, header.file_size)
+        yield offset, rec, size
+        offset += size
+        remaining -= 1
 
 
 class GvfsJournal(Codec):
-    name = "GvfsJournal"
+    name = "gvfs-journal"
+    kinds = KIND_OF_OP
+    header_size = HEADER_SIZE
 
-    def sniff(self, head):
-        return False
+    def sniff(self, head: bytes) -> bool:
+        return bytes(head[:6]) == MAGIC
+
+    def read(self, buf, source, start=None, seq=0, stop=None) -> Iterator[Record]:
+        start = FIRST_ENTRY if start is None else start
+        for offset, fields, _size in iter_entries(buf, source, start, seq):
+            if stop is not None and offset >= stop:
+                return
+            yield {"format": self.name, "seq": seq, "offset": offset, **fields}
+            seq += 1
+
+    def write(self, records: Sequence[Record], *, tag: int = 0, file_size: int | None = None,
+              **header) -> bytes:
+        entries = [encode_entry(r["kind"], int(r.get("mtime", 0)), r["path"], r.get("key"),
+                                r.get("value"), r.get("source")) for r in records]
+        used = HEADER_SIZE + sum(map(len, entries))
+        if file_size is None:
+            file_size = max(GVFS_JOURNAL_SIZE, used + (-used % 4))
+        if used > file_size:
+            raise ValueError(f"{len(entries)} entries need {used} bytes, journal holds {file_size}")
+        out = new_journal(tag, file_size)
+        pos = HEADER_SIZE
+        for e in entries:
+            out[pos:pos + len(e)] = e
+            pos += len(e)
+        _U32.pack_into(out, 16, len(entries))
+        return bytes(out)
+
+    def validate(self, buf, source, **context):
+        from .base import Finding
+        findings = []
+        try:
+            header = parse_header(buf, source)
+        except FormatError as exc:
+            return [Finding(exc.offset, exc.reason)]
+        tree_tag = context.get("tree_tag")
+        if tree_tag is not None and tree_tag != header.tag:
+            findings.append(Finding(8, f"journal tag {header.tag:08x} != tree tag {tree_tag:08x}"))
+        try:
+            for _ in iter_entries(buf, source):
+                pass
+        except FormatError as exc:
+            findings.append(Finding(exc.offset, exc.reason))
+        return findings

@@ -1,9 +1,668 @@
-"""Placeholder until the codec lands."""
-from .base import Codec
+"""gvfs metadata tree (``\\xda\\x1ameta``): mapped lookups, a merge overlay, a streaming writer.
+
+Byte layout: specs/gvfs-metadata.md. Three pieces:
+
+* :class:`TreeView` reads a mapped tree in place: binary search per path level and per key,
+  every offset and count checked against the buffer, no whole-tree load.
+* :class:`MergedTree` is a tree as an overlay over an optional base :class:`TreeView`; journal
+  entries are applied to it exactly as gvfs compacts (SET/SETV/UNSET/COPY/REMOVE). Only the
+  nodes the journal touches become Python objects; the rest stays in the mapped base.
+* :func:`write_tree` streams a :class:`MergedTree` into a file breadth-first, one directory at a
+  time, so a million-path store is rewritten without a Python object per node.
+"""
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import struct
+from array import array
+from typing import Any, BinaryIO, Iterator, Sequence
+
+import numpy as np
+
+from .base import Codec, Finding, FormatError, Record
+from .gvfs_journal import decode_str
+
+MAGIC = b"\xda\x1ameta"
+HEADER_SIZE = 32
+ROTATED_OFFSET = 8
+LIST_FLAG = 0x80000000
+DIRENT_SIZE = 16
+MAX_RAW_TIME = 0xFFFFFFFF
+
+_HEADER = struct.Struct(">6sBBIIIIq")
+_U32 = struct.Struct(">I")
+_DIRENT = struct.Struct(">IIII")
+_PAIR = struct.Struct(">II")
+
+Value = Any  # str | list[str]
 
 
+def key_bytes(key: str) -> bytes:
+    return key.encode("utf-8", "surrogateescape")
+
+
+def split_path(path: str) -> list[bytes]:
+    """Canonical gvfs path -> name components as bytes ("/" -> [])."""
+    return [p for p in path.encode("utf-8", "surrogateescape").split(b"/") if p]
+
+
+def join_path(parent: str, name: bytes) -> str:
+    return ("" if parent == "/" else parent) + "/" + decode_str(name)
+
+
+# ------------------------------------------------------------------------------------------
+# Reading a mapped tree
+# ------------------------------------------------------------------------------------------
+class TreeView:
+    """Random access to one tree buffer (bytes or mmap) without loading it."""
+
+    def __init__(self, buf, source: str):
+        self.buf = buf
+        self.source = source
+        self.size = len(buf)
+        if self.size < HEADER_SIZE:
+            raise FormatError(source, 0, f"tree header needs {HEADER_SIZE} bytes, file has {self.size}")
+        magic, major, _minor, _rot, self.tag, root, keywords, self.time_base = \
+            _HEADER.unpack_from(buf, 0)
+        if magic != MAGIC:
+            raise FormatError(source, 0, "not a gvfs metadata tree (bad magic)")
+        if major != 1:
+            raise FormatError(source, 6, f"unsupported tree major version {major}")
+        self.root = root
+        self._check_dirent(root, 16)
+        n = self._u32(keywords, 20)
+        if n > (self.size - keywords - 4) // 4:
+            raise FormatError(source, keywords, f"keyword count {n} larger than the file")
+        self.keywords: list[str] = [decode_str(self.cstr(o, keywords + 4 + 4 * i))
+                                    for i, o in enumerate(struct.unpack_from(f">{n}I", buf, keywords + 4))]
+        self.key_ids = {k: i for i, k in enumerate(self.keywords)}
+
+    # -- primitives ------------------------------------------------------------------------
+    @property
+    def rotated(self) -> int:
+        return _U32.unpack_from(self.buf, ROTATED_OFFSET)[0]
+
+    def _u32(self, off: int, where: int) -> int:
+        if off % 4 or off < 0 or off + 4 > self.size:
+            raise FormatError(self.source, where, f"offset {off} outside the file or unaligned")
+        return _U32.unpack_from(self.buf, off)[0]
+
+    def _check_dirent(self, off: int, where: int) -> None:
+        if off % 4 or off < HEADER_SIZE or off + DIRENT_SIZE > self.size:
+            raise FormatError(self.source, where, f"dirent offset {off} outside the file")
+
+    def cstr(self, off: int, where: int) -> bytes:
+        if off <= 0 or off >= self.size:
+            raise FormatError(self.source, where, f"string offset {off} outside the file")
+        end = self.buf.find(b"\0", off)
+        if end < 0:
+            raise FormatError(self.source, off, "string runs past the end of the file")
+        return bytes(self.buf[off:end])
+
+    def dirent(self, off: int) -> tuple[int, int, int, int]:
+        return _DIRENT.unpack_from(self.buf, off)
+
+    def time(self, off: int) -> int:
+        raw = _DIRENT.unpack_from(self.buf, off)[3]
+        return 0 if raw == 0 else raw + self.time_base
+
+    def name(self, off: int) -> bytes:
+        return self.cstr(_DIRENT.unpack_from(self.buf, off)[0], off)
+
+    def _children_block(self, off: int) -> tuple[int, int]:
+        """(count, offset of first child dirent) of the node at dirent ``off``."""
+        block = _DIRENT.unpack_from(self.buf, off)[1]
+        if block == 0:
+            return 0, 0
+        n = self._u32(block, off + 4)
+        if n > (self.size - block - 4) // DIRENT_SIZE:
+            raise FormatError(self.source, block, f"child count {n} larger than the file")
+        return n, block + 4
+
+    def child_count(self, off: int) -> int:
+        return self._children_block(off)[0]
+
+    def children(self, off: int) -> Iterator[tuple[bytes, int]]:
+        n, first = self._children_block(off)
+        for i in range(n):
+            child = first + DIRENT_SIZE * i
+            yield self.name(child), child
+
+    def find_child(self, off: int, name: bytes) -> int | None:
+        n, first = self._children_block(off)
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            child = first + DIRENT_SIZE * mid
+            here = self.name(child)
+            if here == name:
+                return child
+            if here < name:
+                lo = mid + 1
+            else:
+                hi = mid
+        return None
+
+    def lookup(self, path: str) -> int | None:
+        off = self.root
+        for name in split_path(path):
+            off = self.find_child(off, name)
+            if off is None:
+                return None
+        return off
+
+    # -- metadata --------------------------------------------------------------------------
+    def _metadata_block(self, off: int) -> tuple[int, int]:
+        block = _DIRENT.unpack_from(self.buf, off)[2]
+        if block == 0:
+            return 0, 0
+        n = self._u32(block, off + 8)
+        if n > (self.size - block - 4) // 8:
+            raise FormatError(self.source, block, f"metadata count {n} larger than the file")
+        return n, block + 4
+
+    def _value(self, key_field: int, value_off: int, where: int) -> Value:
+        if not key_field & LIST_FLAG:
+            return decode_str(self.cstr(value_off, where))
+        count = self._u32(value_off, where)
+        if count > (self.size - value_off - 4) // 4:
+            raise FormatError(self.source, value_off, f"list count {count} larger than the file")
+        offs = struct.unpack_from(f">{count}I", self.buf, value_off + 4)
+        return [decode_str(self.cstr(o, value_off + 4 + 4 * i)) for i, o in enumerate(offs)]
+
+    def _key_name(self, key_field: int, where: int) -> str:
+        kid = key_field & ~LIST_FLAG
+        if kid >= len(self.keywords):
+            raise FormatError(self.source, where, f"keyword id {kid} not in the keyword table")
+        return self.keywords[kid]
+
+    def metadata(self, off: int) -> dict[str, Value]:
+        n, first = self._metadata_block(off)
+        out = {}
+        for i in range(n):
+            at = first + 8 * i
+            key_field, value_off = _PAIR.unpack_from(self.buf, at)
+            out[self._key_name(key_field, at)] = self._value(key_field, value_off, at + 4)
+        return out
+
+    def has_metadata(self, off: int) -> bool:
+        return self._metadata_block(off)[0] > 0
+
+    def get(self, off: int, key: str) -> Value | None:
+        kid = self.key_ids.get(key)
+        if kid is None:
+            return None
+        n, first = self._metadata_block(off)
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            key_field, value_off = _PAIR.unpack_from(self.buf, first + 8 * mid)
+            here = key_field & ~LIST_FLAG
+            if here == kid:
+                return self._value(key_field, value_off, first + 8 * mid + 4)
+            if here < kid:
+                lo = mid + 1
+            else:
+                hi = mid
+        return None
+
+    # -- traversal -------------------------------------------------------------------------
+    def walk(self) -> Iterator[tuple[str, int]]:
+        """(path, dirent offset) of every node, breadth-first. A hostile file whose children
+        offsets form a cycle is caught by a budget: a tree cannot hold more dirents than
+        size/16, so visiting more means a loop."""
+        budget = self.size // DIRENT_SIZE + 1
+        level = [("/", self.root)]
+        while level:
+            nxt = []
+            for path, off in level:
+                budget -= 1
+                if budget < 0:
+                    raise FormatError(self.source, off, "children offsets form a cycle")
+                yield path, off
+                for name, child in self.children(off):
+                    nxt.append((join_path(path, name), child))
+            level = nxt
+
+
+# ------------------------------------------------------------------------------------------
+# The merge overlay: a tree = base tree + changes
+# ------------------------------------------------------------------------------------------
+class Node:
+    """A node the journal touched. ``base`` is the dirent in the base tree whose data and
+    children it starts from (0: none); ``children``/``meta`` override that (None = deleted);
+    ``forced`` is a copy's mtime, given to every base-only descendant too."""
+
+    __slots__ = ("base", "children", "meta", "mtime", "forced")
+
+    def __init__(self, base: int = 0, mtime: int | None = None, forced: int | None = None):
+        self.base = base
+        self.children: dict[bytes, Node | None] = {}
+        self.meta: dict[str, Value | None] = {}
+        self.mtime = mtime
+        self.forced = forced
+
+
+class MergedTree:
+    """gvfs's compaction state: a base tree (may be None) with journal entries applied."""
+
+    def __init__(self, base: TreeView | None = None):
+        self.base = base
+        self.root = Node(base.root if base else 0)
+        self.keys: set[str] = set(base.keywords) if base else set()
+        self.min_time: int | None = None
+
+    # -- navigation ------------------------------------------------------------------------
+    def _child(self, node: Node, name: bytes, create: bool, mtime: int | None = None) -> Node | None:
+        if name in node.children:
+            child = node.children[name]
+            if child is None and create:
+                child = node.children[name] = Node(0, 0)
+            return child
+        base_child = self.base.find_child(node.base, name) if (self.base and node.base) else None
+        if base_child is None and not create:
+            return None
+        child = Node(base_child or 0, node.forced if base_child else 0, node.forced)
+        node.children[name] = child
+        return child
+
+    def node(self, path: str, create: bool = False) -> Node | None:
+        node = self.root
+        for name in split_path(path):
+            node = self._child(node, name, create)
+            if node is None:
+                return None
+        return node
+
+    def _parent_and_name(self, path: str, create: bool) -> tuple[Node | None, bytes | None]:
+        names = split_path(path)
+        if not names:
+            return None, None
+        parent = self.root
+        for name in names[:-1]:
+            parent = self._child(parent, name, create)
+            if parent is None:
+                return None, None
+        return parent, names[-1]
+
+    def _clone(self, node: Node, mtime: int) -> Node:
+        copy = Node(node.base, mtime, mtime)
+        copy.meta = dict(node.meta)
+        copy.children = {k: (None if c is None else self._clone(c, mtime)) for k, c in node.children.items()}
+        return copy
+
+    def _note_time(self, mtime: int) -> None:
+        if mtime and (self.min_time is None or mtime < self.min_time):
+            self.min_time = mtime
+
+    # -- changes (gvfs compaction semantics) -----------------------------------------------
+    def set(self, path: str, key: str, value: Value, mtime: int) -> None:
+        node = self.node(path, create=True)
+        node.meta[key] = list(value) if isinstance(value, (list, tuple)) else value
+        node.mtime = mtime
+        self.keys.add(key)
+        self._note_time(mtime)
+
+    def unset(self, path: str, key: str, mtime: int) -> None:
+        node = self.node(path)
+        if node is not None:
+            node.meta[key] = None
+            node.mtime = mtime
+            self._note_time(mtime)
+
+    def remove(self, path: str) -> None:
+        if not split_path(path):  # "/" itself: everything goes
+            self.root = Node(0, 0)
+            return
+        parent, name = self._parent_and_name(path, create=False)
+        if parent is None:
+            return
+        parent.children[name] = None
+
+    def copy(self, source: str, dest: str, mtime: int) -> None:
+        src = self.node(source)
+        clone = None if src is None else self._clone(src, mtime)
+        self.remove(dest)
+        if clone is None:
+            return
+        self._note_time(mtime)
+        if not split_path(dest):
+            self.root = clone
+            return
+        parent, name = self._parent_and_name(dest, create=True)
+        parent.children[name] = clone
+
+    def apply(self, rec: dict) -> None:
+        """Apply one journal record (as :mod:`gvfs_journal` decodes it)."""
+        kind = rec["kind"]
+        if kind in ("set", "setv"):
+            self.set(rec["path"], rec["key"], rec["value"], rec["mtime"])
+        elif kind == "unset":
+            self.unset(rec["path"], rec["key"], rec["mtime"])
+        elif kind == "remove":
+            self.remove(rec["path"])
+        elif kind == "copy":
+            self.copy(rec["source"], rec["path"], rec["mtime"])
+
+    # -- reading the merged state ----------------------------------------------------------
+    # An "item" is a Node, or an int: a dirent of the base tree nobody touched.
+    def children_of(self, item, forced: int | None) -> list[tuple[bytes, Any, int | None]]:
+        """Sorted (name, item, forced) of the item's live children."""
+        if isinstance(item, Node):
+            out = {}
+            if self.base and item.base:
+                for name, child in self.base.children(item.base):
+                    out[name] = (child, item.forced)
+            for name, child in item.children.items():
+                if child is None:
+                    out.pop(name, None)
+                else:
+                    out[name] = (child, child.forced)
+            return [(n, c, f) for n, (c, f) in sorted(out.items())]
+        return [(name, child, forced) for name, child in sorted(self.base.children(item))]
+
+    def has_children(self, item) -> bool:
+        if isinstance(item, Node):
+            if any(c is not None for c in item.children.values()):
+                return True
+            if not (self.base and item.base):
+                return False
+            return any(name not in item.children for name, _ in self.base.children(item.base))
+        return self.base.child_count(item) > 0
+
+    def metadata_of(self, item) -> dict[str, Value]:
+        if isinstance(item, Node):
+            meta = self.base.metadata(item.base) if (self.base and item.base) else {}
+            for k, v in item.meta.items():
+                if v is None:
+                    meta.pop(k, None)
+                else:
+                    meta[k] = v
+            return meta
+        return self.base.metadata(item)
+
+    def time_of(self, item, forced: int | None) -> int:
+        if isinstance(item, Node):
+            if item.mtime is not None:
+                return item.mtime
+            return self.base.time(item.base) if (self.base and item.base) else 0
+        return forced if forced is not None else self.base.time(item)
+
+    def walk(self) -> Iterator[tuple[str, Any, int | None]]:
+        """(path, item, forced) of every node, breadth-first."""
+        level = [("/", self.root, self.root.forced)]
+        guard = self.cycle_guard()
+        while level:
+            nxt = []
+            for path, item, forced in level:
+                guard(item)
+                yield path, item, forced
+                for name, child, f in self.children_of(item, forced):
+                    nxt.append((join_path(path, name), child, f))
+            level = nxt
+
+    def cycle_guard(self):
+        """A callable that raises FormatError once more base dirents were visited than the
+        base file can hold (size/16): only a cycle in children offsets gets there."""
+        budget = [self.base.size // DIRENT_SIZE + 1 if self.base else 0]
+
+        def visit(item) -> None:
+            if isinstance(item, int):
+                budget[0] -= 1
+                if budget[0] < 0:
+                    raise FormatError(self.base.source, item, "children offsets form a cycle")
+        return visit
+
+    def items(self) -> Iterator[tuple[str, dict[str, Value], int]]:
+        """(path, metadata, mtime) of every node that has metadata, breadth-first."""
+        for path, item, forced in self.walk():
+            meta = self.metadata_of(item)
+            if meta:
+                yield path, meta, self.time_of(item, forced)
+
+
+# ------------------------------------------------------------------------------------------
+# Writing
+# ------------------------------------------------------------------------------------------
+class _Out:
+    """Sequential writer with our own position counter and a buffered tail."""
+
+    def __init__(self, f: BinaryIO):
+        self.f = f
+        self.pos = 0
+        self.tail = bytearray()
+
+    def write(self, data) -> int:
+        at = self.pos
+        self.tail += data
+        self.pos += len(data)
+        if len(self.tail) >= 1 << 22:
+            self.flush()
+        return at
+
+    def pad4(self) -> None:
+        if self.pos % 4:
+            self.write(b"\0" * (-self.pos % 4))
+
+    def flush(self) -> None:
+        self.f.write(self.tail)
+        self.tail.clear()
+
+
+def _string_block(strings: dict[bytes, int], start: int) -> bytes:
+    """Assign offsets (from ``start``) to each distinct string; returns the block bytes."""
+    out = bytearray()
+    for s in strings:
+        strings[s] = start + len(out)
+        out += s + b"\0"
+    out += b"\0" * (-len(out) % 4)
+    return bytes(out)
+
+
+def _meta_region(metas: list[dict[str, Value]], key_ids: dict[str, int], start: int) -> tuple[bytes, list[int]]:
+    """gvfs's per-directory metadata layout from ``start``: every node's block, then the list
+    tables, then one shared string block. Returns (bytes, block offset per node; 0 = empty)."""
+    blocks: list[list[tuple[int, Value]]] = []
+    pos = start
+    offsets = []
+    for meta in metas:
+        entries = sorted((key_ids[k], v) for k, v in meta.items())
+        blocks.append(entries)
+        offsets.append(pos if entries else 0)
+        if entries:
+            pos += 4 + 8 * len(entries)
+    tables_start = pos
+    for entries in blocks:
+        for _, v in entries:
+            if isinstance(v, list):
+                pos += 4 + 4 * len(v)
+    strings: dict[bytes, int] = {}
+    for entries in blocks:
+        for _, v in entries:
+            for s in (v if isinstance(v, list) else (v,)):
+                strings.setdefault(s.encode("utf-8", "surrogateescape"), 0)
+    string_bytes = _string_block(strings, pos)
+    out = bytearray()
+    tables = bytearray()
+    table_pos = tables_start
+    for entries in blocks:
+        if not entries:
+            continue
+        out += _U32.pack(len(entries))
+        for kid, v in entries:
+            if isinstance(v, list):
+                out += _PAIR.pack(kid | LIST_FLAG, table_pos)
+                table = _U32.pack(len(v)) + b"".join(
+                    _U32.pack(strings[s.encode("utf-8", "surrogateescape")]) for s in v)
+                tables += table
+                table_pos += len(table)
+            else:
+                out += _PAIR.pack(kid, strings[v.encode("utf-8", "surrogateescape")])
+    return bytes(out + tables) + string_bytes, offsets
+
+
+def _time_base(merged: MergedTree) -> int:
+    candidates = []
+    base = merged.base
+    if base is not None and (base.child_count(base.root) or base.has_metadata(base.root)):
+        candidates.append(base.time_base)
+    if merged.min_time is not None:
+        candidates.append(merged.min_time - 1)
+    return min(candidates) if candidates else 0
+
+
+def _raw_time(t: int, base: int) -> int:
+    if t == 0:
+        return 0
+    return min(max(t - base, 1), MAX_RAW_TIME)
+
+
+def write_tree(merged: MergedTree, f: BinaryIO, tag: int) -> int:
+    """Serialize ``merged`` into the empty file ``f`` (opened for writing; seekable and
+    mmap-able for the final patch pass when it is a real file). Returns the size written.
+
+    Layout: header; keyword table at 32 (sorted); one shared zero word that serves as every
+    empty children block and every empty metadata block; root dirent; then per directory,
+    breadth-first: its children block with the names' string block, followed by its children's
+    metadata blocks, list tables and one string block (as gvfs groups them). Children offsets
+    of directories are patched once their block is written (gvfs readers follow offsets only).
+    """
+    out = _Out(f)
+    time_base = _time_base(merged)
+    keys = sorted(merged.keys, key=key_bytes)
+    key_ids = {k: i for i, k in enumerate(keys)}
+    out.write(bytes(HEADER_SIZE))
+    # keyword table
+    kw_strings = {key_bytes(k): 0 for k in keys}
+    table_len = 4 + 4 * len(keys)
+    kw_block = _string_block(kw_strings, HEADER_SIZE + table_len)
+    out.write(_U32.pack(len(keys)) + b"".join(_U32.pack(kw_strings[key_bytes(k)]) for k in keys))
+    out.write(kw_block)
+    empty = out.write(bytes(4))
+    # root dirent + its name + its metadata
+    root_at = out.pos
+    out.write(bytes(DIRENT_SIZE))
+    out.write(b"/\0")
+    out.pad4()
+    root_meta = merged.metadata_of(merged.root)
+    region, (meta_off,) = _meta_region([root_meta], key_ids, out.pos)
+    out.write(region)
+    patches = array("I")  # pairs: file position, value (children offsets of directories)
+    _DIRENT.pack_into(out.tail, root_at, root_at + DIRENT_SIZE, empty, meta_off or empty, 0)
+    level = [(root_at, merged.root, merged.root.forced)]
+    guard = merged.cycle_guard()
+    while level:
+        nxt = []
+        for dirent_at, item, forced in level:
+            guard(item)
+            kids = merged.children_of(item, forced)
+            block_at = out.pos
+            patches.extend((dirent_at + 4, block_at))
+            names = {name: 0 for name, _, _ in kids}
+            names_start = block_at + 4 + DIRENT_SIZE * len(kids)
+            name_block = _string_block(names, names_start)
+            metas = [merged.metadata_of(child) for _, child, _ in kids]
+            region, meta_offs = _meta_region(metas, key_ids, names_start + len(name_block))
+            block = bytearray(_U32.pack(len(kids)))
+            for i, (name, child, f_child) in enumerate(kids):
+                child_at = block_at + 4 + DIRENT_SIZE * i
+                block += _DIRENT.pack(names[name], empty, meta_offs[i] or empty,
+                                      _raw_time(merged.time_of(child, f_child), time_base))
+                if merged.has_children(child):
+                    nxt.append((child_at, child, f_child))
+            out.write(block)
+            out.write(name_block)
+            out.write(region)
+        level = nxt
+    # the header last: now every offset is known
+    header = _HEADER.pack(MAGIC, 1, 0, 0, tag, root_at, HEADER_SIZE, time_base)
+    out.flush()
+    size = out.pos
+    _apply_patches(f, header, patches, size)
+    return size
+
+
+def _apply_patches(f: BinaryIO, header: bytes, patches: array, size: int) -> None:
+    pairs = np.frombuffer(patches, dtype=np.uint32).reshape(-1, 2) if len(patches) else None
+    if isinstance(f, io.BytesIO):
+        view = f.getbuffer()
+        _patch_view(view, header, pairs)
+        del view
+        return
+    f.flush()
+    with mmap.mmap(f.fileno(), size) as m:
+        _patch_view(m, header, pairs)
+        m.flush()
+
+
+def _patch_view(view, header: bytes, pairs) -> None:
+    view[:HEADER_SIZE] = header
+    if pairs is None:
+        return
+    words = np.frombuffer(view, dtype=">u4")
+    # later patches win (the placeholder for the root comes first)
+    words[pairs[:, 0] // 4] = pairs[:, 1]
+    del words
+
+
+def tree_bytes(merged: MergedTree, tag: int) -> bytes:
+    buf = io.BytesIO()
+    write_tree(merged, buf, tag)
+    return buf.getvalue()
+
+
+def empty_tree(tag: int) -> bytes:
+    return tree_bytes(MergedTree(None), tag)
+
+
+# ------------------------------------------------------------------------------------------
+# The codec
+# ------------------------------------------------------------------------------------------
 class GvfsTree(Codec):
-    name = "GvfsTree"
+    name = "gvfs-tree"
+    kinds = ("node",)
+    resumable = False
+    header_size = HEADER_SIZE
 
-    def sniff(self, head):
-        return False
+    def sniff(self, head: bytes) -> bool:
+        return bytes(head[:6]) == MAGIC
+
+    def read(self, buf, source, start=None, seq=0, stop=None) -> Iterator[Record]:
+        tree = TreeView(buf, source)
+        seq = 0
+        for path, off in tree.walk():
+            if not tree.has_metadata(off):
+                continue
+            yield {"format": self.name, "seq": seq, "offset": off, "kind": "node", "path": path,
+                   "mtime": tree.time(off), "metadata": tree.metadata(off)}
+            seq += 1
+
+    def write(self, records: Sequence[Record], *, tag: int = 0, **header) -> bytes:
+        merged = MergedTree(None)
+        for rec in records:
+            node = merged.node(rec["path"], create=True)
+            for k, v in rec.get("metadata", {}).items():
+                node.meta[k] = list(v) if isinstance(v, (list, tuple)) else v
+                merged.keys.add(k)
+            node.mtime = int(rec.get("mtime") or 0)
+            merged._note_time(node.mtime)
+        return tree_bytes(merged, tag)
+
+    def validate(self, buf, source, **context) -> list[Finding]:
+        try:
+            for _ in self.read(buf, source):
+                pass
+        except FormatError as exc:
+            return [Finding(exc.offset, exc.reason)]
+        return []
+
+
+def open_tree_file(path: str) -> tuple[Any, int]:
+    """(read-only mmap of the tree, inode) — the mapping stays valid after a rename over it."""
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        if st.st_size == 0:
+            return b"", st.st_ino
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), st.st_ino

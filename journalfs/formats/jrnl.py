@@ -1,9 +1,361 @@
-"""Placeholder until the codec lands."""
-from .base import Codec
+"""YeltsinDB page-transaction journal (``JRNL``), specs/jrnl.md.
+
+A 20-byte header (``JRNL``, u64 first and u64 last transaction offset), then transactions
+linked both ways: u64 prev, u64 next, i64 time (Unix s), u8 flags (bit 0 = complete), then
+operations (u8 type, u32 size, data) ending with op 0xFF. Records follow the chain from the
+header's first offset; links must move forward through the file, so a cycle cannot loop.
+All integers are little-endian.
+"""
+from __future__ import annotations
+
+import base64
+import struct
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+from .base import Buffer, Codec, Finding, FormatError, Record, Repair
+
+MAGIC = b"JRNL"
+HEADER = 20
+TX_HEADER = 25
+OP_HEADER = 5
+COMPLETE_FLAG = 0x01
+
+_HEADER = struct.Struct("<4sQQ")
+_LINKS = struct.Struct("<QQ")
+_TX_HEADER = struct.Struct("<QQqB")
+_OP_HEADER = struct.Struct("<BI")
+_ALLOC = struct.Struct("<QQQ")
+_MODIFY = struct.Struct("<QHH")
+_REMOVE = struct.Struct("<QQ")
+
+OP_ALLOC, OP_MODIFY, OP_REMOVE, OP_ROLLBACK, OP_COMPLETE = 0x01, 0x02, 0x03, 0xFE, 0xFF
+OP_NAMES = {OP_ALLOC: "alloc", OP_MODIFY: "modify", OP_REMOVE: "remove",
+            OP_ROLLBACK: "rollback", OP_COMPLETE: "complete"}
+OP_CODES = {v: k for k, v in OP_NAMES.items()}
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str | None) -> bytes:
+    return base64.b64decode(text) if text else b""
+
+
+# -- operations -----------------------------------------------------------------------------
+
+def decode_op(code: int, data: bytes, source: str, offset: int) -> dict:
+    """One operation as a JSON-safe dict; ``offset`` (of the op header) only names errors."""
+    name = OP_NAMES.get(code)
+    if name is None:
+        raise FormatError(source, offset, f"unknown operation type 0x{code:02x}")
+    if code == OP_ALLOC:
+        _need(len(data) == _ALLOC.size, source, offset, f"page allocation of {len(data)} bytes "
+                                                        "(must be 24)")
+        page, before, after = _ALLOC.unpack(data)
+        return {"op": name, "page": page, "free_before": before, "free_after": after}
+    if code == OP_REMOVE:
+        _need(len(data) == _REMOVE.size, source, offset, f"page removal of {len(data)} bytes "
+                                                         "(must be 16)")
+        page, before = _REMOVE.unpack(data)
+        return {"op": name, "page": page, "free_before": before}
+    if code == OP_MODIFY:
+        _need(len(data) >= _MODIFY.size, source, offset, "page modification shorter than 12 bytes")
+        page, data_offset, size = _MODIFY.unpack_from(data)
+        _need(len(data) == _MODIFY.size + 2 * size, source, offset,
+              f"page modification of {len(data)} bytes does not hold two {size}-byte images")
+        images = data[_MODIFY.size:]
+        return {"op": name, "page": page, "data_offset": data_offset, "size": size,
+                "before_b64": _b64(images[:size]), "after_b64": _b64(images[size:])}
+    return {"op": name, "data_b64": _b64(data)}
+
+
+def encode_op(op: dict) -> bytes:
+    """The bytes of one operation dict (as :func:`decode_op` makes; missing fields are 0)."""
+    name = op["op"]
+    if name == "alloc":
+        data = _ALLOC.pack(op.get("page", 0), op.get("free_before", 0), op.get("free_after", 0))
+    elif name == "remove":
+        data = _REMOVE.pack(op.get("page", 0), op.get("free_before", 0))
+    elif name == "modify":
+        before, after = _unb64(op.get("before_b64")), _unb64(op.get("after_b64"))
+        if len(before) != len(after):
+            raise ValueError("modify before/after images differ in size")
+        data = _MODIFY.pack(op.get("page", 0), op.get("data_offset", 0), len(before)) \
+            + before + after
+    elif name in OP_CODES:
+        data = _unb64(op.get("data_b64"))
+    else:
+        raise ValueError(f"unknown jrnl operation {name!r}")
+    return _OP_HEADER.pack(OP_CODES[name], len(data)) + data
+
+
+def _need(ok: bool, source: str, offset: int, reason: str) -> None:
+    if not ok:
+        raise FormatError(source, offset, reason)
+
+
+def status_of(complete: bool, ops: list[dict]) -> str:
+    if complete:
+        return "complete"
+    return "redo" if any(op["op"] == "complete" for op in ops) else "rollback"
+
+
+# -- transactions -----------------------------------------------------------------------------
+
+@dataclass
+class Transaction:
+    offset: int
+    prev: int
+    next: int
+    time: int
+    flags: int
+    ops: list[dict]
+    end: int  # byte after its last operation
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.flags & COMPLETE_FLAG)
+
+    @property
+    def status(self) -> str:
+        return status_of(self.complete, self.ops)
+
+
+class TornTransaction(FormatError):
+    """The chain's last transaction is cut short by the end of the file (a crash mid-write)."""
+
+    def __init__(self, source: str, offset: int, reason: str, tx_offset: int, flags: int | None):
+        super().__init__(source, offset, reason)
+        self.tx_offset = tx_offset
+        self.flags = flags
+
+
+def parse_transaction(buf: Buffer, source: str, pos: int, prev: int | None) -> Transaction:
+    """The transaction at ``pos``; ``prev`` is the offset its prev link must hold (None:
+    unknown, when resuming). Operations run to op 0xFF, else to the next link / end of file."""
+    end = len(buf)
+    if pos < HEADER:
+        raise FormatError(source, pos, f"transaction offset {pos} points into the header")
+    if pos + TX_HEADER > end:
+        raise TornTransaction(source, min(pos, end), f"transaction at {pos} cut off by the end "
+                              f"of the file ({max(0, end - pos)} of 25 header bytes)", pos, None)
+    back, nxt, t, flags = _TX_HEADER.unpack_from(buf, pos)
+    if prev is not None and back != prev:
+        raise FormatError(source, pos, f"prev link is {back}, expected {prev}")
+    if nxt and nxt < pos + TX_HEADER:
+        raise FormatError(source, pos + 8, f"next link {nxt} does not point past this "
+                                           f"transaction's header ({pos + TX_HEADER})")
+    # a next link at or past the end: this transaction may be whole, the next one is torn off
+    bound = min(nxt, end) if nxt else end
+    ops: list[dict] = []
+    at = pos + TX_HEADER
+    while at < bound:
+        if at + OP_HEADER > bound:
+            _torn_or_bad(source, at, pos, flags, bound == end, "operation header truncated")
+        code, size = _OP_HEADER.unpack_from(buf, at)
+        if code not in OP_NAMES:
+            raise FormatError(source, at, f"unknown operation type 0x{code:02x}")
+        if at + OP_HEADER + size > bound:
+            _torn_or_bad(source, at, pos, flags, bound == end,
+                         f"operation of {size} bytes runs past the transaction's end ({bound})")
+        data = bytes(buf[at + OP_HEADER:at + OP_HEADER + size])
+        ops.append(decode_op(code, data, source, at))
+        at += OP_HEADER + size
+        if code == OP_COMPLETE:
+            break
+    else:
+        # no completion op before the end of the file: a torn write, unless this is the last
+        # transaction and not marked complete (the spec's rollback case)
+        if nxt > end or (bound == end and flags & COMPLETE_FLAG):
+            raise TornTransaction(source, at, "transaction cut off by the end of the file "
+                                              "before its completion op", pos, flags)
+    return Transaction(pos, back, nxt, t, flags, ops, at)
+
+
+def _torn_or_bad(source: str, at: int, tx: int, flags: int, at_eof: bool, reason: str) -> None:
+    if at_eof:  # the last transaction, cut by the end of the file
+        raise TornTransaction(source, at, reason, tx, flags)
+    raise FormatError(source, at, reason)
+
+
+def read_header(buf: Buffer, source: str) -> tuple[int, int]:
+    """(first, last) transaction offsets."""
+    if len(buf) < HEADER:
+        raise FormatError(source, 0, f"journal header truncated ({len(buf)} of 20 bytes)")
+    magic, first, last = _HEADER.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise FormatError(source, 0, "not a JRNL journal (magic is not 'JRNL')")
+    if (first == 0) != (last == 0):
+        raise FormatError(source, 4, f"header offsets disagree: first {first}, last {last}")
+    return first, last
+
+
+def walk(buf: Buffer, source: str, start: int | None = None,
+         stop: int | None = None) -> Iterator[Transaction]:
+    """Transactions in chain order from ``start`` (None = the header's first)."""
+    prev: int | None = None
+    if start is None:
+        start, _last = read_header(buf, source)
+        prev = 0
+    pos = start
+    while pos and (stop is None or pos < stop):
+        tx = parse_transaction(buf, source, pos, prev)
+        yield tx
+        prev, pos = tx.offset, tx.next
+
+
+def tx_record(tx: Transaction, seq: int) -> Record:
+    return {"format": "jrnl", "seq": seq, "offset": tx.offset, "kind": "transaction",
+            "prev": tx.prev, "next": tx.next, "time": tx.time, "complete": tx.complete,
+            "status": tx.status, "ops": tx.ops}
 
 
 class Jrnl(Codec):
-    name = "Jrnl"
+    name = "jrnl"
+    kinds = ("transaction",)
+    header_size = HEADER
 
-    def sniff(self, head):
-        return False
+    def sniff(self, head: bytes) -> bool:
+        """The magic, and header offsets that are not plain text (which they never are in
+        a real journal: offsets are small numbers with zero high bytes)."""
+        if head[:4] != MAGIC:
+            return False
+        offsets = head[4:HEADER]
+        return len(offsets) < 16 or not all(0x20 <= b < 0x7F or b in b"\t\r\n" for b in offsets)
+
+    def read(self, buf: Buffer, source: str, start: int | None = None, seq: int = 0,
+             stop: int | None = None) -> Iterator[Record]:
+        for tx in walk(buf, source, start, stop):
+            yield tx_record(tx, seq)
+            seq += 1
+
+    def write(self, records: Sequence[Record], **_: Any) -> bytes:
+        """A consistent chain: offsets and links computed, flags from ``complete``, ops kept."""
+        bodies = []
+        for rec in records:
+            ops = b"".join(encode_op(op) for op in rec.get("ops", ()))
+            bodies.append((rec.get("time", 0), COMPLETE_FLAG if rec.get("complete") else 0, ops))
+        offsets, pos = [], HEADER
+        for _t, _f, ops in bodies:
+            offsets.append(pos)
+            pos += TX_HEADER + len(ops)
+        first = offsets[0] if offsets else 0
+        last = offsets[-1] if offsets else 0
+        parts = [_HEADER.pack(MAGIC, first, last)]
+        for i, (t, flags, ops) in enumerate(bodies):
+            prev = offsets[i - 1] if i else 0
+            nxt = offsets[i + 1] if i + 1 < len(offsets) else 0
+            parts.append(_TX_HEADER.pack(prev, nxt, t, flags) + ops)
+        return b"".join(parts)
+
+    # -- validation and recovery ---------------------------------------------------------
+    def validate(self, buf: Buffer, source: str, **context: Any) -> list[Finding]:
+        state = _scan(buf, source)
+        findings = [Finding(f.offset, f.reason, f.severity) for f in state.findings]
+        if state.needed:
+            findings.append(Finding(state.needed[1], state.needed[2], "warning"))
+        return findings
+
+    def repair(self, buf: Buffer, source: str, **context: Any) -> Repair | None:
+        """The spec's recovery: drop a torn or incomplete (no 0xFF) last transaction
+        (rollback), or set the COMPLETE flag of a last transaction that has its 0xFF op
+        (redo: there is no table file here to re-apply after-images to; with ``table=`` the
+        redo is left to the table's owner). Damage elsewhere is not repaired."""
+        state = _scan(buf, source)
+        if state.fatal:
+            return None
+        data = bytearray(bytes(buf[:len(buf)]))
+        chain = state.chain
+        if state.torn is not None or (chain and chain[-1].status == "rollback"):
+            cut = min(state.torn.tx_offset, len(buf)) if state.torn is not None \
+                else chain[-1].offset
+            kept = chain if state.torn is not None else chain[:-1]
+            _rollback(data, kept, cut)
+            return Repair(bytes(data), [
+                f"rolled back the incomplete transaction at byte {cut}: "
+                + (f"journal now ends at transaction {kept[-1].offset}" if kept
+                   else "journal now empty")])
+        actions: list[str] = []
+        if chain and _last_offset(data) != chain[-1].offset:
+            _set_last(data, chain[-1].offset)
+            actions.append(f"header's last offset set to the chain's end ({chain[-1].offset})")
+        if chain and chain[-1].status == "redo":
+            tail = chain[-1].offset
+            if context.get("table"):
+                actions.append(f"redo of transaction {tail} left to the table file "
+                               f"{context['table']} (not applied here)")
+            else:
+                data[tail + 24] |= COMPLETE_FLAG
+                actions.append(f"redo: transaction at byte {tail} marked complete "
+                               "(no table file to re-apply its after-images to)")
+        return Repair(bytes(data), actions) if actions else None
+
+
+def _last_offset(data: bytearray) -> int:
+    return _HEADER.unpack_from(data, 0)[2]
+
+
+def _set_last(data: bytearray, last: int) -> None:
+    struct.pack_into("<Q", data, 12, last)
+
+
+def _rollback(data: bytearray, chain: list[Transaction], cut: int) -> None:
+    """Unlink everything from ``cut`` on and truncate there (20 bytes when nothing is left)."""
+    if not chain:
+        struct.pack_into("<QQ", data, 4, 0, 0)
+        del data[HEADER:]
+        return
+    last = chain[-1].offset
+    struct.pack_into("<Q", data, last + 8, 0)
+    _set_last(data, last)
+    del data[cut:]
+
+
+@dataclass
+class _Scan:
+    chain: list[Transaction]
+    findings: list[Finding]
+    torn: TornTransaction | None = None
+    fatal: bool = False  # damage a recovery rule cannot fix
+    needed: tuple[str, int, str] | None = None  # (status, offset, sentence)
+
+
+def _scan(buf: Buffer, source: str) -> _Scan:
+    """The chain, the damage in it and what recovery it needs."""
+    scan = _Scan([], [])
+    try:
+        first, last = read_header(buf, source)
+        for tx in walk(buf, source):
+            scan.chain.append(tx)
+    except TornTransaction as exc:
+        scan.findings.append(Finding(exc.offset, exc.reason))
+        if exc.tx_offset > len(buf):  # a link past the end is corruption, not a torn write
+            scan.fatal = True
+            return scan
+        scan.torn = exc
+    except FormatError as exc:
+        scan.fatal = True
+        scan.findings.append(Finding(exc.offset, exc.reason))
+        return scan
+    chain = scan.chain
+    if scan.torn is not None:
+        scan.needed = ("rollback", scan.torn.tx_offset,
+                       f"needs rollback: transaction at byte {scan.torn.tx_offset} is torn")
+        return scan
+    if not chain:
+        return scan
+    tail = chain[-1]
+    if last != tail.offset:
+        at_last = next((tx for tx in chain if tx.offset == last), None)
+        reason = (f"header's last offset {last} is not the chain's end {tail.offset}")
+        if at_last is not None and at_last.next:
+            reason += f"; last transaction at {last} has a non-zero next link ({at_last.next})"
+        scan.findings.append(Finding(12, reason))
+    if tail.status != "complete":
+        scan.needed = (tail.status, tail.offset,
+                       f"needs {tail.status}: last transaction at byte {tail.offset} is "
+                       + ("not marked complete but has its completion op" if tail.status == "redo"
+                          else "incomplete (no completion op)"))
+    return scan

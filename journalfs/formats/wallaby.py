@@ -1,16 +1,576 @@
-"""Placeholder until the codec lands."""
-from .base import Codec
+"""Wallaby write-ahead log (``LOG``) and its fixed-width index (``IDX``), specs/wallaby-log.md.
+
+Log: a header (``LOG``, u8 version, u32 flags, and in the seed's layout an i64 TTL in ns: 16
+bytes; the original Go writer wrote only the first 8), then records of u32 payload size, u32
+flags, i64 time in ns and the payload. A zero size with a zero time is the end of data (the
+original pre-extends logs with zero blocks). Index: a 16-byte header (``IDX``) and 24-byte
+records of i64 time, u64 record number and i64 absolute offset of the log record.
+All integers are little-endian.
+"""
+from __future__ import annotations
+
+import mmap
+import struct
+import time as _time
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from .base import Buffer, Codec, Columns, Finding, FormatError, Record, Repair
+
+LOG_MAGIC = b"LOG"
+IDX_MAGIC = b"IDX"
+VERSION = 1
+#: Version bytes we accept when sniffing: low control bytes, so no text file matches.
+PLAUSIBLE_VERSIONS = range(1, 9)
+SHORT_HEADER = 8  # magic, version, flags (the original writer's layout)
+FULL_HEADER = 16  # ... plus the TTL (the seed's layout, what we write)
+RECORD_HEADER = 16
+INDEX_RECORD = 24
+
+_FILE_HEADER = struct.Struct("<3sBIq")
+_SHORT_FILE_HEADER = struct.Struct("<3sBI")
+_RECORD_HEADER = struct.Struct("<IIq")
+_SIZE = struct.Struct("<I")
+_TIME = struct.Struct("<q")
+_INDEX_RECORD = struct.Struct("<qQq")
+INDEX_DTYPE = np.dtype([("time", "<i8"), ("index", "<u8"), ("log_offset", "<i8")])
+#: How many records each candidate header layout must survive when telling 8 from 16 bytes.
+LAYOUT_PROBE_RECORDS = 4
+#: The original writer's payload cap: a longer payload cut by the end of file is not a torn write.
+MAX_PLAUSIBLE_PAYLOAD = 65536
 
 
-class WallabyIndex(Codec):
-    name = "WallabyIndex"
+def _sniff(head: bytes, magic: bytes) -> bool:
+    return len(head) >= 4 and head[:3] == magic and head[3] in PLAUSIBLE_VERSIONS
 
-    def sniff(self, head):
-        return False
 
+def _bytes_view(buf: Buffer):
+    """Something whose slices are ``bytes`` (bytes and mmap already are), without copying."""
+    return buf if isinstance(buf, (bytes, mmap.mmap)) else memoryview(buf).cast("B")
+
+
+def _u8(buf: Buffer) -> np.ndarray:
+    return np.frombuffer(buf, dtype=np.uint8) if len(buf) else np.zeros(0, np.uint8)
+
+
+def _all_zero_from(buf: Buffer, pos: int) -> bool:
+    return not _u8(buf)[pos:].any()
+
+
+class WallabyLogHeader:
+    """The decoded log file header and where its first record starts."""
+
+    def __init__(self, version: int, flags: int, ttl_ns: int, size: int):
+        self.version, self.flags, self.ttl_ns, self.size = version, flags, ttl_ns, size
+
+
+# -- the log ------------------------------------------------------------------------------------
 
 class WallabyLog(Codec):
-    name = "WallabyLog"
+    name = "wallaby-log"
+    kinds = ("record",)
+    header_size = FULL_HEADER
 
-    def sniff(self, head):
-        return False
+    def sniff(self, head: bytes) -> bool:
+        return _sniff(head, LOG_MAGIC)
+
+    # -- header ------------------------------------------------------------------------------
+    def header(self, buf: Buffer, source: str) -> WallabyLogHeader:
+        """The header, deciding between the 8- and 16-byte layouts by which one is followed
+        by plausible records: the 16-byte seed layout stands unless it reads as garbage
+        where the 8-byte layout does not."""
+        if len(buf) < SHORT_HEADER:
+            raise FormatError(source, 0, f"log header truncated ({len(buf)} of 8 bytes)")
+        magic, version, flags = _SHORT_FILE_HEADER.unpack_from(buf, 0)
+        if magic != LOG_MAGIC:
+            raise FormatError(source, 0, "not a Wallaby log (magic is not 'LOG')")
+        if len(buf) < FULL_HEADER:
+            return WallabyLogHeader(version, flags, 0, SHORT_HEADER)
+        full = self._probe(buf, FULL_HEADER, flags)
+        if full != "ok":
+            short = self._probe(buf, SHORT_HEADER, flags, plausible_times=True)
+            if short == "ok" or (full == "garbage" and short == "torn"):
+                return WallabyLogHeader(version, flags, 0, SHORT_HEADER)
+        ttl = _TIME.unpack_from(buf, 8)[0]
+        return WallabyLogHeader(version, flags, ttl, FULL_HEADER)
+
+    def _probe(self, buf: Buffer, start: int, flags: int, plausible_times: bool = False) -> str:
+        """How the first few records from ``start`` look: "ok", "torn" (cut short by the end
+        of the file, as a crash leaves it) or "garbage" (another layout's bytes). Records must
+        carry the file's flags; with ``plausible_times`` also a time beyond the epoch's first
+        seconds (the short layout misreads a 16-byte header's TTL as a record of time < 2**32)."""
+        n = 0
+        try:
+            for _pos, _size, rec_flags, t in self._walk(buf, "", start, None):
+                if rec_flags != flags or (plausible_times and -2**32 < t < 2**32):
+                    return "garbage"
+                n += 1
+                if n >= LAYOUT_PROBE_RECORDS:
+                    break
+        except FormatError as exc:
+            if exc.offset + RECORD_HEADER > len(buf) and "truncated" in exc.reason:
+                return "torn"
+            size = _SIZE.unpack_from(buf, exc.offset)[0] if exc.offset + 4 <= len(buf) else 0
+            torn = "runs past the end" in exc.reason and size <= MAX_PLAUSIBLE_PAYLOAD
+            return "torn" if torn else "garbage"
+        return "ok"
+
+    # -- reading -----------------------------------------------------------------------------
+    def _walk(self, buf: Buffer, source: str, pos: int, stop: int | None
+              ) -> Iterator[tuple[int, int, int, int]]:
+        """(offset, payload size, flags, time) of each record from ``pos``; ends quietly at
+        the end of the buffer or at a zero-filled tail, raises at damage."""
+        end = len(buf)
+        limit = end if stop is None else min(stop, end)
+        unpack = _RECORD_HEADER.unpack_from
+        while pos < limit:
+            if pos + RECORD_HEADER > end:
+                self._check_tail(buf, source, pos)
+                return
+            size, flags, t = unpack(buf, pos)
+            if size == 0 and t == 0:
+                self._check_tail(buf, source, pos)
+                return
+            nxt = pos + RECORD_HEADER + size
+            if nxt > end:
+                raise FormatError(source, pos, f"record payload of {size} bytes runs past the "
+                                               f"end of the file ({end - pos - RECORD_HEADER} left)")
+            yield pos, size, flags, t
+            pos = nxt
+
+    @staticmethod
+    def _check_tail(buf: Buffer, source: str, pos: int) -> None:
+        """A tail of zeros is the pre-extended end of data; anything else there is damage."""
+        if _all_zero_from(buf, pos):
+            return
+        left = len(buf) - pos
+        if left < RECORD_HEADER:
+            raise FormatError(source, pos, f"record header truncated ({left} of 16 bytes)")
+        raise FormatError(source, pos, "non-zero data after the end-of-data marker "
+                                       "(zero size and time): a gap in the log")
+
+    def read(self, buf: Buffer, source: str, start: int | None = None, seq: int = 0,
+             stop: int | None = None) -> Iterator[Record]:
+        if start is None:
+            start = self.header(buf, source).size
+        data = _bytes_view(buf)
+        for pos, size, flags, t in self._walk(buf, source, start, stop):
+            body = pos + RECORD_HEADER
+            yield {"format": self.name, "seq": seq, "offset": pos, "kind": "record",
+                   "time": t, "flags": flags, "payload": bytes(data[body:body + size])}
+            seq += 1
+
+    def read_columns(self, buf: Buffer, source: str, start: int | None = None, seq: int = 0,
+                     stop: int | None = None, limit: int | None = None) -> Columns:
+        """Vectorised: a tight walk over the size fields finds the record boundaries, then
+        numpy gathers every header at once and checks them all (end marker, torn tail)."""
+        error = None
+        next_offset = None
+        try:
+            if start is None:
+                start = self.header(buf, source).size
+            offs, heads, times, next_offset = self._boundaries(buf, source, start, stop, limit)
+        except FormatError as exc:
+            error = exc
+            offs, heads, times = exc.columns
+        rows = len(offs)
+        sizes = (heads & 0xFFFFFFFF).astype(np.int64)
+        bodies = offs + RECORD_HEADER
+        data = _bytes_view(buf)
+        pairs = zip(bodies.tolist(), (bodies + sizes).tolist())
+        if isinstance(data, (bytes, mmap.mmap)):
+            payload = [data[a:b] for a, b in pairs]
+        else:
+            payload = [data[a:b].tobytes() for a, b in pairs]
+        columns = {"format": _constant(self.name, rows),
+                   "seq": np.arange(seq, seq + rows, dtype=np.int64), "offset": offs,
+                   "kind": _constant("record", rows), "time": times,
+                   "flags": (heads >> np.uint64(32)).astype(np.uint32), "payload": payload}
+        return Columns(columns, rows, next_offset, seq + rows, error)
+
+    def _boundaries(self, buf: Buffer, source: str, pos: int, stop: int | None,
+                    limit: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int | None]:
+        """(offsets, size|flags<<32 words, times) of the records from ``pos``, and where a next
+        call resumes (None = done). On damage the FormatError carries the valid prefix's
+        arrays as ``.columns``."""
+        end = len(buf)
+        bound = end if stop is None else min(stop, end)
+        max_rows = end if limit is None else limit
+        last_header = end - RECORD_HEADER
+        unpack = _SIZE.unpack_from
+        walked: list[int] = []
+        append = walked.append
+        # the hot loop: follow the size fields only; every other check is vectorised below
+        for _ in range(max_rows):
+            if pos >= bound or pos > last_header:
+                break
+            append(pos)
+            pos += RECORD_HEADER + unpack(buf, pos)[0]
+        offs = np.array(walked, dtype=np.int64)
+        heads = _gather_u64(buf, offs)
+        times = _gather_u64(buf, offs + 8).view(np.int64)
+        # the end-of-data marker: zero size and zero time
+        marker = np.flatnonzero(((heads & 0xFFFFFFFF) == 0) & (times == 0))
+        if len(marker):
+            cut = int(marker[0])
+            offs, heads, times = offs[:cut], heads[:cut], times[:cut]
+            self._check_damage(buf, source, int(walked[cut]), None, (offs, heads, times))
+            return offs, heads, times, None
+        if len(offs) and pos > end:  # the last record walked runs past the end
+            self._check_damage(buf, source, int(offs[-1]), pos,
+                               (offs[:-1], heads[:-1], times[:-1]))
+        if pos < bound and len(walked) < max_rows:  # stopped short of a whole header
+            self._check_damage(buf, source, pos, None, (offs, heads, times))
+        done = pos >= bound or (pos > last_header and len(walked) < max_rows)
+        return offs, heads, times, None if done else pos
+
+    def _check_damage(self, buf: Buffer, source: str, pos: int, runs_to: int | None,
+                      prefix: tuple) -> None:
+        try:
+            if runs_to is not None:
+                size = runs_to - pos - RECORD_HEADER
+                raise FormatError(source, pos, f"record payload of {size} bytes runs past the "
+                                               f"end of the file ({len(buf) - pos - 16} left)")
+            self._check_tail(buf, source, pos)
+        except FormatError as exc:
+            exc.columns = prefix
+            raise
+
+    # -- writing -----------------------------------------------------------------------------
+    def write(self, records: Sequence[Record], flags: int = 0, ttl_ns: int = 0,
+              version: int = VERSION, **_: Any) -> bytes:
+        """The seed's 16-byte header, then each record (its own ``flags`` if it has them)."""
+        parts = [_FILE_HEADER.pack(LOG_MAGIC, version, flags, ttl_ns)]
+        for rec in records:
+            payload = bytes(rec.get("payload") or b"")
+            parts.append(_RECORD_HEADER.pack(len(payload), rec.get("flags", flags), rec["time"]))
+            parts.append(payload)
+        return b"".join(parts)
+
+    # -- validation and recovery -------------------------------------------------------------
+    def validate(self, buf: Buffer, source: str, **context: Any) -> list[Finding]:
+        findings: list[Finding] = []
+        try:
+            head = self.header(buf, source)
+        except FormatError as exc:
+            return [Finding(exc.offset, exc.reason)]
+        if head.version != VERSION:
+            findings.append(Finding(3, f"unknown log version {head.version}", "warning"))
+        cols = self.read_columns(buf, source)
+        if cols.error is not None:
+            findings.append(Finding(cols.error.offset, cols.error.reason))
+        odd = np.flatnonzero(cols.data["flags"] != head.flags)
+        if len(odd):
+            findings.append(Finding(int(cols.data["offset"][odd[0]]),
+                                    f"{len(odd)} record(s) carry flags other than the log's "
+                                    f"({head.flags})", "warning"))
+        findings.extend(_expiry_findings(cols.data["time"], cols.data["offset"], head.ttl_ns,
+                                         context.get("now_ns")))
+        index = context.get("index")
+        if index is not None:
+            findings.extend(_index_vs_log(index, buf, source, from_log=True).findings)
+        return findings
+
+    def repair(self, buf: Buffer, source: str, **context: Any) -> Repair | None:
+        """Truncate a torn final record or a zero-filled tail; with ``compact_expired=True``
+        also drop records past their TTL. Any other damage is left alone (the records after
+        it cannot be told from garbage, and dropping them could lose valid data)."""
+        head = self.header(buf, source)
+        cols = self.read_columns(buf, source)
+        actions: list[str] = []
+        cut = len(buf)
+        if cols.error is not None:
+            if not _is_torn_tail(cols.error, context.get("index")):
+                return None
+            cut = cols.error.offset
+            actions.append(f"truncated the torn final record at byte {cut} "
+                           f"({len(buf) - cut} bytes)")
+        else:
+            end = _record_end(cols)
+            if end is None:
+                end = head.size
+            if end < len(buf):
+                cut = end
+                actions.append(f"trimmed {len(buf) - end} bytes of zero-filled tail at byte {end}")
+        data = bytes(_bytes_view(buf)[:cut])
+        if context.get("compact_expired"):
+            data, dropped = self._compact(data, source, head, cols, context.get("now_ns"))
+            if dropped:
+                actions.append(f"dropped {dropped} expired record(s) (TTL {head.ttl_ns} ns)")
+        return Repair(data, actions) if actions else None
+
+    def _compact(self, data: bytes, source: str, head: WallabyLogHeader, cols: Columns,
+                 now_ns: int | None) -> tuple[bytes, int]:
+        expired = _expired_mask(cols.data["time"], head.ttl_ns, now_ns)
+        if not expired.any():
+            return data, 0
+        keep = np.flatnonzero(~expired)
+        parts = [data[:head.size]]
+        offs, sizes = cols.data["offset"], [len(p) for p in cols.data["payload"]]
+        for i in keep.tolist():
+            a = int(offs[i])
+            parts.append(data[a:a + RECORD_HEADER + sizes[i]])
+        return b"".join(parts), int(expired.sum())
+
+
+def _gather_u64(buf: Buffer, offsets: np.ndarray) -> np.ndarray:
+    """The little-endian u64 at every (unaligned) byte offset: one fancy index per residue
+    mod 8 into the buffer viewed as u64 words starting at that residue."""
+    out = np.zeros(len(offsets), np.uint64)
+    if not len(offsets):
+        return out
+    residues = offsets & 7
+    for r in np.unique(residues).tolist():
+        words = np.frombuffer(buf, dtype="<u8", count=(len(buf) - r) // 8, offset=r)
+        pick = residues == r
+        out[pick] = words[(offsets[pick] - r) >> 3]
+    return out
+
+
+def _constant(value: str, rows: int) -> np.ndarray:
+    """A column holding one string on every row, without materialising the rows."""
+    return np.broadcast_to(np.array(value, dtype=object), (rows,))
+
+
+def _record_end(cols: Columns) -> int | None:
+    if cols.rows == 0:
+        return None
+    return int(cols.data["offset"][-1]) + RECORD_HEADER + len(cols.data["payload"][-1])
+
+
+def _is_torn_tail(error: FormatError, index: Buffer | None) -> bool:
+    """Damage that can only be a final record cut short: its header or payload runs past the
+    end, and no index entry points at or beyond it (which would prove records follow)."""
+    torn = "truncated" in error.reason or "runs past the end" in error.reason
+    if not torn or index is None:
+        return torn
+    try:
+        entries = WallabyIndex().read_columns(index, "index")
+    except FormatError:
+        return torn
+    return not (entries.data["log_offset"] > error.offset).any()
+
+
+def _expired_mask(times: np.ndarray, ttl_ns: int, now_ns: int | None) -> np.ndarray:
+    if ttl_ns <= 0:
+        return np.zeros(len(times), bool)
+    now = _time.time_ns() if now_ns is None else now_ns
+    # now > time + ttl  <=>  time < now - ttl; clip so the threshold fits in int64
+    threshold = max(min(now - ttl_ns, 2**63 - 1), -2**63)
+    return times < np.int64(threshold)
+
+
+def _expiry_findings(times: np.ndarray, offsets: np.ndarray, ttl_ns: int,
+                     now_ns: int | None) -> list[Finding]:
+    expired = _expired_mask(times, ttl_ns, now_ns)
+    count = int(expired.sum())
+    if not count:
+        return []
+    first = int(offsets[np.flatnonzero(expired)[0]])
+    return [Finding(first, f"{count} record(s) expired (TTL {ttl_ns} ns)", "warning")]
+
+
+# -- the index ----------------------------------------------------------------------------------
+
+class WallabyIndex(Codec):
+    name = "wallaby-index"
+    kinds = ("index",)
+    record_size = INDEX_RECORD
+    header_size = FULL_HEADER
+
+    def sniff(self, head: bytes) -> bool:
+        return _sniff(head, IDX_MAGIC)
+
+    def header(self, buf: Buffer, source: str) -> tuple[int, int, int]:
+        """(version, flags, ttl_ns)."""
+        if len(buf) < FULL_HEADER:
+            raise FormatError(source, 0, f"index header truncated ({len(buf)} of 16 bytes)")
+        magic, version, flags, ttl = _FILE_HEADER.unpack_from(buf, 0)
+        if magic != IDX_MAGIC:
+            raise FormatError(source, 0, "not a Wallaby index (magic is not 'IDX')")
+        return version, flags, ttl
+
+    def _span(self, buf: Buffer, source: str, start: int | None, stop: int | None
+              ) -> tuple[int, int, FormatError | None]:
+        """(first record offset, whole records before ``stop``, damage after them)."""
+        if start is None:
+            self.header(buf, source)
+            start = FULL_HEADER
+        if start < FULL_HEADER or (start - FULL_HEADER) % INDEX_RECORD:
+            raise FormatError(source, start, "not an index record boundary")
+        end = len(buf)
+        whole = max(0, end - start) // INDEX_RECORD
+        error = None
+        if start + whole * INDEX_RECORD < end:
+            torn = start + whole * INDEX_RECORD
+            error = FormatError(source, torn, f"index record truncated ({end - torn} of 24 bytes)")
+        if stop is not None:
+            wanted = max(0, -(-(stop - start) // INDEX_RECORD))
+            if wanted < whole:
+                whole, error = wanted, None
+        return start, whole, error
+
+    def read(self, buf: Buffer, source: str, start: int | None = None, seq: int = 0,
+             stop: int | None = None) -> Iterator[Record]:
+        start, count, error = self._span(buf, source, start, stop)
+        unpack = _INDEX_RECORD.unpack_from
+        for i in range(count):
+            pos = start + i * INDEX_RECORD
+            t, number, log_offset = unpack(buf, pos)
+            yield {"format": self.name, "seq": seq + i, "offset": pos, "kind": "index",
+                   "time": t, "index": number, "log_offset": log_offset}
+        if error is not None:
+            raise error
+
+    def read_columns(self, buf: Buffer, source: str, start: int | None = None, seq: int = 0,
+                     stop: int | None = None, limit: int | None = None) -> Columns:
+        """One ``np.frombuffer`` with a structured dtype over every whole record."""
+        try:
+            start, count, error = self._span(buf, source, start, stop)
+        except FormatError as exc:
+            return _index_columns(np.zeros(0, INDEX_DTYPE), self.name, 0, seq, None, exc)
+        next_offset = None
+        if limit is not None and limit < count:
+            count, error, next_offset = limit, None, start + limit * INDEX_RECORD
+        table = np.frombuffer(buf, dtype=INDEX_DTYPE, count=count, offset=start) if count \
+            else np.zeros(0, INDEX_DTYPE)
+        return _index_columns(table, self.name, start, seq, next_offset, error)
+
+    def write(self, records: Sequence[Record], flags: int = 0, ttl_ns: int = 0,
+              version: int = VERSION, **_: Any) -> bytes:
+        table = np.zeros(len(records), INDEX_DTYPE)
+        if len(records):
+            table["time"] = [r["time"] for r in records]
+            table["index"] = [r["index"] for r in records]
+            table["log_offset"] = [r["log_offset"] for r in records]
+        return _FILE_HEADER.pack(IDX_MAGIC, version, flags, ttl_ns) + table.tobytes()
+
+    def validate(self, buf: Buffer, source: str, **context: Any) -> list[Finding]:
+        findings: list[Finding] = []
+        try:
+            version, _flags, _ttl = self.header(buf, source)
+        except FormatError as exc:
+            return [Finding(exc.offset, exc.reason)]
+        if version != VERSION:
+            findings.append(Finding(3, f"unknown index version {version}", "warning"))
+        cols = self.read_columns(buf, source)
+        if cols.error is not None:
+            findings.append(Finding(cols.error.offset, cols.error.reason))
+        log = context.get("log")
+        if log is not None:
+            findings.extend(_index_vs_log(buf, log, source, from_log=False).findings)
+        return findings
+
+    def repair(self, buf: Buffer, source: str, **context: Any) -> Repair | None:
+        """With ``log=``: rebuild the index from the log when it lags, mismatches or is torn.
+        Without it: only drop a torn final index record."""
+        log = context.get("log")
+        if log is None:
+            cols = self.read_columns(buf, source)
+            if cols.error is None or "truncated" not in cols.error.reason:
+                return None
+            cut = cols.error.offset
+            return Repair(bytes(_bytes_view(buf)[:cut]),
+                          [f"dropped the torn final index record at byte {cut}"])
+        check = _index_vs_log(buf, log, source, from_log=False)
+        if not check.needs_rebuild:
+            return None
+        try:
+            _version, flags, ttl = self.header(buf, source)
+        except FormatError:
+            head = WallabyLog().header(log, "log")
+            flags, ttl = head.flags, head.ttl_ns
+        log_cols = WallabyLog().read_columns(log, "log")
+        new = build_index(log_cols, flags=flags, ttl_ns=ttl)
+        return Repair(new, [f"rebuilt the index from the log ({log_cols.rows} records): "
+                            + "; ".join(check.reasons)])
+
+
+def _index_columns(table: np.ndarray, name: str, start: int, seq: int,
+                   next_offset: int | None, error: FormatError | None) -> Columns:
+    rows = len(table)
+    data = {"format": [name] * rows, "seq": np.arange(seq, seq + rows, dtype=np.int64),
+            "offset": start + INDEX_RECORD * np.arange(rows, dtype=np.int64),
+            "kind": ["index"] * rows,
+            "time": table["time"].copy(), "index": table["index"].copy(),
+            "log_offset": table["log_offset"].copy()}
+    return Columns(data, rows, next_offset, seq + rows, error)
+
+
+# -- index <-> log consistency -------------------------------------------------------------------
+
+class IndexCheck:
+    """Findings of comparing an index with its log, and whether a rebuild would fix them."""
+
+    def __init__(self) -> None:
+        self.findings: list[Finding] = []
+        self.reasons: list[str] = []
+        self.needs_rebuild = False
+
+    def problem(self, offset: int, reason: str, severity: str = "error") -> None:
+        self.findings.append(Finding(offset, reason, severity))
+        self.reasons.append(reason)
+        self.needs_rebuild = True
+
+
+def _index_vs_log(index: Buffer, log: Buffer, source: str, from_log: bool) -> IndexCheck:
+    """Every index entry must name a log record header with the same time, numbers must run
+    0..n-1, and the index must cover every log record. Finding offsets are in ``source``
+    (the index unless ``from_log``)."""
+    check = IndexCheck()
+    idx = WallabyIndex().read_columns(index, "index")
+    recs = WallabyLog().read_columns(log, "log")
+    if idx.error is not None:
+        check.problem(idx.error.offset if not from_log else 0,
+                      f"index damaged: {idx.error.reason}")
+    log_offs, log_times = recs.data["offset"], recs.data["time"]
+    entry_offs, numbers = idx.data["offset"], idx.data["index"]
+    targets, times = idx.data["log_offset"], idx.data["time"]
+    at = np.searchsorted(log_offs, targets)
+    found = at < len(log_offs)
+    found[found] = log_offs[at[found]] == targets[found]
+    bad = ~found
+    bad[found] = log_times[at[found]] != times[found]
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        where = int(entry_offs[first]) if not from_log else int(targets[first])
+        check.problem(where, f"{int(bad.sum())} index entr(y/ies) do not match a log record "
+                             f"(first: entry {first} -> log byte {int(targets[first])})")
+    gaps = numbers != np.arange(len(numbers), dtype=np.uint64)
+    if gaps.any():
+        first = int(np.flatnonzero(gaps)[0])
+        check.problem(int(entry_offs[first]) if not from_log else 0,
+                      f"index numbers are not contiguous 0..{len(numbers) - 1} "
+                      f"(entry {first} says {int(numbers[first])})")
+    elif not bad.any() and (at != numbers.astype(np.int64)).any():
+        first = int(np.flatnonzero(at != numbers.astype(np.int64))[0])
+        check.problem(int(entry_offs[first]) if not from_log else int(targets[first]),
+                      f"index numbers do not match log record numbers from entry {first} "
+                      "(numbering restarted after a reopen?)", "warning")
+    covered = int(at[-1]) + 1 if idx.rows and not bad.any() else idx.rows
+    lag = recs.rows - covered
+    if lag > 0:
+        first_missing = int(log_offs[covered]) if covered < recs.rows else 0
+        check.problem(first_missing if from_log else len(index),
+                      f"index lags the log: {lag} log record(s) not indexed", "warning")
+    if recs.error is not None and not from_log:
+        check.findings.append(Finding(0, f"log damaged: {recs.error.reason}", "warning"))
+    return check
+
+
+def build_index(log_cols: Columns, flags: int = 0, ttl_ns: int = 0) -> bytes:
+    """An index file covering every record of a log given as :meth:`WallabyLog.read_columns`."""
+    table = np.zeros(log_cols.rows, INDEX_DTYPE)
+    table["time"] = log_cols.data["time"]
+    table["index"] = np.arange(log_cols.rows, dtype=np.uint64)
+    table["log_offset"] = log_cols.data["offset"]
+    return _FILE_HEADER.pack(IDX_MAGIC, VERSION, flags, ttl_ns) + table.tobytes()
+
+
+def write_log_and_index(items: Iterable[tuple[int, bytes]], flags: int = 0,
+                        ttl_ns: int = 0) -> tuple[bytes, bytes]:
+    """A log (16-byte header) of ``(time_ns, payload)`` items and its matching index."""
+    records = [{"time": t, "payload": p} for t, p in items]
+    log = WallabyLog().write(records, flags=flags, ttl_ns=ttl_ns)
+    return log, build_index(WallabyLog().read_columns(log, "log"), flags=flags, ttl_ns=ttl_ns)

@@ -1,0 +1,256 @@
+"""Parse benchmark: every codec's readers on >= 100 MB files, side by side with `cat`.
+
+    .venv/bin/python bench/parse.py [--mb 100] [--formats a,b] [--repeat 3] [--cpu 0]
+
+For each of the nine formats a file of at least --mb MB is generated once with the codec's own
+writer (payloads <= 100 bytes where the format has payloads) and cached in bench/out/parse/.
+On one pinned core, with the file in the page cache, the run times
+
+- ``cat FILE > /dev/null`` (the physical limit: reading the bytes, nothing else),
+- ``read_columns`` (the columnar path the Spark source uses), in 65,536-row batches,
+- ``read`` (the dict-per-record path the CLI and the FUSE views use),
+
+best of --repeat, and prints a table (MB/s, records/s, ratio to cat) and a JSON blob.
+Targets: wallaby-index columnar >= 50 % of cat; variable-length formats with payloads <= 100 B
+>= 1,000,000 records/s columnar.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from journalfs import demo  # noqa: E402
+from journalfs.formats import CODECS, Columns  # noqa: E402
+from journalfs.formats.akka import AkkaData  # noqa: E402
+from journalfs.formats.wallaby import build_index  # noqa: E402
+from journalfs.journals import mapped  # noqa: E402
+
+OUT = REPO / "bench" / "out" / "parse"
+BATCH_ROWS = 1 << 16
+PAYLOAD = (16, 100)
+#: Formats whose records are variable-length with payloads <= 100 B: the 1 M records/s target.
+VARIABLE_WITH_PAYLOAD = ("kestrel-writer", "akka-data", "wallaby-log")
+RECORDS_TARGET = 1_000_000
+CAT_RATIO_TARGET = {"wallaby-index": 0.5}
+
+
+# -- generating inputs (each returns file bytes holding about ``n`` records) ----------------------
+
+def _kestrel_writer(rng: random.Random, n: int) -> bytes:
+    return CODECS["kestrel-writer"].write(demo.kestrel_put_records(rng, n, payload=PAYLOAD))
+
+
+def _kestrel_reader(rng: random.Random, n: int) -> bytes:
+    records, head = [], 0
+    for _ in range(n // 2):
+        head += rng.randint(1, 50)
+        records.append({"kind": "read_head", "id": head})
+        records.append({"kind": "read_done", "ids": sorted(rng.sample(range(head + 1, head + 200), 8))})
+    return CODECS["kestrel-reader"].write(records)
+
+
+def _akka_data(rng: random.Random, n: int) -> bytes:
+    pids = tuple(f"order-{i}" for i in range(1000))
+    data, _meta = AkkaData.build(demo.akka_messages(rng, n, pids, payload=PAYLOAD))
+    return data
+
+
+def _akka_meta(rng: random.Random, n: int) -> bytes:
+    records = []
+    for i in range(n):
+        first = 8 + 100 * rng.randrange(10**6)
+        records.append({"persistence_id": f"user-{i:08d}", "first": first,
+                        "last": first + 100 * rng.randrange(1000), "highest_seq": rng.randint(1, 10**6)})
+    return CODECS["akka-meta"].write(records)
+
+
+def _wallaby_log(rng: random.Random, n: int) -> bytes:
+    records = [{"time": t, "payload": p} for t, p in demo.wallaby_items(rng, n, payload=PAYLOAD)]
+    return CODECS["wallaby-log"].write(records)
+
+
+def _wallaby_index(rng: random.Random, n: int) -> bytes:
+    times = demo.BASE_NS + np.cumsum(np.random.default_rng(rng.randrange(2**32)).integers(
+        1, 5_000_000_000, n, dtype=np.int64))
+    offsets = 16 + np.cumsum(np.full(n, 16 + 58, dtype=np.int64)) - (16 + 58)
+    return build_index(Columns({"time": times, "offset": offsets}, n, None, n))
+
+
+def _jrnl(rng: random.Random, n: int) -> bytes:
+    return CODECS["jrnl"].write(demo.jrnl_records(rng, n, last="complete"))
+
+
+def _gvfs_journal(rng: random.Random, n: int) -> bytes:
+    entries = []
+    for i in range(n):
+        path = f"/home/user/docs/d{i % 997}/file-{i}.txt"
+        if i % 4 == 3:
+            entries.append({"kind": "setv", "mtime": demo.BASE_S + i, "path": path,
+                            "key": "emblems", "value": ["urgent", "shared"]})
+        else:
+            entries.append({"kind": "set", "mtime": demo.BASE_S + i, "path": path,
+                            "key": "annotation", "value": f"note {rng.randrange(10**6)}"})
+    return CODECS["gvfs-journal"].write(entries, tag=0x12345678)
+
+
+def _gvfs_tree(rng: random.Random, n: int) -> bytes:
+    nodes = [{"path": f"/home/user/d{i // 1000}/file-{i}.txt", "mtime": demo.BASE_S + i,
+              "metadata": {"annotation": f"note {rng.randrange(10**6)}",
+                           **({"emblems": ["urgent", "shared"]} if i % 4 == 3 else {})}}
+             for i in range(n)]
+    return CODECS["gvfs-tree"].write(nodes, tag=0x12345678)
+
+
+GENERATORS: dict[str, Callable[[random.Random, int], bytes]] = {
+    "gvfs-tree": _gvfs_tree, "gvfs-journal": _gvfs_journal, "kestrel-writer": _kestrel_writer,
+    "kestrel-reader": _kestrel_reader, "akka-meta": _akka_meta, "akka-data": _akka_data,
+    "wallaby-log": _wallaby_log, "wallaby-index": _wallaby_index, "jrnl": _jrnl,
+}
+
+
+def input_file(fmt: str, megabytes: int) -> Path:
+    """The cached benchmark file for ``fmt`` (made when missing or too small)."""
+    path = OUT / f"{fmt}-{megabytes}mb.bin"
+    target = megabytes * 1_000_000
+    if path.exists() and path.stat().st_size >= target:
+        return path
+    generate = GENERATORS[fmt]
+    probe = 2000
+    per_record = len(generate(random.Random(1), probe)) / probe
+    n = int(target / per_record * 1.03) + 1
+    print(f"generating {path.name}: ~{n:,} records ...", file=sys.stderr, flush=True)
+    data = generate(random.Random(fmt), n)
+    OUT.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    return path
+
+
+# -- measuring --------------------------------------------------------------------------------------
+
+def best_of(repeat: int, fn: Callable[[], int]) -> tuple[float, int]:
+    """(best seconds, the count ``fn`` returned)."""
+    best, count = float("inf"), 0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        count = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, count
+
+
+def time_cat(path: Path) -> int:
+    subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)
+    return 0
+
+
+def columnar(fmt: str, path: Path) -> int:
+    codec = CODECS[fmt]
+    rows = 0
+    with mapped(str(path)) as buf:
+        if not codec.resumable:
+            cols = codec.read_columns(buf, str(path))
+            return _checked(cols, path)
+        start, seq = None, 0
+        while True:
+            cols = codec.read_columns(buf, str(path), start=start, seq=seq, limit=BATCH_ROWS)
+            rows += _checked(cols, path)
+            if cols.next_offset is None:
+                return rows
+            start, seq = cols.next_offset, cols.next_seq
+
+
+def _checked(cols: Columns, path: Path) -> int:
+    if cols.error is not None:
+        raise SystemExit(f"{path}: generated file reads as damaged: {cols.error}")
+    return cols.rows
+
+
+def dicts(fmt: str, path: Path) -> int:
+    n = 0
+    with mapped(str(path)) as buf:
+        for _ in CODECS[fmt].read(buf, str(path)):
+            n += 1
+    return n
+
+
+def measure(fmt: str, path: Path, repeat: int) -> dict:
+    size = path.stat().st_size
+    time_cat(path)  # warm the page cache for every contender
+    cat_s, _ = best_of(repeat, lambda: time_cat(path))
+    col_s, rows = best_of(repeat, lambda: columnar(fmt, path))
+    dict_s, count = best_of(max(1, repeat - 1), lambda: dicts(fmt, path))
+    if rows != count:
+        raise SystemExit(f"{fmt}: read_columns gave {rows} rows, read gave {count} records")
+    row = {
+        "format": fmt, "bytes": size, "records": rows,
+        "cat_s": cat_s, "columns_s": col_s, "read_s": dict_s,
+        "cat_mb_s": size / cat_s / 1e6,
+        "columns_mb_s": size / col_s / 1e6, "columns_records_s": rows / col_s,
+        "read_mb_s": size / dict_s / 1e6, "read_records_s": rows / dict_s,
+        "columns_vs_cat": cat_s / col_s, "read_vs_cat": cat_s / dict_s,
+    }
+    row["target"], row["target_met"] = _target(fmt, row)
+    return row
+
+
+def _target(fmt: str, row: dict) -> tuple[str | None, bool | None]:
+    if fmt in CAT_RATIO_TARGET:
+        goal = CAT_RATIO_TARGET[fmt]
+        return f"columnar >= {goal:.0%} of cat", row["columns_vs_cat"] >= goal
+    if fmt in VARIABLE_WITH_PAYLOAD:
+        return f"columnar >= {RECORDS_TARGET:,} rec/s", row["columns_records_s"] >= RECORDS_TARGET
+    return None, None
+
+
+def print_table(rows: list[dict]) -> None:
+    head = (f"{'format':<15}{'MB':>7}{'records':>12}{'cat MB/s':>10}{'col MB/s':>10}"
+            f"{'col rec/s':>12}{'col/cat':>8}{'read MB/s':>10}{'read rec/s':>12}{'read/cat':>9}  target")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        verdict = "" if r["target"] is None else ("met" if r["target_met"] else "MISSED") + \
+            f" ({r['target']})"
+        print(f"{r['format']:<15}{r['bytes'] / 1e6:>7.0f}{r['records']:>12,}{r['cat_mb_s']:>10.0f}"
+              f"{r['columns_mb_s']:>10.0f}{r['columns_records_s']:>12,.0f}{r['columns_vs_cat']:>8.1%}"
+              f"{r['read_mb_s']:>10.1f}{r['read_records_s']:>12,.0f}{r['read_vs_cat']:>9.1%}  {verdict}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mb", type=int, default=100, help="minimum file size per format (MB)")
+    parser.add_argument("--formats", default=",".join(CODECS), help="comma-separated format names")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--cpu", type=int, default=0, help="the one core to run on")
+    args = parser.parse_args()
+    formats = [f for f in args.formats.split(",") if f]
+    unknown = set(formats) - set(CODECS)
+    if unknown:
+        parser.error(f"unknown formats: {', '.join(sorted(unknown))}")
+    os.sched_setaffinity(0, {args.cpu})  # cat (a child) inherits the same single core
+    rows = []
+    for fmt in formats:
+        path = input_file(fmt, args.mb)
+        rows.append(measure(fmt, path, args.repeat))
+        print(f"measured {fmt}", file=sys.stderr, flush=True)
+    print_table(rows)
+    print(json.dumps({"benchmark": "parse", "cpu": args.cpu, "batch_rows": BATCH_ROWS,
+                      "results": rows}, indent=1))
+    missed = [r["format"] for r in rows if r["target_met"] is False]
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The passthrough inode table: our inode numbers <-> SOURCE paths.
+
+The kernel knows files by the inode numbers we hand out. Each number stands for one SOURCE
+object (identified by its ``(st_dev, st_ino)``), so hard links share one inode. An inode keeps
+every SOURCE path it is known under (hard links), its kernel lookup count and its open file
+handles; it lives until the kernel forgets it *and* the last handle is closed, which is what
+keeps open-but-unlinked files working.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import pyfuse3
+
+
+@dataclass(eq=False)
+class Inode:
+    ino: int
+    key: tuple[int, int] | None  # (st_dev, st_ino) of the SOURCE object
+    paths: list[bytes] = field(default_factory=list)  # relative to SOURCE, b"" = root
+    lookups: int = 0
+    handles: set[int] = field(default_factory=set)  # open fds (our file handles)
+    cache_ident: tuple | None = None  # (size, mtime_ns) when last closed: keep_cache test
+
+    @property
+    def path(self) -> bytes | None:
+        """The most recently seen SOURCE path, None once every name is unlinked."""
+        return self.paths[-1] if self.paths else None
+
+    def add_path(self, rel: bytes) -> None:
+        if rel in self.paths:
+            self.paths.remove(rel)
+        self.paths.append(rel)
+
+
+def is_under(rel: bytes, top: bytes) -> bool:
+    return rel == top or (top == b"" and rel != b"") or rel.startswith(top + b"/")
+
+
+def join(parent: bytes, name: bytes) -> bytes:
+    return name if parent == b"" else parent + b"/" + name
+
+
+class InodeTable:
+    """Allocation, lookup counting and path bookkeeping (renames, unlinks)."""
+
+    def __init__(self, allocate):
+        self._allocate = allocate  # shared counter with the virtual views
+        self.by_ino: dict[int, Inode] = {}
+        self.by_key: dict[tuple[int, int], Inode] = {}
+        root = Inode(pyfuse3.ROOT_INODE, None, [b""], lookups=1)
+        self.by_ino[root.ino] = root
+        self.root = root
+
+    def __contains__(self, ino: int) -> bool:
+        return ino in self.by_ino
+
+    def get(self, ino: int) -> Inode:
+        try:
+            return self.by_ino[ino]
+        except KeyError:
+            raise pyfuse3.FUSEError(2) from None  # ENOENT: stale inode
+
+    def remember(self, rel: bytes, st: os.stat_result, lookups: int = 1) -> Inode:
+        """The inode for the SOURCE object ``st`` seen at ``rel``, counting ``lookups``
+        more kernel references (0 for a tentative entry: see :meth:`drop_if_unused`)."""
+        if rel == b"":
+            self.root.key = (st.st_dev, st.st_ino)
+            return self.root
+        key = (st.st_dev, st.st_ino)
+        node = self.by_key.get(key)
+        if node is None:
+            node = Inode(self._allocate(), key)
+            self.by_ino[node.ino] = node
+            self.by_key[key] = node
+        node.add_path(rel)
+        node.lookups += lookups
+        return node
+
+    def drop_if_unused(self, node: Inode) -> None:
+        self._maybe_drop(node)
+
+    def forget(self, ino: int, count: int) -> None:
+        node = self.by_ino.get(ino)
+        if node is None or node is self.root:
+            return
+        node.lookups = max(0, node.lookups - count)
+        self._maybe_drop(node)
+
+    def _maybe_drop(self, node: Inode) -> None:
+        if node.lookups == 0 and not node.handles and node is not self.root:
+            self.by_ino.pop(node.ino, None)
+            if self.by_key.get(node.key) is node:
+                del self.by_key[node.key]
+
+    def release_handle(self, node: Inode, fd: int) -> None:
+        node.handles.discard(fd)
+        self._maybe_drop(node)
+
+    def unlinked(self, rel: bytes) -> None:
+        """``rel`` no longer names anything: drop it (and anything below it) from every inode."""
+        for node in list(self.by_ino.values()):
+            if node is not self.root:
+                node.paths = [p for p in node.paths if not is_under(p, rel)]
+
+    def renamed(self, moves: list[tuple[bytes, bytes]]) -> None:
+        """Apply simultaneous renames ``[(old, new), ...]`` to every known path."""
+        for node in self.by_ino.values():
+            if node is self.root:
+                continue
+            new_paths = []
+            for p in node.paths:
+                for old, new in moves:
+                    if is_under(p, old):
+                        p = new + p[len(old):]
+                        break
+                new_paths.append(p)
+            node.paths = new_paths

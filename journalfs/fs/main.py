@@ -1,0 +1,204 @@
+"""Running a mount: configuration, checks before mounting, and the trio main loop.
+
+``serve`` mounts, starts the metadata service in a nursery, runs pyfuse3's loop until the
+filesystem is unmounted (``fusermount3 -u``) or a SIGTERM/SIGINT/SIGHUP arrives, then cancels
+the nursery so the service flushes and syncs its store, and finally releases the FUSE session.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pyfuse3
+import trio
+
+log = logging.getLogger("journalfs.fs")
+
+SYNC_MODES = ("always", "batch", "none")
+#: fstab / mount(8) options that mean nothing to a FUSE filesystem: accepted and ignored.
+IGNORED_OPTIONS = {"rw", "defaults", "auto", "noauto", "user", "users", "nofail", "_netdev",
+                   "dev", "suid", "exec", "nodev", "nosuid", "noexec", "async", "atime",
+                   "noatime", "relatime", "nouser"}
+IGNORED_PREFIXES = ("x-systemd.", "comment=", "x-")
+
+
+class MountError(Exception):
+    """A mount that cannot be made; the message is the one line shown to the user."""
+
+
+class OptionError(ValueError):
+    """A bad ``-o`` option (a usage error)."""
+
+
+@dataclass
+class MountConfig:
+    source: str
+    mountpoint: str
+    store: str | None = None
+    gvfs: bool = False
+    sync: str = "batch"
+    allow_other: bool = False
+    default_permissions: bool = True  # always on: the kernel checks permissions for us
+    ro: bool = False
+    debug: bool = False
+    nonempty: bool = False
+    fsname: str | None = None
+    timeout: float = 1.0
+    extra: list[str] = field(default_factory=list)
+
+    def apply_options(self, text: str) -> None:
+        """Apply one ``-o a,b=c`` list (later options win)."""
+        for opt in filter(None, (o.strip() for o in text.split(","))):
+            name, eq, value = opt.partition("=")
+            if opt in IGNORED_OPTIONS or opt.startswith(IGNORED_PREFIXES):
+                continue
+            if name == "store" and value:
+                self.store = value
+            elif name == "sync" and eq:
+                if value not in SYNC_MODES:
+                    raise OptionError(f"sync must be one of {', '.join(SYNC_MODES)}, not {value!r}")
+                self.sync = value
+            elif name == "fsname" and value:
+                self.fsname = value
+            elif name == "timeout" and value:
+                try:
+                    self.timeout = float(value)
+                except ValueError:
+                    raise OptionError(f"timeout must be a number of seconds, not {value!r}") from None
+            elif opt == "gvfs":
+                self.gvfs = True
+            elif opt in ("allow_other", "default_permissions", "ro", "debug", "nonempty"):
+                setattr(self, opt, True)
+            else:
+                raise OptionError(f"unknown mount option {opt!r}")
+
+    def summary(self) -> dict:
+        """The options as status.json shows them."""
+        return {"source": self.source, "mountpoint": self.mountpoint, "store": self.store,
+                "gvfs": self.gvfs, "sync": self.sync, "allow_other": self.allow_other,
+                "default_permissions": True, "ro": self.ro, "debug": self.debug,
+                "fsname": self.fs_name, "entry_timeout": self.timeout,
+                "attr_timeout": self.timeout}
+
+    @property
+    def fs_name(self) -> str:
+        return self.fsname or self.source
+
+    def fuse_options(self) -> set[str]:
+        opts = {"default_permissions", f"fsname={self.fs_name}", "subtype=journalfs"}
+        for flag in ("allow_other", "ro", "debug"):
+            if getattr(self, flag):
+                opts.add(flag)
+        return opts
+
+
+def preflight(config: MountConfig) -> None:
+    """Refuse, with one clear line, what would fail or misbehave once mounted."""
+    src, mnt = config.source, config.mountpoint
+    if not os.path.exists(src):
+        raise MountError(f"source {src} does not exist")
+    if not os.path.isdir(src):
+        raise MountError(f"source {src} is not a directory")
+    if not os.path.exists(mnt):
+        raise MountError(f"mountpoint {mnt} does not exist")
+    if not os.path.isdir(mnt):
+        raise MountError(f"mountpoint {mnt} is not a directory")
+    if os.path.ismount(mnt):
+        raise MountError(f"mountpoint {mnt} is busy (something is already mounted there)")
+    if not config.nonempty and os.listdir(mnt):
+        raise MountError(f"mountpoint {mnt} is not empty (use -o nonempty to mount over it)")
+
+
+def pidfile_for(mountpoint: str) -> str:
+    """Where the daemon serving ``mountpoint`` records its pid (for ``journalfs umount``)."""
+    base = os.environ.get("JOURNALFS_RUNTIME_DIR")
+    if not base:
+        base = "/run/journalfs" if os.geteuid() == 0 else os.path.join(
+            os.environ.get("XDG_RUNTIME_DIR") or "/tmp", f"journalfs-{os.geteuid()}")
+    digest = hashlib.sha1(os.fsencode(os.path.realpath(mountpoint))).hexdigest()[:16]
+    return os.path.join(base, f"{digest}.pid")
+
+
+def _open_metadata(config: MountConfig):
+    """(service, location): the metadata backend the mount serves xattrs from."""
+    from ..metastore.location import resolve_store
+
+    location = resolve_store(config.source, config.store, gvfs=config.gvfs)
+    if config.gvfs:
+        from ..metastore.gvfsd import GvfsdBackend
+        return GvfsdBackend(location.tree_path), location
+    from ..metastore.service import MetaService
+    from ..metastore.store import MetaStore, StoreLocked
+    try:
+        store = MetaStore.open(location.tree_path, sync=config.sync, readonly=config.ro)
+    except StoreLocked as exc:
+        raise MountError(f"metadata store {location.tree_path} is locked by another process "
+                         f"({exc})") from None
+    return MetaService(store, sync=config.sync), location
+
+
+async def _stop_on_signals(task_status=trio.TASK_STATUS_IGNORED) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        task_status.started()
+        async for signum in signals:
+            log.info("signal %d: unmounting", signum)
+            pyfuse3.terminate()
+            return
+
+
+async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None) -> None:
+    """Mount, serve until unmounted or signalled, then flush metadata and unmount."""
+    from .passthrough import JournalFS
+
+    meta, location = _open_metadata(config)
+    # Reach SOURCE through a directory fd opened before mounting: that keeps working when
+    # the mount covers SOURCE itself (mountpoint == source) or SOURCE is renamed.
+    source_fd = os.open(config.source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        ops = JournalFS(f"/proc/self/fd/{source_fd}", meta, location, timeout=config.timeout,
+                        options=config.summary())
+        async with trio.open_nursery() as nursery:
+            await nursery.start(meta.run)
+            await nursery.start(_stop_on_signals)
+            try:
+                pyfuse3.init(ops, config.mountpoint, config.fuse_options())
+            except RuntimeError as exc:
+                raise MountError(f"cannot mount on {config.mountpoint}: {exc}") from None
+            try:
+                ready()
+                await pyfuse3.main()
+            finally:
+                nursery.cancel_scope.cancel()
+                pyfuse3.close(unmount=True)
+    finally:
+        os.close(source_fd)
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
+
+
+def run(config: MountConfig, ready: Callable[[], None] = lambda: None) -> None:
+    """Serve ``config`` on a fresh trio loop; a MountError carries the user-facing line."""
+    os.umask(0)  # the kernel already applied the caller's umask to every mode we receive
+    try:
+        trio.run(serve, config, ready)
+    except* MountError as group:
+        raise _first(group) from None
+    except* OSError as group:
+        exc = _first(group)
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise MountError(f"permission denied: {exc}") from None
+        raise MountError(str(exc)) from None
+    except* Exception as group:
+        exc = _first(group)
+        log.error("journalfs stopped", exc_info=exc)
+        raise MountError(f"{type(exc).__name__}: {exc}") from None

@@ -1,0 +1,584 @@
+"""The pyfuse3 Operations: SOURCE mirrored through, metadata as xattrs, views under /.journalfs.
+
+One small async handler per request. Every syscall on SOURCE runs in a worker thread
+(``trio.to_thread.run_sync``) so a slow disk never stalls the single trio thread; answers
+that need no syscall are given inline. SOURCE paths are never followed through a final
+symlink (``lstat``, ``O_NOFOLLOW``, ``follow_symlinks=False``).
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import itertools
+import logging
+import os
+import stat
+from typing import Any, Callable
+
+import pyfuse3
+import trio
+
+from . import xattrs
+from .inodes import Inode, InodeTable, join
+from .views import VIEWS_NAME, Views
+
+log = logging.getLogger("journalfs.fs")
+
+#: File handles at or above this are ours (directory listings, virtual files); below are fds.
+HANDLE_BASE = 1 << 32
+_libc = ctypes.CDLL(None, use_errno=True)
+_AT_FDCWD = -100
+_IS_ROOT = os.geteuid() == 0
+
+
+def _renameat2(old: bytes, new: bytes, flags: int) -> None:
+    if _libc.renameat2(_AT_FDCWD, old, _AT_FDCWD, new, ctypes.c_uint(flags)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _guarded(fn: Callable) -> Callable:
+    """Only FUSEError may leave a handler: OSError keeps its errno, anything else is EIO."""
+    @functools.wraps(fn)
+    async def handler(*args, **kwargs):
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        except Exception:
+            log.exception("%s failed", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+    return handler
+
+
+async def _in_thread(fn: Callable, *args: Any) -> Any:
+    return await trio.to_thread.run_sync(functools.partial(fn, *args))
+
+
+class JournalFS(pyfuse3.Operations):
+    """SOURCE passthrough + ``user.metadata.*`` xattrs backed by a metadata service."""
+
+    enable_writeback_cache = False
+
+    def __init__(self, source: str, meta, location, *, timeout: float = 1.0,
+                 options: dict | None = None):
+        super().__init__()
+        self.src = os.fsencode(os.path.abspath(source))
+        self.meta = meta            # MetaService or GvfsdBackend (same async API)
+        self.location = location    # StoreLocation: store paths for mount-relative paths
+        self.timeout = timeout
+        self._numbers = itertools.count(pyfuse3.ROOT_INODE + 1)
+        self._handles = itertools.count(HANDLE_BASE)
+        self.table = InodeTable(lambda: next(self._numbers))
+        self.files: dict[int, Inode] = {}                       # fd -> inode
+        self.dirs: dict[int, tuple[Inode, list]] = {}          # handle -> (dir, entries)
+        self.views = Views(self, options or {})
+        self._exchange_tmp = itertools.count()
+
+    # -- helpers ---------------------------------------------------------------------------
+    def next_inode(self) -> int:
+        return next(self._numbers)
+
+    def next_handle(self) -> int:
+        return next(self._handles)
+
+    def abs(self, rel: bytes) -> bytes:
+        # The trailing "/" makes lstat follow SOURCE itself (it may be a /proc/self/fd link).
+        return self.src + b"/" + rel
+
+    def store_path(self, rel: bytes) -> str:
+        return self.location.store_path("/" + os.fsdecode(rel))
+
+    def attrs(self, node: Inode, st: os.stat_result) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = node.ino
+        a.generation = 0
+        a.entry_timeout = self.timeout
+        a.attr_timeout = self.timeout
+        a.st_mode = st.st_mode
+        a.st_nlink = st.st_nlink
+        a.st_uid = st.st_uid
+        a.st_gid = st.st_gid
+        a.st_rdev = st.st_rdev
+        a.st_size = st.st_size
+        a.st_blksize = st.st_blksize
+        a.st_blocks = st.st_blocks
+        a.st_atime_ns = st.st_atime_ns
+        a.st_mtime_ns = st.st_mtime_ns
+        a.st_ctime_ns = st.st_ctime_ns
+        return a
+
+    def _path(self, node: Inode) -> bytes:
+        if node.path is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return node.path
+
+    def _child(self, parent_ino: int, name: bytes) -> bytes:
+        """SOURCE-relative path of ``name`` in a passthrough directory (EROFS in the views)."""
+        if self.views.owns(parent_ino) or (parent_ino == pyfuse3.ROOT_INODE and name == VIEWS_NAME):
+            raise pyfuse3.FUSEError(errno.EROFS)
+        return join(self._path(self.table.get(parent_ino)), name)
+
+    def _stat(self, node: Inode) -> os.stat_result:
+        """lstat of the inode's path; an unlinked but open file answers through its fd."""
+        for rel in reversed(node.paths):
+            try:
+                return os.lstat(self.abs(rel))
+            except FileNotFoundError:
+                continue
+        for fd in node.handles:
+            return os.fstat(fd)
+        raise FileNotFoundError(errno.ENOENT, "gone")
+
+    def _own(self, path: bytes, ctx, fd: int | None = None) -> None:
+        """New objects belong to the caller, as on a native filesystem (we run as root)."""
+        if not _IS_ROOT or (ctx.uid == 0 and ctx.gid == 0):
+            return
+        parent = os.lstat(os.path.dirname(path))
+        gid = -1 if parent.st_mode & stat.S_ISGID else ctx.gid  # setgid dirs pass their group
+        if fd is not None:
+            os.fchown(fd, ctx.uid, gid)
+        else:
+            os.chown(path, ctx.uid, gid, follow_symlinks=False)
+
+    async def _created(self, rel: bytes) -> pyfuse3.EntryAttributes:
+        st = await _in_thread(os.lstat, self.abs(rel))
+        return self.attrs(self.table.remember(rel, st), st)
+
+    # -- lookup / attributes ---------------------------------------------------------------
+    @_guarded
+    async def lookup(self, parent_inode, name, ctx=None):
+        if parent_inode == pyfuse3.ROOT_INODE and name == VIEWS_NAME:
+            return self.views.lookup_root()
+        if self.views.owns(parent_inode):
+            return await self.views.lookup(parent_inode, name)
+        parent = self.table.get(parent_inode)
+        if name == b".":
+            rel = self._path(parent)
+        elif name == b"..":
+            rel = os.path.dirname(self._path(parent))
+        else:
+            rel = join(self._path(parent), name)
+        st = await _in_thread(os.lstat, self.abs(rel))
+        return self.attrs(self.table.remember(rel, st), st)
+
+    @_guarded
+    async def forget(self, inode_list):
+        for ino, count in inode_list:
+            if self.views.owns(ino):
+                self.views.forget(ino, count)
+            else:
+                self.table.forget(ino, count)
+
+    @_guarded
+    async def getattr(self, inode, ctx=None):
+        if self.views.owns(inode):
+            return await self.views.getattr(inode)
+        node = self.table.get(inode)
+        return self.attrs(node, await _in_thread(self._stat, node))
+
+    @_guarded
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        if self.views.owns(inode):
+            raise pyfuse3.FUSEError(errno.EROFS)
+        node = self.table.get(inode)
+        st = await _in_thread(self._apply_setattr, node, attr, fields, fh)
+        return self.attrs(node, st)
+
+    def _apply_setattr(self, node: Inode, attr, fields, fh: int | None) -> os.stat_result:
+        fd = fh if fh is not None and fh < HANDLE_BASE else None
+        path = None
+        if fd is None:
+            if node.path is not None and os.path.lexists(self.abs(node.path)):
+                path = self.abs(node.path)
+            elif node.handles:
+                fd = next(iter(node.handles))
+            else:
+                raise FileNotFoundError(errno.ENOENT, "gone")
+        current = os.fstat(fd) if fd is not None else os.lstat(path)
+        if fields.update_uid or fields.update_gid:  # before chmod: chown clears set-id bits
+            uid = attr.st_uid if fields.update_uid else -1
+            gid = attr.st_gid if fields.update_gid else -1
+            if fd is not None:
+                os.fchown(fd, uid, gid)
+            else:
+                os.chown(path, uid, gid, follow_symlinks=False)
+        if fields.update_mode:
+            mode = stat.S_IMODE(attr.st_mode)
+            if fd is not None:
+                os.fchmod(fd, mode)
+            elif not stat.S_ISLNK(current.st_mode):  # Linux symlinks have no mode of their own
+                os.chmod(path, mode)
+        if fields.update_size:
+            if fd is not None:
+                os.ftruncate(fd, attr.st_size)
+            else:
+                tfd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    os.ftruncate(tfd, attr.st_size)
+                finally:
+                    os.close(tfd)
+        if fields.update_atime or fields.update_mtime:
+            now = os.fstat(fd) if fd is not None else os.lstat(path)
+            times = (attr.st_atime_ns if fields.update_atime else now.st_atime_ns,
+                     attr.st_mtime_ns if fields.update_mtime else now.st_mtime_ns)
+            if fd is not None:
+                os.utime(fd, ns=times)
+            else:
+                os.utime(path, ns=times, follow_symlinks=False)
+        return os.fstat(fd) if fd is not None else os.lstat(path)
+
+    @_guarded
+    async def readlink(self, inode, ctx=None):
+        if self.views.owns(inode):
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        return await _in_thread(os.readlink, self.abs(self._path(self.table.get(inode))))
+
+    @_guarded
+    async def access(self, inode, mode, ctx):
+        # Permission checks are the kernel's (we always mount with default_permissions).
+        if self.views.owns(inode) and mode & os.W_OK:
+            return False
+        return True
+
+    @_guarded
+    async def statfs(self, ctx):
+        sv = await _in_thread(os.statvfs, self.src)
+        out = pyfuse3.StatvfsData()
+        for name in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files",
+                     "f_ffree", "f_favail", "f_namemax"):
+            setattr(out, name, getattr(sv, name))
+        return out
+
+    # -- directories -----------------------------------------------------------------------
+    @_guarded
+    async def opendir(self, inode, ctx):
+        if self.views.owns(inode):
+            return await self.views.opendir(inode)
+        node = self.table.get(inode)
+        rel = self._path(node)
+        entries = await _in_thread(self._list_dir, rel)
+        handle = self.next_handle()
+        self.dirs[handle] = (node, entries)
+        return handle
+
+    def _list_dir(self, rel: bytes) -> list[tuple[bytes, os.stat_result]]:
+        entries = []
+        with os.scandir(self.abs(rel)) as it:
+            for entry in it:
+                if rel == b"" and entry.name == VIEWS_NAME:
+                    continue  # shadowed by the virtual tree
+                try:
+                    entries.append((entry.name, entry.stat(follow_symlinks=False)))
+                except FileNotFoundError:
+                    continue  # vanished while listing
+        entries.sort()
+        return entries
+
+    @_guarded
+    async def readdir(self, fh, start_id, token):
+        if fh not in self.dirs:
+            return await self.views.readdir(fh, start_id, token)
+        node, entries = self.dirs[fh]
+        base = self._path(node)
+        for i in range(start_id, len(entries)):
+            name, st = entries[i]
+            child = self.table.remember(join(base, name), st, lookups=0)
+            if not pyfuse3.readdir_reply(token, name, self.attrs(child, st), i + 1):
+                self.table.drop_if_unused(child)
+                return
+            child.lookups += 1
+
+    @_guarded
+    async def releasedir(self, fh):
+        if self.dirs.pop(fh, None) is None:
+            self.views.releasedir(fh)
+
+    @_guarded
+    async def fsyncdir(self, fh, datasync):
+        if fh in self.dirs:
+            await _in_thread(self._fsync_path, self.abs(self._path(self.dirs[fh][0])))
+
+    @staticmethod
+    def _fsync_path(path: bytes) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    @_guarded
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        rel = self._child(parent_inode, name)
+        path = self.abs(rel)
+        await _in_thread(self._mkdir, path, stat.S_IMODE(mode), ctx)
+        return await self._created(rel)
+
+    def _mkdir(self, path: bytes, mode: int, ctx) -> None:
+        os.mkdir(path, mode)
+        self._own(path, ctx)
+
+    @_guarded
+    async def rmdir(self, parent_inode, name, ctx):
+        rel = self._child(parent_inode, name)
+        await _in_thread(os.rmdir, self.abs(rel))
+        self.table.unlinked(rel)
+        await self._meta_call("remove", self.store_path(rel))
+
+    # -- names -----------------------------------------------------------------------------
+    @_guarded
+    async def unlink(self, parent_inode, name, ctx):
+        rel = self._child(parent_inode, name)
+        await _in_thread(os.unlink, self.abs(rel))
+        self.table.unlinked(rel)
+        await self._meta_call("remove", self.store_path(rel))
+
+    @_guarded
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        old = self._child(parent_inode_old, name_old)
+        new = self._child(parent_inode_new, name_new)
+        replaced = await _in_thread(self._rename, old, new, flags)
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            self.table.renamed([(old, new), (new, old)])
+            tmp = self.store_path(b".journalfs-exchange-%d" % next(self._exchange_tmp))
+            await self._meta_call("move", self.store_path(old), tmp)
+            await self._meta_call("move", self.store_path(new), self.store_path(old))
+            await self._meta_call("move", tmp, self.store_path(new))
+            return
+        if replaced:
+            self.table.unlinked(new)
+            await self._meta_call("remove", self.store_path(new))
+        self.table.renamed([(old, new)])
+        await self._meta_call("move", self.store_path(old), self.store_path(new))
+
+    def _rename(self, old: bytes, new: bytes, flags: int) -> bool:
+        """Rename in SOURCE; True when an existing, different object at ``new`` was replaced."""
+        src, dst = os.lstat(self.abs(old)), None
+        try:
+            dst = os.lstat(self.abs(new))
+        except FileNotFoundError:
+            pass
+        if flags:
+            _renameat2(self.abs(old), self.abs(new), flags)
+        else:
+            os.rename(self.abs(old), self.abs(new))
+        return dst is not None and (dst.st_dev, dst.st_ino) != (src.st_dev, src.st_ino)
+
+    @_guarded
+    async def symlink(self, parent_inode, name, target, ctx):
+        rel = self._child(parent_inode, name)
+        await _in_thread(self._symlink, bytes(target), self.abs(rel), ctx)
+        return await self._created(rel)
+
+    def _symlink(self, target: bytes, path: bytes, ctx) -> None:
+        os.symlink(target, path)
+        self._own(path, ctx)
+
+    @_guarded
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        if self.views.owns(inode):
+            raise pyfuse3.FUSEError(errno.EROFS)
+        rel = self._child(new_parent_inode, new_name)
+        src = self.abs(self._path(self.table.get(inode)))
+        await _in_thread(functools.partial(os.link, src, self.abs(rel), follow_symlinks=False))
+        return await self._created(rel)
+
+    @_guarded
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        rel = self._child(parent_inode, name)
+        await _in_thread(self._mknod, self.abs(rel), mode, rdev, ctx)
+        return await self._created(rel)
+
+    def _mknod(self, path: bytes, mode: int, rdev: int, ctx) -> None:
+        os.mknod(path, mode, rdev)
+        self._own(path, ctx)
+
+    # -- files -----------------------------------------------------------------------------
+    @_guarded
+    async def open(self, inode, flags, ctx):
+        if self.views.owns(inode):
+            if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
+                raise pyfuse3.FUSEError(errno.EROFS)
+            return await self.views.open(inode)
+        node = self.table.get(inode)
+        fd, keep = await _in_thread(self._open, node, flags)
+        return pyfuse3.FileInfo(fh=fd, keep_cache=keep)
+
+    def _open(self, node: Inode, flags: int) -> tuple[int, bool]:
+        flags = (flags & ~os.O_CREAT) | os.O_NOFOLLOW | os.O_CLOEXEC
+        if node.path is not None and os.path.lexists(self.abs(node.path)):
+            fd = os.open(self.abs(node.path), flags)
+        elif node.handles:  # open-but-unlinked, reached through /proc/PID/fd
+            fd = os.open(f"/proc/self/fd/{next(iter(node.handles))}", flags & ~os.O_NOFOLLOW)
+        else:
+            raise FileNotFoundError(errno.ENOENT, "gone")
+        st = os.fstat(fd)
+        keep = node.cache_ident == (st.st_size, st.st_mtime_ns)  # unchanged since last close
+        node.handles.add(fd)
+        self.files[fd] = node
+        return fd, keep
+
+    @_guarded
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        rel = self._child(parent_inode, name)
+        fd, st = await _in_thread(self._create, self.abs(rel), mode, flags, ctx)
+        node = self.table.remember(rel, st)
+        node.handles.add(fd)
+        self.files[fd] = node
+        return pyfuse3.FileInfo(fh=fd), self.attrs(node, st)
+
+    def _create(self, path: bytes, mode: int, flags: int, ctx) -> tuple[int, os.stat_result]:
+        flags |= os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags, stat.S_IMODE(mode))
+        try:
+            self._own(path, ctx, fd)
+            return fd, os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @_guarded
+    async def read(self, fh, off, size):
+        if fh >= HANDLE_BASE:
+            return await self.views.read(fh, off, size)
+        return await _in_thread(os.pread, fh, size, off)
+
+    @_guarded
+    async def write(self, fh, off, buf):
+        if fh >= HANDLE_BASE:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        return await _in_thread(os.pwrite, fh, buf, off)
+
+    @_guarded
+    async def flush(self, fh):
+        if fh < HANDLE_BASE:  # close(2) semantics of the underlying filesystem
+            await _in_thread(lambda: os.close(os.dup(fh)))
+
+    @_guarded
+    async def fsync(self, fh, datasync):
+        if fh < HANDLE_BASE:
+            await _in_thread(os.fdatasync if datasync else os.fsync, fh)
+
+    @_guarded
+    async def release(self, fh):
+        if fh >= HANDLE_BASE:
+            self.views.release(fh)
+            return
+        node = self.files.pop(fh, None)
+        try:
+            st = await _in_thread(os.fstat, fh)
+            if node is not None:
+                node.cache_ident = (st.st_size, st.st_mtime_ns)
+        finally:
+            os.close(fh)
+            if node is not None:
+                self.table.release_handle(node, fh)
+
+    # -- extended attributes ---------------------------------------------------------------
+    async def _meta_call(self, method: str, *args):
+        """Call the metadata service, turning its errors into errnos."""
+        try:
+            return await getattr(self.meta, method)(*args)
+        except pyfuse3.FUSEError:
+            raise
+        except Exception as exc:
+            if type(exc).__name__ == "EntryTooLarge":
+                raise pyfuse3.FUSEError(errno.E2BIG) from None
+            if isinstance(exc, OSError) and exc.errno:
+                raise pyfuse3.FUSEError(exc.errno) from None
+            log.exception("metadata %s%r failed", method, args)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    def _xattr_target(self, node: Inode):
+        """Where SOURCE's own xattrs are read: the path, or an fd once unlinked."""
+        if node.path is not None:
+            return self.abs(node.path)
+        if node.handles:
+            return next(iter(node.handles))
+        raise pyfuse3.FUSEError(errno.ENOENT)
+
+    @_guarded
+    async def getxattr(self, inode, name, ctx=None):
+        if self.views.owns(inode):
+            return await self.views.getxattr(inode, name)
+        if name.startswith(xattrs.FAST_NODATA_PREFIXES):
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        node = self.table.get(inode)
+        key = xattrs.metadata_key(name)
+        if key is None:
+            target = self._xattr_target(node)
+            return await _in_thread(self._native_getxattr, target, name)
+        value = await self._meta_call("get", self.store_path(self._path(node)), key)
+        if value is None:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        return xattrs.encode_value(value)
+
+    @staticmethod
+    def _native_getxattr(target, name: bytes) -> bytes:
+        if isinstance(target, int):
+            return os.getxattr(target, name)
+        return os.getxattr(target, name, follow_symlinks=False)
+
+    @_guarded
+    async def setxattr(self, inode, name, value, ctx):
+        if self.views.owns(inode):
+            raise pyfuse3.FUSEError(errno.EROFS)
+        node = self.table.get(inode)
+        key = xattrs.metadata_key(name)
+        if key is None:
+            target = self._xattr_target(node)
+            if isinstance(target, int):
+                await _in_thread(os.setxattr, target, name, value)
+            else:
+                await _in_thread(functools.partial(os.setxattr, target, name, value,
+                                                   follow_symlinks=False))
+            return
+        await self._check_user_xattr_allowed(node)
+        await self._meta_call("set", self.store_path(self._path(node)), key,
+                              xattrs.decode_value(value))
+
+    async def _check_user_xattr_allowed(self, node: Inode) -> None:
+        # Natively only regular files and directories carry user.* attributes.
+        st = await _in_thread(self._stat, node)
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            raise pyfuse3.FUSEError(errno.EPERM)
+
+    @_guarded
+    async def removexattr(self, inode, name, ctx):
+        if self.views.owns(inode):
+            raise pyfuse3.FUSEError(errno.EROFS)
+        node = self.table.get(inode)
+        key = xattrs.metadata_key(name)
+        if key is None:
+            target = self._xattr_target(node)
+            if isinstance(target, int):
+                await _in_thread(os.removexattr, target, name)
+            else:
+                await _in_thread(functools.partial(os.removexattr, target, name,
+                                                   follow_symlinks=False))
+            return
+        await self._check_user_xattr_allowed(node)
+        store_path = self.store_path(self._path(node))
+        if await self._meta_call("get", store_path, key) is None:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        await self._meta_call("unset", store_path, key)
+
+    @_guarded
+    async def listxattr(self, inode, ctx):
+        if self.views.owns(inode):
+            return await self.views.listxattr(inode)
+        node = self.table.get(inode)
+        target = self._xattr_target(node)
+        if isinstance(target, int):
+            native = await _in_thread(os.listxattr, target)
+        else:
+            native = await _in_thread(functools.partial(os.listxattr, target,
+                                                        follow_symlinks=False))
+        names = [os.fsencode(n) for n in native if not os.fsencode(n).startswith(xattrs.METADATA_PREFIX)]
+        if node.path is not None:
+            stored = await self._meta_call("get_all", self.store_path(node.path))
+            names += xattrs.metadata_names(stored or {})
+        return names

@@ -1,0 +1,402 @@
+"""`--gvfs` mode: share the user's running gvfsd-metadata instead of owning the store.
+
+gvfs allows exactly one writer per store: gvfsd-metadata. So in this mode every write
+goes to it over D-Bus (`org.gtk.vfs.Metadata`, see specs/gvfs-metadata.md "How gvfs users
+reach it"), exactly as GIO does, and reads map the store files read-only
+(`MetaStore.open(tree, readonly=True)` + `refresh()`), exactly as GIO clients do. We never
+take the store lock or write a store file here.
+
+`GvfsdBackend` has the async method names of `MetaService` (for the FUSE layer, on trio);
+`GvfsdClient` is the blocking twin for command-line use. Both confirm each write by
+re-reading the store until it shows the write (bounded wait): gvfsd-metadata answers a
+`Set` for a tree it cannot open with success, so the reply alone proves nothing.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Callable, Mapping
+
+import trio
+from jeepney import DBusAddress, MessageType, new_method_call
+from jeepney.low_level import Message
+
+Value = str | list[str]
+
+BUS_NAME = "org.gtk.vfs.Metadata"
+METADATA = DBusAddress("/org/gtk/vfs/metadata", bus_name=BUS_NAME, interface="org.gtk.vfs.Metadata")
+MESSAGE_BUS = DBusAddress("/org/freedesktop/DBus", bus_name="org.freedesktop.DBus",
+                          interface="org.freedesktop.DBus")
+REPLY_TIMEOUT = 30.0  # a Set that triggers a rotation of a huge tree can take a while
+VISIBLE_TIMEOUT = 5.0  # how long a confirmed write may take to show up in the files
+_POLL = 0.005
+
+
+class GvfsdUnavailable(RuntimeError):
+    """No session bus, or no gvfsd-metadata on it."""
+
+
+class GvfsdError(RuntimeError):
+    """gvfsd-metadata refused a request, or accepted it without storing it."""
+
+
+# ---- messages ------------------------------------------------------------------------
+def _bytestring(text: str | bytes | os.PathLike) -> bytes:
+    """A GLib bytestring (`ay`): gvfsd reads an unterminated one as the empty string."""
+    raw = os.fsencode(text)
+    if b"\0" in raw:
+        raise ValueError(f"NUL byte in {raw!r}")
+    return raw + b"\0"
+
+
+def _variant(value: Value | None) -> tuple[str, object]:
+    if value is None:
+        return ("y", 0)  # any byte means "unset"
+    if isinstance(value, str):
+        return ("s", value)
+    values = list(value)
+    if not all(isinstance(v, str) for v in values):
+        raise TypeError("a list value holds strings only")
+    return ("as", values)
+
+
+def set_message(tree: Path, path: str, changes: Mapping[str, Value | None]) -> Message:
+    """One `Set` call; gvfsd writes one journal entry per key (None unsets)."""
+    data = {key: _variant(value) for key, value in changes.items()}
+    return new_method_call(METADATA, "Set", "ayaya{sv}", (_bytestring(tree), _bytestring(path), data))
+
+
+def remove_message(tree: Path, path: str) -> Message:
+    return new_method_call(METADATA, "Remove", "ayay", (_bytestring(tree), _bytestring(path)))
+
+
+def move_message(tree: Path, src: str, dst: str) -> Message:
+    return new_method_call(METADATA, "Move", "ayayay", (_bytestring(tree), _bytestring(src), _bytestring(dst)))
+
+
+def _name_has_owner() -> Message:
+    return new_method_call(MESSAGE_BUS, "NameHasOwner", "s", (BUS_NAME,))
+
+
+def _start_service() -> Message:
+    return new_method_call(MESSAGE_BUS, "StartServiceByName", "su", (BUS_NAME, 0))
+
+
+def _check_reply(reply: Message, what: str) -> tuple:
+    if reply.header.message_type == MessageType.error:
+        detail = reply.body[0] if reply.body else reply.header.fields.get(4, "error")
+        raise GvfsdError(f"gvfsd-metadata refused {what}: {detail}")
+    return reply.body
+
+
+def bus_address(explicit: str | None = None) -> str:
+    address = explicit or os.environ.get("DBUS_SESSION_BUS_ADDRESS", "")
+    if not address:
+        raise GvfsdUnavailable("--gvfs needs a D-Bus session bus, but DBUS_SESSION_BUS_ADDRESS is not set")
+    return address
+
+
+def _unreachable(address: str, why: object) -> GvfsdUnavailable:
+    return GvfsdUnavailable(f"no gvfsd-metadata reachable on the session bus {address}: {why}")
+
+
+# ---- the read side -------------------------------------------------------------------
+def _under(path: str, root: str) -> str | None:
+    """The rest of `path` below `root` ("" for root itself), or None if not inside."""
+    if root == "/":
+        return path if path != "/" else ""
+    if path == root:
+        return ""
+    if path.startswith(root + "/"):
+        return path[len(root):]
+    return None
+
+
+class _StoreView:
+    """Read-only view of the store files gvfsd-metadata writes (opened lazily: a fresh
+    user has no tree until the daemon's first write)."""
+
+    def __init__(self, tree: Path):
+        self.tree = tree
+        self._store = None
+
+    def _current(self):
+        from journalfs.metastore.store import MetaStore  # heavy; only when reading
+        if self._store is None:
+            if not self.tree.exists():
+                return None
+            self._store = MetaStore.open(str(self.tree), readonly=True, create=False)
+        self._store.refresh()
+        return self._store
+
+    def get(self, path: str, key: str) -> Value | None:
+        store = self._current()
+        return store.get(path, key) if store else None
+
+    def get_all(self, path: str) -> dict[str, Value]:
+        store = self._current()
+        return dict(store.get_all(path)) if store else {}
+
+    def subtree(self, root: str) -> dict[str, dict[str, Value]]:
+        """{path below root (root itself = ""): keys} of every path with keys."""
+        store = self._current()
+        if store is None:
+            return {}
+        found = {}
+        for path, keys in store.dump().items():
+            rest = _under(path, root)
+            if rest is not None and keys:
+                found[rest] = dict(keys)
+        return found
+
+    def status(self) -> dict:
+        store = self._current()
+        return store.status() if store else {"tree": str(self.tree), "exists": False}
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+def _join(root: str, rest: str) -> str:
+    """Inverse of _under."""
+    return (rest or "/") if root == "/" else root + rest
+
+
+def _expect_set(path: str, changes: Mapping[str, Value | None]) -> Callable[[_StoreView], bool]:
+    wanted = {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in changes.items()}
+    return lambda view: all(view.get(path, k) == v for k, v in wanted.items())
+
+
+def _expect_gone(path: str) -> Callable[[_StoreView], bool]:
+    return lambda view: not view.get_all(path)
+
+
+def _expect_moved(src: str, dst: str, keys: dict) -> Callable[[_StoreView], bool]:
+    return lambda view: not view.get_all(src) and view.get_all(dst) == keys
+
+
+def _copy_plan(view: _StoreView, src: str, dst: str) -> list[tuple[str, dict]]:
+    """gvfs COPY semantics as a list of Sets: every keyed path under src, under dst."""
+    return [(_join(dst, rest), keys) for rest, keys in sorted(view.subtree(src).items())]
+
+
+# ---- async backend (trio) ------------------------------------------------------------
+class GvfsdBackend:
+    """MetaService's interface, backed by the user's gvfsd-metadata (see module doc)."""
+
+    def __init__(self, tree_path: str | os.PathLike, *, bus: str | None = None,
+                 visible_timeout: float = VISIBLE_TIMEOUT):
+        self.tree = Path(os.path.abspath(tree_path))
+        self._bus = bus
+        self._visible_timeout = visible_timeout
+        self._view = _StoreView(self.tree)
+        self._view_lock = trio.Lock()  # the view is used from worker threads, one at a time
+        self._router = None
+        self._address = ""
+        self._writes = 0
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Connect, check gvfsd-metadata is there (bus-activating it like GIO would),
+        report started, and serve until cancelled; closes everything on exit."""
+        from jeepney.io.trio import open_dbus_router
+        self._address = bus_address(self._bus)
+        failure = None
+        try:
+            async with open_dbus_router(self._address) as router:
+                try:
+                    await self._ensure_daemon(router)
+                except GvfsdUnavailable as exc:
+                    failure = exc  # raised below, not wrapped in the router's exception group
+                else:
+                    await self._serve(router, task_status)
+        except (OSError, StopIteration) as exc:
+            raise _unreachable(self._address, exc) from None
+        finally:
+            self._view.close()
+        if failure:
+            raise failure
+
+    async def _serve(self, router, task_status) -> None:
+        self._router = router
+        try:
+            await self._read(lambda view: view.status())
+            task_status.started()
+            await trio.sleep_forever()
+        finally:
+            self._router = None
+
+    async def _ensure_daemon(self, router) -> None:
+        with trio.fail_after(REPLY_TIMEOUT):
+            (owned,) = _check_reply(await router.send_and_get_reply(_name_has_owner()), "NameHasOwner")
+            if owned:
+                return
+            reply = await router.send_and_get_reply(_start_service())
+        if reply.header.message_type == MessageType.error:
+            raise _unreachable(self._address, reply.body[0] if reply.body else "cannot start it")
+
+    async def _call(self, message: Message, what: str) -> tuple:
+        if self._router is None:
+            raise GvfsdUnavailable("GvfsdBackend is not running (start run() first)")
+        try:
+            with trio.fail_after(REPLY_TIMEOUT):
+                reply = await self._router.send_and_get_reply(message)
+        except trio.TooSlowError:
+            raise GvfsdError(f"gvfsd-metadata did not answer {what} within {REPLY_TIMEOUT:.0f} s") from None
+        self._writes += 1
+        return _check_reply(reply, what)
+
+    async def _read(self, fn):
+        async with self._view_lock:
+            return await trio.to_thread.run_sync(fn, self._view)
+
+    async def _until_visible(self, seen: Callable[[_StoreView], bool], what: str) -> None:
+        deadline = trio.current_time() + self._visible_timeout
+        while not await self._read(seen):
+            if trio.current_time() > deadline:
+                raise GvfsdError(f"gvfsd-metadata accepted {what} but {self.tree} does not show it")
+            await trio.sleep(_POLL)
+
+    # reads
+    async def get(self, path: str, key: str) -> Value | None:
+        return await self._read(lambda view: view.get(path, key))
+
+    async def get_all(self, path: str) -> dict[str, Value]:
+        return await self._read(lambda view: view.get_all(path))
+
+    # writes (return once the store files show them)
+    async def set_many(self, path: str, changes: Mapping[str, Value | None]) -> None:
+        what = f"Set {path}"
+        await self._call(set_message(self.tree, path, changes), what)
+        await self._until_visible(_expect_set(path, changes), what)
+
+    async def set(self, path: str, key: str, value: Value) -> None:
+        await self.set_many(path, {key: value})
+
+    async def unset(self, path: str, key: str) -> None:
+        await self.set_many(path, {key: None})
+
+    async def remove(self, path: str) -> None:
+        what = f"Remove {path}"
+        await self._call(remove_message(self.tree, path), what)
+        await self._until_visible(_expect_gone(path), what)
+
+    async def move(self, src: str, dst: str) -> None:
+        keys = await self.get_all(src)
+        what = f"Move {src} -> {dst}"
+        await self._call(move_message(self.tree, src, dst), what)
+        await self._until_visible(_expect_moved(src, dst, keys), what)
+
+    async def copy(self, src: str, dst: str) -> None:
+        """gvfs has no Copy call (GIO copies metadata key by key): replace dst's subtree
+        with src's, one Set per path."""
+        plan = await self._read(lambda view: _copy_plan(view, src, dst))
+        await self.remove(dst)
+        for path, keys in plan:
+            await self.set_many(path, keys)
+
+    async def compact(self) -> None:
+        """gvfsd-metadata rotates on its own schedule; there is no call to force it."""
+
+    async def flush(self) -> None:
+        """Writes are in gvfsd's journal once confirmed; nothing is pending here."""
+
+    def status(self) -> dict:
+        return {"mode": "gvfs", "tree": str(self.tree), "bus": self._address,
+                "connected": self._router is not None, "writes": self._writes}
+
+
+# ---- blocking client (command line) --------------------------------------------------
+class GvfsdClient:
+    """Blocking twin of GvfsdBackend: `with GvfsdClient(tree) as meta: meta.set(...)`."""
+
+    def __init__(self, tree_path: str | os.PathLike, *, bus: str | None = None,
+                 visible_timeout: float = VISIBLE_TIMEOUT):
+        from jeepney.io.blocking import open_dbus_connection
+        self.tree = Path(os.path.abspath(tree_path))
+        self._address = bus_address(bus)
+        self._visible_timeout = visible_timeout
+        self._view = _StoreView(self.tree)
+        try:
+            self._conn = open_dbus_connection(self._address)
+        except (OSError, StopIteration) as exc:
+            raise _unreachable(self._address, exc) from None
+        try:
+            self._ensure_daemon()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _ensure_daemon(self) -> None:
+        (owned,) = _check_reply(self._conn.send_and_get_reply(_name_has_owner(), timeout=REPLY_TIMEOUT),
+                                "NameHasOwner")
+        if not owned:
+            reply = self._conn.send_and_get_reply(_start_service(), timeout=REPLY_TIMEOUT)
+            if reply.header.message_type == MessageType.error:
+                raise _unreachable(self._address, reply.body[0] if reply.body else "cannot start it")
+
+    def _call(self, message: Message, what: str) -> tuple:
+        try:
+            reply = self._conn.send_and_get_reply(message, timeout=REPLY_TIMEOUT)
+        except TimeoutError:
+            raise GvfsdError(f"gvfsd-metadata did not answer {what} within {REPLY_TIMEOUT:.0f} s") from None
+        return _check_reply(reply, what)
+
+    def _until_visible(self, seen: Callable[[_StoreView], bool], what: str) -> None:
+        deadline = time.monotonic() + self._visible_timeout
+        while not seen(self._view):
+            if time.monotonic() > deadline:
+                raise GvfsdError(f"gvfsd-metadata accepted {what} but {self.tree} does not show it")
+            time.sleep(_POLL)
+
+    def get(self, path: str, key: str) -> Value | None:
+        return self._view.get(path, key)
+
+    def get_all(self, path: str) -> dict[str, Value]:
+        return self._view.get_all(path)
+
+    def dump(self) -> dict[str, dict[str, Value]]:
+        return {_join("/", rest): keys for rest, keys in self._view.subtree("/").items()}
+
+    def set_many(self, path: str, changes: Mapping[str, Value | None]) -> None:
+        what = f"Set {path}"
+        self._call(set_message(self.tree, path, changes), what)
+        self._until_visible(_expect_set(path, changes), what)
+
+    def set(self, path: str, key: str, value: Value) -> None:
+        self.set_many(path, {key: value})
+
+    def unset(self, path: str, key: str) -> None:
+        self.set_many(path, {key: None})
+
+    def remove(self, path: str) -> None:
+        self._call(remove_message(self.tree, path), f"Remove {path}")
+        self._until_visible(_expect_gone(path), f"Remove {path}")
+
+    def move(self, src: str, dst: str) -> None:
+        keys = self.get_all(src)
+        what = f"Move {src} -> {dst}"
+        self._call(move_message(self.tree, src, dst), what)
+        self._until_visible(_expect_moved(src, dst, keys), what)
+
+    def copy(self, src: str, dst: str) -> None:
+        plan = _copy_plan(self._view, src, dst)
+        self.remove(dst)
+        for path, keys in plan:
+            self.set_many(path, keys)
+
+    def status(self) -> dict:
+        return {"mode": "gvfs", "tree": str(self.tree), "bus": self._address, "store": self._view.status()}
+
+    def close(self) -> None:
+        self._view.close()
+        self._conn.close()
+
+    def __enter__(self) -> "GvfsdClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

@@ -1,0 +1,209 @@
+"""Derived tables, computed with DataFrame operations on the executors from record rows.
+
+Each function takes the records DataFrame (the data source's schema, e.g. read back from
+``OUTPUT/records``) and returns a DataFrame with the contract's columns.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+METADATA_DDL = "store string, path string, key string, value string, values array<string>"
+_JOURNAL_SUFFIX = r"-[0-9a-f]{8}\.log$"
+
+
+def _dir(col: str = "source"):
+    return F.regexp_extract(F.col(col), r"^(.*)/[^/]*$", 1)
+
+
+def _long_attr(name: str):
+    return F.col("attrs").getItem(name).cast("long")
+
+
+# -- Kestrel queues (spec "Queue state") ----------------------------------------------------
+
+def queues(records: DataFrame) -> DataFrame:
+    """(queue, reader, head, tail, pending) per Kestrel queue and reader.
+
+    Writer files ordered by their numeric suffix; tail = last id of the newest writer file with
+    items; head = the reader's last READ_HEAD clamped into [first id of the oldest file - 1,
+    tail]; pending = PUTs with id > head not in the reader's READ_DONE ids within (head, tail].
+    A queue without reader files gets its default reader ("") with head 0."""
+    kestrel = records.where(F.col("format").startswith("kestrel-") & F.col("key").isNotNull()) \
+        .withColumn("dir", _dir()).withColumnRenamed("key", "queue")
+    puts = kestrel.where((F.col("format") == "kestrel-writer") & (F.col("kind") == "put")) \
+        .withColumn("file_no", F.regexp_extract("source", r"\.(\d+)$", 1).cast("decimal(38,0)"))
+    per_file = puts.groupBy("dir", "queue", "file_no").agg(
+        F.max_by("id", "seq").alias("last_id"), F.min_by("id", "seq").alias("first_id"))
+    bounds = per_file.groupBy("dir", "queue").agg(
+        F.max_by("last_id", "file_no").alias("tail"),
+        (F.min_by("first_id", "file_no") - 1).alias("floor"))
+
+    readers_recs = kestrel.where(F.col("format") == "kestrel-reader") \
+        .withColumn("reader", F.regexp_extract("source", r"\.read\.([^/]*)$", 1))
+    heads = readers_recs.groupBy("dir", "queue", "reader").agg(
+        F.max_by(F.when(F.col("kind") == "read_head", F.col("id")),
+                 F.when(F.col("kind") == "read_head", F.col("seq"))).alias("raw_head"))
+    default_readers = bounds.select("dir", "queue").join(
+        heads.select("dir", "queue").distinct(), ["dir", "queue"], "left_anti") \
+        .withColumn("reader", F.lit("")).withColumn("raw_head", F.lit(None).cast("long"))
+    readers = heads.unionByName(default_readers).join(bounds, ["dir", "queue"], "left") \
+        .withColumn("tail", F.coalesce("tail", F.lit(0))) \
+        .withColumn("floor", F.coalesce("floor", F.lit(0))) \
+        .withColumn("head", F.greatest(F.least(F.coalesce("raw_head", F.lit(0)), "tail"),
+                                       F.least("floor", "tail")))
+
+    done = readers_recs.where(F.col("kind") == "read_done") \
+        .select("dir", "queue", "reader",
+                F.explode(F.from_json(F.col("attrs").getItem("ids"), "array<long>")).alias("id")) \
+        .join(readers.select("dir", "queue", "reader", "head", "tail"), ["dir", "queue", "reader"]) \
+        .where((F.col("id") > F.col("head")) & (F.col("id") <= F.col("tail"))) \
+        .select("dir", "queue", "reader", "id").distinct()
+    pending = readers.select("dir", "queue", "reader", "head") \
+        .join(puts.select("dir", "queue", "id"), ["dir", "queue"]) \
+        .where(F.col("id") > F.col("head")) \
+        .join(done, ["dir", "queue", "reader", "id"], "left_anti") \
+        .groupBy("dir", "queue", "reader").agg(F.count(F.lit(1)).alias("pending"))
+    return readers.join(pending, ["dir", "queue", "reader"], "left") \
+        .select("queue", "reader", "head", "tail",
+                F.coalesce("pending", F.lit(0)).cast("long").alias("pending"))
+
+
+# -- Akka persistence chains ----------------------------------------------------------------
+
+def persistence(records: DataFrame) -> DataFrame:
+    """(persistence_id, messages, highest_seq, consistent) per meta block.
+
+    Messages carry their persistence id already (the data source follows the chains); a chain
+    is consistent when every ``next`` link lands on a block of the same id that links back and
+    has a higher sequence number, it has exactly one tail, and the tail matches the meta
+    block's ``last`` and ``highest_seq``."""
+    meta = records.where((F.col("format") == "akka-meta") & (F.col("kind") == "meta")).select(
+        _dir().alias("dir"), F.col("key").alias("persistence_id"),
+        _long_attr("first").alias("first"), _long_attr("last").alias("last"),
+        _long_attr("highest_seq").alias("highest_seq"))
+    msgs = records.where((F.col("format") == "akka-data") & (F.col("kind") == "message")
+                         & F.col("key").isNotNull()).select(
+        _dir().alias("dir"), F.col("key").alias("persistence_id"), _long_attr("self").alias("self"),
+        _long_attr("prev").alias("prev"), _long_attr("next").alias("next"),
+        F.col("id").alias("seq_nr"))
+    succ = msgs.select(*(F.col(c).alias("n_" + c) for c in msgs.columns))
+    linked = msgs.join(succ, (F.col("dir") == F.col("n_dir")) & (F.col("next") == F.col("n_self")),
+                       "left")
+    link_ok = (F.col("next") == 0) | (
+        F.col("n_self").isNotNull() & (F.col("n_prev") == F.col("self"))
+        & (F.col("n_seq_nr") > F.col("seq_nr")) & (F.col("n_persistence_id") == F.col("persistence_id")))
+    chains = linked.groupBy("dir", "persistence_id").agg(
+        F.count(F.lit(1)).alias("messages"),
+        F.bool_and(link_ok).alias("links_ok"),
+        F.sum(F.when(F.col("next") == 0, 1).otherwise(0)).alias("tails"),
+        F.max(F.when(F.col("next") == 0, F.col("self"))).alias("tail_self"),
+        F.max(F.when(F.col("next") == 0, F.col("seq_nr"))).alias("tail_seq"))
+    joined = meta.join(chains, ["dir", "persistence_id"], "left")
+    consistent = F.when(
+        F.col("messages").isNull(),
+        (F.col("first") == 0) & (F.col("last") == 0) & (F.col("highest_seq") == 0)
+    ).otherwise(F.col("links_ok") & (F.col("tails") == 1) & (F.col("tail_self") == F.col("last"))
+                & (F.col("tail_seq") == F.col("highest_seq")))
+    return joined.select("persistence_id", F.coalesce("messages", F.lit(0)).cast("long").alias("messages"),
+                         "highest_seq", F.coalesce(consistent, F.lit(False)).alias("consistent"))
+
+
+# -- JRNL transactions ----------------------------------------------------------------------
+
+def transactions(records: DataFrame) -> DataFrame:
+    """(source, offset, time, status, ops) per JRNL transaction; ops = the op names in order."""
+    op_texts = F.from_json(F.col("attrs").getItem("ops"), "array<string>")
+    return records.where((F.col("format") == "jrnl") & (F.col("kind") == "transaction")).select(
+        "source", "offset", "time", F.col("attrs").getItem("status").alias("status"),
+        F.transform(op_texts, lambda x: F.coalesce(F.get_json_object(x, "$.op"), x)).alias("ops"))
+
+
+# -- gvfs metadata stores -------------------------------------------------------------------
+
+def metadata(records: DataFrame) -> DataFrame:
+    """(store, path, key, value, values): every store's tree + journal replayed to its current
+    state. Replay is ordered and path-structured (copy/remove act on subtrees), so each store
+    is one group replayed by :func:`replay_store` on an executor."""
+    gvfs = records.where(F.col("format").isin("gvfs-tree", "gvfs-journal")).select(
+        F.when(F.col("format") == "gvfs-tree", F.col("source"))
+        .otherwise(F.regexp_replace("source", _JOURNAL_SUFFIX, "")).alias("store"),
+        "source", "format", "seq", "kind", "key", "attrs")
+    return gvfs.groupBy("store").applyInArrow(_replay_group, METADATA_DDL)
+
+
+def _replay_group(table):
+    import pyarrow as pa
+    rows = table.to_pylist()
+    store = rows[0]["store"] if rows else None
+    state = replay_store(store, rows)
+    out = {"store": [], "path": [], "key": [], "value": [], "values": []}
+    for path in sorted(state):
+        for key in sorted(state[path]):
+            value = state[path][key]
+            out["store"].append(store)
+            out["path"].append(path)
+            out["key"].append(key)
+            out["value"].append(value if isinstance(value, str) else None)
+            out["values"].append(list(value) if isinstance(value, list) else None)
+    return pa.table(out, schema=pa.schema([("store", pa.string()), ("path", pa.string()),
+                                           ("key", pa.string()), ("value", pa.string()),
+                                           ("values", pa.list_(pa.string()))]))
+
+
+def _tree_tag(tree_path: str) -> str | None:
+    """The tree header's random_tag as the 8 hex digits journal names carry."""
+    try:
+        with open(tree_path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return None
+    return head[12:16].hex() if len(head) == 16 and head[:6] == b"\xda\x1ameta" else None
+
+
+def _under(path: str, root: str) -> bool:
+    return root == "/" or path == root or path.startswith(root + "/")
+
+
+def replay_store(store: str | None, rows: list[dict]) -> dict[str, dict]:
+    """The merged ``{path: {key: str | [str]}}`` of one store from its record rows: the tree's
+    nodes, then the entries of the journal whose tag matches the tree, oldest first."""
+    state: dict[str, dict] = {}
+    tag = _tree_tag(store) if store else None
+    entries = []
+    for r in rows:
+        attrs = r["attrs"] or {}
+        if isinstance(attrs, list):  # Arrow map -> list of (key, value) pairs
+            attrs = dict(attrs)
+        if r["format"] == "gvfs-tree":
+            state[r["key"]] = json.loads(attrs.get("metadata") or "{}")
+        else:
+            m = re.search(r"-([0-9a-f]{8})\.log$", r["source"])
+            if tag is None or (m and m.group(1) == tag):
+                entries.append((r["source"], r["seq"], r["kind"], r["key"], attrs))
+    for _source, _seq, kind, path, attrs in sorted(entries, key=lambda e: (e[0], e[1])):
+        _apply(state, kind, path, attrs)
+    return {p: keys for p, keys in state.items() if keys}
+
+
+def _apply(state: dict[str, dict], kind: str, path: str, attrs: dict) -> None:
+    if kind == "set":
+        state.setdefault(path, {})[attrs["key"]] = attrs.get("value", "")
+    elif kind == "setv":
+        state.setdefault(path, {})[attrs["key"]] = json.loads(attrs.get("value") or "[]")
+    elif kind == "unset":
+        state.get(path, {}).pop(attrs.get("key"), None)
+    elif kind == "remove":
+        for p in [p for p in state if _under(p, path)]:
+            del state[p]
+    elif kind == "copy":
+        source = attrs.get("source")
+        copied = {} if source is None else {
+            path + p[len(source):] if source != "/" else path.rstrip("/") + p: dict(v)
+            for p, v in state.items() if _under(p, source)}
+        for p in [p for p in state if _under(p, path)]:
+            del state[p]
+        state.update(copied)

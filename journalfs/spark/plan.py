@@ -1,0 +1,145 @@
+"""Driver-side planning: which files are journals, and how their bytes become tasks.
+
+Only each file's first bytes are read here (its magic); big files are split: fixed-width
+formats by arithmetic, variable-width formats at cached header-walk checkpoints
+(:mod:`journalfs.spark.checkpoints`), so every slice has an exact start and ``seq``.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass, field
+
+from ..journals import sniff_file
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class JournalFile:
+    path: str
+    format: str
+    size: int
+
+
+@dataclass(frozen=True)
+class FileSlice:
+    """Records of ``path`` that start in ``[start, stop)``; ``start`` None = the first record.
+
+    ``seq`` is the ordinal of the record at ``start``.
+    """
+
+    path: str
+    format: str
+    start: int | None = None
+    stop: int | None = None
+    seq: int = 0
+    meta: str | None = None  # akka-data: the sibling meta file that names the chains
+
+
+@dataclass
+class Plan:
+    files: list[JournalFile] = field(default_factory=list)
+    groups: list[list[FileSlice]] = field(default_factory=list)
+
+
+def list_journals(root: str, recursive: bool = True, glob: str | None = None) -> list[JournalFile]:
+    """Every supported journal under ``root`` (a file or a directory), by content, sorted."""
+    root = os.path.abspath(root)
+    if os.path.isfile(root):
+        candidates = [root]
+    elif recursive:
+        candidates = []
+        for d, dirs, files in os.walk(root):
+            dirs.sort()
+            candidates.extend(os.path.join(d, f) for f in sorted(files))
+    else:
+        candidates = sorted(os.path.join(root, f) for f in os.listdir(root)
+                            if os.path.isfile(os.path.join(root, f)))
+    out = []
+    for path in candidates:
+        if glob and not fnmatch.fnmatch(os.path.basename(path), glob):
+            continue
+        codec = sniff_file(path)
+        if codec is None:
+            continue
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            continue
+        out.append(JournalFile(path, codec.name, size))
+    return out
+
+
+def akka_meta_for(data_path: str, files: list[JournalFile]) -> str | None:
+    """The akka-meta file beside an akka-data file (same directory), if there is one."""
+    d = os.path.dirname(data_path)
+    metas = [f.path for f in files if f.format == "akka-meta" and os.path.dirname(f.path) == d]
+    if not metas:  # the listing may have been filtered: look at the directory itself
+        metas = [f.path for f in list_journals(d, recursive=False) if f.format == "akka-meta"]
+    return metas[0] if len(metas) == 1 else None
+
+
+def split_target(total_bytes: int, parallelism: int, max_bytes: int = 128 * MiB) -> int:
+    """Bytes per task: about two tasks per core, within [1 MiB, max_bytes]."""
+    return max(MiB, min(max_bytes, total_bytes // max(1, 2 * parallelism) + 1))
+
+
+def _fixed_slices(f: JournalFile, record_size: int, header: int, target: int) -> list[FileSlice]:
+    count = max(0, (f.size - header) // record_size)
+    per = max(1, target // record_size)
+    slices = []
+    for first in range(0, count, per):
+        start = header + first * record_size
+        stop = header + min(count, first + per) * record_size
+        last = first + per >= count
+        slices.append(FileSlice(f.path, f.format, start, None if last else stop, first))
+    return slices or [FileSlice(f.path, f.format)]
+
+
+def _checkpoint_slices(f: JournalFile, target: int, cache_dir: str | None,
+                       meta: str | None) -> list[FileSlice]:
+    from .checkpoints import checkpoints
+    points = checkpoints(f.path, f.format, target, cache_dir)
+    if len(points) < 2:
+        return [FileSlice(f.path, f.format, meta=meta)]
+    ends = [p[0] for p in points[1:]] + [None]
+    return [FileSlice(f.path, f.format, None if i == 0 else off, stop, seq, meta)
+            for i, ((off, seq), stop) in enumerate(zip(points, ends))]
+
+
+def slices_for(f: JournalFile, target: int, files: list[JournalFile],
+               cache_dir: str | None = None) -> list[FileSlice]:
+    from ..formats import CODECS
+    from .checkpoints import can_split
+    codec = CODECS[f.format]
+    meta = akka_meta_for(f.path, files) if f.format == "akka-data" else None
+    if f.size <= target:
+        return [FileSlice(f.path, f.format, meta=meta)]
+    if codec.record_size:
+        return _fixed_slices(f, codec.record_size, codec.header_size, target)
+    if can_split(f.format):
+        return _checkpoint_slices(f, target, cache_dir, meta)
+    return [FileSlice(f.path, f.format, meta=meta)]
+
+
+def plan(files: list[JournalFile], parallelism: int, max_split: int = 128 * MiB,
+         cache_dir: str | None = None) -> Plan:
+    """Group small files into tasks of about ``split_target`` bytes; split big files."""
+    total = sum(f.size for f in files)
+    target = split_target(total, parallelism, max_split)
+    result = Plan(files=files)
+    group: list[FileSlice] = []
+    group_bytes = 0
+    for f in files:
+        if f.size > target:
+            result.groups.extend([s] for s in slices_for(f, target, files, cache_dir))
+            continue
+        group.extend(slices_for(f, target, files, cache_dir))
+        group_bytes += f.size
+        if group_bytes >= target:
+            result.groups.append(group)
+            group, group_bytes = [], 0
+    if group:
+        result.groups.append(group)
+    return result

@@ -1,0 +1,61 @@
+"""Executor side of the data source: one file slice -> Arrow record batches."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..formats import CODECS, FormatError
+from ..journals import mapped
+from .convert import damage_batch, kestrel_queue, to_batch
+from .plan import FileSlice
+from .schema import DAMAGE_KIND
+
+
+def _keys_for(sl: FileSlice, buf):
+    """A per-file key (Kestrel queue) or a per-batch key function (Akka chains)."""
+    if sl.format.startswith("kestrel-"):
+        return kestrel_queue(sl.path), None
+    if sl.format == "akka-data":
+        from .akka_keys import ChainResolver, meta_heads
+        resolver = ChainResolver(meta_heads(sl.meta), buf)
+        return None, lambda data: resolver.resolve(data["self"], data["prev"])
+    return None, None
+
+
+def read_slice(sl: FileSlice, include_damage: bool, kinds: set | None,
+               batch_rows: int) -> Iterator[pa.RecordBatch]:
+    codec = CODECS[sl.format]
+    include_damage = include_damage and (kinds is None or DAMAGE_KIND in kinds)
+    start, seq = sl.start, sl.seq
+    try:
+        with mapped(sl.path) as buf:
+            file_key, batch_key = _keys_for(sl, buf)
+            while True:
+                try:
+                    cols = codec.read_columns(buf, sl.path, start, seq, sl.stop, batch_rows)
+                    error = cols.error
+                except FormatError as exc:  # a codec may raise instead of reporting
+                    cols, error = None, exc
+                except Exception as exc:  # a decoder bug on hostile bytes must not kill the job
+                    cols, error = None, FormatError(sl.path, start or 0, f"decoder failed: {exc!r}")
+                if cols is not None and cols.rows:
+                    key = batch_key(cols.data) if batch_key else file_key
+                    batch = to_batch(cols.data, cols.rows, sl.path, sl.format, first_seq=seq, key=key)
+                    if kinds is not None:
+                        batch = batch.filter(pc.is_in(batch.column("kind"),
+                                                      value_set=pa.array(sorted(kinds), pa.string())))
+                    if batch.num_rows:
+                        yield batch
+                    seq = cols.next_seq
+                if error is not None:
+                    if include_damage:
+                        yield damage_batch(sl.path, sl.format, seq, error.offset, error.reason)
+                    return
+                if cols is None or cols.next_offset is None or (not cols.rows and cols.next_offset == start):
+                    return
+                start = cols.next_offset
+    except OSError as exc:  # vanished or unreadable since planning
+        if include_damage:
+            yield damage_batch(sl.path, sl.format, seq, start or 0, f"cannot read: {exc.strerror or exc}")

@@ -1,0 +1,107 @@
+"""The ``journal`` Spark data source (Python Data Source API, Spark >= 4.1).
+
+``partitions()`` runs once on the driver (listing + :mod:`journalfs.spark.plan`); ``read()``
+runs on executors, maps each file and turns the codecs' columnar output straight into Arrow
+record batches. Damage ends a file's records (its valid prefix is kept) and never fails the
+job; with option ``includeDamage=true`` each damaged file adds one ``kind = '_damage'`` row.
+
+Options: ``formats`` (comma list), ``recursive`` (default true), ``pathGlobFilter``,
+``includeDamage`` (default false), ``parallelism`` (tasks are sized for it; default: the
+driver's CPU count), ``maxSplitBytes``, ``checkpointCache`` (directory, or "" for none).
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, EqualTo, In, InputPartition
+
+from .schema import DAMAGE_KIND, DDL
+
+BATCH_ROWS = 16384
+#: Push-down needs this conf on (Spark refuses readers with pushFilters otherwise).
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+
+
+def _true(value: str | None, default: bool) -> bool:
+    return default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
+
+
+class JournalPartition(InputPartition):
+    def __init__(self, slices):
+        super().__init__(slices)
+        self.slices = slices
+
+
+class JournalDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "journal"
+
+    def schema(self) -> str:
+        return DDL
+
+    def reader(self, schema) -> "JournalReader":
+        return JournalReader(dict(self.options))
+
+
+class JournalReader(DataSourceReader):
+    #: column -> pushed-down allowed values (ANDed across filters)
+    def __init__(self, options: dict):
+        self.options = {k.lower(): v for k, v in options.items()}
+        self.allowed: dict[str, set] = {}
+        formats = self.options.get("formats")
+        if formats:
+            self.allowed["format"] = {f.strip() for f in formats.split(",") if f.strip()}
+
+    # -- planning (driver) -----------------------------------------------------------------
+    def pushFilters(self, filters):
+        for flt in filters:
+            column = flt.attribute[0] if len(flt.attribute) == 1 else None
+            if column in ("format", "kind", "source") and isinstance(flt, (EqualTo, In)):
+                values = {flt.value} if isinstance(flt, EqualTo) else set(flt.value)
+                current = self.allowed.get(column)
+                self.allowed[column] = values if current is None else current & values
+            else:
+                yield flt
+
+    def partitions(self):
+        from .checkpoints import default_cache_dir
+        from .plan import list_journals, plan
+        path = self.options.get("path")
+        if not path:
+            raise ValueError("journal data source: load(PATH) needs a path")
+        files = list_journals(path, _true(self.options.get("recursive"), True),
+                              self.options.get("pathglobfilter"))
+        if "format" in self.allowed:
+            files = [f for f in files if f.format in self.allowed["format"]]
+        if "source" in self.allowed:
+            files = [f for f in files if f.path in self.allowed["source"]]
+        if "kind" in self.allowed:
+            from ..formats import CODECS
+            kinds = self.allowed["kind"]
+            if not (kinds & {DAMAGE_KIND}):
+                files = [f for f in files if not CODECS[f.format].kinds
+                         or set(CODECS[f.format].kinds) & kinds]
+        parallelism = int(self.options.get("parallelism") or os.cpu_count() or 1)
+        max_split = int(self.options.get("maxsplitbytes") or 128 << 20)
+        cache = self.options.get("checkpointcache")
+        cache = default_cache_dir() if cache is None else (cache or None)
+        groups = plan(files, parallelism, max_split, cache).groups
+        return [JournalPartition(g) for g in groups]
+
+    # -- reading (executors) ---------------------------------------------------------------
+    def read(self, partition) -> Iterator:
+        from .read import read_slice
+        if partition is None or getattr(partition, "slices", None) is None:
+            return iter(())
+        include_damage = _true(self.options.get("includedamage"), False)
+        kinds = self.allowed.get("kind")
+        return (batch for s in partition.slices
+                for batch in read_slice(s, include_damage, kinds, BATCH_ROWS))
+
+
+def register(spark) -> None:
+    """Make ``spark.read.format("journal")`` available in this session."""
+    spark.conf.set(PUSHDOWN_CONF, "true")
+    spark.dataSource.register(JournalDataSource)

@@ -1,0 +1,143 @@
+"""`--sync always`: a metadata write that setxattr acknowledged survives kill -9 of the server.
+
+A client process sets xattrs in a loop and prints each acknowledged write; once it has a random
+number of acknowledgements the server is killed with SIGKILL, the dead mount is detached, the
+store is mounted again and every acknowledged value must read back (the one write in flight at
+the kill may or may not have landed)."""
+from __future__ import annotations
+
+import errno
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mountutil import mounted
+
+pytestmark = pytest.mark.fuse
+
+REPO = Path(__file__).resolve().parents[1]
+JOURNALFS = REPO / ".venv" / "bin" / "journalfs"
+TRIALS = 3
+FILES = 10
+KEYS = 6
+MOUNT_TIMEOUT = 30.0
+
+# Writes forever (until the mount dies): write j goes to file j % FILES, key K<j // FILES % KEYS>,
+# value "<trial>.<j>"; prints "j" after each setxattr returned.
+CLIENT = r"""
+import os, sys
+mnt, trial, files, keys = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+j = 0
+while True:
+    path = os.path.join(mnt, f"f{j % files}")
+    try:
+        os.setxattr(path, f"user.metadata.t{trial}k{j // files % keys}", f"{trial}.{j}".encode())
+    except OSError as exc:
+        print(f"stopped {exc.errno}", flush=True)
+        break
+    print(j, flush=True)
+    j += 1
+"""
+
+
+def write_target(trial: int, j: int) -> tuple[str, str, str]:
+    return f"f{j % FILES}", f"t{trial}k{j // FILES % KEYS}", f"{trial}.{j}"
+
+
+def acceptable_values(trial: int, acked: int) -> dict[tuple[str, str], set[str | None]]:
+    """{(file, key): allowed values} after writes 0..acked-1 were acknowledged; write `acked`
+    was possibly in flight, so its value is allowed too (None: the key may still be absent)."""
+    allowed: dict[tuple[str, str], set[str | None]] = {}
+    for j in range(acked):
+        file, key, value = write_target(trial, j)
+        allowed[(file, key)] = {value}
+    file, key, value = write_target(trial, acked)
+    allowed.setdefault((file, key), {None}).add(value)
+    return allowed
+
+
+def read_value(path: Path, key: str) -> str | None:
+    try:
+        return os.getxattr(path, f"user.metadata.{key}").decode()
+    except OSError as exc:
+        if exc.errno == errno.ENODATA:
+            return None
+        raise
+
+
+def start_server(src: Path, mnt: Path, store: Path) -> subprocess.Popen:
+    server = subprocess.Popen([str(JOURNALFS), "mount", "--foreground", "--sync", "always",
+                               "--store", str(store), str(src), str(mnt)],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + MOUNT_TIMEOUT
+    while not os.path.ismount(mnt):
+        if server.poll() is not None:
+            pytest.fail(f"journalfs mount exited {server.returncode}: {server.stderr.read().decode()}")
+        if time.monotonic() > deadline:
+            server.kill()
+            pytest.fail("journalfs mount did not come up")
+        time.sleep(0.05)
+    return server
+
+
+def detach(mnt: Path) -> None:
+    subprocess.run(["fusermount3", "-uz", str(mnt)], check=False, capture_output=True)
+
+
+def test_acknowledged_writes_survive_kill_9(tmp_path):
+    src, mnt, store = tmp_path / "src", tmp_path / "mnt", tmp_path / "store"
+    for d in (src, mnt, store):
+        d.mkdir()
+    for i in range(FILES):
+        (src / f"f{i}").write_text(f"file {i}\n")
+    rng = random.Random(int.from_bytes(os.urandom(4), "little"))
+    allowed: dict[tuple[str, str], set[str | None]] = {}
+    for trial in range(TRIALS):
+        kill_after = rng.randint(5, 400)
+        server = start_server(src, mnt, store)
+        client = subprocess.Popen([sys.executable, "-c", CLIENT, str(mnt), str(trial), str(FILES), str(KEYS)],
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            acked = 0
+            for line in client.stdout:  # the client keeps writing while we read
+                if line.startswith("stopped"):
+                    pytest.fail(f"client failed before the kill: errno {line.split()[1]}")
+                acked = int(line) + 1
+                if acked >= kill_after:
+                    break
+            os.kill(server.pid, signal.SIGKILL)
+            server.wait(timeout=30)
+            for line in client.stdout:  # writes acknowledged between our decision and the kill
+                if not line.startswith("stopped"):
+                    acked = int(line) + 1
+            client.wait(timeout=30)
+        finally:
+            if client.poll() is None:
+                client.kill()
+                client.wait()
+            if server.poll() is None:
+                server.kill()
+                server.wait()
+            server.stderr.close()
+            detach(mnt)
+        assert server.returncode == -signal.SIGKILL
+        allowed.update(acceptable_values(trial, acked))
+
+        with mounted(src, mnt, "--store", str(store), "--sync", "always"):
+            lost = []
+            for (file, key), values in sorted(allowed.items()):
+                got = read_value(mnt / file, key)
+                if got not in values:
+                    lost.append(f"{file} {key}: got {got}, acknowledged {values}")
+            assert not lost, f"trial {trial} (kill after {kill_after} acks, {acked} acked):\n" + \
+                "\n".join(lost[:20])
+            # the next trial's reads must not be satisfied by values only in flight now
+            for (file, key), values in allowed.items():
+                if len(values) > 1:
+                    allowed[(file, key)] = {read_value(mnt / file, key)}

@@ -1,0 +1,260 @@
+"""The mount mirrors SOURCE: every ordinary file operation, on a real kernel FUSE mount."""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from mountutil import mounted
+
+pytestmark = pytest.mark.fuse
+
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def renameat2(old, new, flags: int) -> None:
+    if _libc.renameat2(-100, os.fsencode(old), -100, os.fsencode(new), ctypes.c_uint(flags)):
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+@pytest.fixture(scope="module")
+def fs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("passthrough")
+    src, mnt = base / "src", base / "mnt"
+    src.mkdir()
+    (src / "hello.txt").write_text("hello\n")
+    (src / "sub").mkdir()
+    (src / "sub" / "inner.bin").write_bytes(bytes(range(256)) * 64)
+    with mounted(src, mnt, "--store", str(base / "store")) as m:
+        yield m
+
+
+def test_read_and_list(fs):
+    mnt, src = fs.mountpoint, fs.source
+    assert (mnt / "hello.txt").read_text() == "hello\n"
+    assert (mnt / "sub" / "inner.bin").read_bytes() == (src / "sub" / "inner.bin").read_bytes()
+    assert sorted(os.listdir(mnt)) == sorted(os.listdir(src))
+    out = subprocess.run(["ls", "-l", str(mnt / "sub")], capture_output=True, text=True, check=True)
+    assert "inner.bin" in out.stdout and "16384" in out.stdout
+
+
+def test_getattr_matches_source(fs):
+    a, b = os.lstat(fs.mountpoint / "sub" / "inner.bin"), os.lstat(fs.source / "sub" / "inner.bin")
+    assert (a.st_mode, a.st_size, a.st_uid, a.st_gid, a.st_mtime_ns) == \
+           (b.st_mode, b.st_size, b.st_uid, b.st_gid, b.st_mtime_ns)
+
+
+def test_create_write_lands_in_source(fs):
+    path = fs.mountpoint / "new.txt"
+    with open(path, "w") as f:
+        f.write("written through the mount")
+    assert (fs.source / "new.txt").read_text() == "written through the mount"
+    with open(path, "r+b") as f:  # pwrite in the middle, then read back
+        f.seek(8)
+        f.write(b"THROUGH")
+    assert (fs.source / "new.txt").read_bytes() == b"written THROUGH the mount"
+    with open(path, "ab") as f:
+        f.write(b"!")
+    assert path.read_bytes().endswith(b"mount!")
+
+
+def test_create_exclusive(fs):
+    fd = os.open(fs.mountpoint / "excl", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640)
+    os.close(fd)
+    assert stat.S_IMODE(os.stat(fs.source / "excl").st_mode) == 0o640 & ~_umask()
+    with pytest.raises(FileExistsError):
+        os.open(fs.mountpoint / "excl", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_truncate_chmod_utimens(fs):
+    path = fs.mountpoint / "attrs.bin"
+    path.write_bytes(b"x" * 1000)
+    os.truncate(path, 10)
+    assert os.stat(fs.source / "attrs.bin").st_size == 10
+    with open(path, "r+b") as f:
+        os.ftruncate(f.fileno(), 3)
+    assert (fs.source / "attrs.bin").read_bytes() == b"xxx"
+    os.chmod(path, 0o600)
+    assert stat.S_IMODE(os.stat(fs.source / "attrs.bin").st_mode) == 0o600
+    os.utime(path, ns=(1_000_000_000, 2_000_000_123))
+    st = os.stat(fs.source / "attrs.bin")
+    assert (st.st_atime_ns, st.st_mtime_ns) == (1_000_000_000, 2_000_000_123)
+    assert os.stat(path).st_mtime_ns == 2_000_000_123
+    subprocess.run(["touch", "-m", "-d", "2001-02-03 04:05:06Z", str(path)], check=True)
+    assert os.stat(fs.source / "attrs.bin").st_mtime == 981173106
+
+
+def test_chown(fs):
+    path = fs.mountpoint / "owned"
+    path.write_text("")
+    os.chown(path, 1234, 5678)
+    st = os.stat(fs.source / "owned")
+    assert (st.st_uid, st.st_gid) == (1234, 5678)
+
+
+def test_mkdir_rmdir_unlink(fs):
+    d = fs.mountpoint / "dir1"
+    d.mkdir(mode=0o750)
+    assert (fs.source / "dir1").is_dir()
+    (d / "f").write_text("1")
+    with pytest.raises(OSError) as info:
+        d.rmdir()
+    assert info.value.errno == errno.ENOTEMPTY
+    (d / "f").unlink()
+    assert not (fs.source / "dir1" / "f").exists()
+    d.rmdir()
+    assert not (fs.source / "dir1").exists()
+    assert not d.exists()
+
+
+def test_rename_plain_and_over(fs):
+    mnt, src = fs.mountpoint, fs.source
+    (mnt / "r1").write_text("one")
+    (mnt / "r2").write_text("two")
+    os.rename(mnt / "r1", mnt / "r2")
+    assert (src / "r2").read_text() == "one" and not (src / "r1").exists()
+    (mnt / "rdir").mkdir()
+    (mnt / "rdir" / "child").write_text("c")
+    os.rename(mnt / "rdir", mnt / "sub" / "moved")
+    assert (mnt / "sub" / "moved" / "child").read_text() == "c"
+    assert (src / "sub" / "moved" / "child").read_text() == "c"
+
+
+def test_rename_noreplace(fs):
+    mnt, src = fs.mountpoint, fs.source
+    (mnt / "n1").write_text("a")
+    (mnt / "n2").write_text("b")
+    with pytest.raises(OSError) as info:
+        renameat2(mnt / "n1", mnt / "n2", RENAME_NOREPLACE)
+    assert info.value.errno == errno.EEXIST
+    assert (src / "n2").read_text() == "b"
+    renameat2(mnt / "n1", mnt / "n3", RENAME_NOREPLACE)
+    assert (src / "n3").read_text() == "a" and not (src / "n1").exists()
+
+
+def test_rename_exchange(fs):
+    mnt, src = fs.mountpoint, fs.source
+    (mnt / "x1").write_text("first")
+    (mnt / "x2").mkdir()
+    (mnt / "x2" / "in").write_text("inside")
+    renameat2(mnt / "x1", mnt / "x2", RENAME_EXCHANGE)
+    assert (src / "x2").read_text() == "first"
+    assert (src / "x1" / "in").read_text() == "inside"
+    assert (mnt / "x1" / "in").read_text() == "inside"  # our path table followed the swap
+    assert (mnt / "x2").read_text() == "first"
+
+
+def test_open_unlinked_file_keeps_working(fs):
+    path = fs.mountpoint / "ghost"
+    with open(path, "w+b") as f:
+        f.write(b"boo")
+        f.flush()
+        path.unlink()
+        assert not (fs.source / "ghost").exists()
+        f.write(b"!")
+        f.seek(0)
+        assert f.read() == b"boo!"
+        assert os.fstat(f.fileno()).st_size == 4
+        os.fchmod(f.fileno(), 0o600)
+        assert stat.S_IMODE(os.fstat(f.fileno()).st_mode) == 0o600
+
+
+def test_hard_links_share_an_inode(fs):
+    mnt, src = fs.mountpoint, fs.source
+    (mnt / "h1").write_text("shared")
+    os.link(mnt / "h1", mnt / "h2")
+    assert os.stat(src / "h1").st_ino == os.stat(src / "h2").st_ino
+    a, b = os.stat(mnt / "h1"), os.stat(mnt / "h2")
+    assert a.st_ino == b.st_ino and a.st_nlink == 2
+    (mnt / "h1").unlink()
+    assert (mnt / "h2").read_text() == "shared"
+    with open(mnt / "h2", "a") as f:
+        f.write("+")
+    assert (src / "h2").read_text() == "shared+"
+
+
+def test_symlinks_are_not_followed(fs, tmp_path):
+    mnt, src = fs.mountpoint, fs.source
+    outside = tmp_path / "outside.txt"
+    outside.write_text("secret")
+    os.symlink(str(outside), mnt / "link")
+    assert os.readlink(src / "link") == str(outside)
+    assert os.readlink(mnt / "link") == str(outside)
+    assert stat.S_ISLNK(os.lstat(mnt / "link").st_mode)
+    # Opening with O_NOFOLLOW through the mount must refuse, like on a native filesystem.
+    with pytest.raises(OSError) as info:
+        os.open(mnt / "link", os.O_RDONLY | os.O_NOFOLLOW)
+    assert info.value.errno == errno.ELOOP
+    # lchown / utime(follow_symlinks=False) change the link itself, never its target.
+    before = os.stat(outside)
+    os.utime(mnt / "link", ns=(5_000_000_000, 6_000_000_000), follow_symlinks=False)
+    assert os.lstat(src / "link").st_mtime_ns == 6_000_000_000
+    assert os.stat(outside).st_mtime_ns == before.st_mtime_ns
+    os.chown(mnt / "link", 4321, 4321, follow_symlinks=False)
+    assert os.lstat(src / "link").st_uid == 4321 and os.stat(outside).st_uid == before.st_uid
+    # Reading through the link goes out of the mount via the kernel, which is fine.
+    assert (mnt / "link").read_text() == "secret"
+
+
+def test_fifo(fs):
+    path = fs.mountpoint / "pipe"
+    os.mkfifo(path)
+    assert stat.S_ISFIFO(os.lstat(fs.source / "pipe").st_mode)
+    assert stat.S_ISFIFO(os.lstat(path).st_mode)
+    writer = subprocess.Popen([sys.executable, "-c",
+                               f"open({str(path)!r}, 'w').write('through the fifo')"])
+    with open(path) as f:
+        assert f.read() == "through the fifo"
+    assert writer.wait(timeout=30) == 0
+
+
+def test_statfs(fs):
+    a, b = os.statvfs(fs.mountpoint), os.statvfs(fs.source)
+    assert (a.f_bsize, a.f_blocks, a.f_files, a.f_namemax) == \
+           (b.f_bsize, b.f_blocks, b.f_files, b.f_namemax)
+
+
+def test_fsync_and_big_file(fs):
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    path = fs.mountpoint / "big.bin"
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+        os.fdatasync(f.fileno())
+    assert (fs.source / "big.bin").read_bytes() == data
+    assert path.read_bytes() == data
+    out = subprocess.run(["cmp", str(path), str(fs.source / "big.bin")])
+    assert out.returncode == 0
+
+
+def test_changes_in_source_show_up(fs):
+    (fs.source / "external.txt").write_text("made outside")
+    assert (fs.mountpoint / "external.txt").read_text() == "made outside"
+    (fs.source / "external.txt").unlink()
+    assert not (fs.mountpoint / "external.txt").exists()
+
+
+def test_errors_are_native(fs):
+    mnt = fs.mountpoint
+    with pytest.raises(FileNotFoundError):
+        (mnt / "missing").read_text()
+    with pytest.raises(NotADirectoryError):
+        os.listdir(mnt / "hello.txt")
+    with pytest.raises(IsADirectoryError):
+        open(mnt / "sub", "w")
+    with pytest.raises(FileExistsError):
+        (mnt / "sub").mkdir()

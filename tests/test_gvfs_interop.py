@@ -1,0 +1,283 @@
+"""journalfs and the real GNOME gvfs metadata daemon read and write the same stores.
+
+Every test here runs the real gvfsd-metadata on a private bus (tests/gvfsd.py) and reads
+through GIO (python3-gi), i.e. exactly what GNOME applications see.
+"""
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from gvfsd import (GvfsModel, GvfsSession, apply_to_store, gvfs_module_session, gvfs_session,  # noqa: F401
+                   random_op, universe)
+
+pytestmark = [pytest.mark.gvfs, pytest.mark.timeout(300)]
+
+store_mod = pytest.importorskip("journalfs.metastore.store")
+MetaStore = store_mod.MetaStore
+JOURNAL_HEADER = 20
+
+
+def journal_of(tree: Path) -> Path:
+    (journal,) = tree.parent.glob(tree.name + "-*.log")
+    return journal
+
+
+def journal_used(tree: Path) -> int:
+    """Bytes of entries in a store's journal (walking the entry sizes)."""
+    data = journal_of(tree).read_bytes()
+    count = int.from_bytes(data[16:20], "big")
+    offset = JOURNAL_HEADER
+    for _ in range(count):
+        offset += int.from_bytes(data[offset:offset + 4], "big")
+    return offset - JOURNAL_HEADER
+
+
+def assert_gio_sees(session: GvfsSession, expected: dict, paths) -> None:
+    """GIO must report `expected` for `paths` from the session's installed home store."""
+    paths = sorted(set(paths))
+    session.create_files(paths)
+    got = session.gio_store_metadata(paths)
+    want = {p: expected[p] for p in paths if expected.get(p)}
+    assert got == want
+
+
+# ---- journalfs writes, gvfs reads ----------------------------------------------------
+@pytest.mark.parametrize("seed, n_ops, rotate_every, journal_size", [
+    (1, 400, 60, 32768),      # several forced rotations, default journal
+    (2, 600, 0, 256 * 1024),  # no rotation: one journal holding > 32 KiB of entries
+    (3, 300, 7, 32768),       # rotations between almost every write burst
+])
+def test_journalfs_store_reads_back_through_gio(gvfs_module_session, tmp_path, seed, n_ops, rotate_every,
+                                                journal_size):
+    rng = random.Random(seed)
+    paths = universe()
+    model, touched = GvfsModel(), set(paths)
+    tree = tmp_path / "home"
+    store = MetaStore.open(str(tree), sync="none", journal_size=journal_size)
+    try:
+        rotations = 0
+        for i in range(n_ops):
+            op = random_op(rng, paths)
+            if store.needs_rotation() or (rotate_every and i % rotate_every == rotate_every - 1):
+                store.rotate()
+                rotations += 1
+            apply_to_store(store, op)
+            model.apply(op)
+            touched.update(p for p in op[1:] if isinstance(p, str) and p.startswith("/"))
+        store.flush()
+        dumped = store.dump()
+        used = journal_used(tree)
+        gvfs_module_session.install_store(tree)  # tree + live journal (close() would rotate)
+    finally:
+        store.close()
+    assert dumped == model.dump()
+    if rotate_every:
+        assert rotations >= 3
+    else:
+        assert used > 32768
+    assert_gio_sees(gvfs_module_session, dumped, touched | set(dumped))
+
+
+def test_store_with_100k_paths_reads_back_through_gio(gvfs_module_session, tmp_path):
+    rng = random.Random(100)
+    tree = tmp_path / "home"
+    model = GvfsModel()
+    paths = [f"/big/d{i // 500:03d}/f{i:06d}" for i in range(100_000)]
+    store = MetaStore.open(str(tree), sync="none", journal_size=32 * 1024 * 1024)
+    try:
+        for i, p in enumerate(paths):
+            op = ("setv", p, "tags", [str(i), "x"]) if i % 7 == 0 else ("set", p, "comment", f"file {i}")
+            apply_to_store(store, op)
+            model.apply(op)
+        store.rotate()
+        # a journal on top of the big tree: overrides, unsets, moves of whole directories
+        for _ in range(300):
+            p = rng.choice(paths)
+            op = rng.choice([("set", p, "comment", "changed ✓"), ("unset", p, "comment"),
+                             ("move", p.rsplit("/", 1)[0], f"/big/moved{rng.randint(0, 9)}"),
+                             ("set", p, "rating", str(rng.randint(1, 5)))])
+            apply_to_store(store, op)
+            model.apply(op)
+        store.flush()
+        dumped = store.dump()
+        gvfs_module_session.install_store(tree)
+    finally:
+        store.close()
+    assert len(dumped) == len(model.dump()) and len(dumped) > 90_000
+    assert dumped == model.dump()
+    sample = rng.sample(sorted(dumped), 300) + rng.sample(paths, 100)
+    assert_gio_sees(gvfs_module_session, dumped, sample)
+
+
+# ---- gvfs writes, journalfs reads ----------------------------------------------------
+def gvfs_random_writes(session: GvfsSession, rng: random.Random, n: int) -> set[str]:
+    """Random sets/list sets/unsets, file and directory moves and deletes through GIO
+    on real files under HOME; returns every store path touched."""
+    dirs = ["/w", "/w/d1", "/w/d1/sub", "/w/d2"]
+    files = [f"{d}/f{i}" for d in dirs for i in range(4)]
+    session.create_files(files)
+    touched = set(files) | set(dirs)
+    batch = []
+
+    def flush_batch():
+        session.gio_set_many([(session.file_of(p), k, v) for p, k, v in batch])
+        batch.clear()
+
+    for i in range(n):
+        op = random_op(rng, files)
+        if op[0] in ("set", "setv", "unset"):
+            batch.append((op[1], op[2], None if op[0] == "unset" else op[3]))
+            continue
+        flush_batch()
+        if op[0] == "move" and rng.random() < 0.3:  # a whole directory
+            src, dst = "/w/d1/sub", f"/w/d2/sub{i}"
+            if session.file_of(src).exists():
+                session.gio_move(session.file_of(src), session.file_of(dst))
+                touched.update(dst + p[len(src):] for p in list(touched) if p.startswith(src + "/"))
+                touched.add(dst)
+                session.create_files([src + "/f0"])
+        elif op[0] == "move":
+            src, dst = op[1], f"{op[1]}.mv{i}"
+            session.gio_move(session.file_of(src), session.file_of(dst))
+            session.create_files([src])  # the name comes back as a new, empty file
+            touched.add(dst)
+        else:
+            session.gio_remove(session.file_of(op[1]))
+            session.create_files([op[1]])
+    flush_batch()
+    return touched
+
+
+def journalfs_dump(tree: Path) -> dict:
+    store = MetaStore.open(str(tree), readonly=True)
+    try:
+        store.refresh()
+        return store.dump()
+    finally:
+        store.close()
+
+
+def cli_dump(tree: Path) -> dict:
+    p = subprocess.run([sys.executable, "-m", "journalfs.cli", "meta", "dump", str(tree), "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def test_gvfsd_writes_journalfs_reads(gvfs_session):
+    touched = gvfs_random_writes(gvfs_session, random.Random(7), 150)
+    tree = gvfs_session.home_tree
+    seen = gvfs_session.gio_store_metadata(p for p in touched if gvfs_session.file_of(p).exists())
+    dumped = journalfs_dump(tree)
+    assert seen and {p: dumped[p] for p in seen} == seen
+    assert cli_dump(tree) == dumped
+
+
+def test_journalfs_reads_gvfsd_store_after_its_rotation(gvfs_session):
+    session = gvfs_session
+    touched = gvfs_random_writes(session, random.Random(8), 40)
+    first_journal = journal_of(session.home_tree).name
+    # fill gvfsd's 32 KiB journal: it must rotate (new tag, new journal) to take more
+    files = [f"/fill/f{i}" for i in range(60)]
+    session.create_files(files)
+    session.gio_set_many([(session.file_of(p), "comment", f"{p} " + "v" * 700) for p in files])
+    touched |= set(files)
+    assert journal_of(session.home_tree).name != first_journal
+    existing = [p for p in touched if session.file_of(p).exists()]
+    seen = session.gio_store_metadata(existing)
+    dumped = journalfs_dump(session.home_tree)
+    assert {p: dumped[p] for p in seen} == seen
+    assert all(p not in dumped for p in existing if p not in seen)
+    # and once more after the daemon exits, which rotates everything it has open
+    session.stop_daemon()
+    assert journalfs_dump(session.home_tree) == dumped
+
+
+# ---- --gvfs mode: journalfs writes through the running daemon ------------------------
+def test_gvfsd_backend_writes_through_daemon(gvfs_session):
+    from journalfs.metastore.gvfsd import GvfsdBackend
+    session = gvfs_session
+    files = ["/m/a.txt", "/m/dir/b.txt", "/m/dir/c d.txt", "/m/other"]
+    session.create_files(files)
+    backend = GvfsdBackend(session.home_tree, bus=session.address)
+
+    async def scenario():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(backend.run)
+            await backend.set("/m/a.txt", "comment", "über ✓")
+            await backend.set("/m/a.txt", "tags", ["x", "", "y z"])
+            await backend.set("/m/dir/b.txt", "rating", "5")
+            await backend.set("/m/dir/c d.txt", "gone", "soon")
+            await backend.unset("/m/dir/c d.txt", "gone")
+            await backend.set("/m/other", "k", "v")
+            await backend.remove("/m/other")
+            assert await backend.get("/m/a.txt", "comment") == "über ✓"
+            assert await backend.get_all("/m/a.txt") == {"comment": "über ✓", "tags": ["x", "", "y z"]}
+            assert backend.status()["connected"]
+            nursery.cancel_scope.cancel()
+
+    trio.run(scenario)
+    assert session.gio_store_metadata(files) == {
+        "/m/a.txt": {"comment": "über ✓", "tags": ["x", "", "y z"]},
+        "/m/dir/b.txt": {"rating": "5"},
+    }
+
+    # the other way: GIO writes, the backend reads (its reader refreshes)
+    session.gio_set(session.file_of("/m/dir/b.txt"), "rating", "1")
+    session.gio_set(session.file_of("/m/a.txt"), "tags", None)
+
+    async def read_back():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(backend.run)
+            assert await backend.get("/m/dir/b.txt", "rating") == "1"
+            assert await backend.get_all("/m/a.txt") == {"comment": "über ✓"}
+            await backend.move("/m/dir", "/m/dir2")  # as a rename in the mount does
+            assert await backend.get_all("/m/dir2/b.txt") == {"rating": "1"}
+            assert await backend.get_all("/m/dir/b.txt") == {}
+            nursery.cancel_scope.cancel()
+
+    trio.run(read_back)
+    session.create_files(["/m/dir2/b.txt"])
+    assert session.gio_store_metadata(["/m/dir2/b.txt", "/m/dir/b.txt"]) == {"/m/dir2/b.txt": {"rating": "1"}}
+
+
+def test_gvfsd_client_blocking(gvfs_session):
+    from journalfs.metastore.gvfsd import GvfsdClient
+    session = gvfs_session
+    session.create_files(["/c/src/a", "/c/src/b", "/c/dst/z"])
+    with GvfsdClient(session.home_tree, bus=session.address) as client:
+        client.set("/c/src/a", "comment", "A")
+        client.set("/c/src/b", "tags", ["1", "2"])
+        client.set("/c/dst/z", "comment", "old")
+        client.copy("/c/src", "/c/dst")
+        assert client.dump() == {
+            "/c/src/a": {"comment": "A"}, "/c/src/b": {"tags": ["1", "2"]},
+            "/c/dst/a": {"comment": "A"}, "/c/dst/b": {"tags": ["1", "2"]},
+        }
+    session.create_files(["/c/dst/a", "/c/dst/b"])
+    assert session.gio_store_metadata(["/c/dst/a", "/c/dst/b", "/c/dst/z"]) == {
+        "/c/dst/a": {"comment": "A"}, "/c/dst/b": {"tags": ["1", "2"]}}
+
+
+def test_gvfsd_unreachable_is_a_clear_error(gvfs_session, tmp_path):
+    from journalfs.metastore.gvfsd import GvfsdBackend, GvfsdClient, GvfsdUnavailable
+    gvfs_session.stop_daemon()  # the private bus has no service files: nothing can start it
+    with pytest.raises(GvfsdUnavailable, match="no gvfsd-metadata"):
+        GvfsdClient(gvfs_session.home_tree, bus=gvfs_session.address)
+    with pytest.raises(GvfsdUnavailable, match="no gvfsd-metadata"):
+        GvfsdClient(gvfs_session.home_tree, bus=f"unix:path={tmp_path}/no-bus")
+
+    async def start():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(GvfsdBackend(gvfs_session.home_tree, bus=gvfs_session.address).run)
+
+    with pytest.RaisesGroup(pytest.RaisesExc(GvfsdUnavailable, match="no gvfsd-metadata"),
+                            allow_unwrapped=True, flatten_subgroups=True):
+        trio.run(start)
