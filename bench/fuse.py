@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -311,6 +312,7 @@ def main() -> int:
                 collected.setdefault(workload, Result(workload, unit)).values[name] = value
         except Exception as exc:  # keep the other targets' figures
             print(f"{name}: failed: {exc!r}", file=sys.stderr)
+            traceback.print_exc()
         finally:
             target.unmount()
     meta = {"files": args.files, "big_mib": args.big_mib, "create": args.create,

@@ -8,7 +8,7 @@ writes, through the codecs' own writers and with a fixed seed:
 - ``queues/`` — a Kestrel queue ``jobs``: two writer segments and two reader files;
 - ``akka/orders/`` — an akka file journal (``meta`` + ``data``) of three persistence ids;
 - ``wallaby/`` — a Wallaby log and its index;
-- ``db/table.jrnl`` — a JRNL journal with complete, redo and (last) rollback transactions;
+- ``jrnl/db.jrnl`` — a JRNL journal with complete, redo and (last) rollback transactions;
 - ``gvfs-metadata/`` — a gvfs metadata store (tree ``home`` + its journal) about the files above.
 
 The ``*_records`` / ``*_files`` generators are reused by bench/parse.py and the tests to make
@@ -192,7 +192,7 @@ def demo_files(seed: int = SEED) -> dict[str, bytes]:
     files.update({f"queues/{n}": d for n, d in kestrel_queue_files(rng).items()})
     files.update({f"akka/orders/{n}": d for n, d in akka_files(rng).items()})
     files.update({f"wallaby/{n}": d for n, d in wallaby_files(rng).items()})
-    files["db/table.jrnl"] = CODECS["jrnl"].write(jrnl_records(rng, 7))
+    files["jrnl/db.jrnl"] = CODECS["jrnl"].write(jrnl_records(rng, 7))
     tagged = ["/docs/report.txt", "/docs/notes.md", "/photos/2023/cat.jpg", "/photos/2023/dog.jpg",
               "/queues", "/README.txt"]
     files.update({f"gvfs-metadata/{n}": d for n, d in gvfs_store_files(rng, tagged).items()})

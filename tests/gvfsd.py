@@ -1,23 +1,30 @@
 """A private, real GNOME gvfs metadata daemon for tests (and benchmarks).
 
 `GvfsSession` starts its own D-Bus session bus (listening only on a unix socket in a
-temporary directory) and `/usr/libexec/gvfsd-metadata` on it with HOME and the XDG
-directories inside a scratch directory, so nothing touches the real user's session.
-Everything it starts is stopped by pid in `stop()` (also when a test fails).
+temporary directory, no service files) and on it `/usr/libexec/gvfsd --no-fuse` (GIO only
+uses the gvfs VFS, which carries `metadata::*`, when that daemon is on the bus) and
+`/usr/libexec/gvfsd-metadata`, with HOME and the XDG directories inside a scratch
+directory, so nothing touches the real user's session. Everything it starts is stopped by
+pid in `stop()` (the fixtures do that also when a test fails).
 
-Reads go through GIO in Debian's /usr/bin/python3 (python3-gi), which reads the store
-files exactly as every GNOME application does; writes go through `gio set` (which
-sends them to gvfsd-metadata over D-Bus).
+GIO runs in Debian's /usr/bin/python3 (python3-gi), the way GNOME applications use it:
+`gio_metadata()` reads exactly (stringv values as lists: `gio info` prints `[a, b]`,
+which is ambiguous), `gio_set()`/`gio_apply()` write (gvfsd-metadata stores the writes).
 
     with GvfsSession() as gvfs:
-        gvfs.gio_set(gvfs.home / "a.txt", "comment", "hi")
-        gvfs.gio_metadata([gvfs.home / "a.txt"])   # {path: {"comment": "hi"}}
+        gvfs.create_files(["/docs/a.txt"])                   # store path -> file under HOME
+        gvfs.gio_set(gvfs.file_of("/docs/a.txt"), "comment", "hi")
+        gvfs.gio_store_metadata(["/docs/a.txt"])             # {"/docs/a.txt": {"comment": "hi"}}
+        gvfs.install_store(my_tree)                          # use a journalfs-written store
 
-Pytest fixture: `gvfs_session` (function scope); import it into a test module with
-`from gvfsd import gvfs_session  # noqa: F401` (tests/ is on sys.path).
+Fixtures: `gvfs_session` (function scope), `gvfs_module_session` (module scope); import
+them into a test module: `from gvfsd import gvfs_session  # noqa: F401` (tests/ is on
+sys.path). `GvfsModel` is a reference model of gvfs store semantics; `random_op` /
+`apply_to_store` drive random operation sequences.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import shutil
@@ -82,25 +89,37 @@ for p in json.load(sys.stdin):
 json.dump(out, sys.stdout, ensure_ascii=False)
 """
 
-# Runs under /usr/bin/python3: applies [[path, key, value|list|null], ...] through GIO
-# (null unsets), the way GNOME applications write metadata.
+# Runs under /usr/bin/python3: applies operations through GIO, the way GNOME applications
+# do: ["set", path, key, value | [values] | null (unset)], ["move", src, dst],
+# ["remove", path], ["touch", path] (an empty file, made with plain os calls).
 _GIO_WRITE_SCRIPT = r"""
-import json, sys
+import json, os, sys
 import gi
 gi.require_version("Gio", "2.0")
 from gi.repository import Gio
 NOFOLLOW = Gio.FileQueryInfoFlags.NOFOLLOW_SYMLINKS
-for p, k, v in json.load(sys.stdin):
+for op, p, *args in json.load(sys.stdin):
     f = Gio.File.new_for_path(p)
-    a = "metadata::" + k
-    if v is None:
-        f.set_attribute(a, Gio.FileAttributeType.INVALID, None, NOFOLLOW, None)
-    elif isinstance(v, list):
-        info = Gio.FileInfo()
-        info.set_attribute_stringv(a, v)
-        f.set_attributes_from_info(info, NOFOLLOW, None)
+    if op == "set":
+        k, v = args
+        a = "metadata::" + k
+        if v is None:
+            f.set_attribute(a, Gio.FileAttributeType.INVALID, None, NOFOLLOW, None)
+        elif isinstance(v, list):
+            info = Gio.FileInfo()
+            info.set_attribute_stringv(a, v)
+            f.set_attributes_from_info(info, NOFOLLOW, None)
+        else:
+            f.set_attribute_string(a, v, NOFOLLOW, None)
+    elif op == "move":
+        f.move(Gio.File.new_for_path(args[0]), Gio.FileCopyFlags.NONE, None, None, None)
+    elif op == "remove":
+        f.delete(None)
+    elif op == "touch":
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        open(p, "a").close()
     else:
-        f.set_attribute_string(a, v, NOFOLLOW, None)
+        sys.exit("unknown op " + op)
 """
 
 
@@ -276,7 +295,14 @@ class GvfsSession:
 
     def gio_set_many(self, writes: Sequence[tuple[Path | str, str, Value | None]]) -> None:
         """Apply many writes through GIO in one process (None unsets)."""
-        self._system_python(_GIO_WRITE_SCRIPT, [[str(p), k, v] for p, k, v in writes])
+        self.gio_apply([("set", p, k, v) for p, k, v in writes])
+
+    def gio_apply(self, ops: Sequence[Sequence]) -> None:
+        """Run many GIO operations in one process, in order (file paths, not store paths):
+        ("set", file, key, value|list|None), ("move", src, dst), ("remove", file),
+        ("touch", file)."""
+        if ops:
+            self._system_python(_GIO_WRITE_SCRIPT, [[op[0], *map(_jsonable, op[1:])] for op in ops])
 
     def gio_move(self, src: Path | str, dst: Path | str) -> None:
         """`gio move`: the file moves and its metadata (subtree included) follows."""
@@ -304,15 +330,22 @@ class GvfsSession:
                 _make_dirs(f.parent)
                 f.write_bytes(b"")
 
-    def install_store(self, tree: Path | str) -> None:
+    def install_store(self, tree: Path | str, restart_daemon: bool = True) -> None:
         """Copy a store (tree file + its journals) in as this HOME's `home` store,
-        replacing what was there."""
+        replacing what was there. A running gvfsd-metadata is restarted around the copy
+        (it may hold the old store open, and writes it out when it exits); pass
+        restart_daemon=False when nothing wrote through it since it started."""
         tree = Path(tree)
+        running = self._daemon is not None and restart_daemon
+        if running:
+            self.stop_daemon()
         for old in self.metadata_dir.glob("home*"):
             old.unlink()
         shutil.copyfile(tree, self.home_tree)
         for journal in tree.parent.glob(tree.name + "-*.log"):
             shutil.copyfile(journal, self.metadata_dir / ("home" + journal.name[len(tree.name):]))
+        if running:
+            self.start_daemon()
 
     def gio_store_metadata(self, store_paths: Iterable[str]) -> dict[str, dict[str, Value]]:
         """gio_metadata keyed by store path; the paths must exist (see create_files)."""
@@ -326,13 +359,19 @@ class GvfsModel:
 
     def __init__(self, state: dict[str, dict[str, Value]] | None = None):
         self.state = {p: dict(k) for p, k in (state or {}).items()}
+        self._sorted: list[str] | None = None  # sorted paths, rebuilt lazily for subtree scans
 
     def apply(self, op: Sequence) -> None:
         kind, path, *args = op
         if kind in ("set", "setv"):
+            if path not in self.state:
+                self._sorted = None
             self.state.setdefault(path, {})[args[0]] = list(args[1]) if kind == "setv" else args[1]
         elif kind == "unset":
-            self.state.get(path, {}).pop(args[0], None)
+            keys = self.state.get(path, {})
+            keys.pop(args[0], None)
+            if not keys:
+                self.state.pop(path, None)
         elif kind == "remove":
             self._remove(path)
         elif kind == "copy":  # path is the destination
@@ -342,12 +381,16 @@ class GvfsModel:
             self._remove(path)
         elif kind != "rotate":
             raise ValueError(f"unknown op {kind}")
-        self.state = {p: k for p, k in self.state.items() if k}
 
     def _subtree(self, root: str) -> list[str]:
         if root == "/":
             return list(self.state)
-        return [p for p in self.state if p == root or p.startswith(root + "/")]
+        if self._sorted is None:
+            self._sorted = sorted(self.state)
+        # root itself, then everything in [root + "/", root + "0"): "0" follows "/"
+        lo = bisect.bisect_left(self._sorted, root)
+        hi = bisect.bisect_left(self._sorted, root + "0")
+        return [p for p in self._sorted[lo:hi] if p in self.state and (p == root or p[len(root)] == "/")]
 
     def _remove(self, root: str) -> None:
         for p in self._subtree(root):
@@ -356,12 +399,19 @@ class GvfsModel:
     def _copy(self, src: str, dst: str) -> None:
         if src == dst:
             return
+        if src == "/":
+            raise ValueError("copying the root is not modelled")
         copied = {dst + p[len(src):]: dict(self.state[p]) for p in self._subtree(src)}
         self._remove(dst)
         self.state.update(copied)
+        self._sorted = None
 
     def dump(self) -> dict[str, dict[str, Value]]:
         return {p: dict(k) for p, k in self.state.items() if k}
+
+
+def _jsonable(x):
+    return str(x) if isinstance(x, Path) else x
 
 
 def _make_dirs(path: Path) -> None:

@@ -96,6 +96,7 @@ class CrashRig:
         self.rng = random.Random(seed)
         self.paths = universe()
         self.trials = 0
+        self.leftovers: set[Path] = set()
         self.state = self._prefill()
         session.create_files(self.paths + self._prefill_paths())
 
@@ -126,7 +127,16 @@ class CrashRig:
         self._check_gio(survivor)
         self.state = survivor
         self.trials += 1
-        return {"acked": acked, "finished": finished}
+        leftovers = self.rotation_leftovers()
+        new_leftovers, self.leftovers = leftovers - self.leftovers, leftovers
+        return {"acked": acked, "finished": finished, "killed_in_rotation": bool(new_leftovers),
+                "leftover_files": len(leftovers)}
+
+    def rotation_leftovers(self) -> set[Path]:
+        """Temp trees / extra journals: signs that a kill landed inside a rotation."""
+        journals = sorted(self.tree.parent.glob(self.tree.name + "-*.log"))
+        temps = [p for p in self.tree.parent.glob(self.tree.name + ".*") if not p.name.endswith("-lock")]
+        return set(temps + journals[1:])
 
     def _run_writer(self, seed: int, kill_after: int) -> tuple[int, bool]:
         proc = subprocess.Popen([sys.executable, __file__, "writer", str(self.tree), self.mode, str(seed)],
@@ -140,7 +150,9 @@ class CrashRig:
                 acked = int(line.split()[1]) + 1
             time.sleep(self.rng.uniform(0, 0.004))  # land anywhere in what follows
             proc.send_signal(signal.SIGKILL)
-            rest, err = proc.communicate(timeout=60)
+            proc.wait(timeout=60)
+            # not communicate(): it reads the raw fd and would skip lines readline() buffered
+            rest, err = proc.stdout.read(), proc.stderr.read()
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -178,7 +190,7 @@ class CrashRig:
     def _check_gio(self, survivor: dict) -> None:
         sample = self.paths + self.rng.sample(self._prefill_paths(), 40)
         sample += [p for p in survivor if not p.startswith("/bulk/")]
-        self.session.install_store(self.tree)
+        self.session.install_store(self.tree, restart_daemon=False)  # reads only
         self.session.create_files(sample)
         got = self.session.gio_store_metadata(sorted(set(sample)))
         assert got == {p: survivor[p] for p in set(sample) if p in survivor}, f"trial {self.trials}: GIO differs"

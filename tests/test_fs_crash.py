@@ -71,14 +71,15 @@ def read_value(path: Path, key: str) -> str | None:
         raise
 
 
-def start_server(src: Path, mnt: Path, store: Path) -> subprocess.Popen:
-    server = subprocess.Popen([str(JOURNALFS), "mount", "--foreground", "--sync", "always",
-                               "--store", str(store), str(src), str(mnt)],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def start_server(src: Path, mnt: Path, store: Path, log: Path) -> subprocess.Popen:
+    with open(log, "ab") as err:  # a file, not a pipe: a full pipe would stall the server
+        server = subprocess.Popen([str(JOURNALFS), "mount", "--foreground", "--sync", "always",
+                                   "--store", str(store), str(src), str(mnt)],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
     deadline = time.monotonic() + MOUNT_TIMEOUT
     while not os.path.ismount(mnt):
         if server.poll() is not None:
-            pytest.fail(f"journalfs mount exited {server.returncode}: {server.stderr.read().decode()}")
+            pytest.fail(f"journalfs mount exited {server.returncode}: {log.read_text(errors='replace')}")
         if time.monotonic() > deadline:
             server.kill()
             pytest.fail("journalfs mount did not come up")
@@ -100,7 +101,7 @@ def test_acknowledged_writes_survive_kill_9(tmp_path):
     allowed: dict[tuple[str, str], set[str | None]] = {}
     for trial in range(TRIALS):
         kill_after = rng.randint(5, 400)
-        server = start_server(src, mnt, store)
+        server = start_server(src, mnt, store, tmp_path / f"server{trial}.log")
         client = subprocess.Popen([sys.executable, "-c", CLIENT, str(mnt), str(trial), str(FILES), str(KEYS)],
                                   stdout=subprocess.PIPE, text=True)
         try:
@@ -124,7 +125,6 @@ def test_acknowledged_writes_survive_kill_9(tmp_path):
             if server.poll() is None:
                 server.kill()
                 server.wait()
-            server.stderr.close()
             detach(mnt)
         assert server.returncode == -signal.SIGKILL
         allowed.update(acceptable_values(trial, acked))

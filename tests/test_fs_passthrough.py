@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import os
 import stat
 import subprocess
@@ -241,11 +242,20 @@ def test_fsync_and_big_file(fs):
     assert out.returncode == 0
 
 
-def test_changes_in_source_show_up(fs):
-    (fs.source / "external.txt").write_text("made outside")
-    assert (fs.mountpoint / "external.txt").read_text() == "made outside"
-    (fs.source / "external.txt").unlink()
-    assert not (fs.mountpoint / "external.txt").exists()
+def test_changes_in_source_show_up(tmp_path):
+    """With -o timeout=0 the kernel caches nothing: changes made in SOURCE behind the mount's
+    back show at once (the default 1 s cache shows them within a second)."""
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    with mounted(src, mnt, "--store", str(tmp_path / "store"), "-o", "timeout=0"):
+        (src / "external.txt").write_text("made outside")
+        assert (mnt / "external.txt").read_text() == "made outside"
+        (src / "external.txt").write_text("changed outside!")
+        assert (mnt / "external.txt").read_text() == "changed outside!"
+        (src / "external.txt").unlink()
+        assert not (mnt / "external.txt").exists()
+        (src / "external.txt").mkdir()  # same name, now a directory (maybe the same st_ino)
+        assert (mnt / "external.txt").is_dir()
 
 
 def test_errors_are_native(fs):
@@ -258,3 +268,153 @@ def test_errors_are_native(fs):
         open(mnt / "sub", "w")
     with pytest.raises(FileExistsError):
         (mnt / "sub").mkdir()
+
+
+# -- the mount / umount commands ---------------------------------------------------------------
+def journalfs(*args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "journalfs.cli", *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.fixture
+def cli_env(tmp_path):
+    env = dict(os.environ, JOURNALFS_RUNTIME_DIR=str(tmp_path / "run"),
+               XDG_DATA_HOME=str(tmp_path / "xdg"))
+    return env
+
+
+def test_daemon_mount_returns_when_usable_and_umount_waits(tmp_path, cli_env, monkeypatch):
+    import psutil
+    from journalfs.fs.main import pidfile_for
+
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    (src / "f").write_text("daemon")
+    monkeypatch.setenv("JOURNALFS_RUNTIME_DIR", cli_env["JOURNALFS_RUNTIME_DIR"])
+    done = journalfs("mount", src, mnt, "--store", tmp_path / "store", env=cli_env)
+    try:
+        assert done.returncode == 0, done.stderr
+        assert os.path.ismount(mnt)  # usable as soon as the command returned
+        assert (mnt / "f").read_text() == "daemon"
+        os.setxattr(mnt / "f", "user.metadata.k", b"v")
+        pid = int(open(pidfile_for(str(mnt))).read())
+        assert psutil.pid_exists(pid)
+        done = journalfs("umount", mnt, env=cli_env)
+        assert done.returncode == 0, done.stderr
+        assert not os.path.ismount(mnt)
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert not os.path.exists(pidfile_for(str(mnt)))
+    finally:
+        if os.path.ismount(mnt):
+            subprocess.run(["fusermount3", "-u", "-z", str(mnt)])
+    # The daemon flushed the metadata on its way out.
+    with mounted(src, mnt, "--store", str(tmp_path / "store")):
+        assert os.getxattr(mnt / "f", "user.metadata.k") == b"v"
+
+
+def test_mount_errors_are_one_line(tmp_path, cli_env):
+    src, mnt, full = tmp_path / "src", tmp_path / "mnt", tmp_path / "full"
+    src.mkdir()
+    mnt.mkdir()
+    full.mkdir()
+    (full / "x").write_text("")
+    cases = [
+        (("mount", tmp_path / "missing", mnt), 1, "does not exist"),
+        (("mount", src, tmp_path / "nomnt"), 1, "does not exist"),
+        (("mount", src, full), 1, "not empty"),
+        (("mount", src, mnt, "-o", "bogus"), 2, "unknown mount option"),
+        (("mount", src, mnt, "-o", "sync=sometimes"), 2, "sync must be"),
+        (("umount", mnt), 1, "not mounted"),
+    ]
+    for args, code, words in cases:
+        done = journalfs(*args, env=cli_env)
+        assert done.returncode == code, (args, done.stderr)
+        assert words in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert not os.path.ismount(mnt)
+
+
+def test_store_locked_and_busy_mountpoint(tmp_path, cli_env):
+    src, mnt, mnt2 = tmp_path / "src", tmp_path / "mnt", tmp_path / "mnt2"
+    for d in (src, mnt2):
+        d.mkdir()
+    store = tmp_path / "store"
+    with mounted(src, mnt, "--store", str(store)):
+        done = journalfs("mount", src, mnt2, "--store", store, env=cli_env)
+        assert done.returncode == 1 and "locked" in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert not os.path.ismount(mnt2)
+        done = journalfs("mount", src, mnt, "--store", tmp_path / "other", env=cli_env)
+        assert done.returncode == 1 and "busy" in done.stderr, done.stderr
+
+
+def test_fstab_options_are_accepted(tmp_path):
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    (src / "f").write_text("x")
+    opts = ("rw,defaults,auto,noauto,user,users,nofail,_netdev,dev,suid,exec,nodev,nosuid,"
+            f"noexec,x-systemd.automount,comment=hello,store={tmp_path / 'store'},sync=none")
+    with mounted(src, mnt, "-o", opts, "-o", "fsname=myjournals"):
+        assert (mnt / "f").read_text() == "x"
+        with open("/proc/self/mounts") as f:
+            line = next(l for l in f if f" {mnt} " in l)
+        assert line.startswith("myjournals ") and "fuse.journalfs" in line
+        status = json.loads((mnt / ".journalfs" / "status.json").read_text())
+        assert status["options"]["sync"] == "none"
+
+
+def test_read_only_mount(tmp_path):
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    (src / "f").write_text("x")
+    with mounted(src, mnt, "--store", str(tmp_path / "store"), "-o", "ro"):
+        assert (mnt / "f").read_text() == "x"
+        for attempt in (lambda: open(mnt / "f", "w"), lambda: (mnt / "g").write_text(""),
+                        lambda: os.setxattr(mnt / "f", "user.metadata.k", b"v")):
+            with pytest.raises(OSError) as info:
+                attempt()
+            assert info.value.errno == errno.EROFS
+    assert (src / "f").read_text() == "x"
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_signal_unmounts_cleanly(tmp_path, signum):
+    import signal
+    src, mnt, store = tmp_path / "src", tmp_path / "mnt", tmp_path / "store"
+    src.mkdir()
+    (src / "f").write_text("")
+    with mounted(src, mnt, "--store", str(store), "--sync", "none") as m:
+        os.setxattr(mnt / "f", "user.metadata.k", b"kept")
+        m.process.send_signal(getattr(signal, signum))
+        assert m.process.wait(timeout=30) == 0, m.stderr()
+        assert not os.path.ismount(mnt)
+    with mounted(src, mnt, "--store", str(store)):  # sync=none, yet flushed on the way out
+        assert os.getxattr(mnt / "f", "user.metadata.k") == b"kept"
+
+
+# -- the inode table, without a mount ----------------------------------------------------------
+def test_inode_table_bookkeeping(tmp_path):
+    from journalfs.fs.inodes import InodeTable
+    numbers = iter(range(2, 1000))
+    table = InodeTable(lambda: next(numbers))
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_text("")
+    os.link(tmp_path / "d" / "f", tmp_path / "g")
+    f = table.remember(b"d/f", os.lstat(tmp_path / "d" / "f"))
+    g = table.remember(b"g", os.lstat(tmp_path / "g"))
+    assert f is g and f.paths == [b"d/f", b"g"] and f.lookups == 2  # hard links: one inode
+    d = table.remember(b"d", os.lstat(tmp_path / "d"))
+    table.renamed([(b"d", b"e")])
+    assert d.path == b"e" and f.paths == [b"e/f", b"g"]
+    table.unlinked(b"g")
+    assert f.path == b"e/f"
+    f.handles.add(99)
+    table.forget(f.ino, 2)
+    assert f.ino in table  # still open
+    table.release_handle(f, 99)
+    assert f.ino not in table
+    os.unlink(tmp_path / "d" / "f")
+    os.rmdir(tmp_path / "d")
+    table.forget(d.ino, 1)
+    assert d.ino not in table

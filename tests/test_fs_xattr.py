@@ -228,3 +228,26 @@ def test_metadata_survives_remount(tmp_path):
     with mounted(src, mnt, "-o", f"store={store},sync=none"):
         assert os.getxattr(mnt / "keep", "user.metadata.k") == b"persisted"
         assert os.getxattr(mnt / "keep", "user.metadata.l") == b"1\0002\0"
+
+
+# -- value encoding, without a mount ---------------------------------------------------------
+from hypothesis import given, strategies as st  # noqa: E402
+
+from journalfs.fs.xattrs import decode_value, encode_value  # noqa: E402
+
+_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=20)
+
+
+@given(st.one_of(_text, st.lists(_text, min_size=1, max_size=6)))
+def test_value_encoding_roundtrips(value):
+    raw = encode_value(value)
+    if isinstance(value, list):
+        assert raw.count(b"\0") == len(value) and raw.endswith(b"\0")
+    assert decode_value(raw) == value
+
+
+def test_value_decoding_rules():
+    assert decode_value(b"a\0b") == ["a", "b"]
+    assert decode_value(b"\0") == [""]
+    assert decode_value(b"") == ""
+    assert decode_value("é".encode()) == "é"

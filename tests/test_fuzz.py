@@ -53,6 +53,8 @@ def test_mutated_inputs_give_records_or_format_error(fmt, seeds_by_format, tmp_p
                          max_failures=5))
     for i, failure in enumerate(failures):  # keep the inputs to reproduce
         (tmp_path / f"{fmt}-{i}.bin").write_bytes(failure.data)
+        for name, data in failure.context.items():
+            (tmp_path / f"{fmt}-{i}.{name}.bin").write_bytes(data)
     assert not failures, f"{len(failures)} defects (inputs in {tmp_path}):\n" + "\n".join(
         describe(f) for f in failures)
 

@@ -9,10 +9,13 @@ import json
 import random
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gvfsd import (GvfsModel, GvfsSession, apply_to_store, gvfs_module_session, gvfs_session,  # noqa: F401
                    random_op, universe)
@@ -74,7 +77,8 @@ def test_journalfs_store_reads_back_through_gio(gvfs_module_session, tmp_path, s
         store.flush()
         dumped = store.dump()
         used = journal_used(tree)
-        gvfs_module_session.install_store(tree)  # tree + live journal (close() would rotate)
+        # tree + live journal, before close() rotates it away
+        gvfs_module_session.install_store(tree, restart_daemon=False)
     finally:
         store.close()
     assert dumped == model.dump()
@@ -85,6 +89,39 @@ def test_journalfs_store_reads_back_through_gio(gvfs_module_session, tmp_path, s
     assert_gio_sees(gvfs_module_session, dumped, touched | set(dumped))
 
 
+PATHS = universe()
+_texts = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=40)
+_keys = st.text("abcdefghijklmnopqrstuvwxyz0123456789.-_", min_size=1, max_size=12)
+_ops = st.one_of(
+    st.tuples(st.just("set"), st.sampled_from(PATHS), _keys, _texts),
+    st.tuples(st.just("setv"), st.sampled_from(PATHS), _keys, st.lists(_texts, min_size=1, max_size=4)),
+    st.tuples(st.just("unset"), st.sampled_from(PATHS), _keys),
+    st.tuples(st.just("remove"), st.sampled_from(PATHS)),
+    st.tuples(st.just("move"), st.sampled_from(PATHS), st.sampled_from(PATHS)).filter(
+        lambda op: not (op[1] == op[2] or op[2].startswith(op[1] + "/") or op[1].startswith(op[2] + "/"))),
+    st.tuples(st.just("rotate"), st.just("")),
+)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(_ops, min_size=1, max_size=40))
+def test_any_op_sequence_reads_back_through_gio(gvfs_module_session, ops):
+    model = GvfsModel()
+    with tempfile.TemporaryDirectory() as work:
+        tree = Path(work) / "home"
+        store = MetaStore.open(str(tree), sync="none", journal_size=32768)
+        try:
+            for op in ops:
+                apply_to_store(store, op)
+                model.apply(op)
+            dumped = store.dump()
+            gvfs_module_session.install_store(tree, restart_daemon=False)
+        finally:
+            store.close()
+    assert dumped == model.dump()
+    assert_gio_sees(gvfs_module_session, dumped, PATHS + list(dumped))
+
+
 def test_store_with_100k_paths_reads_back_through_gio(gvfs_module_session, tmp_path):
     rng = random.Random(100)
     tree = tmp_path / "home"
@@ -92,66 +129,71 @@ def test_store_with_100k_paths_reads_back_through_gio(gvfs_module_session, tmp_p
     paths = [f"/big/d{i // 500:03d}/f{i:06d}" for i in range(100_000)]
     store = MetaStore.open(str(tree), sync="none", journal_size=32 * 1024 * 1024)
     try:
-        for i, p in enumerate(paths):
+        for i, p in enumerate(paths):  # one journal, then one rotation: the fast way in
             op = ("setv", p, "tags", [str(i), "x"]) if i % 7 == 0 else ("set", p, "comment", f"file {i}")
             apply_to_store(store, op)
             model.apply(op)
         store.rotate()
-        # a journal on top of the big tree: overrides, unsets, moves of whole directories
-        for _ in range(300):
+        # a journal on top of the big tree: overrides, unsets, moves
+        store.move("/big/d007", "/big/moved-dir")
+        model.apply(("move", "/big/d007", "/big/moved-dir"))
+        for i in range(300):
             p = rng.choice(paths)
             op = rng.choice([("set", p, "comment", "changed ✓"), ("unset", p, "comment"),
-                             ("move", p.rsplit("/", 1)[0], f"/big/moved{rng.randint(0, 9)}"),
-                             ("set", p, "rating", str(rng.randint(1, 5)))])
+                             ("move", p, f"{p}.moved{i}"), ("set", p, "rating", str(rng.randint(1, 5)))])
             apply_to_store(store, op)
             model.apply(op)
         store.flush()
         dumped = store.dump()
-        gvfs_module_session.install_store(tree)
+        gvfs_module_session.install_store(tree, restart_daemon=False)
     finally:
         store.close()
-    assert len(dumped) == len(model.dump()) and len(dumped) > 90_000
+    assert len(dumped) > 99_000
     assert dumped == model.dump()
-    sample = rng.sample(sorted(dumped), 300) + rng.sample(paths, 100)
+    sample = rng.sample(sorted(dumped), 300) + rng.sample(paths, 100) + ["/big/moved-dir/f003500"]
     assert_gio_sees(gvfs_module_session, dumped, sample)
 
 
 # ---- gvfs writes, journalfs reads ----------------------------------------------------
 def gvfs_random_writes(session: GvfsSession, rng: random.Random, n: int) -> set[str]:
     """Random sets/list sets/unsets, file and directory moves and deletes through GIO
-    on real files under HOME; returns every store path touched."""
+    (one GIO process) on real files under HOME; returns every store path touched."""
     dirs = ["/w", "/w/d1", "/w/d1/sub", "/w/d2"]
     files = [f"{d}/f{i}" for d in dirs for i in range(4)]
     session.create_files(files)
     touched = set(files) | set(dirs)
-    batch = []
+    exists = set(files) | set(dirs)  # what is on disk once the GIO ops have run
+    ops = []
 
-    def flush_batch():
-        session.gio_set_many([(session.file_of(p), k, v) for p, k, v in batch])
-        batch.clear()
+    def touch_missing():  # moved/removed names come back as new, empty files
+        for p in files:
+            if p not in exists:
+                ops.append(("touch", session.file_of(p)))
+                exists.add(p)
+        exists.update(dirs)
 
     for i in range(n):
         op = random_op(rng, files)
         if op[0] in ("set", "setv", "unset"):
-            batch.append((op[1], op[2], None if op[0] == "unset" else op[3]))
+            ops.append(("set", session.file_of(op[1]), op[2], None if op[0] == "unset" else op[3]))
             continue
-        flush_batch()
         if op[0] == "move" and rng.random() < 0.3:  # a whole directory
             src, dst = "/w/d1/sub", f"/w/d2/sub{i}"
-            if session.file_of(src).exists():
-                session.gio_move(session.file_of(src), session.file_of(dst))
-                touched.update(dst + p[len(src):] for p in list(touched) if p.startswith(src + "/"))
-                touched.add(dst)
-                session.create_files([src + "/f0"])
+            moved = {p for p in exists if p == src or p.startswith(src + "/")}
+            ops.append(("move", session.file_of(src), session.file_of(dst)))
+            exists -= moved
+            exists |= {dst + p[len(src):] for p in moved}
         elif op[0] == "move":
             src, dst = op[1], f"{op[1]}.mv{i}"
-            session.gio_move(session.file_of(src), session.file_of(dst))
-            session.create_files([src])  # the name comes back as a new, empty file
-            touched.add(dst)
+            ops.append(("move", session.file_of(src), session.file_of(dst)))
+            exists.discard(src)
+            exists.add(dst)
         else:
-            session.gio_remove(session.file_of(op[1]))
-            session.create_files([op[1]])
-    flush_batch()
+            ops.append(("remove", session.file_of(op[1])))
+            exists.discard(op[1])
+        touch_missing()
+        touched |= exists
+    session.gio_apply(ops)
     return touched
 
 
@@ -177,6 +219,7 @@ def test_gvfsd_writes_journalfs_reads(gvfs_session):
     seen = gvfs_session.gio_store_metadata(p for p in touched if gvfs_session.file_of(p).exists())
     dumped = journalfs_dump(tree)
     assert seen and {p: dumped[p] for p in seen} == seen
+    assert all(p not in dumped for p in touched if p not in seen and gvfs_session.file_of(p).exists())
     assert cli_dump(tree) == dumped
 
 
@@ -220,7 +263,14 @@ def test_gvfsd_backend_writes_through_daemon(gvfs_session):
             await backend.remove("/m/other")
             assert await backend.get("/m/a.txt", "comment") == "über ✓"
             assert await backend.get_all("/m/a.txt") == {"comment": "über ✓", "tags": ["x", "", "y z"]}
-            assert backend.status()["connected"]
+            status = backend.status()
+            assert status["connected"] and status["writes"] == 7 and status["store"]["entries"] >= 7
+            async with trio.open_nursery() as writers:  # concurrent writers, as FUSE handlers are
+                for i in range(12):
+                    writers.start_soon(backend.set, "/m/dir/b.txt", f"k{i % 4}", f"v{i}")
+            assert sorted(await backend.get_all("/m/dir/b.txt")) == ["k0", "k1", "k2", "k3", "rating"]
+            for i in range(4):
+                await backend.unset("/m/dir/b.txt", f"k{i}")
             nursery.cancel_scope.cancel()
 
     trio.run(scenario)

@@ -134,21 +134,32 @@ def check_file(path: str, codec: Codec, repair: bool) -> Report:
             return report
         fix = codec.repair(buf, path, **context)  # None when nothing needs repair
         original = bytes(buf)
-        if fix is None or fix.data == original:
-            if report.damaged:
-                report.actions.append("no automatic repair exists for this damage")
-            return report
-        refusal = lost_record(buf, fix.data, path, codec)
-        if refusal:
-            report.actions.append(f"repair refused: {refusal}")
-            return report
+    if fix is None or fix.data == original:
+        if report.damaged:
+            report.actions.append("no automatic repair exists for this damage")
+        return report
+    refusal = lost_record(original, fix.data, path, codec)
+    if refusal:
+        report.actions.append(f"repair refused: {refusal}")
+        return report
+    apply_repair(path, original, fix.data, codec, report)
+    report.actions[:0] = fix.actions or ["repaired"]
+    return report
+
+
+def apply_repair(path: str, original: bytes, repaired: bytes, codec: Codec, report: Report) -> None:
+    """Backup first, then the atomic replacement; then check the file as it is on disk again
+    (putting the original back should it lose a record after all)."""
     backup = write_backup(path, original)
-    replace_atomically(path, fix.data)
-    report.actions.extend(fix.actions or ["repaired"])
+    replace_atomically(path, repaired)
     report.actions.append(f"backup written to {backup}")
     with _context(path, codec) as context, mapped(path) as buf:
         report.records, report.findings = inspect(buf, path, codec, context)
-    return report
+        lost = lost_record(original, buf, path, codec)
+    if lost:
+        replace_atomically(path, original)
+        report.actions.append(f"repair undone, original restored: {lost}")
+        report.findings.append(Finding(0, f"repair undone: {lost}"))
 
 
 def inspect(buf, path: str, codec: Codec, context: dict[str, Any]) -> tuple[int, list[Finding]]:

@@ -49,6 +49,10 @@ def run(args) -> int:
 
 def _print_records(args, codec) -> int:
     out = sys.stdout
+    if hasattr(out, "reconfigure"):
+        # File names in gvfs files are raw bytes, kept as lone surrogates: print them as
+        # "\udcXX", which is also the JSON escape, so every line stays valid JSON.
+        out.reconfigure(errors="backslashreplace")
     with mapped(args.file) as buf:
         records = codec.read(buf, args.file)
         try:

@@ -103,7 +103,11 @@ def encode_entry(kind: str, mtime: int, path: str, key: str | None = None,
 
 def _cstr(buf, pos: int, end: int, source: str, what: str) -> tuple[str, int]:
     """The NUL-terminated string at ``pos`` that must end before ``end``; and the next pos."""
-    nul = buf.find(b"\0", pos, end) if hasattr(buf, "find") else bytes(buf[pos:end]).find(b"\0")
+    if hasattr(buf, "find"):
+        nul = buf.find(b"\0", pos, end)
+    else:  # memoryview
+        nul = bytes(buf[pos:end]).find(b"\0")
+        nul = nul + pos if nul >= 0 else -1
     if nul < 0:
         raise FormatError(source, pos, f"unterminated {what}")
     return decode_str(bytes(buf[pos:nul])), nul + 1

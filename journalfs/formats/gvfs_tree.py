@@ -12,6 +12,7 @@ Byte layout: specs/gvfs-metadata.md. Three pieces:
 """
 from __future__ import annotations
 
+import bisect
 import io
 import mmap
 import os
@@ -30,6 +31,8 @@ ROTATED_OFFSET = 8
 LIST_FLAG = 0x80000000
 DIRENT_SIZE = 16
 MAX_RAW_TIME = 0xFFFFFFFF
+BIG_DIRECTORY = 64          # children counts from which lookups cache the decoded names
+DIR_CACHE_NAMES = 2_000_000  # at most this many cached names per tree view
 
 _HEADER = struct.Struct(">6sBBIIIIq")
 _U32 = struct.Struct(">I")
@@ -55,6 +58,11 @@ def join_path(parent: str, name: bytes) -> str:
 # ------------------------------------------------------------------------------------------
 # Reading a mapped tree
 # ------------------------------------------------------------------------------------------
+def _find_nul(buf, off: int) -> int:
+    pos = bytes(buf[off:]).find(b"\0")
+    return pos + off if pos >= 0 else -1
+
+
 class TreeView:
     """Random access to one tree buffer (bytes or mmap) without loading it."""
 
@@ -78,6 +86,8 @@ class TreeView:
         self.keywords: list[str] = [decode_str(self.cstr(o, keywords + 4 + 4 * i))
                                     for i, o in enumerate(struct.unpack_from(f">{n}I", buf, keywords + 4))]
         self.key_ids = {k: i for i, k in enumerate(self.keywords)}
+        # big directories: their sorted child names, decoded once, so a lookup is one bisect
+        self._dir_names: dict[int, tuple[list[bytes], int]] = {}
 
     # -- primitives ------------------------------------------------------------------------
     @property
@@ -96,7 +106,7 @@ class TreeView:
     def cstr(self, off: int, where: int) -> bytes:
         if off <= 0 or off >= self.size:
             raise FormatError(self.source, where, f"string offset {off} outside the file")
-        end = self.buf.find(b"\0", off)
+        end = self.buf.find(b"\0", off) if hasattr(self.buf, "find") else _find_nul(self.buf, off)
         if end < 0:
             raise FormatError(self.source, off, "string runs past the end of the file")
         return bytes(self.buf[off:end])
@@ -132,6 +142,8 @@ class TreeView:
 
     def find_child(self, off: int, name: bytes) -> int | None:
         n, first = self._children_block(off)
+        if n >= BIG_DIRECTORY:
+            return self._find_in_big_directory(first, n, name)
         lo, hi = 0, n
         while lo < hi:
             mid = (lo + hi) // 2
@@ -144,6 +156,26 @@ class TreeView:
             else:
                 hi = mid
         return None
+
+    def _find_in_big_directory(self, first: int, n: int, name: bytes) -> int | None:
+        cached = self._dir_names.get(first)
+        if cached is None:
+            names = [self.name(first + DIRENT_SIZE * i) for i in range(n)]
+            if any(a >= b for a, b in zip(names, names[1:])):  # unsorted (hostile): linear
+                cached = (names, -1)
+            else:
+                cached = (names, 0)
+            if sum(len(v[0]) for v in self._dir_names.values()) + n > DIR_CACHE_NAMES:
+                self._dir_names.clear()  # bounded memory: start over
+            self._dir_names[first] = cached
+        names, sorted_flag = cached
+        if sorted_flag < 0:
+            i = names.index(name) if name in names else -1
+        else:
+            i = bisect.bisect_left(names, name)
+            if i >= n or names[i] != name:
+                i = -1
+        return None if i < 0 else first + DIRENT_SIZE * i
 
     def lookup(self, path: str) -> int | None:
         off = self.root
@@ -172,20 +204,34 @@ class TreeView:
         offs = struct.unpack_from(f">{count}I", self.buf, value_off + 4)
         return [decode_str(self.cstr(o, value_off + 4 + 4 * i)) for i, o in enumerate(offs)]
 
-    def _key_name(self, key_field: int, where: int) -> str:
-        kid = key_field & ~LIST_FLAG
-        if kid >= len(self.keywords):
-            raise FormatError(self.source, where, f"keyword id {kid} not in the keyword table")
-        return self.keywords[kid]
+    def raw_metadata(self, off: int) -> list[tuple[int, bytes | list[bytes]]]:
+        """(keyword id, value bytes or list of bytes) in block order, undecoded."""
+        n, first = self._metadata_block(off)
+        if not n:
+            return []
+        pairs = struct.unpack_from(f">{2 * n}I", self.buf, first)
+        n_keywords = len(self.keywords)
+        out = []
+        for i in range(0, 2 * n, 2):
+            key_field, value_off = pairs[i], pairs[i + 1]
+            kid = key_field & ~LIST_FLAG
+            where = first + 4 * i
+            if kid >= n_keywords:
+                raise FormatError(self.source, where, f"keyword id {kid} not in the keyword table")
+            if key_field & LIST_FLAG:
+                count = self._u32(value_off, where + 4)
+                if count > (self.size - value_off - 4) // 4:
+                    raise FormatError(self.source, value_off, f"list count {count} larger than the file")
+                offs = struct.unpack_from(f">{count}I", self.buf, value_off + 4)
+                out.append((kid, [self.cstr(o, value_off + 4) for o in offs]))
+            else:
+                out.append((kid, self.cstr(value_off, where + 4)))
+        return out
 
     def metadata(self, off: int) -> dict[str, Value]:
-        n, first = self._metadata_block(off)
-        out = {}
-        for i in range(n):
-            at = first + 8 * i
-            key_field, value_off = _PAIR.unpack_from(self.buf, at)
-            out[self._key_name(key_field, at)] = self._value(key_field, value_off, at + 4)
-        return out
+        keywords = self.keywords
+        return {keywords[kid]: ([decode_str(x) for x in v] if isinstance(v, list) else decode_str(v))
+                for kid, v in self.raw_metadata(off)}
 
     def has_metadata(self, off: int) -> bool:
         return self._metadata_block(off)[0] > 0
@@ -253,6 +299,7 @@ class MergedTree:
         self.root = Node(base.root if base else 0)
         self.keys: set[str] = set(base.keywords) if base else set()
         self.min_time: int | None = None
+        self.max_time: int | None = None
 
     # -- navigation ------------------------------------------------------------------------
     def _child(self, node: Node, name: bytes, create: bool, mtime: int | None = None) -> Node | None:
@@ -294,8 +341,11 @@ class MergedTree:
         return copy
 
     def _note_time(self, mtime: int) -> None:
-        if mtime and (self.min_time is None or mtime < self.min_time):
-            self.min_time = mtime
+        if mtime:
+            if self.min_time is None or mtime < self.min_time:
+                self.min_time = mtime
+            if self.max_time is None or mtime > self.max_time:
+                self.max_time = mtime
 
     # -- changes (gvfs compaction semantics) -----------------------------------------------
     def set(self, path: str, key: str, value: Value, mtime: int) -> None:
@@ -383,6 +433,25 @@ class MergedTree:
             return meta
         return self.base.metadata(item)
 
+    def encoded_metadata(self, item, key_ids: dict[str, int], kid_map: list[int]) -> list:
+        """Sorted (new keyword id, value bytes or list of bytes) of an item, for the writer:
+        base values are carried as bytes, never decoded."""
+        if isinstance(item, Node):
+            raw = self.base.raw_metadata(item.base) if (self.base and item.base) else ()
+            entries = {kid_map[kid]: v for kid, v in raw}
+            for k, v in item.meta.items():
+                if v is None:
+                    entries.pop(key_ids[k], None)
+                elif isinstance(v, list):
+                    entries[key_ids[k]] = [x.encode("utf-8", "surrogateescape") for x in v]
+                else:
+                    entries[key_ids[k]] = v.encode("utf-8", "surrogateescape")
+            return sorted(entries.items())
+        raw = self.base.raw_metadata(item)
+        if len(raw) < 2:
+            return [(kid_map[kid], v) for kid, v in raw]
+        return sorted({kid_map[kid]: v for kid, v in raw}.items())
+
     def time_of(self, item, forced: int | None) -> int:
         if isinstance(item, Node):
             if item.mtime is not None:
@@ -461,15 +530,14 @@ def _string_block(strings: dict[bytes, int], start: int) -> bytes:
     return bytes(out)
 
 
-def _meta_region(metas: list[dict[str, Value]], key_ids: dict[str, int], start: int) -> tuple[bytes, list[int]]:
-    """gvfs's per-directory metadata layout from ``start``: every node's block, then the list
-    tables, then one shared string block. Returns (bytes, block offset per node; 0 = empty)."""
-    blocks: list[list[tuple[int, Value]]] = []
+def _meta_region(blocks: list[list[tuple[int, bytes | list[bytes]]]], start: int) -> tuple[bytes, list[int]]:
+    """gvfs's per-directory metadata layout from ``start``: every node's block (entries sorted
+    by keyword id), then the list tables, then one shared string block. Returns (bytes, block
+    offset per node; 0 = no metadata)."""
     pos = start
     offsets = []
-    for meta in metas:
-        entries = sorted((key_ids[k], v) for k, v in meta.items())
-        blocks.append(entries)
+    strings: dict[bytes, int] = {}
+    for entries in blocks:
         offsets.append(pos if entries else 0)
         if entries:
             pos += 4 + 8 * len(entries)
@@ -478,11 +546,10 @@ def _meta_region(metas: list[dict[str, Value]], key_ids: dict[str, int], start: 
         for _, v in entries:
             if isinstance(v, list):
                 pos += 4 + 4 * len(v)
-    strings: dict[bytes, int] = {}
-    for entries in blocks:
-        for _, v in entries:
-            for s in (v if isinstance(v, list) else (v,)):
-                strings.setdefault(s.encode("utf-8", "surrogateescape"), 0)
+                for x in v:
+                    strings.setdefault(x, 0)
+            else:
+                strings.setdefault(v, 0)
     string_bytes = _string_block(strings, pos)
     out = bytearray()
     tables = bytearray()
@@ -494,13 +561,14 @@ def _meta_region(metas: list[dict[str, Value]], key_ids: dict[str, int], start: 
         for kid, v in entries:
             if isinstance(v, list):
                 out += _PAIR.pack(kid | LIST_FLAG, table_pos)
-                table = _U32.pack(len(v)) + b"".join(
-                    _U32.pack(strings[s.encode("utf-8", "surrogateescape")]) for s in v)
+                table = struct.pack(f">{len(v) + 1}I", len(v), *[strings[x] for x in v])
                 tables += table
                 table_pos += len(table)
             else:
-                out += _PAIR.pack(kid, strings[v.encode("utf-8", "surrogateescape")])
-    return bytes(out + tables) + string_bytes, offsets
+                out += _PAIR.pack(kid, strings[v])
+    out += tables
+    out += string_bytes
+    return bytes(out), offsets
 
 
 def _time_base(merged: MergedTree) -> int:
@@ -510,7 +578,10 @@ def _time_base(merged: MergedTree) -> int:
         candidates.append(base.time_base)
     if merged.min_time is not None:
         candidates.append(merged.min_time - 1)
-    return min(candidates) if candidates else 0
+    base_time = min(candidates) if candidates else 0
+    if merged.max_time is not None and merged.max_time - base_time > MAX_RAW_TIME:
+        base_time = merged.max_time - MAX_RAW_TIME  # gvfs: keep the newest times exact
+    return base_time
 
 
 def _raw_time(t: int, base: int) -> int:
@@ -546,8 +617,9 @@ def write_tree(merged: MergedTree, f: BinaryIO, tag: int) -> int:
     out.write(bytes(DIRENT_SIZE))
     out.write(b"/\0")
     out.pad4()
-    root_meta = merged.metadata_of(merged.root)
-    region, (meta_off,) = _meta_region([root_meta], key_ids, out.pos)
+    kid_map = [key_ids[k] for k in merged.base.keywords] if merged.base else []
+    root_meta = merged.encoded_metadata(merged.root, key_ids, kid_map)
+    region, (meta_off,) = _meta_region([root_meta], out.pos)
     out.write(region)
     patches = array("I")  # pairs: file position, value (children offsets of directories)
     _DIRENT.pack_into(out.tail, root_at, root_at + DIRENT_SIZE, empty, meta_off or empty, 0)
@@ -563,8 +635,8 @@ def write_tree(merged: MergedTree, f: BinaryIO, tag: int) -> int:
             names = {name: 0 for name, _, _ in kids}
             names_start = block_at + 4 + DIRENT_SIZE * len(kids)
             name_block = _string_block(names, names_start)
-            metas = [merged.metadata_of(child) for _, child, _ in kids]
-            region, meta_offs = _meta_region(metas, key_ids, names_start + len(name_block))
+            metas = [merged.encoded_metadata(child, key_ids, kid_map) for _, child, _ in kids]
+            region, meta_offs = _meta_region(metas, names_start + len(name_block))
             block = bytearray(_U32.pack(len(kids)))
             for i, (name, child, f_child) in enumerate(kids):
                 child_at = block_at + 4 + DIRENT_SIZE * i
@@ -647,7 +719,8 @@ class GvfsTree(Codec):
                 node.meta[k] = list(v) if isinstance(v, (list, tuple)) else v
                 merged.keys.add(k)
             node.mtime = int(rec.get("mtime") or 0)
-            merged._note_time(node.mtime)
+            if node is not merged.root:  # the root's time is not stored (gvfs quirk)
+                merged._note_time(node.mtime)
         return tree_bytes(merged, tag)
 
     def validate(self, buf, source, **context) -> list[Finding]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import mmap
 import struct
 import time as _time
+from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -46,7 +47,8 @@ def _sniff(head: bytes, magic: bytes) -> bool:
 
 
 def _bytes_view(buf: Buffer):
-    """Something whose slices are ``bytes`` (bytes and mmap already are), without copying."""
+    """The buffer itself when its slices are ``bytes`` (bytes, mmap), else a flat memoryview
+    (whose slices need ``bytes()``); never a copy of the whole buffer."""
     return buf if isinstance(buf, (bytes, mmap.mmap)) else memoryview(buf).cast("B")
 
 
@@ -58,11 +60,14 @@ def _all_zero_from(buf: Buffer, pos: int) -> bool:
     return not _u8(buf)[pos:].any()
 
 
+@dataclass
 class WallabyLogHeader:
-    """The decoded log file header and where its first record starts."""
+    """The decoded log file header; ``size`` (8 or 16) is where the first record starts."""
 
-    def __init__(self, version: int, flags: int, ttl_ns: int, size: int):
-        self.version, self.flags, self.ttl_ns, self.size = version, flags, ttl_ns, size
+    version: int
+    flags: int
+    ttl_ns: int
+    size: int
 
 
 # -- the log ------------------------------------------------------------------------------------
@@ -134,8 +139,9 @@ class WallabyLog(Codec):
                 return
             nxt = pos + RECORD_HEADER + size
             if nxt > end:
+                left = end - pos - RECORD_HEADER
                 raise FormatError(source, pos, f"record payload of {size} bytes runs past the "
-                                               f"end of the file ({end - pos - RECORD_HEADER} left)")
+                                               f"end of the file ({left} left)")
             yield pos, size, flags, t
             pos = nxt
 
@@ -173,7 +179,8 @@ class WallabyLog(Codec):
             offs, heads, times, next_offset = self._boundaries(buf, source, start, stop, limit)
         except FormatError as exc:
             error = exc
-            offs, heads, times = exc.columns
+            empty = np.zeros(0, np.int64)
+            offs, heads, times = getattr(exc, "columns", (empty, empty.view(np.uint64), empty))
         rows = len(offs)
         sizes = (heads & 0xFFFFFFFF).astype(np.int64)
         bodies = offs + RECORD_HEADER
@@ -202,8 +209,9 @@ class WallabyLog(Codec):
         walked: list[int] = []
         append = walked.append
         # the hot loop: follow the size fields only; every other check is vectorised below
+        walk_until = min(bound, last_header + 1)  # one comparison per record
         for _ in range(max_rows):
-            if pos >= bound or pos > last_header:
+            if pos >= walk_until:
                 break
             append(pos)
             pos += RECORD_HEADER + unpack(buf, pos)[0]
@@ -276,12 +284,15 @@ class WallabyLog(Codec):
         """Truncate a torn final record or a zero-filled tail; with ``compact_expired=True``
         also drop records past their TTL. Any other damage is left alone (the records after
         it cannot be told from garbage, and dropping them could lose valid data)."""
-        head = self.header(buf, source)
+        try:
+            head = self.header(buf, source)
+        except FormatError:
+            return None  # no header to keep: nothing safe to do
         cols = self.read_columns(buf, source)
         actions: list[str] = []
         cut = len(buf)
         if cols.error is not None:
-            if not _is_torn_tail(cols.error, context.get("index")):
+            if not _is_torn_tail(buf, cols.error, head.flags, context.get("index")):
                 return None
             cut = cols.error.offset
             actions.append(f"truncated the torn final record at byte {cut} "
@@ -297,7 +308,8 @@ class WallabyLog(Codec):
         if context.get("compact_expired"):
             data, dropped = self._compact(data, source, head, cols, context.get("now_ns"))
             if dropped:
-                actions.append(f"dropped {dropped} expired record(s) (TTL {head.ttl_ns} ns)")
+                actions.append(f"dropped {dropped} expired record(s) (TTL {head.ttl_ns} ns); "
+                               "the log's index must be rebuilt")
         return Repair(data, actions) if actions else None
 
     def _compact(self, data: bytes, source: str, head: WallabyLogHeader, cols: Columns,
@@ -315,16 +327,20 @@ class WallabyLog(Codec):
 
 
 def _gather_u64(buf: Buffer, offsets: np.ndarray) -> np.ndarray:
-    """The little-endian u64 at every (unaligned) byte offset: one fancy index per residue
-    mod 8 into the buffer viewed as u64 words starting at that residue."""
-    out = np.zeros(len(offsets), np.uint64)
+    """The little-endian u64 at every (unaligned) byte offset, each ``offset + 8 <= len``:
+    the two aligned words around it, shifted together."""
+    count = len(buf) // 8
     if not len(offsets):
-        return out
-    residues = offsets & 7
-    for r in np.unique(residues).tolist():
-        words = np.frombuffer(buf, dtype="<u8", count=(len(buf) - r) // 8, offset=r)
-        pick = residues == r
-        out[pick] = words[(offsets[pick] - r) >> 3]
+        return np.zeros(0, np.uint64)
+    words = np.frombuffer(buf, dtype="<u8", count=count)
+    index = offsets >> 3
+    shift = (offsets & 7).astype(np.uint64) << np.uint64(3)
+    out = words[index] >> shift
+    # the high word's bytes; two shifts so a zero ``shift`` moves them out entirely
+    high = words[np.minimum(index + 1, count - 1)]
+    out |= (high << (np.uint64(63) - shift)) << np.uint64(1)
+    for i in np.flatnonzero((index + 1 >= count) & (shift != 0)).tolist():
+        out[i] = struct.unpack_from("<Q", buf, int(offsets[i]))[0]  # ends in the last bytes
     return out
 
 
@@ -339,16 +355,21 @@ def _record_end(cols: Columns) -> int | None:
     return int(cols.data["offset"][-1]) + RECORD_HEADER + len(cols.data["payload"][-1])
 
 
-def _is_torn_tail(error: FormatError, index: Buffer | None) -> bool:
-    """Damage that can only be a final record cut short: its header or payload runs past the
-    end, and no index entry points at or beyond it (which would prove records follow)."""
-    torn = "truncated" in error.reason or "runs past the end" in error.reason
+def _is_torn_tail(buf: Buffer, error: FormatError, flags: int, index: Buffer | None) -> bool:
+    """Damage that can only be a final record cut short by a crash: a header cut by the end
+    of the file, or a whole header with the log's flags whose payload (within the original
+    writer's 64 KiB cap, so not a flipped size) runs past the end; and no index entry points
+    beyond it (which would prove records follow)."""
+    if error.reason.startswith("record header truncated"):
+        torn = True
+    elif "runs past the end" in error.reason:
+        size, rec_flags = struct.unpack_from("<II", buf, error.offset)
+        torn = rec_flags == flags and size <= MAX_PLAUSIBLE_PAYLOAD
+    else:
+        return False
     if not torn or index is None:
         return torn
-    try:
-        entries = WallabyIndex().read_columns(index, "index")
-    except FormatError:
-        return torn
+    entries = WallabyIndex().read_columns(index, "index")
     return not (entries.data["log_offset"] > error.offset).any()
 
 
@@ -468,7 +489,7 @@ class WallabyIndex(Codec):
         log = context.get("log")
         if log is None:
             cols = self.read_columns(buf, source)
-            if cols.error is None or "truncated" not in cols.error.reason:
+            if cols.error is None or not cols.error.reason.startswith("index record truncated"):
                 return None
             cut = cols.error.offset
             return Repair(bytes(_bytes_view(buf)[:cut]),
@@ -490,11 +511,11 @@ class WallabyIndex(Codec):
 def _index_columns(table: np.ndarray, name: str, start: int, seq: int,
                    next_offset: int | None, error: FormatError | None) -> Columns:
     rows = len(table)
-    data = {"format": [name] * rows, "seq": np.arange(seq, seq + rows, dtype=np.int64),
-            "offset": start + INDEX_RECORD * np.arange(rows, dtype=np.int64),
-            "kind": ["index"] * rows,
-            "time": table["time"].copy(), "index": table["index"].copy(),
-            "log_offset": table["log_offset"].copy()}
+    # the field columns are zero-copy strided views of the buffer (read-only for an mmap)
+    data = {"format": _constant(name, rows), "seq": np.arange(seq, seq + rows, dtype=np.int64),
+            "offset": np.arange(start, start + INDEX_RECORD * rows, INDEX_RECORD, dtype=np.int64),
+            "kind": _constant("index", rows),
+            "time": table["time"], "index": table["index"], "log_offset": table["log_offset"]}
     return Columns(data, rows, next_offset, seq + rows, error)
 
 
@@ -534,7 +555,7 @@ def _index_vs_log(index: Buffer, log: Buffer, source: str, from_log: bool) -> In
     bad[found] = log_times[at[found]] != times[found]
     if bad.any():
         first = int(np.flatnonzero(bad)[0])
-        where = int(entry_offs[first]) if not from_log else int(targets[first])
+        where = int(entry_offs[first]) if not from_log else _within(int(targets[first]), log)
         check.problem(where, f"{int(bad.sum())} index entr(y/ies) do not match a log record "
                              f"(first: entry {first} -> log byte {int(targets[first])})")
     gaps = numbers != np.arange(len(numbers), dtype=np.uint64)
@@ -545,7 +566,8 @@ def _index_vs_log(index: Buffer, log: Buffer, source: str, from_log: bool) -> In
                       f"(entry {first} says {int(numbers[first])})")
     elif not bad.any() and (at != numbers.astype(np.int64)).any():
         first = int(np.flatnonzero(at != numbers.astype(np.int64))[0])
-        check.problem(int(entry_offs[first]) if not from_log else int(targets[first]),
+        where = int(entry_offs[first]) if not from_log else _within(int(targets[first]), log)
+        check.problem(where,
                       f"index numbers do not match log record numbers from entry {first} "
                       "(numbering restarted after a reopen?)", "warning")
     covered = int(at[-1]) + 1 if idx.rows and not bad.any() else idx.rows
@@ -557,6 +579,11 @@ def _index_vs_log(index: Buffer, log: Buffer, source: str, from_log: bool) -> In
     if recs.error is not None and not from_log:
         check.findings.append(Finding(0, f"log damaged: {recs.error.reason}", "warning"))
     return check
+
+
+def _within(offset: int, buf: Buffer) -> int:
+    """``offset`` when it lies in ``buf``, else the end of ``buf`` (findings name real bytes)."""
+    return offset if 0 <= offset <= len(buf) else len(buf)
 
 
 def build_index(log_cols: Columns, flags: int = 0, ttl_ns: int = 0) -> bytes:

@@ -9,9 +9,14 @@ keeps open-but-unlinked files working.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 
 import pyfuse3
+
+
+#: Names remembered per inode (hard links); older ones may be stale anyway.
+MAX_PATHS = 8
 
 
 @dataclass(eq=False)
@@ -22,6 +27,7 @@ class Inode:
     lookups: int = 0
     handles: set[int] = field(default_factory=set)  # open fds (our file handles)
     cache_ident: tuple | None = None  # (size, mtime_ns) when last closed: keep_cache test
+    file_type: int = 0  # S_IFMT bits: a reused SOURCE inode number of another type is new
 
     @property
     def path(self) -> bytes | None:
@@ -32,6 +38,7 @@ class Inode:
         if rel in self.paths:
             self.paths.remove(rel)
         self.paths.append(rel)
+        del self.paths[:-MAX_PATHS]
 
 
 def is_under(rel: bytes, top: bytes) -> bool:
@@ -70,8 +77,10 @@ class InodeTable:
             return self.root
         key = (st.st_dev, st.st_ino)
         node = self.by_key.get(key)
-        if node is None:
-            node = Inode(self._allocate(), key)
+        if node is None or node.file_type != stat.S_IFMT(st.st_mode):
+            # SOURCE reused an inode number (file replaced behind our back): a new inode, or
+            # the kernel would see a file turn into a directory under the same number.
+            node = Inode(self._allocate(), key, file_type=stat.S_IFMT(st.st_mode))
             self.by_ino[node.ino] = node
             self.by_key[key] = node
         node.add_path(rel)

@@ -74,6 +74,7 @@ class JournalFS(pyfuse3.Operations):
         self._handles = itertools.count(HANDLE_BASE)
         self.table = InodeTable(lambda: next(self._numbers))
         self.files: dict[int, Inode] = {}                       # fd -> inode
+        self.written: set[int] = set()                          # fds written since opened
         self.dirs: dict[int, tuple[Inode, list]] = {}          # handle -> (dir, entries)
         self.views = Views(self, options or {})
         self._exchange_tmp = itertools.count()
@@ -122,14 +123,17 @@ class JournalFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         return join(self._path(self.table.get(parent_ino)), name)
 
-    def _stat(self, node: Inode) -> os.stat_result:
-        """lstat of the inode's path; an unlinked but open file answers through its fd."""
-        for rel in reversed(node.paths):
+    async def _stat(self, node: Inode) -> os.stat_result:
+        return await _in_thread(self._stat_any, list(node.paths), list(node.handles))
+
+    def _stat_any(self, paths: list[bytes], handles: list[int]) -> os.stat_result:
+        """lstat of the newest path that exists; an unlinked but open file answers by fd."""
+        for rel in reversed(paths):
             try:
                 return os.lstat(self.abs(rel))
             except FileNotFoundError:
                 continue
-        for fd in node.handles:
+        for fd in handles:
             return os.fstat(fd)
         raise FileNotFoundError(errno.ENOENT, "gone")
 
@@ -145,6 +149,7 @@ class JournalFS(pyfuse3.Operations):
             os.chown(path, ctx.uid, gid, follow_symlinks=False)
 
     async def _created(self, rel: bytes) -> pyfuse3.EntryAttributes:
+        await self.views.source_changed(rel)
         st = await _in_thread(os.lstat, self.abs(rel))
         return self.attrs(self.table.remember(rel, st), st)
 
@@ -178,24 +183,27 @@ class JournalFS(pyfuse3.Operations):
         if self.views.owns(inode):
             return await self.views.getattr(inode)
         node = self.table.get(inode)
-        return self.attrs(node, await _in_thread(self._stat, node))
+        return self.attrs(node, await self._stat(node))
 
     @_guarded
     async def setattr(self, inode, attr, fields, fh, ctx):
         if self.views.owns(inode):
             raise pyfuse3.FUSEError(errno.EROFS)
         node = self.table.get(inode)
-        st = await _in_thread(self._apply_setattr, node, attr, fields, fh)
+        st = await _in_thread(self._apply_setattr, node.path, list(node.handles), attr, fields, fh)
+        if fields.update_size and node.path is not None:
+            await self.views.source_changed(node.path)
         return self.attrs(node, st)
 
-    def _apply_setattr(self, node: Inode, attr, fields, fh: int | None) -> os.stat_result:
+    def _apply_setattr(self, rel: bytes | None, handles: list[int], attr, fields,
+                       fh: int | None) -> os.stat_result:
         fd = fh if fh is not None and fh < HANDLE_BASE else None
         path = None
         if fd is None:
-            if node.path is not None and os.path.lexists(self.abs(node.path)):
-                path = self.abs(node.path)
-            elif node.handles:
-                fd = next(iter(node.handles))
+            if rel is not None and os.path.lexists(self.abs(rel)):
+                path = self.abs(rel)
+            elif handles:
+                fd = handles[0]
             else:
                 raise FileNotFoundError(errno.ENOENT, "gone")
         current = os.fstat(fd) if fd is not None else os.lstat(path)
@@ -326,6 +334,7 @@ class JournalFS(pyfuse3.Operations):
         rel = self._child(parent_inode, name)
         await _in_thread(os.rmdir, self.abs(rel))
         self.table.unlinked(rel)
+        await self.views.source_changed(rel)
         await self._meta_call("remove", self.store_path(rel))
 
     # -- names -----------------------------------------------------------------------------
@@ -334,6 +343,7 @@ class JournalFS(pyfuse3.Operations):
         rel = self._child(parent_inode, name)
         await _in_thread(os.unlink, self.abs(rel))
         self.table.unlinked(rel)
+        await self.views.source_changed(rel)
         await self._meta_call("remove", self.store_path(rel))
 
     @_guarded
@@ -341,6 +351,8 @@ class JournalFS(pyfuse3.Operations):
         old = self._child(parent_inode_old, name_old)
         new = self._child(parent_inode_new, name_new)
         replaced = await _in_thread(self._rename, old, new, flags)
+        await self.views.source_changed(old)
+        await self.views.source_changed(new)
         if flags & pyfuse3.RENAME_EXCHANGE:
             self.table.renamed([(old, new), (new, old)])
             tmp = self.store_path(b".journalfs-exchange-%d" % next(self._exchange_tmp))
@@ -404,22 +416,21 @@ class JournalFS(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EROFS)
             return await self.views.open(inode)
         node = self.table.get(inode)
-        fd, keep = await _in_thread(self._open, node, flags)
-        return pyfuse3.FileInfo(fh=fd, keep_cache=keep)
-
-    def _open(self, node: Inode, flags: int) -> tuple[int, bool]:
-        flags = (flags & ~os.O_CREAT) | os.O_NOFOLLOW | os.O_CLOEXEC
-        if node.path is not None and os.path.lexists(self.abs(node.path)):
-            fd = os.open(self.abs(node.path), flags)
-        elif node.handles:  # open-but-unlinked, reached through /proc/PID/fd
-            fd = os.open(f"/proc/self/fd/{next(iter(node.handles))}", flags & ~os.O_NOFOLLOW)
-        else:
-            raise FileNotFoundError(errno.ENOENT, "gone")
-        st = os.fstat(fd)
+        fd, st = await _in_thread(self._open, node.path, list(node.handles), flags)
         keep = node.cache_ident == (st.st_size, st.st_mtime_ns)  # unchanged since last close
         node.handles.add(fd)
         self.files[fd] = node
-        return fd, keep
+        return pyfuse3.FileInfo(fh=fd, keep_cache=keep)
+
+    def _open(self, rel: bytes | None, handles: list[int], flags: int):
+        flags = (flags & ~os.O_CREAT) | os.O_NOFOLLOW | os.O_CLOEXEC
+        if rel is not None and os.path.lexists(self.abs(rel)):
+            fd = os.open(self.abs(rel), flags)
+        elif handles:  # open-but-unlinked, reached through /proc/PID/fd
+            fd = os.open(f"/proc/self/fd/{handles[0]}", flags & ~os.O_NOFOLLOW)
+        else:
+            raise FileNotFoundError(errno.ENOENT, "gone")
+        return fd, os.fstat(fd)
 
     @_guarded
     async def create(self, parent_inode, name, mode, flags, ctx):
@@ -428,17 +439,28 @@ class JournalFS(pyfuse3.Operations):
         node = self.table.remember(rel, st)
         node.handles.add(fd)
         self.files[fd] = node
+        await self.views.source_changed(rel)
         return pyfuse3.FileInfo(fh=fd), self.attrs(node, st)
 
     def _create(self, path: bytes, mode: int, flags: int, ctx) -> tuple[int, os.stat_result]:
-        flags |= os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(path, flags, stat.S_IMODE(mode))
+        flags |= os.O_NOFOLLOW | os.O_CLOEXEC
+        try:  # O_EXCL: only a file we really created is handed to the caller (chown)
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, stat.S_IMODE(mode))
+        except FileExistsError:
+            if flags & os.O_EXCL:
+                raise
+            return self._open_existing(path, flags & ~os.O_CREAT)  # lost a race: plain open
         try:
             self._own(path, ctx, fd)
             return fd, os.fstat(fd)
         except BaseException:
             os.close(fd)
             raise
+
+    @staticmethod
+    def _open_existing(path: bytes, flags: int) -> tuple[int, os.stat_result]:
+        fd = os.open(path, flags)
+        return fd, os.fstat(fd)
 
     @_guarded
     async def read(self, fh, off, size):
@@ -450,12 +472,23 @@ class JournalFS(pyfuse3.Operations):
     async def write(self, fh, off, buf):
         if fh >= HANDLE_BASE:
             raise pyfuse3.FUSEError(errno.EROFS)
+        self.written.add(fh)
         return await _in_thread(os.pwrite, fh, buf, off)
 
     @_guarded
     async def flush(self, fh):
         if fh < HANDLE_BASE:  # close(2) semantics of the underlying filesystem
             await _in_thread(lambda: os.close(os.dup(fh)))
+            await self._written_out(fh)
+
+    async def _written_out(self, fh: int) -> None:
+        """A written file is being closed (flush is synchronous with close(2), release is
+        not): refresh the views of it before close returns."""
+        if fh in self.written:
+            self.written.discard(fh)
+            node = self.files.get(fh)
+            if node is not None and node.path is not None:
+                await self.views.source_changed(node.path)
 
     @_guarded
     async def fsync(self, fh, datasync):
@@ -467,6 +500,7 @@ class JournalFS(pyfuse3.Operations):
         if fh >= HANDLE_BASE:
             self.views.release(fh)
             return
+        await self._written_out(fh)
         node = self.files.pop(fh, None)
         try:
             st = await _in_thread(os.fstat, fh)
@@ -536,14 +570,15 @@ class JournalFS(pyfuse3.Operations):
                 await _in_thread(functools.partial(os.setxattr, target, name, value,
                                                    follow_symlinks=False))
             return
-        await self._check_user_xattr_allowed(node)
+        self._check_user_xattr_allowed(node)
         await self._meta_call("set", self.store_path(self._path(node)), key,
                               xattrs.decode_value(value))
 
-    async def _check_user_xattr_allowed(self, node: Inode) -> None:
-        # Natively only regular files and directories carry user.* attributes.
-        st = await _in_thread(self._stat, node)
-        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+    @staticmethod
+    def _check_user_xattr_allowed(node: Inode) -> None:
+        # Natively only regular files and directories carry user.* attributes (the kernel
+        # checks this too; the root inode has no recorded type and is a directory).
+        if node.file_type not in (0, stat.S_IFREG, stat.S_IFDIR):
             raise pyfuse3.FUSEError(errno.EPERM)
 
     @_guarded
@@ -560,7 +595,7 @@ class JournalFS(pyfuse3.Operations):
                 await _in_thread(functools.partial(os.removexattr, target, name,
                                                    follow_symlinks=False))
             return
-        await self._check_user_xattr_allowed(node)
+        self._check_user_xattr_allowed(node)
         store_path = self.store_path(self._path(node))
         if await self._meta_call("get", store_path, key) is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)

@@ -41,6 +41,13 @@ JSONL_NAME = b"records.jsonl"
 RECORD_XATTR_PREFIX = b"user.record."
 #: Records decoded per directory-listing batch (kept per open directory handle).
 LIST_BATCH = 2048
+#: Records decoded together for single-record requests, how many such batches stay cached,
+#: and the payload bytes above which a batch is not kept.
+RECORD_BATCH = 256
+BATCH_CACHE = 32
+BATCH_PAYLOAD_LIMIT = 1 << 20
+#: How long a checked index is trusted without a stat (writes through the mount reset it).
+TRUST_SECONDS = 0.5
 #: Journals whose indexes stay cached.
 INDEX_CACHE = 64
 #: How long "does this SOURCE dir hold any journal" answers are reused.
@@ -48,10 +55,15 @@ SCAN_TTL = 2.0
 
 ROOT, RECORDS_DIR, JOURNAL, RECORD, JSONL, METADATA, STATUS = (
     "root", "records_dir", "journal", "record", "jsonl", "metadata", "status")
+#: Record inode numbers: RECORD_INO_BASE | journal id << SEQ_BITS | seq.
+RECORD_INO_BASE = 1 << 62
+SEQ_BITS = 36
+SEQ_MASK = (1 << SEQ_BITS) - 1
+JOURNAL_ID_MAX = (1 << (62 - SEQ_BITS)) - 1
 LIVE = b"\0live"  # the `rel` of the live metadata journal (no SOURCE path can contain NUL)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class VNode:
     ino: int
     kind: str
@@ -83,6 +95,15 @@ def scalar_text(value) -> str | None:
     if value is None or isinstance(value, (bool, int, float)):
         return json.dumps(value)
     return None
+
+
+def _seq_of(name: bytes) -> int | None:
+    """The record number a record file name claims (``00000042.kind`` -> 42), else None."""
+    digits, dot, _kind = name.partition(b".")
+    if not dot or len(digits) < 8 or not digits.isdigit():
+        return None
+    seq = int(digits)
+    return seq if b"%08d" % seq == digits and seq <= SEQ_MASK else None
 
 
 class JsonlLayout:
@@ -125,27 +146,21 @@ class JsonlReader:
         if off >= end:
             return b""
         with self.lock:
-            if not (self._window_start <= off <= self._next) or self._lines is None:
+            if self._lines is None or not self._window_start <= off <= self._next:
                 self._seek(off)
-            if off > self._window_start:  # drop what was served already
-                self._window = self._window[off - self._window_start:]
-                self._window_start = off
-            parts = [self._window]
-            have = len(self._window)
-            while self._window_start + have < end:
+            # The window holds [_window_start, _next); keep what lies at or after `off`.
+            parts = [self._window[off - self._window_start:] if off < self._next else b""]
+            line_end = self._next
+            while line_end < end:
                 line = next(self._lines, None)
                 if line is None:
                     break
-                start, self._next = self._next, self._next + len(line)
-                if self._next <= off:
-                    self._window_start = self._next
-                    continue
-                if start < off:
-                    line = line[off - start:]
-                parts.append(line)
-                have += len(line)
-            self._window = b"".join(parts)
-            return self._window[off - self._window_start:end - self._window_start]
+                line_start, line_end = line_end, line_end + len(line)
+                if line_end > off:
+                    parts.append(line[max(0, off - line_start):])
+            self._next = line_end
+            self._window, self._window_start = b"".join(parts), off
+            return self._window[:end - off]
 
     def close(self) -> None:
         if self._lines is not None:
@@ -162,12 +177,16 @@ class Views:
         self.started_ns = time.time_ns()
         self.by_ino: dict[int, VNode] = {}
         self.by_key: dict[tuple, VNode] = {}
+        self._journal_ids: dict[bytes, int] = {}  # journal rel -> id inside record inode numbers
+        self._journal_rels: list[bytes] = []
         self.dirs: dict[int, dict] = {}   # handle -> listing state
         self.files: dict[int, object] = {}  # handle -> bytes or JsonlReader
         self._indexes: OrderedDict[str, RecordIndex] = OrderedDict()
         self._layouts: dict[tuple, JsonlLayout] = {}
         self._sniffed: dict[bytes, tuple[tuple, bool]] = {}
         self._scans: dict[bytes, tuple[float, bool]] = {}
+        self._batches: OrderedDict[tuple, list[dict]] = OrderedDict()
+        self._checked: dict[str, float] = {}  # journal path -> when its identity was checked
         self._cache_lock = threading.Lock()  # the caches above are filled from worker threads
         self.root = self._node(ROOT, permanent=True)
         self.records = self._node(RECORDS_DIR, permanent=True)
@@ -176,10 +195,25 @@ class Views:
         self.live = self._node(JOURNAL, LIVE, permanent=True)
 
     # -- inode table -----------------------------------------------------------------------
+    # Record files are never stored: their inode number encodes (journal id, seq), so listing
+    # a journal of millions of records costs no memory per record on our side.
     def owns(self, ino: int) -> bool:
-        return ino in self.by_ino
+        return ino in self.by_ino or ino >= RECORD_INO_BASE
+
+    def _journal_id(self, rel: bytes) -> int:
+        with self._cache_lock:  # also called from worker threads
+            jid = self._journal_ids.get(rel)
+            if jid is None:
+                jid = self._journal_ids[rel] = len(self._journal_rels)
+                self._journal_rels.append(rel)
+            return jid
 
     def _node(self, kind: str, rel: bytes = b"", seq: int = -1, permanent: bool = False) -> VNode:
+        if kind == RECORD:
+            if seq > SEQ_MASK or len(self._journal_rels) > JOURNAL_ID_MAX:
+                raise pyfuse3.FUSEError(errno.EOVERFLOW)
+            ino = RECORD_INO_BASE | (self._journal_id(rel) << SEQ_BITS) | seq
+            return VNode(ino, RECORD, rel, seq)
         node = self.by_key.get((kind, rel, seq))
         if node is None:
             node = VNode(self.fs.next_inode(), kind, rel, seq, permanent=permanent)
@@ -188,6 +222,10 @@ class Views:
         return node
 
     def _get(self, ino: int) -> VNode:
+        if ino >= RECORD_INO_BASE:
+            jid, seq = (ino - RECORD_INO_BASE) >> SEQ_BITS, ino & SEQ_MASK
+            if jid < len(self._journal_rels):
+                return VNode(ino, RECORD, self._journal_rels[jid], seq)
         try:
             return self.by_ino[ino]
         except KeyError:
@@ -201,6 +239,29 @@ class Views:
         if node.lookups == 0 and not node.permanent:
             del self.by_ino[ino]
             self.by_key.pop(node.key, None)
+
+    # -- cache invalidation ----------------------------------------------------------------
+    async def source_changed(self, rel: bytes) -> None:
+        """SOURCE/``rel`` was changed through the mount: make the kernel forget what it
+        cached about the views of it (records/ entries up the tree, the journal's attrs)."""
+        self._scans.clear()
+        with self._cache_lock:
+            self._checked.pop(os.fsdecode(self.fs.abs(rel)), None)
+        path = rel
+        while path:
+            parent_rel, _, name = path.rpartition(b"/")
+            parent = self.by_key.get((RECORDS_DIR, parent_rel, -1))
+            if parent is not None:  # async: the kernel may hold that directory's lock now
+                pyfuse3.invalidate_entry_async(parent.ino, name, ignore_enoent=True)
+            path = parent_rel
+        for kind in (JOURNAL, JSONL):
+            node = self.by_key.get((kind, rel, -1))
+            if node is None:
+                continue
+            try:  # may block on page-cache writeback: never on the trio thread
+                await trio.to_thread.run_sync(pyfuse3.invalidate_inode, node.ino)
+            except OSError:  # the kernel has forgotten it already: nothing to drop
+                pass
 
     # -- journals --------------------------------------------------------------------------
     def _journal_path(self, rel: bytes) -> str:
@@ -229,10 +290,37 @@ class Views:
             idx = RecordIndex.build(path, codec)
         with self._cache_lock:
             self._indexes[path] = idx
+            self._checked[path] = time.monotonic()
             self._indexes.move_to_end(path)
             while len(self._indexes) > INDEX_CACHE:
                 self._indexes.popitem(last=False)
         return idx
+
+    def _trusted_index(self, rel: bytes) -> RecordIndex | None:
+        """The cached index when it was checked against the file moments ago (no syscall):
+        lets the trio thread answer stat/lookup of records without a worker-thread hop."""
+        if rel == LIVE:
+            return None
+        path = os.fsdecode(self.fs.abs(rel))
+        with self._cache_lock:
+            idx = self._indexes.get(path)
+            checked = self._checked.get(path, -TRUST_SECONDS)
+        return idx if idx is not None and time.monotonic() - checked < TRUST_SECONDS else None
+
+    def _cached_record(self, node: VNode) -> dict | None:
+        idx = self._trusted_index(node.rel)
+        if idx is None:
+            return None
+        first = node.seq - node.seq % RECORD_BATCH
+        with self._cache_lock:
+            batch = self._batches.get((idx.path, idx.identity, idx.count, first))
+        if batch is None or not 0 <= node.seq - first < len(batch):
+            return None
+        return batch[node.seq - first]
+
+    def _record_attrs(self, node: VNode, rec: dict, mtime_ns: int) -> pyfuse3.EntryAttributes:
+        timeout = 0 if node.rel == LIVE else None
+        return self._attrs(node, stat.S_IFREG | 0o444, len(record_content(rec)), mtime_ns, timeout)
 
     def _cached_index(self, rel: bytes) -> RecordIndex:
         """Like :meth:`_index`, but the live journal is not rebuilt for every record."""
@@ -242,6 +330,27 @@ class Views:
             if idx is not None:
                 return idx
         return self._index(rel)
+
+    def _record(self, rel: bytes, seq: int, idx: RecordIndex | None = None) -> dict:
+        """Record ``seq`` of a journal, decoded with its neighbours: ``ls -l`` or ``cat *``
+        over a journal directory then decodes each record about once, not once per call."""
+        idx = idx or self._cached_index(rel)
+        first = seq - seq % RECORD_BATCH
+        key = (idx.path, idx.identity, idx.count, first)
+        with self._cache_lock:
+            batch = self._batches.get(key)
+            if batch is not None:
+                self._batches.move_to_end(key)
+        if batch is None:
+            batch = list(idx.records(first, RECORD_BATCH))
+            if sum(len(r.get("payload") or b"") for r in batch) <= BATCH_PAYLOAD_LIMIT:
+                with self._cache_lock:
+                    self._batches[key] = batch
+                    while len(self._batches) > BATCH_CACHE:
+                        self._batches.popitem(last=False)
+        if not 0 <= seq - first < len(batch):
+            raise FileNotFoundError(errno.ENOENT, "no such record")
+        return batch[seq - first]
 
     def _layout(self, idx: RecordIndex) -> JsonlLayout:
         key = (idx.path, idx.identity, idx.count)
@@ -332,17 +441,17 @@ class Views:
             return self._attrs(node, dir_mode)
         if node.kind == STATUS:
             raise AssertionError("status.json attributes are built on the trio thread")
+        if node.kind == JOURNAL:  # no decoding needed: just the file, still a journal
+            path = self._journal_path(node.rel)
+            st = os.stat(path, follow_symlinks=False)
+            if node.rel != LIVE and not self._is_journal(node.rel, st):
+                raise FileNotFoundError(errno.ENOENT, "no longer a journal")
+            return self._attrs(node, dir_mode, mtime_ns=st.st_mtime_ns, timeout=live_timeout)
         idx = self._cached_index(node.rel) if node.kind == RECORD else self._index(node.rel)
-        mtime = os.stat(idx.path).st_mtime_ns
-        if node.kind == JOURNAL:
-            return self._attrs(node, dir_mode, mtime_ns=mtime, timeout=live_timeout)
+        mtime = idx.identity[2]
         if node.kind == JSONL:
             return self._attrs(node, file_mode, self._layout(idx).size, mtime, live_timeout)
-        try:
-            rec = idx.record(node.seq)
-        except IndexError:
-            raise FileNotFoundError(errno.ENOENT, "no such record") from None
-        return self._attrs(node, file_mode, len(record_content(rec)), mtime, live_timeout)
+        return self._record_attrs(node, self._record(node.rel, node.seq, idx), mtime)
 
     def _service_status(self) -> dict:
         status = self.fs.meta.status()  # synchronous in both backends; may take a store lock
@@ -373,6 +482,10 @@ class Views:
         if node.kind == STATUS:
             size = len(await self._status_bytes())
             return self._attrs(node, stat.S_IFREG | 0o444, size, time.time_ns(), 0)
+        if node.kind == RECORD:
+            rec = self._cached_record(node)
+            if rec is not None:  # answered from memory, inline
+                return self._record_attrs(node, rec, self._trusted_index(node.rel).identity[2])
         return await trio.to_thread.run_sync(self._compute_attrs, node)
 
     # -- lookup ----------------------------------------------------------------------------
@@ -385,6 +498,8 @@ class Views:
         fixed = dict(self._fixed_entries(parent))
         if name in fixed:
             node = fixed[name]
+        elif parent.kind == JOURNAL and (node := self._cached_record_lookup(parent, name)):
+            pass
         else:
             key = await trio.to_thread.run_sync(self._child_key, parent, name)
             if key is None:
@@ -397,6 +512,15 @@ class Views:
             raise
         node.lookups += 1
         return attrs
+
+    def _cached_record_lookup(self, parent: VNode, name: bytes) -> VNode | None:
+        """The record named ``name`` when memory alone can tell (no syscall, no decoding)."""
+        seq = _seq_of(name)
+        if seq is None:
+            return None
+        node = self._node(RECORD, parent.rel, seq)
+        rec = self._cached_record(node)
+        return node if rec is not None and record_file_name(rec) == name else None
 
     def _child_key(self, parent: VNode, name: bytes) -> tuple | None:
         """(kind, rel, seq) of ``name`` in a records dir or journal dir (thread: stats/decodes)."""
@@ -412,16 +536,12 @@ class Views:
         return None
 
     def _record_seq(self, rel: bytes, name: bytes) -> int | None:
-        digits, dot, kind = name.partition(b".")
-        if not dot or not digits.isdigit() or len(digits) < 8:
+        seq = _seq_of(name)
+        if seq is None:
             return None
-        seq = int(digits)
-        if b"%08d" % seq != digits:
-            return None
-        idx = self._index(rel)
         try:
-            rec = idx.record(seq)
-        except IndexError:
+            rec = self._record(rel, seq, self._index(rel))
+        except FileNotFoundError:
             return None
         return seq if record_file_name(rec) == name else None
 
@@ -490,7 +610,7 @@ class Views:
         idx: RecordIndex = state["index"]
         if start_id == 0:
             jsonl = self._node(JSONL, node.rel)
-            attrs = await trio.to_thread.run_sync(self._compute_attrs, jsonl)
+            attrs = self._listed_jsonl_attrs(jsonl, idx)
             if not pyfuse3.readdir_reply(token, JSONL_NAME, attrs, 1):
                 self.forget(jsonl.ino, 0)
                 return
@@ -509,16 +629,32 @@ class Views:
                     return
             name, size = batch[seq - first]
             child = self._node(RECORD, node.rel, seq)
-            attrs = self._attrs(child, stat.S_IFREG | 0o444, size, mtime, timeout)
+            if size is None:  # unknown yet: not cached, so stat/open ask again (exact size)
+                attrs = self._attrs(child, stat.S_IFREG | 0o444, 0, mtime, 0)
+            else:
+                attrs = self._attrs(child, stat.S_IFREG | 0o444, size, mtime, timeout)
             if not pyfuse3.readdir_reply(token, name, attrs, seq + 2):
                 self.forget(child.ino, 0)
                 return
             child.lookups += 1
             seq += 1
 
+    def _listed_jsonl_attrs(self, jsonl: VNode, idx: RecordIndex) -> pyfuse3.EntryAttributes:
+        """records.jsonl as a listing shows it. Its size costs a JSON pass over every record,
+        so a listing only reports it when known; otherwise size 0 with no caching, and the
+        next stat/open asks again and gets the exact size."""
+        with self._cache_lock:
+            layout = self._layouts.get((idx.path, idx.identity, idx.count))
+        if layout is None:
+            return self._attrs(jsonl, stat.S_IFREG | 0o444, 0, idx.identity[2], 0)
+        timeout = 0 if jsonl.rel == LIVE else None
+        return self._attrs(jsonl, stat.S_IFREG | 0o444, layout.size, idx.identity[2], timeout)
+
     @staticmethod
-    def _list_batch(idx: RecordIndex, first: int) -> list[tuple[bytes, int]]:
-        return [(record_file_name(r), len(record_content(r)))
+    def _list_batch(idx: RecordIndex, first: int) -> list[tuple[bytes, int | None]]:
+        """(name, size) per record; the size of a JSON-line record is None (it would cost a
+        JSON encoding per listed record, the bulk of listing time)."""
+        return [(record_file_name(r), len(r["payload"] or b"") if "payload" in r else None)
                 for r in idx.records(first, LIST_BATCH)]
 
     def releasedir(self, fh: int) -> None:
@@ -541,10 +677,7 @@ class Views:
         if node.kind == JSONL:
             idx = self._index(node.rel)
             return JsonlReader(idx, self._layout(idx))
-        try:
-            return record_content(self._cached_index(node.rel).record(node.seq))
-        except IndexError:
-            raise FileNotFoundError(errno.ENOENT, "no such record") from None
+        return record_content(self._record(node.rel, node.seq))
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         content = self.files.get(fh)
@@ -564,10 +697,7 @@ class Views:
     def _record_fields(self, node: VNode) -> dict[bytes, bytes]:
         if node.kind != RECORD:
             return {}
-        try:
-            rec = self._cached_index(node.rel).record(node.seq)
-        except IndexError:
-            raise FileNotFoundError(errno.ENOENT, "no such record") from None
+        rec = self._record(node.rel, node.seq)
         out = {}
         for key, value in rec.items():
             text = scalar_text(value)

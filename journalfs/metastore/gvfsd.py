@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 import trio
-from jeepney import DBusAddress, MessageType, new_method_call
+from jeepney import DBusAddress, HeaderFields, MessageType, new_method_call
 from jeepney.low_level import Message
 
 Value = str | list[str]
@@ -85,7 +85,7 @@ def _start_service() -> Message:
 
 def _check_reply(reply: Message, what: str) -> tuple:
     if reply.header.message_type == MessageType.error:
-        detail = reply.body[0] if reply.body else reply.header.fields.get(4, "error")
+        detail = reply.body[0] if reply.body else reply.header.fields.get(HeaderFields.error_name, "error")
         raise GvfsdError(f"gvfsd-metadata refused {what}: {detail}")
     return reply.body
 
@@ -194,9 +194,12 @@ class GvfsdBackend:
         self._visible_timeout = visible_timeout
         self._view = _StoreView(self.tree)
         self._view_lock = trio.Lock()  # the view is used from worker threads, one at a time
+        # one write in flight: its read-back check must not see a concurrent write's value
+        self._write_lock = trio.Lock()
         self._router = None
         self._address = ""
         self._writes = 0
+        self._store_status: dict = {}
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Connect, check gvfsd-metadata is there (bus-activating it like GIO would),
@@ -210,6 +213,8 @@ class GvfsdBackend:
                     await self._ensure_daemon(router)
                 except GvfsdUnavailable as exc:
                     failure = exc  # raised below, not wrapped in the router's exception group
+                except trio.TooSlowError:
+                    failure = _unreachable(self._address, "the bus does not answer")
                 else:
                     await self._serve(router, task_status)
         except (OSError, StopIteration) as exc:
@@ -222,7 +227,7 @@ class GvfsdBackend:
     async def _serve(self, router, task_status) -> None:
         self._router = router
         try:
-            await self._read(lambda view: view.status())
+            self._store_status = await self._read(lambda view: view.status())
             task_status.started()
             await trio.sleep_forever()
         finally:
@@ -267,10 +272,14 @@ class GvfsdBackend:
         return await self._read(lambda view: view.get_all(path))
 
     # writes (return once the store files show them)
+    async def _write(self, message: Message, what: str, seen: Callable[[_StoreView], bool]) -> None:
+        async with self._write_lock:
+            await self._call(message, what)
+            await self._until_visible(seen, what)
+            self._store_status = await self._read(lambda view: view.status())
+
     async def set_many(self, path: str, changes: Mapping[str, Value | None]) -> None:
-        what = f"Set {path}"
-        await self._call(set_message(self.tree, path, changes), what)
-        await self._until_visible(_expect_set(path, changes), what)
+        await self._write(set_message(self.tree, path, changes), f"Set {path}", _expect_set(path, changes))
 
     async def set(self, path: str, key: str, value: Value) -> None:
         await self.set_many(path, {key: value})
@@ -279,15 +288,11 @@ class GvfsdBackend:
         await self.set_many(path, {key: None})
 
     async def remove(self, path: str) -> None:
-        what = f"Remove {path}"
-        await self._call(remove_message(self.tree, path), what)
-        await self._until_visible(_expect_gone(path), what)
+        await self._write(remove_message(self.tree, path), f"Remove {path}", _expect_gone(path))
 
     async def move(self, src: str, dst: str) -> None:
         keys = await self.get_all(src)
-        what = f"Move {src} -> {dst}"
-        await self._call(move_message(self.tree, src, dst), what)
-        await self._until_visible(_expect_moved(src, dst, keys), what)
+        await self._write(move_message(self.tree, src, dst), f"Move {src} -> {dst}", _expect_moved(src, dst, keys))
 
     async def copy(self, src: str, dst: str) -> None:
         """gvfs has no Copy call (GIO copies metadata key by key): replace dst's subtree
@@ -304,8 +309,9 @@ class GvfsdBackend:
         """Writes are in gvfsd's journal once confirmed; nothing is pending here."""
 
     def status(self) -> dict:
+        """Ours, plus the store's as of the last write (journal fill, entries, ...)."""
         return {"mode": "gvfs", "tree": str(self.tree), "bus": self._address,
-                "connected": self._router is not None, "writes": self._writes}
+                "connected": self._router is not None, "writes": self._writes, "store": self._store_status}
 
 
 # ---- blocking client (command line) --------------------------------------------------

@@ -111,6 +111,8 @@ class JournalIndex:
 
     def _newest_structural(self, cur: str, before: int) -> int:
         best = -1
+        if not self.structural:
+            return best
         for anc in _ancestors_and_self(cur):
             idxs = self.structural.get(anc)
             if idxs:
@@ -122,6 +124,8 @@ class JournalIndex:
     def resolve_key(self, cur: str, key: str):
         """("value", v) / ("absent", None) decided by the journal, or ("tree", path)."""
         before = len(self.records)
+        if not before:
+            return "tree", cur
         while True:
             s = self._newest_structural(cur, before)
             idxs = self.keyed.get(cur, {}).get(key)
@@ -205,6 +209,7 @@ class MetaStore:
             store._load()
             if not readonly and store._tree is None:
                 store.rotate()  # writes an empty tree and a fresh journal
+                store.rotations = 0  # creating is not compacting
         except BaseException:
             store._release()
             raise

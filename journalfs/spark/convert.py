@@ -127,8 +127,10 @@ def _binary(values: Any, rows: int) -> pa.Array:
         return pa.nulls(rows, pa.binary())
     if isinstance(values, pa.Array):
         return values.cast(pa.binary())
-    return pa.array([None if v is None else bytes(v) if isinstance(v, memoryview) else v
-                     for v in values], type=pa.binary())
+    try:
+        return pa.array(values, type=pa.binary())
+    except (TypeError, pa.ArrowInvalid):  # e.g. memoryviews
+        return pa.array([None if v is None else bytes(v) for v in values], type=pa.binary())
 
 
 def to_batch(data: dict[str, Any], rows: int, source: str, fmt: str, *,

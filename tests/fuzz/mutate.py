@@ -9,6 +9,7 @@ break the interface's invariants, a repair that loses a valid record) is a :clas
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import signal
 import traceback
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from journalfs.commands.fsck import lost_record
-from journalfs.formats import CODECS, Codec, Columns, FormatError, detect
+from journalfs.formats import CODECS, Codec, Columns, FormatError, detect, record_json_line
 from journalfs.journals import related_files
 
 #: Per-case limits: seconds of wall clock, and bytes of Python/numpy allocation beyond the input.
@@ -187,6 +188,18 @@ def _check_records(codec: Codec, data: bytes, records: list[dict]) -> None:
         if not (isinstance(offset, int) and last < offset < len(data)):
             raise Defect(f"record {i}: offset {offset} not increasing inside the {len(data)}-byte file")
         last = offset
+        _check_json(rec, i)
+
+
+def _check_json(rec: dict, i: int) -> None:
+    """The record prints as one valid JSON line (as `journalfs records --json` writes it)."""
+    try:
+        line = record_json_line(rec).encode("utf-8", "backslashreplace")
+        json.loads(line)
+    except (TypeError, ValueError) as exc:
+        raise Defect(f"record {i} does not print as JSON: {exc}") from None
+    if b"\n" in line:
+        raise Defect(f"record {i} prints as more than one line")
 
 
 def _check_error(exc: FormatError | None, data: bytes, source: str) -> None:
@@ -276,6 +289,7 @@ class Failure:
     seed: str
     data: bytes
     reason: str
+    context: dict[str, bytes] = field(default_factory=dict)  # as handed to validate/repair
 
 
 def fuzz(seeds: list[Seed], rng: random.Random, keep_going: Callable[[int], bool],
@@ -294,7 +308,7 @@ def fuzz(seeds: list[Seed], rng: random.Random, keep_going: Callable[[int], bool
                 run_case(CODECS[seed.codec], data, context)
             except Defect as defect:
                 failures += 1
-                yield Failure(seed.codec, seed.label, data, str(defect))
+                yield Failure(seed.codec, seed.label, data, str(defect), context)
     finally:
         if started:
             tracemalloc.stop()

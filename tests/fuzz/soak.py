@@ -54,6 +54,8 @@ def main() -> int:
         failures += 1
         path = args.out / f"{failure.codec}-{args.seed}-{failures}.bin"
         path.write_bytes(failure.data)
+        for name, data in failure.context.items():  # validate/repair's related files
+            path.with_suffix(f".{name}.bin").write_bytes(data)
         print(f"DEFECT {path.name}: {describe(failure)}", flush=True)
     print(f"soak done: {cases['total']} cases, {failures} defects")
     return 1 if failures else 0

@@ -1,0 +1,277 @@
+"""Metadata store benchmark: journalfs's MetaStore beside the real gvfsd-metadata.
+
+    .venv/bin/python bench/metastore.py [--paths 1000000] [--lookups 200000]
+
+Builds a store with --paths paths (one key each), then measures: open time, lookups/s,
+sets/s per sync mode (always; batch with concurrent writers through MetaService; none),
+rotation time and peak memory (in a child process) -- and, on the SAME store copied into a
+scratch HOME, the time a real gvfsd-metadata (private D-Bus session) takes to rewrite it
+(its journal filled with D-Bus Set calls until it rotates: time until the tree file is
+replaced) plus its D-Bus Set rate. Prints a table and a JSON blob. Run by hand.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from journalfs.metastore.service import MetaService  # noqa: E402
+from journalfs.metastore.store import MetaStore  # noqa: E402
+
+KEY = "comment"
+GVFS_JOURNAL = 32768  # what gvfsd-metadata creates; the store handed to it uses the same
+
+
+def bench_paths(n: int) -> list[str]:
+    return [f"/bench/d{i // 1000:04d}/f{i:07d}" for i in range(n)]
+
+
+def timed(fn, *args):
+    start = time.perf_counter()
+    result = fn(*args)
+    return time.perf_counter() - start, result
+
+
+# ---- journalfs -----------------------------------------------------------------------
+def build_store(tree: Path, paths: list[str]) -> dict:
+    """Bulk sets into one big journal, then one rotation: the fast way to a big tree."""
+    store = MetaStore.open(str(tree), sync="none", journal_size=max(GVFS_JOURNAL, 96 * len(paths)))
+    try:
+        start = time.perf_counter()
+        for i, p in enumerate(paths):
+            store.set(p, KEY, f"value {i}")
+        sets = time.perf_counter() - start
+        rotate, _ = timed(store.rotate)
+    finally:
+        store.close()
+    # hand over a gvfs-sized empty journal, as gvfsd-metadata would have it
+    with MetaStore.open(str(tree), sync="none", journal_size=GVFS_JOURNAL) as store:
+        store.rotate()
+    return {"bulk_sets_per_s": len(paths) / sets, "bulk_rotation_s": rotate}
+
+
+def measure_open(tree: Path, repeat: int = 7) -> float:
+    times = []
+    for _ in range(repeat):
+        seconds, store = timed(lambda: MetaStore.open(str(tree), readonly=True))
+        store.close()
+        times.append(seconds)
+    return statistics.median(times)
+
+
+def measure_lookups(tree: Path, paths: list[str], n: int) -> float:
+    rng = random.Random(1)
+    sample = [rng.choice(paths) for _ in range(n)]
+    store = MetaStore.open(str(tree), readonly=True)
+    try:
+        start = time.perf_counter()
+        hits = sum(store.get(p, KEY) is not None for p in sample)
+        seconds = time.perf_counter() - start
+    finally:
+        store.close()
+    assert hits == n, f"only {hits} of {n} lookups found their key"
+    return n / seconds
+
+
+def measure_sets(work: Path, sync: str, n: int) -> float:
+    with MetaStore.open(str(work / f"sets-{sync}" / "home"), sync=sync, journal_size=64 << 20) as store:
+        start = time.perf_counter()
+        for i in range(n):
+            store.set(f"/s/d{i % 97}/f{i}", KEY, f"v{i}")
+        store.flush()
+        return n / (time.perf_counter() - start)
+
+
+def measure_batch_service(work: Path, writers: int, per_writer: int) -> float:
+    """Concurrent writers on trio through MetaService: each set returns once durable."""
+    store = MetaStore.open(str(work / "sets-batch" / "home"), sync="batch", journal_size=64 << 20)
+    service = MetaService(store, sync="batch")
+    elapsed = 0.0
+
+    async def writer(w: int) -> None:
+        for i in range(per_writer):
+            await service.set(f"/b/w{w}/f{i}", KEY, f"v{i}")
+
+    async def main() -> None:
+        nonlocal elapsed
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+            start = time.perf_counter()
+            async with trio.open_nursery() as writers_nursery:
+                for w in range(writers):
+                    writers_nursery.start_soon(writer, w)
+            elapsed = time.perf_counter() - start
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    return writers * per_writer / elapsed
+
+
+def _vm_mb(pid: int | str, field: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def rotation_child(tree: str) -> None:
+    """In a fresh process: open the store, add one write, rotate; print seconds + peak RSS
+    (VmHWM, reset after opening so it is the rotation's own peak)."""
+    with MetaStore.open(tree, sync="none", journal_size=GVFS_JOURNAL) as store:
+        store.set("/bench/touched", KEY, "x")
+        before = _vm_mb("self", "VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+        seconds, _ = timed(store.rotate)
+        peak = _vm_mb("self", "VmHWM")
+    print(json.dumps({"seconds": seconds, "peak_rss_mb": peak, "rss_before_mb": before}))
+
+
+def measure_rotation(tree: Path) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--rotation-child", str(tree)],
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+# ---- gvfs ------------------------------------------------------------------------------
+_GIO_LOOKUPS = r"""
+import json, sys, time
+import gi
+gi.require_version("Gio", "2.0")
+from gi.repository import Gio
+files = [Gio.File.new_for_path(p) for p in json.load(sys.stdin)]
+start = time.perf_counter()
+found = sum(f.query_info("metadata::comment", 0, None).get_attribute_string("metadata::comment") is not None
+            for f in files)
+print(json.dumps({"seconds": time.perf_counter() - start, "found": found}))
+"""
+
+
+def measure_gio_lookups(session, paths: list[str], n: int) -> float:
+    """GIO clients read the store themselves (mmap): metadata::comment of n random files."""
+    sample = random.Random(2).sample(paths, n)
+    session.create_files(sample)
+    out = json.loads(session._system_python(_GIO_LOOKUPS, [str(session.file_of(p)) for p in sample]))
+    assert out["found"] == n, out
+    return n / out["seconds"]
+
+
+def measure_gvfs(tree: Path, set_calls: int, paths: list[str], lookups: int) -> dict:
+    """Copy the store into a private gvfs HOME; fill gvfsd's journal over D-Bus until it
+    rotates; the Set during which the tree file is replaced took the rotation."""
+    from gvfsd import GvfsSession
+    from jeepney.io.blocking import open_dbus_connection
+    from journalfs.metastore.gvfsd import set_message
+    result = {}
+    with GvfsSession() as session:
+        session.install_store(tree)
+        tree_file = session.home_tree
+        result["gio_lookups_per_s"] = measure_gio_lookups(session, paths, lookups)
+        with open_dbus_connection(session.address) as conn:
+            def call(msg):
+                reply = conn.send_and_get_reply(msg, timeout=600)
+                assert reply.header.message_type.name == "method_return", reply.body
+
+            # D-Bus Set rate (small values: no rotation within the run)
+            start = time.perf_counter()
+            for i in range(set_calls):
+                call(set_message(tree_file, f"/bench/d0000/f{i % 1000:07d}", {"rating": str(i)}))
+            result["gvfs_dbus_sets_per_s"] = set_calls / (time.perf_counter() - start)
+            ino = os.stat(tree_file).st_ino
+            pid = session.daemon_pid
+            result["gvfs_rss_before_mb"] = _vm_mb(pid, "VmRSS")
+            Path(f"/proc/{pid}/clear_refs").write_text("5")  # the rotation's own peak, as for ours
+            rotation = None
+            for i in range(200):  # 8 KB values: a 32 KiB journal is full within a few calls
+                start = time.perf_counter()
+                call(set_message(tree_file, f"/bench/fill{i}", {KEY: "f" * 8000}))
+                seconds = time.perf_counter() - start
+                if os.stat(tree_file).st_ino != ino:
+                    rotation = seconds
+                    break
+            result["gvfs_rotation_s"] = rotation
+            result["gvfs_peak_rss_mb"] = _vm_mb(pid, "VmHWM")
+    return result
+
+
+# ---- report ----------------------------------------------------------------------------
+def report(res: dict, targets: dict) -> None:
+    def fmt(v):
+        return "-" if v is None else (f"{v:,.0f}" if v >= 100 else f"{v:.3f}")
+
+    rows = [
+        ("open (ms, read-only, median)", res["open_ms"], None, "<= 100"),
+        ("lookups/s (get, 1 thread)", res["lookups_per_s"], res.get("gio_lookups_per_s"), ">= 200,000"),
+        ("sets/s sync=none", res["sets_none_per_s"], res.get("gvfs_dbus_sets_per_s"), ""),
+        ("sets/s sync=batch (MetaService)", res["sets_batch_per_s"], res.get("gvfs_dbus_sets_per_s"), ">= 50,000"),
+        ("sets/s sync=always", res["sets_always_per_s"], res.get("gvfs_dbus_sets_per_s"), ""),
+        ("bulk sets/s (build, none)", res["bulk_sets_per_s"], None, ""),
+        ("rotation of the store (s)", res["rotation_s"], res.get("gvfs_rotation_s"), "<= gvfs"),
+        ("rotation peak RSS (MB)", res["rotation_peak_rss_mb"], res.get("gvfs_peak_rss_mb"), ""),
+        ("  (RSS before rotating)", res["rotation_rss_before_mb"], res.get("gvfs_rss_before_mb"), ""),
+    ]
+    print(f"metastore benchmark: {res['paths']:,} paths, tree {res['tree_mb']:.1f} MB")
+    print(f"{'metric':34} {'journalfs':>12} {'gvfs':>12} {'jfs/gvfs':>9}  target")
+    for name, ours, theirs, target in rows:
+        ratio = f"{ours / theirs:.2f}" if ours is not None and theirs else "-"
+        print(f"{name:34} {fmt(ours):>12} {fmt(theirs):>12} {ratio:>9}  {target}")
+    print("(gvfs lookups = GIO query_info(metadata::comment) per file, incl. its stat;\n"
+          " gvfs sets = D-Bus Set calls to gvfsd-metadata, one at a time; gvfs RSS = the daemon's;\n"
+          " gvfs rotation = its rewrite of the same store)")
+    print(json.dumps({"metastore": res, "targets_met": targets}))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--paths", type=int, default=1_000_000)
+    ap.add_argument("--lookups", type=int, default=200_000)
+    ap.add_argument("--no-gvfs", action="store_true", help="skip the gvfsd-metadata side")
+    ap.add_argument("--rotation-child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.rotation_child:
+        rotation_child(args.rotation_child)
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="jfs-bench-"))
+    try:
+        paths = bench_paths(args.paths)
+        tree = work / "big" / "home"
+        res = {"paths": args.paths, **build_store(tree, paths)}
+        res["tree_mb"] = tree.stat().st_size / 1e6
+        res["open_ms"] = measure_open(tree) * 1000
+        res["lookups_per_s"] = measure_lookups(tree, paths, args.lookups)
+        res["sets_none_per_s"] = measure_sets(work, "none", 100_000)
+        res["sets_always_per_s"] = measure_sets(work, "always", 2_000)
+        res["sets_batch_per_s"] = measure_batch_service(work, writers=64, per_writer=500)
+        rotation = measure_rotation(tree)
+        res["rotation_s"] = rotation["seconds"]
+        res["rotation_peak_rss_mb"] = rotation["peak_rss_mb"]
+        res["rotation_rss_before_mb"] = rotation["rss_before_mb"]
+        if not args.no_gvfs:
+            res.update(measure_gvfs(tree, set_calls=2_000, paths=paths, lookups=min(args.lookups, 20_000)))
+        gvfs_rot = res.get("gvfs_rotation_s")
+        targets = {
+            "open_le_100ms": res["open_ms"] <= 100,
+            "lookups_ge_200k": res["lookups_per_s"] >= 200_000,
+            "batch_sets_ge_50k": res["sets_batch_per_s"] >= 50_000,
+            "rotation_le_gvfs": None if gvfs_rot is None else res["rotation_s"] <= gvfs_rot,
+        }
+        report(res, targets)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""Benchmark: the `journal` Spark data source vs a single-process reader and vs binaryFile.
+
+    .venv/bin/python bench/spark.py [--size GB] [--out bench/out]
+
+Generates (once, cached under OUT/spark-corpus-<size>GB/) a corpus mixing every format: a
+few big journals (kestrel, wallaby log + index, akka) and many small files. Then, in the
+same run and over the same files:
+  single     one Python process: sniff + mmap + codec.read_columns (no Spark)
+  ds-local1  spark.read.format("journal") on local[1]
+  ds-local2  spark.read.format("journal") on local[2]
+  binaryFile spark.read.format("binaryFile") + mapInArrow with the same codecs, local[2]
+Spark runs force every column through the JVM with a `noop` write. Memory is the peak of
+anonymous RSS (heap, not page cache of mapped files) over the whole process tree (driver
+JVM + Python workers), and separately of the largest single Python worker.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from journalfs.formats import CODECS, kestrel  # noqa: E402
+from journalfs.formats.akka import AkkaData  # noqa: E402
+from journalfs.formats.wallaby import write_log_and_index  # noqa: E402
+from journalfs.journals import mapped, sniff_file  # noqa: E402
+
+MB = 1_000_000
+RNG = np.random.default_rng(7)
+
+
+# -- corpus -----------------------------------------------------------------------------------
+
+def _payloads(n: int, lo: int = 50, hi: int = 350) -> list[bytes]:
+    sizes = RNG.integers(lo, hi, n)
+    blob = RNG.integers(0, 256, int(sizes.sum()), dtype=np.uint8).tobytes()
+    ends = np.cumsum(sizes)
+    return [blob[e - s:e] for s, e in zip(sizes.tolist(), ends.tolist())]
+
+
+def _repeat_body(path: Path, head: bytes, body: bytes, target: int) -> None:
+    """A file of ``head`` then whole copies of ``body`` (self-contained records) up to ``target``."""
+    with open(path, "wb") as f:
+        f.write(head)
+        written = len(head)
+        while written + len(body) <= target:
+            f.write(body)
+            written += len(body)
+
+
+def _akka_data(path: Path, meta_path: Path, target: int, pids: int = 64, payload: int = 150) -> None:
+    """A linked akka data file built with numpy (self offsets must be real, so no repeating)."""
+    block = 24 + payload
+    n = min((target - 8) // block, (2**31 - 1 - 8) // block)
+    offsets = 8 + np.arange(n, dtype=np.int64) * block
+    rec = np.zeros(n, dtype=[("size", ">i4"), ("self", ">i4"), ("prev", ">i4"), ("next", ">i4"),
+                             ("seq", ">i8"), ("payload", f"V{payload}")])
+    rec["size"] = block
+    rec["self"] = offsets
+    idx = np.arange(n)
+    rec["prev"] = np.where(idx >= pids, offsets - pids * block, 0)
+    rec["next"] = np.where(idx + pids < n, offsets + pids * block, 0)
+    rec["seq"] = idx // pids + 1
+    with open(path, "wb") as f:
+        f.write(b"AKFD" + int(n * block).to_bytes(4, "big"))
+        rec.tofile(f)
+    metas = []
+    for p in range(min(pids, n)):
+        last = p + ((n - 1 - p) // pids) * pids
+        metas.append({"persistence_id": f"pid-{p}", "first": int(offsets[p]), "last": int(offsets[last]),
+                      "highest_seq": int(last // pids + 1)})
+    meta_path.write_bytes(CODECS["akka-meta"].write(metas))
+
+
+def _small_files(d: Path, budget: int, shared: Path | None) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    n, used = 0, 0
+    while used < budget:
+        kind = n % 4
+        if kind == 0:
+            data = kestrel.build_writer_file(_payloads(200), first_id=1 + n * 1000)
+            (d / f"q{n}.{1700000000000 + n}").write_bytes(data)
+        elif kind == 1:
+            log, idx = write_log_and_index([(10**18 + i, p) for i, p in enumerate(_payloads(200))])
+            (d / f"w{n}.log").write_bytes(log)
+            (d / f"w{n}.log.idx").write_bytes(idx)
+            data = log + idx
+        elif kind == 2:
+            txs = [{"time": 1_700_000_000 + i, "complete": i % 3 != 0,
+                    "ops": [{"op": "alloc", "page": i}, {"op": "complete"}]} for i in range(300)]
+            data = CODECS["jrnl"].write(txs)
+            (d / f"db{n}.jrnl").write_bytes(data)
+        else:
+            data, meta = AkkaData.build([(f"p{i % 9}", i // 9 + 1, p) for i, p in enumerate(_payloads(150))])
+            (d / f"a{n}").mkdir()
+            (d / f"a{n}" / "data").write_bytes(data)
+            (d / f"a{n}" / "meta").write_bytes(meta)
+        used += len(data)
+        n += 1
+    if shared:  # a few real gvfs stores
+        for i, snap in enumerate(sorted(shared.glob("conformance/gvfs/*/snapshots/*"))[:6]):
+            shutil.copytree(snap / "gvfs-metadata", d / f"gvfs{i}")
+
+
+def corpus(out: Path, size_gb: float) -> Path:
+    root = out / f"spark-corpus-{size_gb:g}GB"
+    if (root / ".done").exists():
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    big = root / "big"
+    big.mkdir(parents=True)
+    total = int(size_gb * 1e9)
+    print(f"generating {size_gb:g} GB corpus under {root} ...", file=sys.stderr)
+    chunk = kestrel.build_writer_file(_payloads(40000))
+    _repeat_body(big / "jobs.1700000000000", chunk[:4], chunk[4:], int(total * 0.35))
+    log, idx = write_log_and_index([(10**18 + i, p) for i, p in enumerate(_payloads(40000))])
+    _repeat_body(big / "events.log", log[:16], log[16:], int(total * 0.25))
+    _repeat_body(big / "events.log.idx", idx[:16], idx[16:], int(total * 0.10))
+    (big / "akka").mkdir()
+    _akka_data(big / "akka" / "data", big / "akka" / "meta", int(total * 0.15))
+    shared = Path(os.environ.get("JOURNALFS_SHARED", REPO.parent / "shared"))
+    _small_files(root / "small", int(total * 0.15), shared if shared.exists() else None)
+    (root / ".done").write_text("ok")
+    return root
+
+
+# -- measuring ----------------------------------------------------------------------------------
+
+def _anon_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class PeakMemory:
+    """Polls anonymous RSS of this process tree; remembers the total and the largest Python worker."""
+
+    def __init__(self):
+        import psutil
+        self.me = psutil.Process()
+        self.tree_kb = self.worker_kb = 0
+        self._stop = threading.Event()
+
+    def _poll(self):
+        while not self._stop.wait(0.1):
+            procs = [self.me] + self.me.children(recursive=True)
+            sizes = {p.pid: _anon_kb(p.pid) for p in procs}
+            self.tree_kb = max(self.tree_kb, sum(sizes.values()))
+            for p in procs[1:]:
+                try:
+                    if "python" in p.name():
+                        self.worker_kb = max(self.worker_kb, sizes[p.pid])
+                except Exception:
+                    pass
+
+    def __enter__(self):
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self.thread.join()
+
+
+def single_process(root: Path) -> int:
+    rows = 0
+    for d, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(d, name)
+            codec = sniff_file(path)
+            if codec is None:
+                continue
+            with mapped(path) as buf:
+                start, seq = None, 0
+                while True:
+                    cols = codec.read_columns(buf, path, start, seq, None, 16384)
+                    rows += cols.rows
+                    seq = cols.next_seq
+                    if cols.error is not None or cols.next_offset is None:
+                        break
+                    start = cols.next_offset
+    return rows
+
+
+def _decode_binary_files(batches):
+    from journalfs.formats import detect
+    from journalfs.spark.convert import kestrel_queue, to_batch
+    for batch in batches:
+        for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist()):
+            codec = detect(content[:64])
+            if codec is None:
+                continue
+            local = path.removeprefix("file:")
+            key = kestrel_queue(local) if codec.name.startswith("kestrel-") else None
+            start, seq = None, 0
+            while True:
+                cols = codec.read_columns(content, local, start, seq, None, 16384)
+                if cols.rows:
+                    yield to_batch(cols.data, cols.rows, local, codec.name, first_seq=seq, key=key)
+                seq = cols.next_seq
+                if cols.error is not None or cols.next_offset is None:
+                    break
+                start = cols.next_offset
+
+
+def spark_run(master: str, root: Path, method: str) -> None:
+    from journalfs.spark.schema import DDL
+    from journalfs.spark.session import build_session
+    spark = build_session(master, f"bench {method}", {
+        "spark.driver.memory": "6g", "spark.ui.showConsoleProgress": "false",
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "64"})
+    try:
+        if method == "binaryFile":
+            df = spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(str(root)) \
+                .mapInArrow(_decode_binary_files, DDL)
+        else:
+            df = spark.read.format("journal").option("checkpointCache", "") \
+                .option("parallelism", str(spark.sparkContext.defaultParallelism)).load(str(root))
+        df.write.format("noop").mode("overwrite").save()
+    finally:
+        spark.stop()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", type=float, default=2.0, help="corpus size in GB (default 2)")
+    ap.add_argument("--out", default=str(REPO / "bench" / "out"))
+    ap.add_argument("--skip", default="", help="comma list of methods to skip")
+    args = ap.parse_args(argv)
+    root = corpus(Path(args.out), args.size)
+    total_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
+    biggest = max(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
+    methods = [("single", None), ("ds-local1", "local[1]"), ("ds-local2", "local[2]"),
+               ("binaryFile", "local[2]")]
+    skip = set(filter(None, args.skip.split(",")))
+    results = {}
+    records = None
+    for method, master in methods:
+        if method in skip:
+            continue
+        with PeakMemory() as mem:
+            t = time.perf_counter()
+            if master is None:
+                records = single_process(root)
+            else:
+                spark_run(master, root, "binaryFile" if method == "binaryFile" else "journal")
+            seconds = time.perf_counter() - t
+        results[method] = {"seconds": round(seconds, 2), "peak_tree_anon_mb": round(mem.tree_kb / 1024),
+                           "peak_worker_anon_mb": round(mem.worker_kb / 1024)}
+        print(f"{method}: {seconds:.1f}s", file=sys.stderr)
+    if records is None:
+        records = single_process(root)
+    for r in results.values():
+        r["records_per_s"] = round(records / r["seconds"])
+        r["mb_per_s"] = round(total_bytes / MB / r["seconds"], 1)
+    ratios = {}
+    if "single" in results:
+        for m in ("ds-local1", "ds-local2"):
+            if m in results:
+                ratios[f"{m}_vs_single"] = round(results["single"]["seconds"] / results[m]["seconds"], 2)
+    if "ds-local2" in results and "binaryFile" in results:
+        ratios["ds-local2_vs_binaryFile"] = round(results["binaryFile"]["seconds"] / results["ds-local2"]["seconds"], 2)
+    print(f"\ncorpus {root}: {total_bytes / MB:,.0f} MB, {records:,} records, largest file {biggest / MB:,.0f} MB, "
+          f"{os.cpu_count()} cores, load avg {os.getloadavg()[0]:.1f}")
+    print(f"{'method':<12}{'seconds':>9}{'records/s':>12}{'MB/s':>8}{'tree MB':>9}{'worker MB':>11}")
+    for m, r in results.items():
+        print(f"{m:<12}{r['seconds']:>9.1f}{r['records_per_s']:>12,}{r['mb_per_s']:>8.1f}"
+              f"{r['peak_tree_anon_mb']:>9}{r['peak_worker_anon_mb']:>11}")
+    for k, v in ratios.items():
+        print(f"{k}: {v}x")
+    print(json.dumps({"corpus_mb": round(total_bytes / MB), "records": records,
+                      "largest_file_mb": round(biggest / MB), "results": results, "ratios": ratios}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,450 @@
+"""MetaStore, MetaService, store location and store fsck, on real gvfs stores and real gio."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import stat
+import struct
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from journalfs.formats.gvfs_journal import HEADER_SIZE
+from journalfs.metastore.fsck import check_store
+from journalfs.metastore.location import resolve_store
+from journalfs.metastore.service import MetaService
+from journalfs.metastore.store import EntryTooLarge, MetaStore, StoreLocked, journal_path_for
+
+from gvfsd import GvfsSession, gvfs_module_session  # noqa: F401
+
+
+def copy_snapshot(snap: Path, dest: Path) -> Path:
+    shutil.copytree(snap / "gvfs-metadata", dest)
+    for f in dest.iterdir():
+        f.chmod(0o600)
+    return dest / "home"
+
+
+def under(path: str, root: str) -> bool:
+    return path == root or root == "/" or path.startswith(root + "/")
+
+
+class Model:
+    """gvfs semantics as plain dicts: {path: {key: value}} (moves never overlap, as renames)."""
+
+    def __init__(self, state=None):
+        self.state = {p: dict(m) for p, m in (state or {}).items()}
+
+    def set(self, p, k, v):
+        self.state.setdefault(p, {})[k] = v
+
+    def unset(self, p, k):
+        self.state.get(p, {}).pop(k, None)
+
+    def remove(self, p):
+        for q in [q for q in self.state if under(q, p)]:
+            del self.state[q]
+
+    def move(self, src, dst):
+        moved = {dst + q[len(src):]: dict(m) for q, m in self.state.items() if under(q, src)}
+        self.remove(dst)
+        self.remove(src)
+        self.state.update(moved)
+
+    def dump(self):
+        return {p: m for p, m in self.state.items() if m}
+
+
+def random_path(rng) -> str:
+    return "/" + "/".join(rng.choice("abcd") for _ in range(rng.randint(1, 3)))
+
+
+def random_op(rng, store: MetaStore, model: Model) -> None:
+    r, p = rng.random(), random_path(rng)
+    if r < 0.5:
+        k = rng.choice(["comment", "tags", "ключ"])
+        v = rng.choice(["v", "", "ünï ✓", ["x", "y"], [], "w" * rng.randint(0, 90)])
+        store.set(p, k, v)
+        model.set(p, k, v)
+    elif r < 0.65:
+        k = rng.choice(["comment", "tags", "ключ"])
+        store.unset(p, k)
+        model.unset(p, k)
+    elif r < 0.8:
+        store.remove(p)
+        model.remove(p)
+    else:
+        q = random_path(rng)
+        if under(p, q) or under(q, p):
+            return
+        store.move(p, q)
+        model.move(p, q)
+
+
+def assert_store_equals(store: MetaStore, model: Model, probes=()) -> None:
+    want = model.dump()
+    assert store.dump() == want
+    for p in set(want) | set(probes):
+        assert store.get_all(p) == dict(sorted(want.get(p, {}).items()))
+        for k, v in want.get(p, {}).items():
+            assert store.get(p, k) == v
+
+
+# ---- reading real gvfs stores -----------------------------------------------------------
+def test_lookups_on_real_stores_equal_gio_ground_truth(gvfs_snapshots):
+    for snap in gvfs_snapshots:
+        want = json.loads((snap / "expected.json").read_text())
+        with MetaStore.open(str(snap / "gvfs-metadata" / "home"), readonly=True, create=False) as store:
+            assert store.dump() == want
+            for path, meta in want.items():
+                assert store.get_all(path) == dict(sorted(meta.items()))
+                for key, value in meta.items():
+                    assert store.get(path, key) == value
+                assert store.get(path, "no-such-key") is None
+            assert store.get_all("/no/such/path") == {}
+
+
+def test_writing_on_a_real_gvfs_store_keeps_its_state(gvfs_snapshots, tmp_path):
+    snap = gvfs_snapshots[-1]
+    tree = copy_snapshot(snap, tmp_path / "store")
+    model = Model(json.loads((snap / "expected.json").read_text()))
+    rng = random.Random(5)
+    with MetaStore.open(str(tree), sync="none", journal_size=32768) as store:
+        for _ in range(300):
+            random_op(rng, store, model)
+        assert_store_equals(store, model)
+        store.rotate()
+        assert_store_equals(store, model)
+    with MetaStore.open(str(tree), readonly=True) as store:
+        assert store.dump() == model.dump()
+
+
+# ---- writing: random model ---------------------------------------------------------------
+@pytest.mark.parametrize("seed, journal_size", [(1, 2048), (2, 32768), (3, 1 << 20)])
+def test_random_writes_match_model_after_every_step(tmp_path, seed, journal_size):
+    rng = random.Random(seed)
+    model = Model()
+    with MetaStore.open(str(tmp_path / "home"), sync="none", journal_size=journal_size) as store:
+        for step in range(600):
+            random_op(rng, store, model)
+            if step % 97 == 0:
+                store.rotate()
+            probes = [random_path(rng) for _ in range(3)]
+            if step % 5 == 0:
+                assert_store_equals(store, model, probes)
+        assert_store_equals(store, model)
+        rotations = store.rotations
+    assert rotations >= 6 and (journal_size > 2048 or rotations > 12)
+    with MetaStore.open(str(tmp_path / "home"), readonly=True) as store:
+        assert store.dump() == model.dump()
+
+
+def test_journal_layout_of_a_new_store(tmp_path):
+    with MetaStore.open(str(tmp_path / "home"), sync="always", journal_size=65536) as store:
+        store.set("/a", "k", "v")
+        journal = Path(store.journal_path)
+        assert store.durable_ticket == 1
+        assert journal.name.startswith("home-") and journal.stat().st_size == 65536
+        assert stat.S_IMODE(journal.stat().st_mode) == 0o600
+        data = journal.read_bytes()
+        assert data[:6] == b"\xda\x1ajour" and struct.unpack_from(">I", data, 16)[0] == 1
+        tag = struct.unpack_from(">I", (tmp_path / "home").read_bytes(), 12)[0]
+        assert journal.name == f"home-{tag:08x}.log"
+
+
+def test_rotation_replaces_files_and_marks_the_old_tree(tmp_path):
+    tree = tmp_path / "home"
+    with MetaStore.open(str(tree), sync="none") as store:
+        store.set("/a", "k", "v")
+        old_journal = store.journal_path
+        old_tree = open(tree, "rb")  # what a reader holds across the rotation
+        store.rotate()
+        assert not os.path.exists(old_journal) and os.path.exists(store.journal_path)
+        assert old_tree.read(12)[8:12] == b"\xff\xff\xff\xff"  # rotated flag in the old inode
+        assert open(tree, "rb").read(12)[8:12] == b"\0\0\0\0"
+        old_tree.close()
+        assert store.get("/a", "k") == "v" and store.status()["entries"] == 0
+    tag = struct.unpack_from(">I", tree.read_bytes(), 12)[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["home", "home.journalfs-lock", Path(journal_path_for(str(tree), tag)).name])
+
+
+def test_full_journal_rotates_and_retries(tmp_path):
+    with MetaStore.open(str(tmp_path / "home"), sync="none", journal_size=1024) as store:
+        for i in range(50):
+            store.set(f"/f{i}", "comment", "x" * 100)
+        assert store.rotations >= 5
+        assert store.dump() == {f"/f{i}": {"comment": "x" * 100} for i in range(50)}
+        with pytest.raises(EntryTooLarge):
+            store.set("/big", "comment", "x" * 2000)
+        assert store.get("/big", "comment") is None
+
+
+def test_entry_over_32k_fits_a_bigger_journal(tmp_path):
+    big = "y" * 40000  # gvfs itself can never store this (its journals are 32 KiB)
+    with MetaStore.open(str(tmp_path / "home"), sync="none") as store:
+        store.set("/a", "comment", big)
+        assert store.get("/a", "comment") == big
+    with MetaStore.open(str(tmp_path / "home"), readonly=True) as store:
+        assert store.get("/a", "comment") == big
+
+
+def test_second_writer_is_refused_with_the_holder_named(tmp_path):
+    with MetaStore.open(str(tmp_path / "home")) as store:
+        with pytest.raises(StoreLocked, match=f"pid {os.getpid()}"):
+            MetaStore.open(str(tmp_path / "home"))
+        with MetaStore.open(str(tmp_path / "home"), readonly=True) as reader:  # readers need no lock
+            store.set("/a", "k", "v")
+            assert reader.get("/a", "k") == "v"
+    with MetaStore.open(str(tmp_path / "home")):  # released on close
+        pass
+
+
+def test_reader_follows_new_entries_and_rotations(tmp_path):
+    with MetaStore.open(str(tmp_path / "home"), sync="none", journal_size=2048) as writer:
+        reader = MetaStore.open(str(tmp_path / "home"), readonly=True)
+        model = Model()
+        rng = random.Random(9)
+        for _ in range(200):
+            random_op(rng, writer, model)
+            assert reader.dump() == model.dump()
+        assert writer.rotations > 3
+        reader.close()
+
+
+def test_writes_during_rotation_are_not_lost(tmp_path):
+    with MetaStore.open(str(tmp_path / "home"), sync="none", journal_size=1 << 16) as store:
+        for i in range(3000):  # a tree worth compacting
+            store.set(f"/base/d{i % 30}/f{i}", "comment", f"base {i}")
+        stop = threading.Event()
+        written: list[int] = []
+
+        def writer():
+            i = 0
+            while not stop.is_set() or i < 200:
+                store.set(f"/live/f{i}", "n", str(i))
+                written.append(i)
+                i += 1
+
+        t = threading.Thread(target=writer)
+        t.start()
+        for _ in range(5):
+            store.rotate()
+        stop.set()
+        t.join()
+        state = store.dump()
+        assert store.rotations >= 5
+        assert all(state[f"/live/f{i}"] == {"n": str(i)} for i in written)
+        assert len([p for p in state if p.startswith("/base/")]) == 3000
+    with MetaStore.open(str(tmp_path / "home"), readonly=True) as store:
+        assert store.dump() == state
+
+
+def test_open_race_rotated_tree_is_reopened(tmp_path):
+    """A reader that maps a tree whose rotated flag is set and whose name now points to a new
+    inode must follow to the new tree (spec: re-check after opening the journal)."""
+    tree = tmp_path / "home"
+    with MetaStore.open(str(tree), sync="none") as store:
+        store.set("/a", "k", "1")
+        reader = MetaStore.open(str(tree), readonly=True)
+        store.set("/a", "k", "2")
+        store.rotate()  # reader's mapped tree is now rotated, its journal unlinked
+        assert reader.get("/a", "k") == "2"
+        assert reader.status()["journal_path"] == store.journal_path
+        reader.close()
+
+
+def test_invalid_journal_tail_is_dropped_by_rotation_like_gvfs(tmp_path):
+    tree = tmp_path / "home"
+    with MetaStore.open(str(tree), sync="none") as store:
+        store.rotate()
+        for i in range(5):
+            store.set(f"/f{i}", "k", str(i))
+        journal = store.journal_path
+    # close() rotated: write fresh entries, then corrupt the 4th entry's CRC
+    store = MetaStore.open(str(tree), sync="none")
+    for i in range(5):
+        store.set(f"/g{i}", "k", str(i))
+    store.flush()
+    journal = store.journal_path
+    data = bytearray(Path(journal).read_bytes())
+    off = HEADER_SIZE
+    for _ in range(3):
+        off += struct.unpack_from(">I", data, off)[0]
+    data[off + 20] ^= 0xFF
+    Path(journal).write_bytes(bytes(data))
+    store._release()  # simulate a crash: no close(), no rotation
+
+    problems = check_store(str(tree))
+    assert any("CRC" in f.reason for f in problems)
+    with MetaStore.open(str(tree), readonly=True) as reader:
+        assert reader.get("/g2", "k") == "2" and reader.get("/g3", "k") is None
+    check = check_store(str(tree), repair=True)
+    assert any("backed up" in a for a in check.actions)
+    assert list(tmp_path.glob("home.backup.*")) and check_store(str(tree)) == []
+    with MetaStore.open(str(tree), readonly=True) as reader:
+        want = {f"/f{i}": {"k": str(i)} for i in range(5)} | {f"/g{i}": {"k": str(i)} for i in range(3)}
+        assert reader.dump() == want
+
+
+def test_invalid_keys_and_values_are_refused(tmp_path):
+    with MetaStore.open(str(tmp_path / "home"), sync="none") as store:
+        for bad in (lambda: store.set("/a", "", "v"), lambda: store.set("/a", "k\0", "v"),
+                    lambda: store.set("/a", "k", "v\0w"), lambda: store.set("/a\0b", "k", "v")):
+            with pytest.raises(ValueError):
+                bad()
+        assert store.dump() == {}
+
+
+# ---- the async service -----------------------------------------------------------------
+def test_service_group_commit_and_compaction(tmp_path):
+    tree = str(tmp_path / "home")
+    store = MetaStore.open(tree, sync="batch", journal_size=4096)
+
+    async def main():
+        service = MetaService(store, batch_delay=0.001, fill_threshold=0.5)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+
+            async def one(i):
+                ticket = await service.set(f"/f{i}", "n", str(i))
+                assert store.durable_ticket >= ticket  # batch: returns once durable
+
+            async with trio.open_nursery() as writers:
+                for i in range(60):
+                    writers.start_soon(one, i)
+            assert await service.get("/f7", "n") == "7"
+            await service.move("/f1", "/moved")
+            assert await service.get_all("/moved") == {"n": "1"}
+            await service.compact()
+            assert service.status()["rotations"] >= 1
+            nursery.cancel_scope.cancel()
+        return service
+
+    trio.run(main)
+    with MetaStore.open(tree, readonly=True) as reader:  # shutdown flushed, rotated, unlocked
+        state = reader.dump()
+        assert state["/moved"] == {"n": "1"} and "/f1" not in state and len(state) == 60
+        assert reader.status()["entries"] == 0
+    with MetaStore.open(tree):
+        pass
+
+
+# ---- where stores live ----------------------------------------------------------------------
+def test_resolve_store_locations(tmp_path, monkeypatch):
+    home = tmp_path / "h"
+    (home / "docs").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    loc = resolve_store(str(home / "docs"))
+    assert loc.prefix == "" and loc.store_path("/a/b") == "/a/b"
+    parts = Path(loc.tree_path).parts
+    assert parts[-1] == "home" and parts[-2].startswith("docs-") and len(parts[-2]) == 5 + 12
+    assert str(home / ".local/share/journalfs/stores") in loc.tree_path
+    assert resolve_store(str(home / "docs")) == loc
+    g = resolve_store(str(home / "docs"), gvfs=True)
+    assert g.tree_path == str(home / ".local/share/gvfs-metadata/home")
+    assert g.store_path("/") == "/docs" and g.store_path("/x/y") == "/docs/x/y"
+    assert resolve_store(str(home), store_dir=str(tmp_path / "s")).store_path("/x") == "/x"
+    r = resolve_store(str(tmp_path / "elsewhere"), store_dir=str(tmp_path / "s"))
+    assert r.tree_path == str(tmp_path / "s" / "root")
+    assert r.store_path("/f") == os.path.realpath(tmp_path / "elsewhere") + "/f"
+
+
+# ---- real gvfs reads what we write ------------------------------------------------------------
+@pytest.mark.gvfs
+@pytest.mark.timeout(300)
+def test_gio_reads_journalfs_stores(gvfs_module_session, tmp_path):
+    """A journalfs store with a 1 MiB journal holding > 32 KiB of entries (no rotation), then
+    the same store compacted: gio sees exactly our dump both times."""
+    session = gvfs_module_session
+    rng = random.Random(11)
+    model = Model()
+    tree = tmp_path / "home"
+    paths = set()
+    with MetaStore.open(str(tree), sync="none") as store:
+        for _ in range(700):
+            p = "/data" + random_path(rng)
+            paths.add(p)
+            k = rng.choice(["comment", "tags", "ключ", "a.b.c"])
+            v = rng.choice(["v", "ünï ✓", ["x", "sp ace"], "w" * rng.randint(1, 200)])
+            store.set(p, k, v)
+            model.set(p, k, v)
+            if rng.random() < 0.1:
+                q = "/data" + random_path(rng)
+                if not (under(p, q) or under(q, p)):
+                    store.move(p, q)
+                    model.move(p, q)
+                    paths.add(q)
+        store.flush()
+        assert store.status()["journal_used"] > 32 * 1024 and store.rotations == 0
+        assert store.dump() == model.dump()
+        paths |= set(model.dump())  # moved subtrees land on paths never named directly
+        session.install_store(tree)
+        session.create_files(paths)
+        assert session.gio_store_metadata(paths) == model.dump()
+        store.rotate()
+        session.install_store(tree)
+        assert session.gio_store_metadata(paths) == model.dump()
+
+
+@pytest.mark.gvfs
+@pytest.mark.timeout(600)
+def test_gio_reads_a_100k_path_store(gvfs_module_session, tmp_path):
+    session = gvfs_module_session
+    tree = tmp_path / "home"
+    paths = [f"/big/d{i // 1000:03d}/f{i:06d}" for i in range(100_000)]
+    with MetaStore.open(str(tree), sync="none", journal_size=8 << 20) as store:
+        for i, p in enumerate(paths):
+            store.set(p, "comment", f"file {i}")
+            if i % 10 == 0:
+                store.set(p, "tags", [str(i), "x"])
+        store.rotate()
+    session.install_store(tree)
+    sample = paths[::97] + paths[-3:]
+    session.create_files(sample)
+    got = session.gio_store_metadata(sample)
+    want = {p: {"comment": f"file {int(p[-6:])}"} for p in sample}
+    for p in sample:
+        i = int(p[-6:])
+        if i % 10 == 0:
+            want[p]["tags"] = [str(i), "x"]
+    assert got == want
+
+
+@pytest.mark.gvfs
+@pytest.mark.timeout(300)
+def test_gvfsd_appends_to_our_big_journal_and_we_read_it(tmp_path):
+    """gvfsd-metadata takes over a journalfs store whose 1 MiB journal already holds > 32 KiB of
+    entries, appends to it (it honours file_size), and journalfs reads the result."""
+    session = GvfsSession(tmp_path / "gvfs")
+    session.scratch.mkdir()
+    with session:
+        tree = tmp_path / "home"
+        model = Model()
+        with MetaStore.open(str(tree), sync="none") as store:
+            for i in range(400):
+                store.set(f"/docs/f{i % 40}", "comment", f"value {i} " + "z" * 80)
+                model.set(f"/docs/f{i % 40}", "comment", f"value {i} " + "z" * 80)
+            store.flush()
+            assert store.status()["journal_used"] > 32 * 1024
+            store._release()  # hand the store over as-is (no compaction at close)
+        session.install_store(tree)
+        session.create_files(list(model.dump()) + ["/docs/new"])
+        session.gio_set(session.file_of("/docs/new"), "comment", "from gvfs")
+        session.gio_set(session.file_of("/docs/f3"), "tags", ["a", "b"])
+        model.set("/docs/new", "comment", "from gvfs")
+        model.set("/docs/f3", "tags", ["a", "b"])
+        with MetaStore.open(str(session.home_tree), readonly=True) as reader:
+            for _ in range(100):  # the daemon writes asynchronously
+                if reader.get("/docs/f3", "tags") == ["a", "b"]:
+                    break
+                time.sleep(0.05)
+            assert reader.dump() == model.dump()
+            assert reader.status()["journal_size"] == 1 << 20  # still our journal, appended to

@@ -1,0 +1,186 @@
+"""`journalfs pipeline`: Parquet tables from journals, checked against ground truth."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from journalfs.formats import CODECS, FormatError, kestrel
+from journalfs.formats.akka import AkkaData
+from journalfs.journals import read_file
+from journalfs.spark.pipeline import run
+from journalfs.spark.testing import spark  # noqa: F401  (the session-wide fixture)
+
+pytestmark = pytest.mark.spark
+REPO = Path(__file__).resolve().parents[1]
+
+
+def table(out: Path, name: str) -> list[dict]:
+    return pq.read_table(out / name).to_pylist()
+
+
+def records_of(path) -> list[dict]:
+    out = []
+    try:
+        out.extend(read_file(str(path)))
+    except FormatError:
+        pass
+    return out
+
+
+@pytest.fixture(scope="module")
+def conformance_run(spark, tmp_path_factory, shared_dir):
+    """One pipeline run over a copy of every conformance journal (records + gvfs stores)."""
+    base = tmp_path_factory.mktemp("pipe")
+    src = base / "in"
+    shutil.copytree(shared_dir / "conformance" / "records", src / "records")
+    shutil.copytree(shared_dir / "conformance" / "gvfs", src / "gvfs")
+    for d, _dirs, files in os.walk(src):
+        os.chmod(d, 0o755)
+        for f in files:
+            os.chmod(os.path.join(d, f), 0o644)
+    summary = run(spark, str(src), str(base / "out"))
+    return src, base / "out", summary
+
+
+def test_metadata_equals_gvfs_ground_truth(conformance_run, gvfs_snapshots):
+    src, out, _ = conformance_run
+    stores: dict[str, dict] = {}
+    for row in table(out, "metadata"):
+        value = row["values"] if row["values"] is not None else row["value"]
+        assert (row["value"] is None) != (row["values"] is None)
+        stores.setdefault(row["store"], {}).setdefault(row["path"], {})[row["key"]] = value
+    for snap in gvfs_snapshots:
+        rel = snap.relative_to(snap.parents[2])
+        store = str(src / "gvfs" / rel / "gvfs-metadata" / "home")
+        expected = json.loads((snap / "expected.json").read_text())
+        assert stores.pop(store, {}) == expected, store
+    assert not stores
+
+
+def test_records_table_partitioned_by_format(conformance_run, records_expected):
+    src, out, summary = conformance_run
+    parts = sorted(p.name for p in (out / "records").iterdir() if p.is_dir())
+    assert parts == sorted(f"format={f}" for f in CODECS)
+    rows = table(out, "records")
+    jobs = [r for r in rows if r["source"] == str(src / "records" / "jobs.1700000000001")]
+    assert sorted(r["seq"] for r in jobs) == [r["seq"] for r in records_expected["jobs.1700000000001"]["records"]]
+    assert summary.rows["records"] == len(rows)
+    assert not any(r["kind"] == "_damage" for r in rows)
+
+
+def test_damage_table_counts_damaged_files(conformance_run, records_expected):
+    src, out, summary = conformance_run
+    damage = table(out, "_damage")
+    damaged = {k for k, v in records_expected.items() if v["exit"] == 3}
+    assert {Path(d["path"]).relative_to(src / "records").as_posix() for d in damage} == damaged
+    assert summary.damaged_files == len(damaged) == 1
+    (only,) = damage
+    with pytest.raises(FormatError) as exc:
+        list(read_file(only["path"]))
+    assert (only["offset"], only["reason"]) == (exc.value.offset, exc.value.reason)
+
+
+def test_queues_match_queue_state_on_conformance(conformance_run):
+    src, out, _ = conformance_run
+    d = src / "records"
+    got = {(r["queue"], r["reader"]): (r["head"], r["tail"], r["pending"]) for r in table(out, "queues")}
+    writers = [(p.name, records_of(p)) for p in sorted(d.glob("jobs.1*"))]
+    for reader in ("", "indexer"):
+        state = kestrel.queue_state(writers, records_of(d / f"jobs.read.{reader}"))
+        assert got.pop(("jobs", reader)) == (state["head"], state["tail"], state["pending"])
+    torn = kestrel.queue_state([("torn.1800000000000", records_of(d / "torn.1800000000000"))], [])
+    assert got.pop(("torn", "")) == (torn["head"], torn["tail"], torn["pending"])
+    assert got.pop(("mail", "x")) == (0, 0, 0)
+    assert not got
+
+
+def test_persistence_matches_chains_on_conformance(conformance_run):
+    from journalfs.formats.akka import chains
+    src, out, _ = conformance_run
+    got = {r["persistence_id"]: r for r in table(out, "persistence")}
+    expected = {}
+    for d in ("akka0", "akka1", "akka2"):
+        base = src / "records" / d
+        expected.update(chains(records_of(base / "meta"), records_of(base / "data")))
+    assert {pid: (r["messages"], r["highest_seq"], r["consistent"]) for pid, r in got.items()} == \
+        {pid: (c["messages"], c["highest_seq"], c["consistent"]) for pid, c in expected.items()}
+
+
+def test_transactions_match_jrnl_records(conformance_run, records_expected):
+    src, out, _ = conformance_run
+    got = sorted((Path(r["source"]).name, r["offset"], int(r["time"].timestamp()), r["status"], r["ops"])
+                 for r in table(out, "transactions"))
+    expected = sorted((name, rec["offset"], rec["time"], rec["status"],
+                       [op["op"] if isinstance(op, dict) else op for op in rec["ops"]])
+                      for name, v in records_expected.items() if v["format"] == "jrnl"
+                      for rec in v["records"])
+    assert got == expected
+
+
+# -- small crafted inputs with hand-computed answers ----------------------------------------
+
+def test_crafted_queues_and_persistence(spark, tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "Q.1").write_bytes(kestrel.build_writer_file([b"a"] * 5, first_id=3))   # ids 3..7
+    (src / "Q.2").write_bytes(kestrel.build_writer_file([b"b"] * 3, first_id=8))   # ids 8..10
+    (src / "Q.read.a").write_bytes(kestrel.build_checkpoint(4, [6, 9, 99]))
+    (src / "Q.read.b").write_bytes(kestrel.build_checkpoint(100))
+    (src / "Q.read.c").write_bytes(kestrel.build_checkpoint(0))
+    (src / "Q.read.a~~123").write_bytes(kestrel.build_checkpoint(0))  # leftover temp file
+    (src / "lone.5").write_bytes(kestrel.build_writer_file([b"c"] * 3))            # no readers
+    data, meta = AkkaData.build([("a", 1, b"x"), ("b", 1, b"y"), ("a", 2, b"zz"), ("c", 1, b"")])
+    metas = [dict(m) for m in records_of_bytes("akka-meta", meta)]
+    for m in metas:
+        if m["persistence_id"] == "b":
+            m["highest_seq"] = 5  # the meta block disagrees with its chain
+    metas.append({"persistence_id": "empty", "first": 0, "last": 0, "highest_seq": 0})
+    (src / "akka").mkdir()
+    (src / "akka" / "data").write_bytes(data)
+    (src / "akka" / "meta").write_bytes(CODECS["akka-meta"].write(metas))
+    out = tmp_path / "out"
+    summary = run(spark, str(src), str(out))
+    queues = {(r["queue"], r["reader"]): (r["head"], r["tail"], r["pending"]) for r in table(out, "queues")}
+    assert queues == {
+        ("Q", "a"): (4, 10, 4),   # pending 5, 7, 8, 10 (6 and 9 done, 99 outside (head, tail])
+        ("Q", "b"): (10, 10, 0),  # head clamped down to the tail
+        ("Q", "c"): (2, 10, 8),   # head clamped up to first id - 1
+        ("lone", ""): (0, 3, 3),  # default reader of a queue without reader files
+    }
+    persistence = {r["persistence_id"]: (r["messages"], r["highest_seq"], r["consistent"])
+                   for r in table(out, "persistence")}
+    assert persistence == {"a": (2, 2, True), "b": (1, 5, False), "c": (1, 1, True), "empty": (0, 0, True)}
+    assert summary.damaged_files == 0 and summary.rows["transactions"] == 0
+
+
+def records_of_bytes(fmt: str, data: bytes) -> list[dict]:
+    return [{k: v for k, v in rec.items() if k not in ("format", "seq", "offset", "kind")}
+            for rec in CODECS[fmt].read(data, fmt)]
+
+
+# -- the command ----------------------------------------------------------------------------
+
+def test_cli_counts_damage_and_exits_zero(tmp_path, records_corpus):
+    src = tmp_path / "in"
+    src.mkdir()
+    shutil.copy(records_corpus / "torn.1800000000000", src)
+    shutil.copy(records_corpus / "db1.jrnl", src)
+    (src / "not-a-journal.txt").write_text("hello")
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "journalfs.cli", "pipeline", str(src), str(out)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "damaged files" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(table(out, "_damage")) == 1
+    assert len(table(out, "transactions")) == len(records_of(src / "db1.jrnl"))
+    missing = subprocess.run([sys.executable, "-m", "journalfs.cli", "pipeline", str(tmp_path / "nope"),
+                              str(out)], capture_output=True, text=True, env=env, timeout=120)
+    assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1

@@ -1,0 +1,115 @@
+"""`journalfs pipeline --master spark://...` on a REAL standalone cluster: one master and two
+workers on 127.0.0.1, started from the pyspark package's own scripts and stopped by pid."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+pytestmark = pytest.mark.spark
+REPO = Path(__file__).resolve().parents[1]
+STARTUP_LIMIT = 300  # seconds; a loaded 2-core machine starts JVMs slowly
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spark_home() -> str:
+    import pyspark
+    return os.path.dirname(pyspark.__file__)
+
+
+def spark_env(work: Path) -> dict:
+    return dict(os.environ, SPARK_HOME=spark_home(), SPARK_LOCAL_IP="127.0.0.1",
+                PYSPARK_PYTHON=sys.executable, SPARK_WORKER_DIR=str(work / "worker"),
+                SPARK_LOG_DIR=str(work / "logs"), SPARK_NO_DAEMONIZE="1")
+
+
+def wait_for(log: Path, text: str, count: int, proc_list) -> None:
+    deadline = time.monotonic() + STARTUP_LIMIT
+    while time.monotonic() < deadline:
+        if log.exists() and log.read_text(errors="replace").count(text) >= count:
+            return
+        for p in proc_list:
+            assert p.poll() is None, f"a Spark daemon exited early; see {log}"
+        time.sleep(0.5)
+    pytest.fail(f"{text!r} x{count} did not appear in {log}")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    work = tmp_path / "spark"
+    work.mkdir()
+    env = spark_env(work)
+    spark_class = os.path.join(spark_home(), "bin", "spark-class")
+    port = free_port()
+    master_url = f"spark://127.0.0.1:{port}"
+    procs = []
+    master_log = work / "master.log"
+    try:
+        with open(master_log, "w") as log:
+            procs.append(subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                 "--port", str(port), "--webui-port", str(free_port())],
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        wait_for(master_log, "I have been elected leader", 1, procs)
+        for n in range(2):
+            with open(work / f"worker{n}.log", "w") as log:
+                procs.append(subprocess.Popen(
+                    [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                     "--cores", "1", "--memory", "1g", "--webui-port", str(free_port()),
+                     "--work-dir", str(work / f"worker{n}"), master_url],
+                    stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        wait_for(master_log, "Registering worker", 2, procs)
+        yield master_url, work
+    finally:
+        for p in reversed(procs):  # stop exactly what we started, by pid
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def test_pipeline_on_a_standalone_cluster(cluster, tmp_path, shared_dir):
+    master_url, work = cluster
+    src = tmp_path / "in"
+    shutil.copytree(shared_dir / "conformance" / "records", src)
+    snap = sorted((shared_dir / "conformance" / "gvfs").glob("*/snapshots/*"))[-1]
+    shutil.copytree(snap / "gvfs-metadata", src / "store")
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(REPO), SPARK_LOCAL_IP="127.0.0.1")
+    proc = subprocess.run([sys.executable, "-m", "journalfs.cli", "pipeline", str(src), str(out),
+                           "--master", master_url], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # both workers ran executors for this application
+    apps = list((work / "worker0").glob("app-*")) + list((work / "worker1").glob("app-*"))
+    assert len(apps) == 2, apps
+    import json
+    metadata: dict = {}
+    for r in pq.read_table(out / "metadata").to_pylist():
+        metadata.setdefault(r["path"], {})[r["key"]] = r["values"] if r["values"] is not None else r["value"]
+    assert metadata == json.loads((snap / "expected.json").read_text())
+    records = pq.read_table(out / "records").num_rows
+    expected = json.loads((src / "expected.json").read_text())
+    store_rows = 0
+    from journalfs.journals import read_file
+    for f in (src / "store").iterdir():
+        store_rows += sum(1 for _ in read_file(str(f)))
+    assert records == sum(len(v["records"]) for v in expected.values()) + store_rows
+    assert pq.read_table(out / "_damage").num_rows == 1
+    assert pq.read_table(out / "queues").num_rows == 4

@@ -1,0 +1,266 @@
+"""The `journal` Spark data source against the codecs, on a real local Spark."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from journalfs.formats import CODECS, FormatError
+from journalfs.formats import kestrel
+from journalfs.formats.akka import AkkaData
+from journalfs.journals import read_file
+from journalfs.spark.convert import attrs_of, kestrel_queue, to_batch
+from journalfs.spark.plan import list_journals, plan
+from journalfs.spark.testing import spark  # noqa: F401  (the session-wide fixture)
+
+pytestmark = pytest.mark.spark
+
+
+def load(spark, path, **options):
+    reader = spark.read.format("journal").option("checkpointCache", "")
+    for k, v in options.items():
+        reader = reader.option(k, str(v))
+    return reader.load(str(path))
+
+
+def rows_by_source(df) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for r in df.orderBy("source", "seq").collect():
+        out.setdefault(r["source"], []).append(r)
+    return out
+
+
+def file_records(path) -> list[dict]:
+    out = []
+    try:
+        out.extend(read_file(str(path)))
+    except FormatError:
+        pass
+    return out
+
+
+def assert_same_records(rows, records):
+    """Rows equal the codec's records: seq/offset/kind/payload/attrs (+ the mapped columns)."""
+    assert [r["seq"] for r in rows] == [rec["seq"] for rec in records]
+    for row, rec in zip(rows, records):
+        assert (row["format"], row["offset"], row["kind"]) == (rec["format"], rec["offset"], rec["kind"])
+        payload = rec.get("payload")
+        if "payload_b64" in rec:
+            payload = base64.b64decode(rec["payload_b64"]) if rec["payload_b64"] is not None else None
+        assert row["payload"] == payload
+        assert _op_names(dict(row["attrs"])) == _op_names(attrs_of(rec))
+
+
+def _op_names(attrs: dict) -> dict:
+    """expected.json lists JRNL ops by name only; the codecs give the full op objects."""
+    if "ops" in attrs:
+        ops = json.loads(attrs["ops"])
+        attrs = dict(attrs, ops=[op["op"] if isinstance(op, dict) else op for op in ops])
+    return attrs
+
+
+# -- the conformance corpus ---------------------------------------------------------------
+
+def test_every_conformance_file_has_the_cli_records(spark, records_corpus, records_expected):
+    df = load(spark, records_corpus)
+    assert df.schema.simpleString() == (
+        "struct<source:string,format:string,seq:bigint,offset:bigint,kind:string,time:timestamp,"
+        "key:string,id:bigint,payload:binary,attrs:map<string,string>>")
+    got = rows_by_source(df)
+    for name, expected in records_expected.items():
+        rows = got.pop(str(records_corpus / name), [])
+        assert rows, f"{name} missing from the DataFrame"
+        assert {r["format"] for r in rows} == {expected["format"]}
+        assert_same_records(rows, expected["records"])
+    assert not got, f"rows for files not in expected.json: {sorted(got)}"
+
+
+def test_columns_time_key_id_follow_each_format(spark, records_corpus, records_expected):
+    rows = rows_by_source(load(spark, records_corpus))
+    writer = rows[str(records_corpus / "jobs.1700000000000")]
+    first = records_expected["jobs.1700000000000"]["records"][0]
+    assert writer[0]["key"] == "jobs" and writer[0]["id"] == first["id"]
+    assert writer[0]["time"].timestamp() * 1000 == pytest.approx(first["add_time"])
+    reader = rows[str(records_corpus / "jobs.read.indexer")]
+    assert reader[0]["key"] == "jobs" and reader[0]["id"] == 1036850598261 and reader[0]["time"] is None
+    meta = rows[str(records_corpus / "akka0/meta")]
+    assert meta[0]["key"] == "użytkownik-0"
+    # every akka message is keyed by the persistence id whose chain reaches it
+    for d in ("akka0", "akka1", "akka2"):
+        metas = file_records(records_corpus / d / "meta")
+        heads = {m["first"]: m["persistence_id"] for m in metas}
+        msgs = rows[str(records_corpus / d / "data")]
+        seq_nrs = {rec["self"]: rec["seq_nr"] for rec in file_records(records_corpus / d / "data")}
+        by_self = {int(r["attrs"]["self"]): r for r in msgs}
+        reached = 0
+        for first, pid in heads.items():
+            link = first
+            while link:
+                assert by_self[link]["key"] == pid and by_self[link]["id"] == seq_nrs[link]
+                link, reached = int(by_self[link]["attrs"]["next"]), reached + 1
+        assert reached == sum(1 for r in msgs if r["key"] is not None) > 0
+    wal = rows[str(records_corpus / "wal0.log")]
+    assert [r["id"] for r in wal] == [r["seq"] for r in wal]
+    ns = records_expected["wal0.log"]["records"][0]["time"]
+    assert wal[0]["attrs"]["time"] == str(ns)
+    assert int(wal[0]["time"].timestamp() * 1_000_000) == pytest.approx(ns // 1000, abs=1)
+
+
+def test_gvfs_tree_and_journal_rows(spark, gvfs_snapshots):
+    store = gvfs_snapshots[-1] / "gvfs-metadata"
+    got = rows_by_source(load(spark, store))
+    assert len(got) == 2
+    for source, rows in got.items():
+        records = file_records(source)
+        assert_same_records(rows, records)
+        assert [r["key"] for r in rows] == [rec["path"] for rec in records]
+
+
+# -- options and push-down ----------------------------------------------------------------
+
+def test_formats_option_glob_and_pushdown(spark, records_corpus, records_expected):
+    only = load(spark, records_corpus, formats="jrnl,wallaby-index")
+    assert {r["format"] for r in only.select("format").distinct().collect()} == {"jrnl", "wallaby-index"}
+    globbed = load(spark, records_corpus, pathGlobFilter="*.jrnl")
+    assert globbed.count() == sum(len(v["records"]) for k, v in records_expected.items() if k.endswith(".jrnl"))
+    flat = load(spark, records_corpus, recursive="false")
+    assert not any("/akka" in r["source"] for r in flat.select("source").distinct().collect())
+    df = load(spark, records_corpus)
+    pushed = df.where("format = 'kestrel-reader' and kind in ('read_done')").collect()
+    expected = [rec for k, v in records_expected.items() for rec in v["records"] if rec["kind"] == "read_done"]
+    assert sorted((r["offset"], r["attrs"]["ids"]) for r in pushed) == sorted(
+        (rec["offset"], json.dumps(rec["ids"])) for rec in expected)
+    source = str(records_corpus / "db1.jrnl")
+    assert df.where(df.source == source).count() == len(records_expected["db1.jrnl"]["records"])
+
+
+def test_push_filters_prune_the_plan(records_corpus):
+    from pyspark.sql.datasource import EqualTo, GreaterThan, In
+    from journalfs.spark.source import JournalReader
+    reader = JournalReader({"path": str(records_corpus), "checkpointCache": ""})
+    seq_filter = GreaterThan(("seq",), 3)
+    left = list(reader.pushFilters([EqualTo(("format",), "jrnl"), In(("kind",), ("transaction",)),
+                                    seq_filter]))
+    assert left == [seq_filter]
+    files = {s.path for p in reader.partitions() for s in p.slices}
+    assert files == {str(records_corpus / f"db{i}.jrnl") for i in range(4)}
+
+
+# -- big files are split across tasks -------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def big_journals(tmp_path_factory):
+    d = tmp_path_factory.mktemp("big")
+    payloads = [bytes([n % 251]) * (n % 700) for n in range(9000)]
+    (d / "big.1").write_bytes(kestrel.build_writer_file(payloads, first_id=1, add_time=1_700_000_000_000))
+    messages = [(f"pid-{n % 7}", n // 7 + 1, bytes(n % 300)) for n in range(12000)]
+    data, meta = AkkaData.build(messages)
+    (d / "akka").mkdir()
+    (d / "akka" / "data").write_bytes(data)
+    (d / "akka" / "meta").write_bytes(meta)
+    index = CODECS["wallaby-index"].write(
+        [{"time": 10**18 + n, "index": n, "log_offset": 16 + n} for n in range(60000)])
+    (d / "w.log.idx").write_bytes(index)
+    return d
+
+
+def test_big_files_split_into_exact_slices(spark, big_journals):
+    files = list_journals(str(big_journals))
+    groups = plan(files, parallelism=2, max_split=1 << 20).groups
+    split = {}
+    for g in groups:
+        for s in g:
+            split.setdefault(s.path, []).append(s)
+    assert all(len(split[f.path]) >= 2 for f in files if f.size > (1 << 20) + 100_000), split.keys()
+    df = load(spark, big_journals, maxSplitBytes=1 << 20)
+    assert df.rdd.getNumPartitions() >= 4
+    got = rows_by_source(df)
+    for f in files:
+        records = file_records(f.path)
+        rows = got[f.path]
+        assert [(r["seq"], r["offset"], r["kind"]) for r in rows] == \
+            [(rec["seq"], rec["offset"], rec["kind"]) for rec in records]
+        if f.format == "akka-data":
+            assert {r["key"] for r in rows} == {f"pid-{n}" for n in range(7)}
+            by_pid: dict[str, list[int]] = {}
+            for r in rows:
+                by_pid.setdefault(r["key"], []).append(r["id"])
+            assert all(ids == list(range(1, len(ids) + 1)) for ids in by_pid.values())
+
+
+def test_checkpoint_cache_is_reused_and_extended(tmp_path):
+    from journalfs.spark import checkpoints
+    path = tmp_path / "q.1"
+    path.write_bytes(kestrel.build_writer_file([b"x" * 100] * 5000))
+    cache = tmp_path / "cache"
+    first = checkpoints.checkpoints(str(path), "kestrel-writer", 50_000, str(cache))
+    assert len(first) > 5 and first[0] == (4, 0)
+    records = file_records(path)
+    by_offset = {rec["offset"]: rec["seq"] for rec in records}
+    assert all(by_offset[off] == seq for off, seq in first)
+    with open(path, "ab") as f:  # the journal grows: the walk resumes
+        f.write(b"".join(kestrel.encode_put(5001 + n, b"y" * 100) for n in range(2000)))
+    grown = checkpoints.checkpoints(str(path), "kestrel-writer", 50_000, str(cache))
+    by_offset = {rec["offset"]: rec["seq"] for rec in file_records(path)}
+    assert len(grown) > len(first) and all(by_offset[off] == seq for off, seq in grown)
+    assert checkpoints.checkpoints(str(path), "kestrel-writer", 50_000, str(cache)) == grown
+
+
+# -- damage ---------------------------------------------------------------------------------
+
+def test_damaged_files_keep_their_prefix_and_never_fail_the_job(spark, tmp_path, records_corpus):
+    good = (records_corpus / "wal0.log").read_bytes()
+    (tmp_path / "cut.log").write_bytes(good[:len(good) // 2])
+    flipped = bytearray((records_corpus / "akka0" / "data").read_bytes())
+    flipped[300] ^= 0xFF
+    (tmp_path / "flipped").write_bytes(bytes(flipped))
+    (tmp_path / "garbage.1").write_bytes(b"\x27\x64\x26\x03" + os.urandom(5000))
+    (tmp_path / "liar.1").write_bytes(b"\x27\x64\x26\x03\x86\xff\xff\xff\x7f" + bytes(40))
+    shutil.copy(records_corpus / "torn.1800000000000", tmp_path)
+    df = load(spark, tmp_path, includeDamage="true")
+    got = rows_by_source(df)
+    damaged = {s for s, rows in got.items() if any(r["kind"] == "_damage" for r in rows)}
+    for source, rows in got.items():
+        records = file_records(source)
+        assert_same_records([r for r in rows if r["kind"] != "_damage"], records)
+        try:
+            list(read_file(source))
+        except FormatError as exc:
+            assert source in damaged
+            (dmg,) = [r for r in rows if r["kind"] == "_damage"]
+            assert dmg["offset"] == exc.offset and dmg["attrs"]["reason"] == exc.reason
+    assert str(tmp_path / "torn.1800000000000") in damaged
+    assert str(tmp_path / "cut.log") in damaged
+    assert load(spark, tmp_path).where("kind = '_damage'").count() == 0  # off by default
+
+
+# -- columnar conversion (no Spark needed) --------------------------------------------------
+
+field_values = st.one_of(st.none(), st.integers(-2**63, 2**63 - 1), st.text(max_size=8), st.booleans(),
+                         st.lists(st.text(max_size=4), max_size=3))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.fixed_dictionaries({"mtime": st.integers(0, 2**40), "path": st.text(min_size=1, max_size=6),
+                                       "key": st.one_of(st.none(), st.text(max_size=5)),
+                                       "value": field_values}), max_size=20))
+def test_to_batch_attrs_equal_row_wise_conversion(records):
+    rows = [dict(r, format="gvfs-journal", seq=i, offset=20 + i, kind="set") for i, r in enumerate(records)]
+    data = {k: [r[k] for r in rows] for k in ("seq", "offset", "kind", "mtime", "path", "key", "value")}
+    batch = to_batch(data, len(rows), "/s", "gvfs-journal")
+    out = batch.to_pylist()
+    assert [dict(o["attrs"]) for o in out] == [attrs_of(r) for r in rows]
+    assert [o["key"] for o in out] == [r["path"] for r in rows]
+
+
+def test_kestrel_queue_names():
+    assert kestrel_queue("/d/jobs.1700000000000") == "jobs"
+    assert kestrel_queue("/d/jobs.read.") == "jobs"
+    assert kestrel_queue("/d/jobs.read.indexer") == "jobs"
+    assert kestrel_queue("/d/jobs.read.x~~123") is None
+    assert kestrel_queue("/d/notaqueue") is None
