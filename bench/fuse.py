@@ -175,6 +175,7 @@ def setxattr_all(paths: list[str], name: str) -> float:
 
 
 def create_files(folder: Path, count: int) -> float:
+    shutil.rmtree(folder, ignore_errors=True)  # left over by an interrupted run
     folder.mkdir()
     body = b"y" * 4096
 

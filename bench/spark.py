@@ -218,22 +218,25 @@ def _decode_binary_files(batches):
                 start = cols.next_offset
 
 
-def spark_run(master: str, root: Path, method: str) -> None:
-    from journalfs.spark.schema import DDL
+def spark_session(master: str):
+    """A warm session (JVM and Python workers started) so that only the query is timed."""
     from journalfs.spark.session import build_session
-    spark = build_session(master, f"bench {method}", {
+    spark = build_session(master, "bench", {
         "spark.driver.memory": "6g", "spark.ui.showConsoleProgress": "false",
         "spark.sql.execution.arrow.maxRecordsPerBatch": "64"})
-    try:
-        if method == "binaryFile":
-            df = spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(str(root)) \
-                .mapInArrow(_decode_binary_files, DDL)
-        else:
-            df = spark.read.format("journal").option("checkpointCache", "") \
-                .option("parallelism", str(spark.sparkContext.defaultParallelism)).load(str(root))
-        df.write.format("noop").mode("overwrite").save()
-    finally:
-        spark.stop()
+    spark.range(4).mapInArrow(lambda it: it, "id long").count()
+    return spark
+
+
+def spark_run(spark, root: Path, method: str) -> None:
+    from journalfs.spark.schema import DDL
+    if method == "binaryFile":
+        df = spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(str(root)) \
+            .mapInArrow(_decode_binary_files, DDL)
+    else:
+        df = spark.read.format("journal").option("checkpointCache", "") \
+            .option("parallelism", str(spark.sparkContext.defaultParallelism)).load(str(root))
+    df.write.format("noop").mode("overwrite").save()
 
 
 def main(argv=None) -> int:
@@ -250,19 +253,26 @@ def main(argv=None) -> int:
     skip = set(filter(None, args.skip.split(",")))
     results = {}
     records = None
+    spark, spark_master = None, None
     for method, master in methods:
         if method in skip:
             continue
+        if master and master != spark_master:
+            if spark is not None:
+                spark.stop()
+            spark, spark_master = spark_session(master), master
         with PeakMemory() as mem:
             t = time.perf_counter()
             if master is None:
                 records = single_process(root)
             else:
-                spark_run(master, root, "binaryFile" if method == "binaryFile" else "journal")
+                spark_run(spark, root, "binaryFile" if method == "binaryFile" else "journal")
             seconds = time.perf_counter() - t
         results[method] = {"seconds": round(seconds, 2), "peak_tree_anon_mb": round(mem.tree_kb / 1024),
                            "peak_worker_anon_mb": round(mem.worker_kb / 1024)}
         print(f"{method}: {seconds:.1f}s", file=sys.stderr)
+    if spark is not None:
+        spark.stop()
     if records is None:
         records = single_process(root)
     for r in results.values():

@@ -13,7 +13,7 @@ import mmap
 import os
 import tempfile
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from .formats import CODECS, SNIFF_BYTES, Codec, FormatError, detect
 from .formats.base import Record
@@ -80,18 +80,25 @@ class RecordIndex:
             raise FormatError(path, 0, "not a supported journal file (unknown magic bytes)")
         st = os.stat(path)
         idx = cls(path, codec, identity=(st.st_ino, st.st_size, st.st_mtime_ns))
-        n = 0
         try:
-            with mapped(path) as buf:
-                for rec in codec.read(buf, path):
-                    if n % CHECKPOINT_EVERY == 0 and codec.resumable:
-                        idx.seqs.append(n)
-                        idx.offsets.append(rec["offset"])
-                    n += 1
+            if codec.resumable:
+                for offsets in _offset_batches(codec, path):
+                    idx._add(offsets)
+            else:  # no resuming mid-file: only the count is worth keeping
+                with mapped(path) as buf:
+                    for _ in codec.read(buf, path):
+                        idx.count += 1
         except FormatError as exc:
             idx.error = exc
-        idx.count = n
         return idx
+
+    def _add(self, offsets: Sequence[int]) -> None:
+        """Count the records starting at ``offsets`` (the next ones in file order), keeping
+        the start of every ``CHECKPOINT_EVERY``-th record."""
+        first = -self.count % CHECKPOINT_EVERY  # the batch's first checkpointed row
+        self.seqs.extend(range(self.count + first, self.count + len(offsets), CHECKPOINT_EVERY))
+        self.offsets.extend(int(o) for o in offsets[first::CHECKPOINT_EVERY])
+        self.count += len(offsets)
 
     def records(self, first: int = 0, count: int | None = None) -> Iterator[Record]:
         """Records ``first .. first+count-1`` (clipped to the valid prefix)."""
@@ -121,6 +128,59 @@ class RecordIndex:
         for rec in self.records(seq, 1):
             return rec
         raise IndexError(seq)
+
+
+#: Records per batch while indexing, and the bytes a batch aims to span: together they bound
+#: what one batch holds in memory (its offsets, and any payloads a codec decodes with them).
+INDEX_BATCH_ROWS = 1 << 16
+INDEX_BATCH_BYTES = 8 << 20
+#: Rows of the first batch, before the file's bytes per record are known.
+FIRST_BATCH_ROWS = 16
+
+
+def _offset_batches(codec: Codec, path: str) -> Iterator[Sequence[int]]:
+    """The start offsets of every record :meth:`Codec.read` yields for ``path``, in batches of
+    bounded size; raises the same :class:`FormatError` after the valid prefix.
+
+    Uses the codec's cheapest exact path: a ``record_offsets`` method (starts without
+    decoding), else its own vectorised ``read_columns``, else ``read``."""
+    with mapped(path) as buf:
+        if hasattr(codec, "record_offsets"):
+            yield from _batched(codec.record_offsets, buf, path)
+        elif type(codec).read_columns is not Codec.read_columns:
+            def column_offsets(buf, path, start, seq, stop, limit):
+                cols = codec.read_columns(buf, path, start, seq, stop, limit)
+                return cols.data.get("offset", ())[:cols.rows], cols.next_offset, cols.error
+            yield from _batched(column_offsets, buf, path)
+        else:  # the generic default read_columns is only read() plus columns: use read()
+            batch: list[int] = []
+            try:
+                for rec in codec.read(buf, path):
+                    batch.append(rec["offset"])
+                    if len(batch) == INDEX_BATCH_ROWS:
+                        yield batch
+                        batch = []
+            finally:
+                if batch:
+                    yield batch
+
+
+def _batched(starts_of, buf, path: str) -> Iterator[Sequence[int]]:
+    """Drive ``starts_of(buf, path, start, seq, stop, limit) -> (offsets, next, error)`` over
+    the whole file, sizing each batch so it spans about ``INDEX_BATCH_BYTES``."""
+    start, seq, limit = None, 0, FIRST_BATCH_ROWS
+    while True:
+        offsets, next_offset, error = starts_of(buf, path, start, seq, None, limit)
+        rows = len(offsets)
+        if rows:
+            yield offsets
+        if error is not None:
+            raise error
+        if next_offset is None or not rows:
+            return
+        per_row = max(1, (next_offset - int(offsets[0])) // rows)
+        limit = max(1, min(INDEX_BATCH_ROWS, INDEX_BATCH_BYTES // per_row))
+        start, seq = next_offset, seq + rows
 
 
 # -- related files ---------------------------------------------------------------------------

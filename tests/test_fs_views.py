@@ -216,6 +216,9 @@ def test_status_json(fs):
     assert status["store"]["journal"] == status["service"]["journal_path"]
     for key in ("entries", "rotations", "fill", "last_fsync"):
         assert key in status["service"]
+    assert status["entries"] == status["service"]["entries"] and status["rotations"] >= 0
+    assert 0 <= status["journal_fill"] <= 1
+    assert status["mountpoint"] == str(fs.mountpoint)
 
 
 def test_growing_journal_is_seen_growing(fs, cli_output, tmp_path):

@@ -298,11 +298,12 @@ def test_gvfsd_backend_writes_through_daemon(gvfs_session):
     assert session.gio_store_metadata(["/m/dir2/b.txt", "/m/dir/b.txt"]) == {"/m/dir2/b.txt": {"rating": "1"}}
 
 
-def test_gvfsd_client_blocking(gvfs_session):
+def test_gvfsd_client_blocking(gvfs_session, monkeypatch):
     from journalfs.metastore.gvfsd import GvfsdClient
     session = gvfs_session
     session.create_files(["/c/src/a", "/c/src/b", "/c/dst/z"])
-    with GvfsdClient(session.home_tree, bus=session.address) as client:
+    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", session.address)  # the user's session bus
+    with GvfsdClient(session.home_tree) as client:
         client.set("/c/src/a", "comment", "A")
         client.set("/c/src/b", "tags", ["1", "2"])
         client.set("/c/dst/z", "comment", "old")

@@ -102,8 +102,11 @@ def run_get(args) -> int:
 
 
 def _write(args, op) -> int:
-    with _writer(args) as store:
+    store = _writer(args)
+    try:
         op(store)
+    finally:
+        store.close(compact=False)  # no full rewrite per command; `meta compact` does that
     return 0
 
 

@@ -23,7 +23,9 @@ READY = b"OK\n"
 
 def add_parser(sub) -> None:
     p = sub.add_parser("mount", help="mount SOURCE at MOUNTPOINT (journals + metadata xattrs)",
-                       description=__doc__.split("\n\n")[0])
+                       description="Mirror SOURCE at MOUNTPOINT: metadata as user.metadata.* "
+                       "xattrs, journals as records under MOUNTPOINT/.journalfs. Returns once "
+                       "the mount is usable (or stays attached with --foreground).")
     p.add_argument("source", help="directory to mirror")
     p.add_argument("mountpoint", help="empty directory to mount on")
     p.add_argument("--store", metavar="DIR", help="gvfs-style metadata directory (home/root trees)")
@@ -35,7 +37,9 @@ def add_parser(sub) -> None:
                         "default_permissions, ro, debug, fsname=NAME, nonempty, timeout=SECONDS")
     p.set_defaults(run=run_mount)
 
-    u = sub.add_parser("umount", help="unmount a journalfs mount and wait for its daemon")
+    u = sub.add_parser("umount", help="unmount a journalfs mount and wait for its daemon",
+                       description="fusermount3 -u MOUNTPOINT, then wait until the daemon has "
+                       "flushed its metadata and exited.")
     u.add_argument("mountpoint")
     u.add_argument("--lazy", "-z", action="store_true", help="detach even if busy")
     u.set_defaults(run=run_umount)

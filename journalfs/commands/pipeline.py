@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 
 def add_parser(sub):
@@ -21,10 +22,11 @@ def run(args) -> int:
         print(f"journalfs: pipeline: no such file or directory: {args.input}", file=sys.stderr)
         return 1
     from ..spark.pipeline import print_summary, run as run_pipeline, spark_for
-    spark = spark_for(args.master)
-    try:
-        summary = run_pipeline(spark, args.input, args.output)
-    finally:
-        spark.stop()
+    with tempfile.TemporaryDirectory(prefix="journalfs-pipeline-") as scratch:
+        spark = spark_for(args.master, scratch)
+        try:
+            summary = run_pipeline(spark, args.input, args.output)
+        finally:
+            spark.stop()
     print_summary(summary)
     return 0

@@ -440,8 +440,9 @@ class MergedTree:
             raw = self.base.raw_metadata(item.base) if (self.base and item.base) else ()
             entries = {kid_map[kid]: v for kid, v in raw}
             for k, v in item.meta.items():
-                if v is None:
-                    entries.pop(key_ids[k], None)
+                if v is None:  # an unset key may never have been set anywhere
+                    if k in key_ids:
+                        entries.pop(key_ids[k], None)
                 elif isinstance(v, list):
                     entries[key_ids[k]] = [x.encode("utf-8", "surrogateescape") for x in v]
                 else:

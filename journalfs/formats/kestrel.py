@@ -29,12 +29,22 @@ PUT_BYTE = (CMD_PUT << 4) | 6
 PUT_EXPIRY_BYTE = (CMD_PUT << 4) | 8
 
 _I32 = struct.Struct("<i")
-_U32 = struct.Struct("<I")
-#: Per command byte: the fixed size of a well-formed PUT record of that byte, 0 for other bytes.
-_PUT_HEADER_BYTES = tuple(25 if b == PUT_BYTE else 33 if b == PUT_EXPIRY_BYTE else 0 for b in range(256))
 _I64 = struct.Struct("<q")
 _PUT_HEADER = struct.Struct("<iiqq")  # data length, error_count, id, add_time
 _PUT_EXPIRY = struct.Struct("<iiqqq")
+#: Whole PUT headers including the command byte, for the per-record fast path of read().
+_PUT_RECORD = struct.Struct("<Biiqq")
+_PUT_EXPIRY_RECORD = struct.Struct("<Biiqqq")
+PUT_HEADER_SIZE = _PUT_RECORD.size  # 25
+PUT_EXPIRY_HEADER_SIZE = _PUT_EXPIRY_RECORD.size  # 33
+#: Command byte and data length: all the boundary walk reads per record.
+_COMMAND_LENGTH = struct.Struct("<BI")
+#: Added to the position after any byte that does not start a PUT: far past every buffer, so
+#: the speculative walk stops right after recording that position (which is then rejected).
+_NOT_A_PUT = 1 << 62
+#: Per command byte: the header size of a PUT of that byte, _NOT_A_PUT for other bytes.
+_PUT_HEADER_OF = tuple(PUT_HEADER_SIZE if b == PUT_BYTE else PUT_EXPIRY_HEADER_SIZE
+                       if b == PUT_EXPIRY_BYTE else _NOT_A_PUT for b in range(256))
 _READ_HEAD = struct.Struct("<Bq")
 _READ_DONE = struct.Struct("<Bi")
 
@@ -54,6 +64,14 @@ def check_magic(buf: Buffer, source: str, magic: bytes, what: str) -> None:
         raise FormatError(source, 0, f"not a Kestrel {what} file (magic {magic.hex()} missing)")
 
 
+def first_position(source: str, start: int | None, size: int) -> int:
+    """Where reading begins: after the magic, or at ``start`` when that is inside the file."""
+    pos = MAGIC_SIZE if start is None else start
+    if pos < MAGIC_SIZE or pos > size:
+        raise FormatError(source, pos, "start offset is outside the file's records")
+    return pos
+
+
 def frames(buf: Buffer, source: str, start: int | None, stop: int | None) -> Iterator[Frame]:
     """Every record frame from ``start`` until end of file, a 0x00 end marker or ``stop``.
 
@@ -61,9 +79,7 @@ def frames(buf: Buffer, source: str, start: int | None, stop: int | None) -> Ite
     (a torn write) or whose data length is negative or over 16 MiB.
     """
     size = len(buf)
-    pos = MAGIC_SIZE if start is None else start
-    if pos < MAGIC_SIZE or pos > size:
-        raise FormatError(source, pos, "start offset is outside the file's records")
+    pos = first_position(source, start, size)
     limit = size if stop is None else min(stop, size)
     while pos < limit:
         byte = buf[pos]
@@ -135,64 +151,86 @@ class KestrelWriter(Codec):
 
     def read(self, buf, source, start=None, seq=0, stop=None):
         check_magic(buf, source, WRITER_MAGIC, "writer")
-        for frame in frames(buf, source, start, stop):
+        size = len(buf)
+        pos = first_position(source, start, size)
+        end = size if stop is None else min(stop, size)
+        copy = type(buf[0:0]) is not bytes  # memoryview/bytearray slices must become bytes
+        unpack_put, unpack_expiry = _PUT_RECORD.unpack_from, _PUT_EXPIRY_RECORD.unpack_from
+        while pos < end:
+            # fast path: a well-formed PUT decoded in one unpack; anything else goes through
+            # the exact frame rules below, which also name any damage
+            command = buf[pos]
+            length = -1
+            if command == PUT_BYTE and pos + PUT_HEADER_SIZE <= size:
+                _, length, error_count, item_id, add_time = unpack_put(buf, pos)
+                expire_time, data = None, pos + PUT_HEADER_SIZE
+            elif command == PUT_EXPIRY_BYTE and pos + PUT_EXPIRY_HEADER_SIZE <= size:
+                _, length, error_count, item_id, add_time, expire_time = unpack_expiry(buf, pos)
+                data = pos + PUT_EXPIRY_HEADER_SIZE
+            if 0 <= length <= MAX_DATA and data + length <= size:
+                payload = buf[data:data + length]
+                yield {"format": "kestrel-writer", "seq": seq, "offset": pos, "kind": "put",
+                       "id": item_id, "add_time": add_time, "expire_time": expire_time,
+                       "error_count": error_count, "payload": bytes(payload) if copy else payload}
+                seq += 1
+                pos = data + length
+                continue
+            frame = next(frames(buf, source, pos, stop), None)
+            if frame is None:
+                return  # the 0x00 end marker
             if frame.command == CMD_PUT:
                 yield decode_put(buf, source, frame, seq)
                 seq += 1
             elif frame.command in (CMD_READ_HEAD, CMD_READ_DONE):
                 raise _wrong_file(source, frame, "writer")
             # any other command: unknown, skipped by the frame rule
+            pos = frame.end
 
     def read_columns(self, buf, source, start=None, seq=0, stop=None, limit=None) -> Columns:
-        """Vectorised decoding: one tight loop finds record starts, numpy gathers the fields.
+        """Vectorised decoding: :meth:`record_offsets` finds the record starts, numpy gathers
+        the fields. The result is always exactly what :meth:`read` yields."""
+        offsets, next_offset, error = self.record_offsets(buf, source, start, seq, stop, limit)
+        rows = len(offsets)
+        return Columns(_put_columns(buf, offsets, seq), rows, next_offset, seq + rows, error)
 
-        Anything off the fast path (unknown commands, damage) is handed to :meth:`read`, so the
-        result is always exactly what :meth:`read` yields.
+    def record_offsets(self, buf, source, start=None, seq=0, stop=None, limit=None
+                       ) -> tuple[np.ndarray, int | None, FormatError | None]:
+        """Where each record :meth:`read` would yield (up to ``limit``) starts, without decoding
+        them: (int64 offsets, where a next call resumes or None, the damage that ended them).
+
+        A speculative walk assumes every record is a PUT (one unpack per record), numpy then
+        checks all the walked headers at once and keeps the well-formed prefix; wherever that
+        stops, :meth:`read` takes one exact step (unknown command, end marker or damage).
         """
         size = len(buf)
-        pos = MAGIC_SIZE if start is None else start
         try:
             check_magic(buf, source, WRITER_MAGIC, "writer")
-            if pos < MAGIC_SIZE or pos > size:
-                raise FormatError(source, pos, "start offset is outside the file's records")
+            pos = first_position(source, start, size)
         except FormatError as exc:
-            return Columns(_put_columns(buf, [], seq), 0, None, seq, exc)
+            return np.zeros(0, np.int64), None, exc
         end = size if stop is None else min(stop, size)
-        wanted = -1 if limit is None else limit
-        starts: list[int] = []
-        append = starts.append
-        unpack_length = _U32.unpack_from
-        skip_of = _PUT_HEADER_BYTES
-        walk_end = min(end, size - 32)  # the longest PUT header fits before it: no bounds check
+        walk_end = min(end, size - PUT_EXPIRY_HEADER_SIZE + 1)  # whole headers fit before it
+        parts: list[np.ndarray] = []
+        rows = 0
         while True:
-            # at most this many records fit before ``end``; a for-range is the cheapest loop
-            budget = (end - pos) // 25 + 1 if limit is None else limit - len(starts)
-            for _ in range(budget):
-                if pos >= walk_end:
-                    break
-                skip = skip_of[buf[pos]]
-                if not skip:
-                    break
-                length = unpack_length(buf, pos + 1)[0]  # unsigned: a negative i32 is huge
-                if length > MAX_DATA:
-                    break
-                after = pos + skip + length
-                if after > size:
-                    break
-                append(pos)
-                pos = after
-            # off the fast path: read() skips unknown frames, finds the end or names the damage
+            budget = (end - pos) // PUT_HEADER_SIZE + 1 if limit is None else limit - rows
+            walked, after = _walk_puts(buf, pos, walk_end, budget)
+            offsets = np.array(walked, dtype=np.int64)
+            good = _well_formed_puts(buf, offsets)
+            if good < len(offsets):
+                offsets, after = offsets[:good], walked[good]
+            parts.append(offsets)
+            rows += good
+            pos = after
             try:
-                rec = next(self.read(buf, source, pos, seq + len(starts), stop), None)
+                rec = next(self.read(buf, source, pos, seq + rows, stop), None)
             except FormatError as exc:
-                next_offset, error = None, exc
-                break
-            if rec is None or len(starts) == wanted:
-                next_offset, error = (None if rec is None else rec["offset"]), None
-                break
-            append(rec["offset"])
+                return _joined(parts), None, exc
+            if rec is None or rows == limit:
+                return _joined(parts), None if rec is None else rec["offset"], None
+            parts.append(np.array([rec["offset"]], dtype=np.int64))
+            rows += 1
             pos = rec["offset"] + 1 + 4 * (buf[rec["offset"]] & 0xF) + len(rec["payload"])
-        return Columns(_put_columns(buf, starts, seq), len(starts), next_offset, seq + len(starts), error)
 
     def write(self, records: Sequence[Record], **header: Any) -> bytes:
         out = bytearray(WRITER_MAGIC)
@@ -295,15 +333,48 @@ def slice_payloads(buf: Buffer, starts: np.ndarray, ends: np.ndarray) -> list[by
     return [view[a:b].tobytes() for a, b in zip(starts.tolist(), ends.tolist())]
 
 
-def _put_columns(buf: Buffer, starts: list[int], seq: int) -> dict[str, Any]:
-    rows = len(starts)
-    offsets = np.array(starts, dtype=np.int64)
+def _walk_puts(buf: Buffer, pos: int, walk_end: int, budget: int) -> tuple[list[int], int]:
+    """Up to ``budget`` record starts from ``pos``, assuming every record is a PUT, and the
+    position after the last; :func:`_well_formed_puts` says how many of them really are."""
+    walked: list[int] = []
+    append = walked.append
+    unpack = _COMMAND_LENGTH.unpack_from
+    header_of = _PUT_HEADER_OF
+    for _ in range(budget):  # the hot loop: a for-range with one unpack is the cheapest walk
+        if pos >= walk_end:
+            break
+        append(pos)
+        command, length = unpack(buf, pos)  # unsigned: a negative i32 length is huge
+        pos += header_of[command] + length
+    return walked, pos
+
+
+def _well_formed_puts(buf: Buffer, offsets: np.ndarray) -> int:
+    """How many leading ``offsets`` start a PUT :meth:`KestrelWriter.read` accepts as is:
+    command byte 0x86/0x88, data length <= 16 MiB, data inside the buffer. Every offset
+    leaves room for a whole header (the walk stops before the buffer's last 32 bytes)."""
+    commands = field_at(buf, offsets, 0, "u1")
+    lengths = field_at(buf, offsets, 1, "<u4").astype(np.int64)
+    is_put = (commands == PUT_BYTE) | (commands == PUT_EXPIRY_BYTE)
+    headers = np.where(commands == PUT_EXPIRY_BYTE, PUT_EXPIRY_HEADER_SIZE, PUT_HEADER_SIZE)
+    good = is_put & (lengths <= MAX_DATA) & (offsets + headers + lengths <= len(buf))
+    bad = np.flatnonzero(~good)
+    return int(bad[0]) if len(bad) else len(offsets)
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _put_columns(buf: Buffer, offsets: np.ndarray, seq: int) -> dict[str, Any]:
+    """The columns of the well-formed PUTs starting at ``offsets``."""
+    rows = len(offsets)
     has_expiry = field_at(buf, offsets, 0, "u1") == PUT_EXPIRY_BYTE
     lengths = field_at(buf, offsets, 1, "<i4").astype(np.int64)
     expire = np.zeros(rows, dtype=np.int64)
     if has_expiry.any():
         expire[has_expiry] = field_at(buf, offsets[has_expiry], 25, "<i8")
-    data_starts = offsets + np.where(has_expiry, 33, 25)
+    data_starts = offsets + np.where(has_expiry, PUT_EXPIRY_HEADER_SIZE, PUT_HEADER_SIZE)
     return {
         "format": ["kestrel-writer"] * rows,
         "seq": np.arange(seq, seq + rows, dtype=np.int64),

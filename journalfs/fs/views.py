@@ -461,20 +461,25 @@ class Views:
         status = self.fs.meta.status
         if inspect.iscoroutinefunction(status):
             status = await status()
-        else:
+        else:  # synchronous in both backends, but it may wait for the store's lock
             status = await trio.to_thread.run_sync(status)
+        status = status if isinstance(status, dict) else {}
         loc = self.fs.location
+        journal = getattr(getattr(self.fs.meta, "store", None), "journal_path", None)
         doc = {
             "source": self.options.get("source") or os.fsdecode(self.fs.src),
+            "mountpoint": self.options.get("mountpoint"),
             "store": {"tree": os.fspath(getattr(loc, "tree_path", "") or ""),
-                      "prefix": getattr(loc, "prefix", None)},
+                      "prefix": getattr(loc, "prefix", None),
+                      "journal": journal or status.get("journal_path")},
+            # the figures people look for first, then everything the service reports
+            "journal_fill": status.get("fill"),
+            "entries": status.get("entries"),
+            "rotations": status.get("rotations"),
+            "last_fsync": status.get("last_fsync"),
             "service": status,
             "options": self.options,
         }
-        try:
-            doc["store"]["journal"] = self._journal_path(LIVE)
-        except OSError:
-            doc["store"]["journal"] = None
         return (json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n").encode()
 
     async def getattr(self, ino: int) -> pyfuse3.EntryAttributes:
@@ -617,7 +622,7 @@ class Views:
             jsonl.lookups += 1
             start_id = 1
         seq = start_id - 1
-        mtime = await trio.to_thread.run_sync(lambda: os.stat(idx.path).st_mtime_ns)
+        mtime = idx.identity[2]
         timeout = 0 if node.rel == LIVE else None
         while seq < idx.count:
             first, batch = state["batch_first"], state["batch"]

@@ -26,6 +26,7 @@ from ..formats.gvfs_tree import MergedTree, TreeView, open_tree_file, write_tree
 
 DEFAULT_JOURNAL_SIZE = 1 << 20  # gvfs uses 32 KiB; it honours the header's file_size
 SYNC_MODES = ("always", "batch", "none")
+TREE_LOOKUP_CACHE = 200_000  # memoised path -> dirent entries (cleared when full)
 _U32 = struct.Struct(">I")
 Value = str | list[str]
 
@@ -75,6 +76,9 @@ def _redirect(cur: str, dest: str, source: str) -> str:
 
 
 def canonical(path: str) -> str:
+    if path.startswith("/") and "//" not in path and (path == "/" or not path.endswith("/")) \
+            and "\0" not in path:
+        return path
     if "\0" in path:
         raise ValueError("NUL in path")
     parts = [p for p in path.split("/") if p]
@@ -180,6 +184,7 @@ class MetaStore:
         self._tree_buf = None
         self._tree: TreeView | None = None
         self._tree_ino = 0
+        self._tree_offsets: dict[str, int | None] = {}  # path -> dirent in the mapped tree
         self._journal_fd: int | None = None
         self._journal_buf = None
         self._journal_path = ""
@@ -290,7 +295,19 @@ class MetaStore:
                 return
             index.add(rec, size)
 
+    def _tree_lookup(self, path: str) -> int | None:
+        """Dirent of ``path`` in the mapped tree, memoised until the tree is replaced."""
+        try:
+            return self._tree_offsets[path]
+        except KeyError:
+            pass
+        if len(self._tree_offsets) >= TREE_LOOKUP_CACHE:
+            self._tree_offsets.clear()
+        off = self._tree_offsets[path] = self._tree.lookup(path)
+        return off
+
     def _unmap(self) -> None:
+        self._tree_offsets = {}
         for attr in ("_journal_buf", "_tree_buf"):
             buf = getattr(self, attr)
             if buf is not None and hasattr(buf, "close"):
@@ -340,7 +357,7 @@ class MetaStore:
                 return what
             if self._tree is None:
                 return None
-            off = self._tree.lookup(what)
+            off = self._tree_lookup(what)
             return None if off is None else self._tree.get(off, key)
 
     def get_all(self, path: str) -> dict[str, Value]:
@@ -351,7 +368,7 @@ class MetaStore:
             decided: set[str] = set()
             tree_path = self._index.resolve_all(path, out, decided)
             if tree_path is not None and self._tree is not None:
-                off = self._tree.lookup(tree_path)
+                off = self._tree_lookup(tree_path)
                 if off is not None:
                     for k, v in self._tree.metadata(off).items():
                         if k not in decided:
@@ -376,27 +393,36 @@ class MetaStore:
         if self._closed:
             raise ValueError("metadata store is closed")
 
-    def _append(self, kind: str, path: str, key=None, value=None, source=None) -> int:
+    def _append(self, *ops: tuple) -> int:
+        """Append one entry per op ((kind, path, key, value, source)) as one unit: all of them
+        go into the same journal, adjacent (a move's COPY + REMOVE). Returns the last ticket."""
         self._check_writable()
-        entry = encode_entry(kind, int(time.time()), path, key, value, source)
-        rec, size = decode_entry(entry, 0, "<new entry>")
-        if size > self.journal_size - HEADER_SIZE:
-            raise EntryTooLarge(f"metadata entry of {size} bytes can never fit a journal of "
+        mtime = int(time.time())
+        entries = []
+        for kind, path, key, value, source in ops:
+            entry = encode_entry(kind, mtime, path, key, value, source)
+            rec, size = decode_entry(entry, 0, "<new entry>")
+            entries.append((entry, rec, size))
+        total = sum(size for _, _, size in entries)
+        if total > self.journal_size - HEADER_SIZE:
+            raise EntryTooLarge(f"metadata entry of {total} bytes can never fit a journal of "
                                 f"{self.journal_size} bytes")
         for _attempt in range(2):
             with self._lock:
                 if self._journal_ok and self._index.error is None and \
-                        self._index.next_offset + size <= self._journal_file_size:
-                    return self._write_entry(entry, rec, size)
-            self.rotate()
-        raise EntryTooLarge(f"metadata entry of {size} bytes does not fit after rotation")
+                        self._index.next_offset + total <= self._journal_file_size:
+                    return self._write_entries(entries)
+            self.rotate()  # never called with the store lock held: rotate takes it itself
+        raise EntryTooLarge(f"metadata entry of {total} bytes does not fit after rotation")
 
-    def _write_entry(self, entry: bytes, rec: dict, size: int) -> int:
+    def _write_entries(self, entries: list) -> int:
         fd = self._journal_fd
-        os.pwrite(fd, entry, self._index.next_offset)  # entry bytes first ...
-        self._index.add(rec, size)
-        os.pwrite(fd, _U32.pack(self._index.count), 16)  # ... then the count that covers it
-        self._ticket += 1
+        start = self._index.next_offset
+        os.pwrite(fd, b"".join(e for e, _, _ in entries), start)  # entry bytes first ...
+        for _, rec, size in entries:
+            self._index.add(rec, size)
+        os.pwrite(fd, _U32.pack(self._index.count), 16)  # ... then the count that covers them
+        self._ticket += len(entries)
         self._dirty = True
         if self.sync == "always":
             os.fsync(fd)
@@ -412,25 +438,23 @@ class MetaStore:
     def set(self, path: str, key: str, value: Value) -> int:
         self._check_key(key)
         if isinstance(value, (list, tuple)):
-            return self._append("setv", canonical(path), key, [str(v) for v in value])
-        return self._append("set", canonical(path), key, str(value))
+            return self._append(("setv", canonical(path), key, [str(v) for v in value], None))
+        return self._append(("set", canonical(path), key, str(value), None))
 
     def unset(self, path: str, key: str) -> int:
         self._check_key(key)
-        return self._append("unset", canonical(path), key)
+        return self._append(("unset", canonical(path), key, None, None))
 
     def remove(self, path: str) -> int:
-        return self._append("remove", canonical(path))
+        return self._append(("remove", canonical(path), None, None, None))
 
     def copy(self, src: str, dst: str) -> int:
-        return self._append("copy", canonical(dst), source=canonical(src))
+        return self._append(("copy", canonical(dst), None, None, canonical(src)))
 
     def move(self, src: str, dst: str) -> int:
         """COPY(dst <- src) then REMOVE(src), as gvfs writes a move."""
         src, dst = canonical(src), canonical(dst)
-        with self._lock:  # keep the pair adjacent in the journal
-            self.copy(src, dst)
-            return self.remove(src)
+        return self._append(("copy", dst, None, None, src), ("remove", src, None, None, None))
 
     def flush(self) -> int:
         """fsync the journal; returns the highest durable ticket. The fsync runs without the
@@ -567,14 +591,17 @@ class MetaStore:
                 "readonly": self.readonly,
             }
 
-    def close(self) -> None:
-        """Flush, rotate if anything was written since the last rotation, release the lock."""
+    def close(self, *, compact: bool = True) -> None:
+        """Flush, rotate if anything was written since the last rotation (with
+        ``compact=False`` only if the journal is past the fill threshold: short-lived writers
+        such as the CLI leave their entries in the journal, where gvfs readers see them too),
+        release the lock."""
         if self._closed:
             return
         try:
             if not self.readonly:
                 self.flush()
-                if self._dirty:
+                if self._dirty and (compact or self.needs_rotation()):
                     self.rotate()
         finally:
             with self._lock:

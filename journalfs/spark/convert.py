@@ -127,10 +127,17 @@ def _binary(values: Any, rows: int) -> pa.Array:
         return pa.nulls(rows, pa.binary())
     if isinstance(values, pa.Array):
         return values.cast(pa.binary())
-    try:
-        return pa.array(values, type=pa.binary())
-    except (TypeError, pa.ArrowInvalid):  # e.g. memoryviews
+    try:  # one join + one offsets array: no per-item Python objects on the Arrow side
+        lengths = np.fromiter(map(len, values), dtype=np.int64, count=rows)
+        blob = b"".join(values)
+    except TypeError:  # None among the payloads
         return pa.array([None if v is None else bytes(v) for v in values], type=pa.binary())
+    offsets = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] < 2**31:
+        return pa.Array.from_buffers(pa.binary(), rows, [None, pa.py_buffer(offsets.astype(np.int32)),
+                                                         pa.py_buffer(blob)])
+    return pa.array([bytes(v) for v in values], type=pa.binary())
 
 
 def to_batch(data: dict[str, Any], rows: int, source: str, fmt: str, *,

@@ -142,12 +142,13 @@ def print_summary(summary: Summary, console=None) -> None:
     console.print(table)
 
 
-def spark_for(master: str | None):
-    """The session for a pipeline run; off-machine executors get journalfs as a zip."""
+def spark_for(master: str | None, scratch: str | None = None):
+    """The session for a pipeline run; off-machine executors get journalfs as a zip built
+    in ``scratch`` (which the caller removes after ``spark.stop()``)."""
     from .session import build_session, package_zip
     master = master or "local[*]"
     conf = {"spark.sql.shuffle.partitions": "8", "spark.ui.showConsoleProgress": "false"}
     spark = build_session(master, "journalfs pipeline", conf)
     if not master.startswith("local"):
-        spark.sparkContext.addPyFile(package_zip())
+        spark.sparkContext.addPyFile(package_zip(scratch))
     return spark

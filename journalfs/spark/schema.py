@@ -26,6 +26,13 @@ def spark_schema():
 
 @functools.lru_cache(maxsize=1)
 def arrow_schema():
-    """Exactly the Arrow schema Spark checks yielded batches against."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-    return to_arrow_schema(spark_schema(), timezone="UTC")
+    """Exactly the Arrow schema Spark checks yielded batches against (what
+    ``pyspark.sql.pandas.types.to_arrow_schema(spark_schema(), timezone="UTC")`` gives; built
+    here with pyarrow alone so executors need not import pandas)."""
+    import pyarrow as pa
+    entries = pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.string())])
+    attrs = pa.map_(entries.field(0), entries.field(1))
+    return pa.schema([("source", pa.string()), ("format", pa.string()), ("seq", pa.int64()),
+                      ("offset", pa.int64()), ("kind", pa.string()),
+                      ("time", pa.timestamp("us", tz="UTC")), ("key", pa.string()),
+                      ("id", pa.int64()), ("payload", pa.binary()), ("attrs", attrs)])
