@@ -9,9 +9,14 @@ On one pinned core, with the file in the page cache, the run times
 - ``cat FILE > /dev/null`` (the physical limit: reading the bytes, nothing else),
 - ``read_columns`` (the columnar path the Spark source uses), in 65,536-row batches,
 - ``read`` (the dict-per-record path the CLI and the FUSE views use),
+- ``RecordIndex.build`` (what the FUSE record views do first; the plain pass over ``read`` it
+  replaced is the ``read`` column),
 
-best of --repeat, and prints a table (MB/s, records/s, ratio to cat) and a JSON blob.
-Targets: wallaby-index columnar >= 50 % of cat; variable-length formats with payloads <= 100 B
+best of --repeat, and prints a table (MB/s, records/s, ratio to cat) and a JSON blob. Every
+run is timed both by the wall clock and by CPU time (this process's, or cat's as a child):
+on a shared, loaded machine the wall clock also counts waiting for the core, CPU time does not.
+Targets (judged on CPU time, i.e. per second of one core; wall-clock figures are in the JSON):
+wallaby-index columnar >= 50 % of cat; variable-length formats with payloads <= 100 B
 >= 1,000,000 records/s columnar.
 """
 from __future__ import annotations
@@ -20,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import subprocess
 import sys
 import time
@@ -35,7 +41,7 @@ from journalfs import demo  # noqa: E402
 from journalfs.formats import CODECS, Columns  # noqa: E402
 from journalfs.formats.akka import AkkaData  # noqa: E402
 from journalfs.formats.wallaby import build_index  # noqa: E402
-from journalfs.journals import mapped  # noqa: E402
+from journalfs.journals import RecordIndex, mapped  # noqa: E402
 
 OUT = REPO / "bench" / "out" / "parse"
 BATCH_ROWS = 1 << 16
@@ -145,16 +151,24 @@ def input_file(fmt: str, megabytes: int) -> Path:
 REPEAT_UNDER_S = 10.0
 
 
-def best_of(repeat: int, fn: Callable[[], int]) -> tuple[float, int]:
-    """(best seconds, the count ``fn`` returned) over up to ``repeat`` runs."""
-    best, count = float("inf"), 0
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished children (cat)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def best_of(repeat: int, fn: Callable[[], int]) -> tuple[float, float, int]:
+    """(best wall seconds, best CPU seconds, the count ``fn`` returned) over up to ``repeat``
+    runs."""
+    best, best_cpu, count = float("inf"), float("inf"), 0
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_seconds()
         count = fn()
         best = min(best, time.perf_counter() - t0)
+        best_cpu = min(best_cpu, max(cpu_seconds() - c0, 1e-6))
         if best > REPEAT_UNDER_S:
             break
-    return best, count
+    return best, best_cpu, count
 
 
 def time_cat(path: Path) -> int:
@@ -192,46 +206,67 @@ def dicts(fmt: str, path: Path) -> int:
     return n
 
 
+def indexed(path: Path) -> int:
+    index = RecordIndex.build(str(path))
+    if index.error is not None:
+        raise SystemExit(f"{path}: generated file indexes as damaged: {index.error}")
+    return index.count
+
+
 def measure(fmt: str, path: Path, repeat: int) -> dict:
     size = path.stat().st_size
     time_cat(path)  # warm the page cache for every contender
-    cat_s, _ = best_of(repeat, lambda: time_cat(path))
-    col_s, rows = best_of(repeat, lambda: columnar(fmt, path))
-    dict_s, count = best_of(max(1, repeat - 1), lambda: dicts(fmt, path))
-    if rows != count:
-        raise SystemExit(f"{fmt}: read_columns gave {rows} rows, read gave {count} records")
-    row = {
-        "format": fmt, "bytes": size, "records": rows,
-        "cat_s": cat_s, "columns_s": col_s, "read_s": dict_s,
-        "cat_mb_s": size / cat_s / 1e6,
-        "columns_mb_s": size / col_s / 1e6, "columns_records_s": rows / col_s,
-        "read_mb_s": size / dict_s / 1e6, "read_records_s": rows / dict_s,
-        "columns_vs_cat": cat_s / col_s, "read_vs_cat": cat_s / dict_s,
-    }
-    row["target"], row["target_met"] = _target(fmt, row)
+    cat_s, cat_cpu, _ = best_of(repeat, lambda: time_cat(path))
+    col_s, col_cpu, rows = best_of(repeat, lambda: columnar(fmt, path))
+    dict_s, dict_cpu, count = best_of(max(1, repeat - 1), lambda: dicts(fmt, path))
+    index_s, index_cpu, indexed_count = best_of(max(1, repeat - 1), lambda: indexed(path))
+    if not rows == count == indexed_count:
+        raise SystemExit(f"{fmt}: read_columns gave {rows} rows, read gave {count} records, "
+                         f"RecordIndex counted {indexed_count}")
+    row = {"format": fmt, "bytes": size, "records": rows}
+    for clock, cat, col, dic, idx in (("", cat_s, col_s, dict_s, index_s),
+                                      ("cpu_", cat_cpu, col_cpu, dict_cpu, index_cpu)):
+        row.update({
+            f"{clock}cat_s": cat, f"{clock}columns_s": col, f"{clock}read_s": dic,
+            f"{clock}index_s": idx,
+            f"{clock}cat_mb_s": size / cat / 1e6,
+            f"{clock}columns_mb_s": size / col / 1e6, f"{clock}columns_records_s": rows / col,
+            f"{clock}read_mb_s": size / dic / 1e6, f"{clock}read_records_s": rows / dic,
+            f"{clock}columns_vs_cat": cat / col, f"{clock}read_vs_cat": cat / dic,
+            f"{clock}index_vs_read": dic / idx,
+        })
+    row["target"], row["target_met"] = _target(fmt, row, "cpu_")
+    _, row["target_met_wall"] = _target(fmt, row, "")
     return row
 
 
-def _target(fmt: str, row: dict) -> tuple[str | None, bool | None]:
+def _target(fmt: str, row: dict, clock: str) -> tuple[str | None, bool | None]:
     if fmt in CAT_RATIO_TARGET:
         goal = CAT_RATIO_TARGET[fmt]
-        return f"columnar >= {goal:.0%} of cat", row["columns_vs_cat"] >= goal
+        return f"columnar >= {goal:.0%} of cat", row[f"{clock}columns_vs_cat"] >= goal
     if fmt in VARIABLE_WITH_PAYLOAD:
-        return f"columnar >= {RECORDS_TARGET:,} rec/s", row["columns_records_s"] >= RECORDS_TARGET
+        return (f"columnar >= {RECORDS_TARGET:,} rec/s",
+                row[f"{clock}columns_records_s"] >= RECORDS_TARGET)
     return None, None
 
 
-def print_table(rows: list[dict]) -> None:
-    head = (f"{'format':<15}{'MB':>7}{'records':>12}{'cat MB/s':>10}{'col MB/s':>10}"
-            f"{'col rec/s':>12}{'col/cat':>8}{'read MB/s':>10}{'read rec/s':>12}{'read/cat':>9}  target")
+def print_table(rows: list[dict], clock: str, title: str) -> None:
+    print(title)
+    head = (f"{'format':<15}{'MB':>5}{'records':>11}{'cat MB/s':>9}{'col MB/s':>9}"
+            f"{'col rec/s':>11}{'col/cat':>8}{'read rec/s':>11}{'read/cat':>9}{'col/read':>9}"
+            f"{'index s':>8}{'idx/read':>9}  target")
     print(head)
     print("-" * len(head))
     for r in rows:
-        verdict = "" if r["target"] is None else ("met" if r["target_met"] else "MISSED") + \
-            f" ({r['target']})"
-        print(f"{r['format']:<15}{r['bytes'] / 1e6:>7.0f}{r['records']:>12,}{r['cat_mb_s']:>10.0f}"
-              f"{r['columns_mb_s']:>10.0f}{r['columns_records_s']:>12,.0f}{r['columns_vs_cat']:>8.1%}"
-              f"{r['read_mb_s']:>10.1f}{r['read_records_s']:>12,.0f}{r['read_vs_cat']:>9.1%}  {verdict}")
+        met = r["target_met"] if clock else r["target_met_wall"]
+        verdict = "" if r["target"] is None else ("met" if met else "MISSED") + f" ({r['target']})"
+        c = clock
+        print(f"{r['format']:<15}{r['bytes'] / 1e6:>5.0f}{r['records']:>11,}{r[c + 'cat_mb_s']:>9.0f}"
+              f"{r[c + 'columns_mb_s']:>9.0f}{r[c + 'columns_records_s']:>11,.0f}"
+              f"{r[c + 'columns_vs_cat']:>8.1%}{r[c + 'read_records_s']:>11,.0f}"
+              f"{r[c + 'read_vs_cat']:>9.1%}{r[c + 'read_s'] / r[c + 'columns_s']:>8.2f}x"
+              f"{r[c + 'index_s']:>8.2f}{r[c + 'index_vs_read']:>8.2f}x  {verdict}")
+    print()
 
 
 def main() -> int:
@@ -251,7 +286,9 @@ def main() -> int:
         path = input_file(fmt, args.mb)
         rows.append(measure(fmt, path, args.repeat))
         print(f"measured {fmt}", file=sys.stderr, flush=True)
-    print_table(rows)
+    print_table(rows, "cpu_", "CPU time (one pinned core; what the targets are judged on):")
+    print_table(rows, "", f"Wall clock (load average {os.getloadavg()[0]:.1f} on "
+                          f"{os.cpu_count()} cores):")
     print(json.dumps({"benchmark": "parse", "cpu": args.cpu, "batch_rows": BATCH_ROWS,
                       "results": rows}, indent=1))
     missed = [r["format"] for r in rows if r["target_met"] is False]

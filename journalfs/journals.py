@@ -61,8 +61,9 @@ def read_file(path: str, codec: Codec | None = None) -> Iterator[Record]:
 class RecordIndex:
     """Where every ``CHECKPOINT_EVERY``-th record of one file starts, plus the record count.
 
-    Built by one streaming pass; afterwards any record is reached by resuming the codec at the
-    nearest checkpoint. Fixed-width formats need no checkpoints at all.
+    Built by one streaming pass in batches of bounded size, through the codec's cheapest exact
+    way to find record starts (see :func:`_offset_batches`); afterwards any record is reached
+    by resuming the codec at the nearest checkpoint.
     """
 
     path: str
@@ -133,7 +134,7 @@ class RecordIndex:
 #: Records per batch while indexing, and the bytes a batch aims to span: together they bound
 #: what one batch holds in memory (its offsets, and any payloads a codec decodes with them).
 INDEX_BATCH_ROWS = 1 << 16
-INDEX_BATCH_BYTES = 8 << 20
+INDEX_BATCH_BYTES = 1 << 20
 #: Rows of the first batch, before the file's bytes per record are known.
 FIRST_BATCH_ROWS = 16
 
@@ -160,9 +161,12 @@ def _offset_batches(codec: Codec, path: str) -> Iterator[Sequence[int]]:
                     if len(batch) == INDEX_BATCH_ROWS:
                         yield batch
                         batch = []
-            finally:
+            except FormatError:
                 if batch:
                     yield batch
+                raise
+            if batch:
+                yield batch
 
 
 def _batched(starts_of, buf, path: str) -> Iterator[Sequence[int]]:

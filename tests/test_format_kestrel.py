@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from journalfs.formats import CODECS, FormatError, detect, record_to_json
 from journalfs.formats.kestrel import (
     MAX_DATA, READER_MAGIC, WRITER_MAGIC, KestrelReader, KestrelWriter, build_checkpoint,
-    build_writer_file, encode_put, encode_read_done, encode_read_head, garbage_files, queue_state,
+    build_writer_file, check_magic, decode_put, encode_put, encode_read_done, encode_read_head,
+    frames, garbage_files, queue_state,
 )
 
 WRITER = KestrelWriter()
@@ -266,6 +267,58 @@ def test_columns_in_batches_equal_read(records, batch):
             break
         start, seq = cols.next_offset, cols.next_seq
     assert got == expected
+
+
+def frame_by_frame(buf, source="f"):
+    """The spec's frame rules, one frame at a time (no fast path): (records, damage offset)."""
+    out = []
+    try:
+        check_magic(buf, source, WRITER_MAGIC, "writer")
+        for frame in frames(buf, source, None, None):
+            if frame.command == 8:
+                out.append(decode_put(buf, source, frame, len(out)))
+            elif frame.command in (0, 9):
+                return out, frame.offset
+    except FormatError as exc:
+        return out, exc.offset
+    return out, None
+
+
+# one frame each: PUTs without/with expiry, unknown commands with and without data, a PUT
+# whose length lies (negative, over 16 MiB, past the end), a READ_HEAD, the 0x00 end marker
+writer_frames = st.lists(st.one_of(
+    st.builds(lambda i, p: encode_put(i, p), i64, st.binary(max_size=30)),
+    st.builds(lambda i, p, e: encode_put(i, p, expire_time=e), i64, st.binary(max_size=30), i64),
+    st.builds(lambda n, d: bytes([0xA0 | 1 + n]) + struct.pack("<i", len(d)) + bytes(4 * n) + d,
+              st.integers(0, 3), st.binary(max_size=9)),
+    st.builds(lambda c, w: bytes([c << 4 | w]) + bytes(4 * w), st.integers(1, 7), st.integers(0, 3)),
+    st.sampled_from([bytes([0x86]) + struct.pack("<i", -5) + bytes(20),
+                     bytes([0x86]) + struct.pack("<i", MAX_DATA + 1) + bytes(20),
+                     bytes([0x88]) + struct.pack("<i", 10**6) + bytes(28),
+                     encode_read_head(3), bytes(40)]),
+), max_size=14)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(writer_frames, st.integers(1, 4), st.binary(max_size=3))
+def test_fast_paths_equal_the_frame_rules(parts, batch, tail):
+    buf = WRITER_MAGIC + b"".join(parts) + tail
+    expected, damage = frame_by_frame(buf)
+    records, error = read_all(WRITER, buf)
+    assert records == expected and (error and error.offset) == damage
+    offsets, next_offset, error = WRITER.record_offsets(buf, "f")
+    assert offsets.tolist() == [r["offset"] for r in expected] and next_offset is None
+    assert (error and error.offset) == damage
+    got, start, seq, error = [], None, 0, None
+    while error is None:
+        cols = WRITER.read_columns(buf, "f", start, seq, limit=batch)
+        assert cols.rows <= batch
+        got += columns_as_records(cols)
+        error = cols.error
+        if cols.next_offset is None:
+            break
+        start, seq = cols.next_offset, cols.next_seq
+    assert got == expected and (error and error.offset) == damage
 
 
 def test_resume_at_every_record_and_stop():

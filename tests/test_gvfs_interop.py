@@ -263,8 +263,9 @@ def test_gvfsd_backend_writes_through_daemon(gvfs_session):
             await backend.remove("/m/other")
             assert await backend.get("/m/a.txt", "comment") == "über ✓"
             assert await backend.get_all("/m/a.txt") == {"comment": "über ✓", "tags": ["x", "", "y z"]}
-            status = backend.status()
-            assert status["connected"] and status["writes"] == 7 and status["store"]["entries"] >= 7
+            status = await trio.to_thread.run_sync(backend.status)
+            assert status["connected"] and status["writes"] == 7 and status["entries"] >= 7
+            assert status["journal_path"] == str(journal_of(session.home_tree))
             async with trio.open_nursery() as writers:  # concurrent writers, as FUSE handlers are
                 for i in range(12):
                     writers.start_soon(backend.set, "/m/dir/b.txt", f"k{i % 4}", f"v{i}")

@@ -346,15 +346,15 @@ def test_service_rotates_in_the_background_past_the_fill_threshold(tmp_path):
     store = MetaStore.open(str(tmp_path / "home"), sync="none", journal_size=8192)
 
     async def main():
-        service = MetaService(store, sync="none", fill_threshold=0.3, quiet_seconds=3600)
+        service = MetaService(store, sync="none", fill_threshold=0.2, quiet_seconds=3600)
         async with trio.open_nursery() as nursery:
             await nursery.start(service.run)
-            for i in range(40):  # ~40 x 60 bytes: past 30 % of 8 KiB, far from full
+            for i in range(40):  # 40 x 56 bytes: past 20 % of 8 KiB, far from full
                 await service.set(f"/f{i}", "comment", "x" * 20)
             with trio.fail_after(60):  # generous: a bound against hanging, not a timing check
                 while store.rotations == 0:
                     await trio.sleep(0.01)
-            assert store.fill() < 0.3
+            assert store.fill() < 0.2
             nursery.cancel_scope.cancel()
 
     trio.run(main)

@@ -264,3 +264,16 @@ def test_kestrel_queue_names():
     assert kestrel_queue("/d/jobs.read.indexer") == "jobs"
     assert kestrel_queue("/d/jobs.read.x~~123") is None
     assert kestrel_queue("/d/notaqueue") is None
+
+
+def test_hostile_times_become_null_and_payload_views_are_copied():
+    import numpy as np
+    buf = b"hello world"
+    data = {"seq": np.array([0, 1, 2]), "offset": np.array([4, 9, 14]), "kind": ["put"] * 3,
+            "id": np.array([1, 2, 3]), "add_time": np.array([2**62, -2**62, 1_700_000_000_000]),
+            "payload": [memoryview(buf)[0:5], memoryview(buf)[6:], memoryview(buf)[0:0]]}
+    out = to_batch(data, 3, "/d/q.1", "kestrel-writer", key="q").to_pylist()
+    assert [r["time"] is None for r in out] == [True, True, False]
+    assert out[2]["time"].timestamp() == 1_700_000_000
+    assert [r["payload"] for r in out] == [b"hello", b"world", b""]
+    assert dict(out[0]["attrs"])["add_time"] == str(2**62)

@@ -134,6 +134,27 @@ class TreeView:
     def child_count(self, off: int) -> int:
         return self._children_block(off)[0]
 
+    def child_rows(self, off: int) -> list[tuple[bytes, int, int, list, int]]:
+        """Every child of dirent ``off`` in one pass, for the writer: (name, dirent offset,
+        its child count, its raw metadata, its raw time)."""
+        n, first = self._children_block(off)
+        if not n:
+            return []
+        fields = struct.unpack_from(f">{4 * n}I", self.buf, first)
+        rows = []
+        limit = self.size
+        for i in range(n):
+            name_off, children, meta, raw_time = fields[4 * i:4 * i + 4]
+            child = first + DIRENT_SIZE * i
+            kids = 0
+            if children:
+                kids = self._u32(children, child + 4)
+                if kids > (limit - children - 4) // DIRENT_SIZE:
+                    raise FormatError(self.source, children, f"child count {kids} larger than the file")
+            rows.append((self.cstr(name_off, child), child, kids,
+                         self._raw_metadata_at(*self._metadata_block_at(meta, child + 8)), raw_time))
+        return rows
+
     def children(self, off: int) -> Iterator[tuple[bytes, int]]:
         n, first = self._children_block(off)
         for i in range(n):
@@ -187,10 +208,12 @@ class TreeView:
 
     # -- metadata --------------------------------------------------------------------------
     def _metadata_block(self, off: int) -> tuple[int, int]:
-        block = _DIRENT.unpack_from(self.buf, off)[2]
+        return self._metadata_block_at(_DIRENT.unpack_from(self.buf, off)[2], off + 8)
+
+    def _metadata_block_at(self, block: int, where: int) -> tuple[int, int]:
         if block == 0:
             return 0, 0
-        n = self._u32(block, off + 8)
+        n = self._u32(block, where)
         if n > (self.size - block - 4) // 8:
             raise FormatError(self.source, block, f"metadata count {n} larger than the file")
         return n, block + 4
@@ -206,7 +229,9 @@ class TreeView:
 
     def raw_metadata(self, off: int) -> list[tuple[int, bytes | list[bytes]]]:
         """(keyword id, value bytes or list of bytes) in block order, undecoded."""
-        n, first = self._metadata_block(off)
+        return self._raw_metadata_at(*self._metadata_block(off))
+
+    def _raw_metadata_at(self, n: int, first: int) -> list[tuple[int, bytes | list[bytes]]]:
         if not n:
             return []
         pairs = struct.unpack_from(f">{2 * n}I", self.buf, first)
@@ -453,6 +478,26 @@ class MergedTree:
             return [(kid_map[kid], v) for kid, v in raw]
         return sorted({kid_map[kid]: v for kid, v in raw}.items())
 
+    def writer_rows(self, item, forced: int | None, key_ids: dict[str, int], kid_map: list[int]):
+        """Sorted (name, child item, forced, has children, encoded metadata, time) of an
+        item's live children: one bulk pass over the base tree for untouched directories."""
+        if isinstance(item, Node):
+            return [(name, child, f, self.has_children(child),
+                     self.encoded_metadata(child, key_ids, kid_map), self.time_of(child, f))
+                    for name, child, f in self.children_of(item, forced)]
+        base_time = self.base.time_base
+        rows = []
+        for name, child, kids, raw, raw_time in self.base.child_rows(item):
+            if len(raw) < 2:
+                entries = [(kid_map[kid], v) for kid, v in raw]
+            else:
+                entries = sorted({kid_map[kid]: v for kid, v in raw}.items())
+            t = forced if forced is not None else (raw_time + base_time if raw_time else 0)
+            rows.append((name, child, forced, kids > 0, entries, t))
+        if any(a[0] >= b[0] for a, b in zip(rows, rows[1:])):  # hostile order: sort it
+            rows.sort(key=lambda r: r[0])
+        return rows
+
     def time_of(self, item, forced: int | None) -> int:
         if isinstance(item, Node):
             if item.mtime is not None:
@@ -630,21 +675,18 @@ def write_tree(merged: MergedTree, f: BinaryIO, tag: int) -> int:
         nxt = []
         for dirent_at, item, forced in level:
             guard(item)
-            kids = merged.children_of(item, forced)
+            rows = merged.writer_rows(item, forced, key_ids, kid_map)
             block_at = out.pos
             patches.extend((dirent_at + 4, block_at))
-            names = {name: 0 for name, _, _ in kids}
-            names_start = block_at + 4 + DIRENT_SIZE * len(kids)
+            names = {row[0]: 0 for row in rows}
+            names_start = block_at + 4 + DIRENT_SIZE * len(rows)
             name_block = _string_block(names, names_start)
-            metas = [merged.encoded_metadata(child, key_ids, kid_map) for _, child, _ in kids]
-            region, meta_offs = _meta_region(metas, names_start + len(name_block))
-            block = bytearray(_U32.pack(len(kids)))
-            for i, (name, child, f_child) in enumerate(kids):
-                child_at = block_at + 4 + DIRENT_SIZE * i
-                block += _DIRENT.pack(names[name], empty, meta_offs[i] or empty,
-                                      _raw_time(merged.time_of(child, f_child), time_base))
-                if merged.has_children(child):
-                    nxt.append((child_at, child, f_child))
+            region, meta_offs = _meta_region([row[4] for row in rows], names_start + len(name_block))
+            block = bytearray(_U32.pack(len(rows)))
+            for i, (name, child, f_child, has_kids, _, mtime) in enumerate(rows):
+                block += _DIRENT.pack(names[name], empty, meta_offs[i] or empty, _raw_time(mtime, time_base))
+                if has_kids:
+                    nxt.append((block_at + 4 + DIRENT_SIZE * i, child, f_child))
             out.write(block)
             out.write(name_block)
             out.write(region)

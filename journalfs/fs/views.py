@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import bisect
 import errno
-import functools
 import inspect
 import json
 import logging
@@ -634,10 +633,7 @@ class Views:
                     return
             name, size = batch[seq - first]
             child = self._node(RECORD, node.rel, seq)
-            if size is None:  # unknown yet: not cached, so stat/open ask again (exact size)
-                attrs = self._attrs(child, stat.S_IFREG | 0o444, 0, mtime, 0)
-            else:
-                attrs = self._attrs(child, stat.S_IFREG | 0o444, size, mtime, timeout)
+            attrs = self._attrs(child, stat.S_IFREG | 0o444, size, mtime, timeout)
             if not pyfuse3.readdir_reply(token, name, attrs, seq + 2):
                 self.forget(child.ino, 0)
                 return
@@ -647,7 +643,8 @@ class Views:
     def _listed_jsonl_attrs(self, jsonl: VNode, idx: RecordIndex) -> pyfuse3.EntryAttributes:
         """records.jsonl as a listing shows it. Its size costs a JSON pass over every record,
         so a listing only reports it when known; otherwise size 0 with no caching, and the
-        next stat/open asks again and gets the exact size."""
+        next stat/open asks again and gets the exact size. (It is read with direct_io, so a
+        momentarily wrong size never cuts a read short.)"""
         with self._cache_lock:
             layout = self._layouts.get((idx.path, idx.identity, idx.count))
         if layout is None:
@@ -656,10 +653,10 @@ class Views:
         return self._attrs(jsonl, stat.S_IFREG | 0o444, layout.size, idx.identity[2], timeout)
 
     @staticmethod
-    def _list_batch(idx: RecordIndex, first: int) -> list[tuple[bytes, int | None]]:
-        """(name, size) per record; the size of a JSON-line record is None (it would cost a
-        JSON encoding per listed record, the bulk of listing time)."""
-        return [(record_file_name(r), len(r["payload"] or b"") if "payload" in r else None)
+    def _list_batch(idx: RecordIndex, first: int) -> list[tuple[bytes, int]]:
+        # Exact sizes even though JSON-line records cost an encoding each: a listing's
+        # attributes update cached inodes, and a wrong size would cut short a concurrent read.
+        return [(record_file_name(r), len(record_content(r)))
                 for r in idx.records(first, LIST_BATCH)]
 
     def releasedir(self, fh: int) -> None:
@@ -675,8 +672,9 @@ class Views:
             self.files[handle] = await self._status_bytes()
             return pyfuse3.FileInfo(fh=handle, direct_io=True)
         self.files[handle] = await trio.to_thread.run_sync(self._open_content, node)
-        # The live journal changes in place: never trust the page cache for it.
-        return pyfuse3.FileInfo(fh=handle, direct_io=node.rel == LIVE)
+        # The live journal changes in place: never trust the page cache for it. records.jsonl
+        # is streamed by its reader and may be listed with a provisional size (see above).
+        return pyfuse3.FileInfo(fh=handle, direct_io=node.rel == LIVE or node.kind == JSONL)
 
     def _open_content(self, node: VNode):
         if node.kind == JSONL:

@@ -5,7 +5,7 @@ import os
 import shutil
 import time
 
-from ..formats.base import Finding, FormatError
+from ..formats.base import Finding
 from ..formats.gvfs_journal import GvfsJournal
 from ..formats.gvfs_tree import GvfsTree
 from ..journals import mapped
@@ -64,4 +64,4 @@ def check_store(tree_path: str, repair: bool = False) -> StoreCheck:
     return check
 
 
-__all__ = ["StoreCheck", "check_store", "FormatError"]
+__all__ = ["StoreCheck", "check_store"]

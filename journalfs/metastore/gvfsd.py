@@ -14,6 +14,7 @@ re-reading the store until it shows the write (bounded wait): gvfsd-metadata ans
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Mapping
@@ -120,15 +121,18 @@ class _StoreView:
     def __init__(self, tree: Path):
         self.tree = tree
         self._store = None
+        self._opening = threading.Lock()  # status() may come from another thread than reads
 
     def _current(self):
         from journalfs.metastore.store import MetaStore  # heavy; only when reading
-        if self._store is None:
-            if not self.tree.exists():
-                return None
-            self._store = MetaStore.open(str(self.tree), readonly=True, create=False)
-        self._store.refresh()
-        return self._store
+        with self._opening:
+            if self._store is None:
+                if not self.tree.exists():
+                    return None
+                self._store = MetaStore.open(str(self.tree), readonly=True, create=False)
+            store = self._store
+        store.refresh()  # MetaStore is thread-safe
+        return store
 
     def get(self, path: str, key: str) -> Value | None:
         store = self._current()
@@ -152,12 +156,13 @@ class _StoreView:
 
     def status(self) -> dict:
         store = self._current()
-        return store.status() if store else {"tree": str(self.tree), "exists": False}
+        return store.status() if store else {"tree_path": str(self.tree), "exists": False}
 
     def close(self) -> None:
-        if self._store is not None:
-            self._store.close()
-            self._store = None
+        with self._opening:
+            store, self._store = self._store, None
+        if store is not None:
+            store.close()
 
 
 def _join(root: str, rest: str) -> str:
@@ -309,9 +314,17 @@ class GvfsdBackend:
         """Writes are in gvfsd's journal once confirmed; nothing is pending here."""
 
     def status(self) -> dict:
-        """Ours, plus the store's as of the last write (journal fill, entries, ...)."""
-        return {"mode": "gvfs", "tree": str(self.tree), "bus": self._address,
-                "connected": self._router is not None, "writes": self._writes, "store": self._store_status}
+        """The store's status (tree_path, journal_path, fill, entries, ... as MetaService
+        gives them), read fresh -- gvfsd may have rotated -- plus ours. Synchronous and
+        it may touch the files: call it from a worker thread."""
+        try:
+            store_status = self._view.status()
+        except (OSError, ValueError) as exc:  # mid-rotation or unreadable: say so, do not fail
+            store_status = {**self._store_status, "error": str(exc)}
+        else:
+            self._store_status = store_status
+        return {**store_status, "mode": "gvfs", "tree": str(self.tree), "bus": self._address,
+                "connected": self._router is not None, "writes": self._writes}
 
 
 # ---- blocking client (command line) --------------------------------------------------

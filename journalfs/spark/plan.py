@@ -118,7 +118,7 @@ def slices_for(f: JournalFile, target: int, files: list[JournalFile],
         return [FileSlice(f.path, f.format, meta=meta)]
     if codec.record_size:
         return _fixed_slices(f, codec.record_size, codec.header_size, target)
-    if can_split(f.format):
+    if can_split(f.format) and codec.resumable:
         return _checkpoint_slices(f, target, cache_dir, meta)
     return [FileSlice(f.path, f.format, meta=meta)]
 

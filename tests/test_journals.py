@@ -1,0 +1,201 @@
+"""RecordIndex over real files: the fast (batched, columnar) build must index exactly what a
+plain pass over ``read()`` sees — count, damage and checkpoints — on every conformance file,
+serve any window of records, notice a grown file, and stay memory-bounded on big files."""
+from __future__ import annotations
+
+import collections
+import random
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from journalfs import demo, journals
+from journalfs.formats import CODECS, FormatError
+from journalfs.formats.akka import AkkaData
+from journalfs.journals import RecordIndex, mapped, sniff_file
+
+
+def reference_index(path: Path, every: int) -> tuple[int, tuple | None, list[int], list[int]]:
+    """What indexing means, the slow obvious way: one pass over read(), a checkpoint every
+    ``every`` records (none for codecs that cannot resume mid-file)."""
+    codec = sniff_file(str(path))
+    count, error, seqs, offsets = 0, None, [], []
+    with mapped(str(path)) as buf:
+        try:
+            for rec in codec.read(buf, str(path)):
+                if count % every == 0 and codec.resumable:
+                    seqs.append(count)
+                    offsets.append(rec["offset"])
+                count += 1
+        except FormatError as exc:
+            error = exc
+    return count, _damage(error), seqs, offsets
+
+
+def _damage(error: FormatError | None) -> tuple | None:
+    return None if error is None else (error.source, error.offset, error.reason)
+
+
+def all_records(path: Path) -> tuple[list[dict], tuple | None]:
+    codec = sniff_file(str(path))
+    out = []
+    with mapped(str(path)) as buf:
+        try:
+            for rec in codec.read(buf, str(path)):
+                out.append(rec)
+        except FormatError as exc:
+            return out, _damage(exc)
+    return out, None
+
+
+def conformance_journals(records_corpus: Path, gvfs_snapshots: list[Path]) -> list[Path]:
+    candidates = [p for p in sorted(records_corpus.rglob("*")) if p.is_file()]
+    candidates += [p for snap in gvfs_snapshots for p in sorted((snap / "gvfs-metadata").iterdir())]
+    return [p for p in candidates if sniff_file(str(p)) is not None]
+
+
+@pytest.fixture(scope="module")
+def journal_files(records_corpus, gvfs_snapshots) -> list[Path]:
+    files = conformance_journals(records_corpus, gvfs_snapshots)
+    formats = {sniff_file(str(p)).name for p in files}
+    assert formats == set(CODECS), f"corpus lacks {set(CODECS) - formats}"
+    return files
+
+
+def assert_index_matches_reference(path: Path, every: int) -> RecordIndex:
+    index = RecordIndex.build(str(path))
+    count, damage, seqs, offsets = reference_index(path, every)
+    assert (index.count, _damage(index.error)) == (count, damage), path
+    assert (index.seqs, index.offsets) == (seqs, offsets), path
+    return index
+
+
+# -- equality with the plain pass ---------------------------------------------------------------
+
+def test_index_of_every_conformance_file_matches_a_plain_read(journal_files):
+    damaged = 0
+    for path in journal_files:
+        index = assert_index_matches_reference(path, journals.CHECKPOINT_EVERY)
+        damaged += index.error is not None
+    assert damaged >= 1  # the corpus's torn file keeps its damage in the index
+
+
+def test_small_batches_and_dense_checkpoints_change_nothing(journal_files, monkeypatch):
+    """Batch boundaries and checkpoints everywhere: every record of the corpus sits next to one."""
+    for rows, every in ((1, 1), (2, 3), (5, 2)):
+        monkeypatch.setattr(journals, "FIRST_BATCH_ROWS", rows)
+        monkeypatch.setattr(journals, "INDEX_BATCH_ROWS", rows)
+        monkeypatch.setattr(journals, "CHECKPOINT_EVERY", every)
+        for path in journal_files:
+            assert_index_matches_reference(path, every)
+
+
+def test_cut_and_bit_flipped_copies_index_like_a_plain_read(journal_files, tmp_path, monkeypatch):
+    monkeypatch.setattr(journals, "FIRST_BATCH_ROWS", 2)
+    monkeypatch.setattr(journals, "CHECKPOINT_EVERY", 2)
+    rng = random.Random(7)
+    damaged = 0
+    for n, path in enumerate(journal_files):
+        data = path.read_bytes()
+        copy = tmp_path / f"{n}-{path.name}"
+        variants = [data[:len(data) * k // 4] for k in (1, 2, 3)] + [data[:-1]]
+        for _ in range(3):
+            flipped = bytearray(data)
+            flipped[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+            variants.append(bytes(flipped))
+        for variant in variants:
+            copy.write_bytes(variant)
+            if sniff_file(str(copy)) is None:
+                continue  # the magic itself is gone: not a journal any more
+            damaged += assert_index_matches_reference(copy, 2).error is not None
+    assert damaged > len(journal_files)
+
+
+def test_any_window_equals_the_slice_of_read(journal_files, monkeypatch):
+    monkeypatch.setattr(journals, "CHECKPOINT_EVERY", 3)
+    for path in journal_files:
+        records, damage = all_records(path)
+        index = RecordIndex.build(str(path))
+        assert _damage(index.error) == damage
+        n = len(records)
+        for first in sorted({0, 1, 2, 3, 4, n // 2, n - 1, n}):
+            for count in (None, 0, 1, 2, 5):
+                want = records[first:] if count is None else records[first:first + count]
+                assert list(index.records(first, count)) == want, (path, first, count)
+        if n:
+            assert index.record(n - 1) == records[-1]
+        with pytest.raises(IndexError):
+            index.record(n)
+
+
+# -- big generated files -------------------------------------------------------------------------
+
+def big_file(fmt: str, n: int) -> bytes:
+    rng = random.Random(fmt)
+    if fmt == "kestrel-writer":
+        return CODECS[fmt].write(demo.kestrel_put_records(rng, n, payload=(16, 100)))
+    if fmt == "akka-data":
+        return AkkaData.build(demo.akka_messages(rng, n, ("a", "b", "c"), payload=(16, 100)))[0]
+    if fmt == "wallaby-log":
+        items = demo.wallaby_items(rng, n, payload=(16, 100))
+        return CODECS[fmt].write([{"time": t, "payload": p} for t, p in items])
+    raise AssertionError(fmt)
+
+
+@pytest.fixture(scope="module", params=["kestrel-writer", "akka-data", "wallaby-log"])
+def big_journal(request, tmp_path_factory) -> tuple[str, Path, bytes]:
+    path = tmp_path_factory.mktemp("big") / request.param
+    data = big_file(request.param, 150_000)
+    path.write_bytes(data)
+    return request.param, path, data
+
+
+def index_with_peak_memory(path: Path) -> tuple[RecordIndex, int]:
+    tracemalloc.start()
+    try:
+        index = RecordIndex.build(str(path))
+        return index, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_big_file_index_is_exact_and_memory_bounded(big_journal, tmp_path):
+    fmt, path, data = big_journal
+    assert len(data) > 10_000_000
+    index, peak = index_with_peak_memory(path)
+    count, damage, seqs, offsets = reference_index(path, journals.CHECKPOINT_EVERY)
+    assert (index.count, _damage(index.error), index.seqs, index.offsets) == \
+        (count, damage, seqs, offsets)
+    assert count == 150_000 and damage is None
+    # one batch of decoded records at a time, never the file: the peak does not grow with it
+    third = tmp_path / "third"
+    third.write_bytes(data[:index.offsets[len(index.offsets) // 3]])
+    _, third_peak = index_with_peak_memory(third)
+    assert peak < 8_000_000 and peak < len(data) / 2, peak
+    assert peak < 1.5 * third_peak + 500_000, (peak, third_peak)
+
+
+def test_torn_big_file_keeps_count_and_damage(big_journal, tmp_path):
+    fmt, _, data = big_journal
+    tail = collections.deque(CODECS[fmt].read(data, "big"), maxlen=3)
+    last = tail[-1]
+    torn = tmp_path / "torn"
+    torn.write_bytes(data[:last["offset"] + 7])  # the last record cut inside its header
+    index = assert_index_matches_reference(torn, journals.CHECKPOINT_EVERY)
+    assert index.count == last["seq"] and index.error.offset == last["offset"]
+    assert list(index.records(last["seq"] - 2)) == list(tail)[:2]
+
+
+def test_growing_file_gets_a_new_identity_and_count(tmp_path):
+    path = tmp_path / "q.1700000000000"
+    writer = CODECS["kestrel-writer"]
+    first = [{"id": i, "payload": b"x" * i} for i in range(1, 2000)]
+    path.write_bytes(writer.write(first))
+    before = RecordIndex.build(str(path))
+    with open(path, "ab") as f:
+        f.write(writer.write([{"id": 2000, "payload": b"new"}])[4:])  # one PUT, no magic
+    after = RecordIndex.build(str(path))
+    assert after.identity != before.identity
+    assert (before.count, after.count) == (1999, 2000)
+    assert after.record(1999)["payload"] == b"new" and after.error is None
