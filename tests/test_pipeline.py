@@ -184,3 +184,16 @@ def test_cli_counts_damage_and_exits_zero(tmp_path, records_corpus):
     missing = subprocess.run([sys.executable, "-m", "journalfs.cli", "pipeline", str(tmp_path / "nope"),
                               str(out)], capture_output=True, text=True, env=env, timeout=120)
     assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_input_without_journals_gives_empty_tables(spark, tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "readme.txt").write_text("not a journal")
+    out = tmp_path / "out"
+    summary = run(spark, str(src), str(out))
+    assert summary.rows == {"records": 0, "metadata": 0, "queues": 0, "persistence": 0,
+                            "transactions": 0, "_damage": 0}
+    for name in ("metadata", "queues", "persistence", "transactions", "_damage"):
+        assert (out / name / "_SUCCESS").exists()
+    assert pq.read_table(out / "queues").column_names == ["queue", "reader", "head", "tail", "pending"]
