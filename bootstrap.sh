@@ -41,19 +41,25 @@ demo() {
   if mountpoint -q "$mnt" 2>/dev/null; then .venv/bin/journalfs umount "$mnt"; fi
   rm -rf "$src"; mkdir -p "$src" "$mnt"
   cp -a demo/. "$src/"
+  # the embedded default store for $src lives under ~/.local/share/journalfs/stores/
   .venv/bin/journalfs mount "$src" "$mnt"
   echo "== mounted $src on $mnt"
   set -x
-  ls "$mnt"
+  ls -l "$mnt"
   setfattr -n user.metadata.comment -v "reviewed by ops" "$mnt/README.txt"
-  printf 'red\0green\0' > /tmp/journalfs-demo-list; setfattr -n user.metadata.emblems -v "$(cat /tmp/journalfs-demo-list | tr '\0' ',')" "$mnt/README.txt"
-  getfattr -d -m 'user\.metadata\.' "$mnt/README.txt"
-  ls "$mnt/.journalfs/records/"
+  setfattr -n user.metadata.tags -v 0x72656400677265656e00 "$mnt/README.txt"   # a list: red, green
+  setfattr -n user.metadata.rating -v 5 "$mnt/photos/2023/cat.jpg"
+  getfattr -d -m 'user\.metadata\.' "$mnt/README.txt" "$mnt/photos/2023/cat.jpg"
+  mv "$mnt/photos/2023" "$mnt/photos/best"              # metadata follows renames
+  getfattr -n user.metadata.rating "$mnt/photos/best/cat.jpg"
+  ls "$mnt/.journalfs/records/" "$mnt/.journalfs/records/queues/"
   ls "$mnt/.journalfs/records/queues/jobs.1700000000000" | head -n 5
-  cat "$mnt/.journalfs/records/jrnl/db.jrnl/00000000.transaction"
+  cat "$mnt/.journalfs/records/queues/jobs.1700000000000/00000000.put"; echo
   getfattr -d -m 'user\.record\.' "$mnt/.journalfs/records/queues/jobs.1700000000000/00000000.put"
-  head -c 600 "$mnt/.journalfs/status.json"; echo
+  cat "$mnt/.journalfs/records/jrnl/db.jrnl/00000000.transaction"
+  head -n 3 "$mnt/.journalfs/records/wallaby/events.log/records.jsonl"
   ls "$mnt/.journalfs/metadata/journal/"
+  cat "$mnt/.journalfs/status.json"; echo
   { set +x; } 2>/dev/null
   echo "== the demo stays mounted on $mnt; unmount with: .venv/bin/journalfs umount $mnt"
 }

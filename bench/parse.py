@@ -252,8 +252,8 @@ def _target(fmt: str, row: dict, clock: str) -> tuple[str | None, bool | None]:
 
 def print_table(rows: list[dict], clock: str, title: str) -> None:
     print(title)
-    head = (f"{'format':<15}{'MB':>5}{'records':>11}{'cat MB/s':>9}{'col MB/s':>9}"
-            f"{'col rec/s':>11}{'col/cat':>8}{'read rec/s':>11}{'read/cat':>9}{'col/read':>9}"
+    head = (f"{'format':<15}{'MB':>5}{'records':>11}{'cat MB/s':>9}{'col MB/s':>10}"
+            f"{'col rec/s':>14}{'col/cat':>8}{'read rec/s':>11}{'read/cat':>9}{'col/read':>9}"
             f"{'index s':>8}{'idx/read':>9}  target")
     print(head)
     print("-" * len(head))
@@ -262,7 +262,7 @@ def print_table(rows: list[dict], clock: str, title: str) -> None:
         verdict = "" if r["target"] is None else ("met" if met else "MISSED") + f" ({r['target']})"
         c = clock
         print(f"{r['format']:<15}{r['bytes'] / 1e6:>5.0f}{r['records']:>11,}{r[c + 'cat_mb_s']:>9.0f}"
-              f"{r[c + 'columns_mb_s']:>9.0f}{r[c + 'columns_records_s']:>11,.0f}"
+              f"{r[c + 'columns_mb_s']:>10.0f}{r[c + 'columns_records_s']:>14,.0f}"
               f"{r[c + 'columns_vs_cat']:>8.1%}{r[c + 'read_records_s']:>11,.0f}"
               f"{r[c + 'read_vs_cat']:>9.1%}{r[c + 'read_s'] / r[c + 'columns_s']:>8.2f}x"
               f"{r[c + 'index_s']:>8.2f}{r[c + 'index_vs_read']:>8.2f}x  {verdict}")

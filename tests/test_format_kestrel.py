@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from journalfs.formats import CODECS, FormatError, detect, record_to_json
+from journalfs.formats.base import Codec
 from journalfs.formats.kestrel import (
     MAX_DATA, READER_MAGIC, WRITER_MAGIC, KestrelReader, KestrelWriter, build_checkpoint,
     build_writer_file, check_magic, decode_put, encode_put, encode_read_done, encode_read_head,
@@ -319,6 +320,38 @@ def test_fast_paths_equal_the_frame_rules(parts, batch, tail):
             break
         start, seq = cols.next_offset, cols.next_seq
     assert got == expected and (error and error.offset) == damage
+
+
+@FAST
+@given(reader_records, st.binary(max_size=12), st.integers(1, 3))
+def test_reader_offsets_equal_read(records, tail, batch):
+    buf = READER.write(records) + tail
+    expected, damage = read_all(READER, buf)
+    offsets, next_offset, error = READER.record_offsets(buf, "f")
+    assert offsets.tolist() == [r["offset"] for r in expected] and next_offset is None
+    assert (error and (error.offset, error.reason)) == (damage and (damage.offset, damage.reason))
+    got, start, seq = [], None, 0
+    while True:
+        offsets, start, error = READER.record_offsets(buf, "f", start, seq, limit=batch)
+        assert len(offsets) <= batch
+        got += offsets.tolist()
+        seq += len(offsets)
+        if start is None:
+            break
+    assert got == [r["offset"] for r in expected]
+
+
+@FAST
+@given(reader_records, st.binary(max_size=12), st.sampled_from([None, 1, 2, 5]))
+def test_reader_columns_equal_the_generic_default(records, tail, limit):
+    buf = READER.write(records) + tail
+    fast = READER.read_columns(buf, "f", limit=limit)
+    generic = Codec.read_columns(READER, buf, "f", limit=limit)
+    # with no rows the default has no columns at all; the reader keeps the base ones
+    assert list(fast.data) == (list(generic.data) or ["format", "seq", "offset", "kind"])
+    assert columns_as_records(fast) == columns_as_records(generic)
+    assert (fast.rows, fast.next_offset, fast.next_seq) == (generic.rows, generic.next_offset, generic.next_seq)
+    assert (fast.error and fast.error.args) == (generic.error and generic.error.args)
 
 
 def test_resume_at_every_record_and_stop():

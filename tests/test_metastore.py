@@ -284,7 +284,10 @@ def test_invalid_journal_tail_is_dropped_by_rotation_like_gvfs(tmp_path):
         assert reader.get("/g2", "k") == "2" and reader.get("/g3", "k") is None
     check = check_store(str(tree), repair=True)
     assert any("backed up" in a for a in check.actions)
-    assert list(tmp_path.glob("home.backup.*")) and check_store(str(tree)) == []
+    backups = sorted(tmp_path.glob("home*.journalfs-backup-*"))
+    assert sorted(b.name.split(".journalfs-backup-")[0] for b in backups) == \
+        sorted(["home", Path(journal).name])
+    assert check_store(str(tree)) == []
     with MetaStore.open(str(tree), readonly=True) as reader:
         want = {f"/f{i}": {"k": str(i)} for i in range(5)} | {f"/g{i}": {"k": str(i)} for i in range(3)}
         assert reader.dump() == want
@@ -475,3 +478,138 @@ def test_gvfsd_appends_to_our_big_journal_and_we_read_it(tmp_path):
                 time.sleep(0.05)
             assert reader.dump() == model.dump()
             assert reader.status()["journal_size"] == 1 << 20  # still our journal, appended to
+
+
+# ---- performance work: group commit, inline reads, leftovers --------------------------------
+def test_service_applies_concurrent_writes_in_few_commits(tmp_path):
+    """Many writers: far fewer group commits (one store call + one fdatasync each) than
+    writes; a bad write fails alone; a full journal mid-batch rotates without losing any."""
+    tree = str(tmp_path / "home")
+    store = MetaStore.open(tree, sync="batch", journal_size=8192)
+    writes = 300
+    failures = []
+
+    async def main():
+        service = MetaService(store, fill_threshold=0.99, quiet_seconds=3600)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+
+            async def one(i):
+                key = "" if i == 13 else "n"  # an invalid key: only this write may fail
+                try:
+                    ticket = await service.set(f"/d{i % 7}/f{i}", key, str(i))
+                except ValueError:
+                    failures.append(i)
+                    return
+                assert store.durable_ticket >= ticket
+
+            async with trio.open_nursery() as writers:
+                for i in range(writes):
+                    writers.start_soon(one, i)
+            assert service.commits < writes // 2
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert failures == [13]
+    assert store.rotations >= 1  # 300 entries of ~40 bytes never fit 8 KiB
+    with MetaStore.open(tree, readonly=True) as reader:
+        assert reader.dump() == {f"/d{i % 7}/f{i}": {"n": str(i)} for i in range(writes) if i != 13}
+
+
+def test_inline_reads_answer_only_from_memory(tmp_path):
+    tree = str(tmp_path / "home")
+    with MetaStore.open(tree, sync="none") as store:
+        store.set("/in/tree", "k", "t")
+    store = MetaStore.open(tree, sync="none")
+    try:
+        store.set("/in/journal", "k", "j")
+        store.remove("/gone")
+        assert store.peek("/in/journal", "k") == (True, "j")
+        assert store.peek("/gone/below", "k") == (True, None)   # a REMOVE decides it
+        assert store.peek("/in/tree", "k") == (False, None)     # needs the mapped tree
+        assert store.get("/in/tree", "k") == "t"                # ... which caches it
+        assert store.peek("/in/tree", "k") == (True, "t")
+        assert store.peek("/in/tree") == (True, {"k": "t"})
+        store.set("/in/tree", "k", "newer")                     # the journal wins over the cache
+        assert store.peek("/in/tree", "k") == (True, "newer")
+
+        held, release = threading.Event(), threading.Event()
+
+        def hold_lock():
+            with store._lock:
+                held.set()
+                release.wait(30)
+        holder = threading.Thread(target=hold_lock)
+        holder.start()
+        held.wait(30)
+        try:  # a writer holds the lock: inline reads give up instead of waiting
+            assert store.peek("/in/journal", "k") == (False, None)
+        finally:
+            release.set()
+            holder.join()
+
+        async def via_service():
+            service = MetaService(store, sync="none")
+            assert service.get_cached("/in/journal", "k") == (True, "j")
+            assert await service.get("/in/journal", "k") == "j"
+            assert await service.get_all("/in/tree") == {"k": "newer"}
+        trio.run(via_service)
+    finally:
+        store.close()
+    with MetaStore.open(tree, readonly=True) as reader:
+        assert reader.peek("/in/tree", "k") == (False, None)  # readers re-check the files
+
+
+def _kill_during_rotation(tree: str, after_temp_written: bool) -> None:
+    """A writer process killed by SIGKILL inside rotate(), with its temp tree on disk."""
+    code = f"""
+import os, signal
+import journalfs.metastore.store as store_mod
+from journalfs.formats import gvfs_tree
+real = gvfs_tree.write_tree
+def dying(merged, f, tag):
+    if {after_temp_written!r}:
+        real(merged, f, tag)
+        f.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+store_mod.write_tree = dying
+s = store_mod.MetaStore.open({tree!r}, sync="always")
+s.set("/kept", "k", "v")
+s.rotate()
+"""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr
+
+
+@pytest.mark.parametrize("after_temp_written", [False, True])
+def test_temp_tree_of_a_killed_rotation_is_removed_at_next_open(tmp_path, after_temp_written):
+    tree = tmp_path / "home"
+    with MetaStore.open(str(tree), sync="none") as store:
+        store.set("/old", "k", "v")
+    user_copy = tmp_path / "home.backup"  # a name like ours, but the user's own copy
+    shutil.copy(tree, user_copy)
+    _kill_during_rotation(str(tree), after_temp_written)
+    leftovers = [p for p in tmp_path.glob("home.*") if p.name[5:6].isdigit()]
+    assert len(leftovers) == 1 and leftovers[0].stat().st_size > 0 or not after_temp_written
+    assert leftovers, "the killed writer left no temp tree"
+    with MetaStore.open(str(tree), readonly=True) as reader:  # readers never delete
+        assert reader.get("/kept", "k") == "v"
+    assert all(p.exists() for p in leftovers)
+    with MetaStore.open(str(tree), sync="none") as store:
+        assert not any(p.exists() for p in leftovers)
+        assert store.get("/kept", "k") == "v" and store.get("/old", "k") == "v"
+    assert user_copy.exists()
+
+
+def test_gvfsd_backend_status_names_the_journal(tmp_path):
+    from journalfs.metastore.gvfsd import GvfsdBackend
+    tree = tmp_path / "home"
+    assert GvfsdBackend(tree).status()["journal_path"] is None  # gvfsd wrote nothing yet
+    with MetaStore.open(str(tree), sync="none") as store:
+        store.set("/a", "k", "v")
+    with MetaStore.open(str(tree), readonly=True) as reader:
+        journal = reader.journal_path  # close() rotated: the journal of the new tree
+    backend = GvfsdBackend(tree)
+    assert backend.status()["journal_path"] == journal and os.path.exists(journal)

@@ -14,7 +14,9 @@ import subprocess
 import sys
 import time
 
-from ..fs.main import MountConfig, MountError, OptionError, pidfile_for, preflight
+# fs.main imports no pyfuse3/trio at module level: every CLI command loads this module.
+from ..fs.main import (DEFAULT_TIMEOUT, MountConfig, MountError, OptionError, pidfile_for,
+                       preflight)
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 UMOUNT_WAIT_SECONDS = 30.0
@@ -25,7 +27,13 @@ def add_parser(sub) -> None:
     p = sub.add_parser("mount", help="mount SOURCE at MOUNTPOINT (journals + metadata xattrs)",
                        description="Mirror SOURCE at MOUNTPOINT: metadata as user.metadata.* "
                        "xattrs, journals as records under MOUNTPOINT/.journalfs. Returns once "
-                       "the mount is usable (or stays attached with --foreground).")
+                       "the mount is usable (or stays attached with --foreground).",
+                       epilog="Caching: the kernel keeps names and attributes for "
+                       f"timeout={DEFAULT_TIMEOUT:g} seconds by default. Everything changed "
+                       "through the mount is seen at once (journalfs invalidates it); a change "
+                       "made directly in SOURCE behind the mount may stay unseen for up to the "
+                       "timeout. Use -o timeout=0 when SOURCE is also changed by others and "
+                       "must be seen immediately (slower: every stat asks journalfs).")
     p.add_argument("source", help="directory to mirror")
     p.add_argument("mountpoint", help="empty directory to mount on")
     p.add_argument("--store", metavar="DIR", help="gvfs-style metadata directory (home/root trees)")
@@ -34,7 +42,8 @@ def add_parser(sub) -> None:
     p.add_argument("--sync", choices=("always", "batch", "none"), help="metadata durability")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPTS",
                    help="comma list: store=DIR, sync=MODE, gvfs, allow_other, "
-                        "default_permissions, ro, debug, fsname=NAME, nonempty, timeout=SECONDS")
+                        "default_permissions, ro, debug, fsname=NAME, nonempty, timeout=SECONDS "
+                        f"(kernel cache of names/attributes, default {DEFAULT_TIMEOUT:g})")
     p.set_defaults(run=run_mount)
 
     u = sub.add_parser("umount", help="unmount a journalfs mount and wait for its daemon",

@@ -25,6 +25,8 @@ OP_OF_KIND = {k: i for i, k in enumerate(KIND_OF_OP)}
 
 _HEADER = struct.Struct(">6sBBIII")
 _U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_PAIR = struct.Struct(">II")
 _ENTRY_HEAD = struct.Struct(">IIQB")  # size, crc, mtime, op
 
 
@@ -77,28 +79,25 @@ def encode_entry(kind: str, mtime: int, path: str, key: str | None = None,
                  value: str | Sequence[str] | None = None, source: str | None = None) -> bytes:
     """One complete journal entry (both size fields and the CRC filled in)."""
     op = OP_OF_KIND[kind]
-    out = bytearray(16)
-    out += bytes((op,))
-    out += encode_str(path)
+    parts = [bytes((op,)), encode_str(path)]
     if op in (OP_SET, OP_SETV, OP_UNSET):
-        out += encode_str(key)
+        parts.append(encode_str(key))
     if op == OP_SET:
-        out += encode_str(value)
+        parts.append(encode_str(value))
     elif op == OP_SETV:
-        _pad4(out)
+        used = 16 + sum(map(len, parts))
         values = list(value)
-        out += _U32.pack(len(values))
-        for v in values:
-            out += encode_str(v)
+        parts.append(bytes(-used % 4))
+        parts.append(_U32.pack(len(values)))
+        parts.extend(encode_str(v) for v in values)
     elif op == OP_COPY:
-        out += encode_str(source)
-    _pad4(out)
-    out += b"\0\0\0\0"
-    size = len(out)
-    struct.pack_into(">IIQ", out, 0, size, 0, mtime & 0xFFFFFFFFFFFFFFFF)
-    _U32.pack_into(out, size - 4, size)
-    _U32.pack_into(out, 4, zlib.crc32(memoryview(out)[8:]))
-    return bytes(out)
+        parts.append(encode_str(source))
+    body = b"".join(parts)
+    body += bytes(-(16 + len(body)) % 4)
+    size = 16 + len(body) + 4
+    tail = _U32.pack(size)
+    time_and_body = _U64.pack(mtime & 0xFFFFFFFFFFFFFFFF) + body + tail
+    return _PAIR.pack(size, zlib.crc32(time_and_body)) + time_and_body
 
 
 def _cstr(buf, pos: int, end: int, source: str, what: str) -> tuple[str, int]:

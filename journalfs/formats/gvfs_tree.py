@@ -12,9 +12,10 @@ Byte layout: specs/gvfs-metadata.md. Three pieces:
 """
 from __future__ import annotations
 
-import bisect
 import io
+import itertools
 import mmap
+import operator
 import os
 import struct
 from array import array
@@ -31,8 +32,8 @@ ROTATED_OFFSET = 8
 LIST_FLAG = 0x80000000
 DIRENT_SIZE = 16
 MAX_RAW_TIME = 0xFFFFFFFF
-BIG_DIRECTORY = 64          # children counts from which lookups cache the decoded names
-DIR_CACHE_NAMES = 2_000_000  # at most this many cached names per tree view
+DIR_CACHE_NAMES = 1_500_000  # at most this many cached child names per tree view
+MAX_REGION = 16 << 20       # bulk string reads of larger regions go one string at a time
 
 _HEADER = struct.Struct(">6sBBIIIIq")
 _U32 = struct.Struct(">I")
@@ -86,8 +87,12 @@ class TreeView:
         self.keywords: list[str] = [decode_str(self.cstr(o, keywords + 4 + 4 * i))
                                     for i, o in enumerate(struct.unpack_from(f">{n}I", buf, keywords + 4))]
         self.key_ids = {k: i for i, k in enumerate(self.keywords)}
-        # big directories: their sorted child names, decoded once, so a lookup is one bisect
-        self._dir_names: dict[int, tuple[list[bytes], int]] = {}
+        # directories' child names -> positions, decoded once, so a lookup is a dict probe; by first
+        # child dirent and by path (bounded together: DIR_CACHE_NAMES names at most)
+        self._dir_names: dict[int, tuple[int, dict[str, int]]] = {}
+        self._dir_paths: dict[str, tuple[int, dict[str, int]]] = {}
+        self._cached_names = 0
+        self._find = getattr(buf, "find", None)  # mmap/bytes: C-level NUL search
 
     # -- primitives ------------------------------------------------------------------------
     @property
@@ -162,49 +167,89 @@ class TreeView:
             yield self.name(child), child
 
     def find_child(self, off: int, name: bytes) -> int | None:
-        n, first = self._children_block(off)
-        if n >= BIG_DIRECTORY:
-            return self._find_in_big_directory(first, n, name)
-        lo, hi = 0, n
-        while lo < hi:
-            mid = (lo + hi) // 2
-            child = first + DIRENT_SIZE * mid
-            here = self.name(child)
-            if here == name:
-                return child
-            if here < name:
-                lo = mid + 1
-            else:
-                hi = mid
-        return None
+        first, positions = self._directory(off)
+        i = positions.get(decode_str(name))
+        return None if i is None else first + DIRENT_SIZE * i
 
-    def _find_in_big_directory(self, first: int, n: int, name: bytes) -> int | None:
+    def _directory(self, off: int) -> tuple[int, dict[str, int]]:
+        """(first child dirent, {child name: position}) of dirent ``off``, decoded once per
+        directory. Names are decoded with surrogateescape, so str equality is byte equality;
+        the first of duplicate names (hostile) wins."""
+        n, first = self._children_block(off)
         cached = self._dir_names.get(first)
-        if cached is None:
-            names = [self.name(first + DIRENT_SIZE * i) for i in range(n)]
-            if any(a >= b for a, b in zip(names, names[1:])):  # unsorted (hostile): linear
-                cached = (names, -1)
-            else:
-                cached = (names, 0)
-            if sum(len(v[0]) for v in self._dir_names.values()) + n > DIR_CACHE_NAMES:
-                self._dir_names.clear()  # bounded memory: start over
-            self._dir_names[first] = cached
-        names, sorted_flag = cached
-        if sorted_flag < 0:
-            i = names.index(name) if name in names else -1
-        else:
-            i = bisect.bisect_left(names, name)
-            if i >= n or names[i] != name:
-                i = -1
-        return None if i < 0 else first + DIRENT_SIZE * i
+        if cached is not None:
+            return cached
+        names = decode_str(b"\0".join(self.child_names(first, n))).split("\0") if n else []
+        positions = dict(zip(names, range(n)))
+        if len(positions) < n:
+            positions = dict(zip(reversed(names), range(n - 1, -1, -1)))
+        self._cached_names += n
+        if self._cached_names > DIR_CACHE_NAMES:  # bounded memory: start over
+            self._dir_names.clear()
+            self._dir_paths.clear()
+            self._cached_names = n
+        cached = self._dir_names[first] = (first, positions)
+        return cached
+
+    def child_names(self, first: int, n: int) -> list[bytes]:
+        """Names of the ``n`` dirents from ``first``: one slice + split when the names lie in
+        one compact string region (as gvfs and we write them), else one by one."""
+        if not n:
+            return []
+        name_offs = np.frombuffer(self.buf, dtype=">u4", count=4 * n, offset=first)[0::4]
+        strings = self.strings_at(name_offs)
+        if strings is not None:
+            return strings
+        return [self.cstr(int(o), first + DIRENT_SIZE * i) for i, o in enumerate(name_offs)]
+
+    def string_region(self, offsets: np.ndarray) -> tuple[int, bytes] | None:
+        """(start, bytes) from the lowest offset to the NUL ending the string at the highest:
+        every string at ``offsets`` lies inside. None when an offset is outside the file, the
+        last string is unterminated or the region is implausibly large (callers then go one
+        string at a time, which names the bad offset)."""
+        lo, hi = int(offsets.min()), int(offsets.max())
+        if lo <= 0 or hi >= self.size:
+            return None
+        end = self.buf.find(b"\0", hi, min(self.size, hi + MAX_REGION)) \
+            if hasattr(self.buf, "find") else _find_nul(self.buf, hi)
+        if end < 0 or end - lo > MAX_REGION + 64 * len(offsets):
+            return None
+        return lo, bytes(self.buf[lo:end + 1])
+
+    def strings_at(self, offsets: np.ndarray) -> list[bytes] | None:
+        """The NUL-terminated strings at ``offsets`` (bulk), or None if they do not each
+        start a piece of one compact region."""
+        found = self.string_region(offsets)
+        if found is None:
+            return None
+        lo, region = found
+        pieces = region.split(b"\0")
+        starts = np.zeros(len(pieces), dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))[:-1] + 1,
+                  out=starts[1:])
+        rel = offsets.astype(np.int64) - lo
+        which = np.searchsorted(starts, rel)
+        if (which >= len(pieces)).any() or (starts[np.minimum(which, len(pieces) - 1)] != rel).any():
+            return None
+        if len(which) == len(pieces) - 1 and (np.diff(which) == 1).all():
+            pieces.pop()  # the common case: the region is exactly these strings, in order
+            return pieces
+        return [pieces[i] for i in which.tolist()]
 
     def lookup(self, path: str) -> int | None:
-        off = self.root
-        for name in split_path(path):
-            off = self.find_child(off, name)
-            if off is None:
+        """Dirent of ``path`` (canonical) or None: the parent directory's children are
+        cached by path, so a lookup is two dict probes."""
+        if path == "/":
+            return self.root
+        parent, _, name = path.rpartition("/")
+        directory = self._dir_paths.get(parent)
+        if directory is None:
+            parent_off = self.root if not parent else self.lookup(parent)
+            if parent_off is None:
                 return None
-        return off
+            directory = self._dir_paths[parent] = self._directory(parent_off)
+        i = directory[1].get(name)
+        return None if i is None else directory[0] + DIRENT_SIZE * i
 
     # -- metadata --------------------------------------------------------------------------
     def _metadata_block(self, off: int) -> tuple[int, int]:
@@ -254,6 +299,31 @@ class TreeView:
         return out
 
     def metadata(self, off: int) -> dict[str, Value]:
+        """Decoded {key: value} of dirent ``off`` (the lookup hot path: plain values are
+        decoded straight from the buffer; lists and anything odd take the checked path)."""
+        buf, size = self.buf, self.size
+        block = _U32.unpack_from(buf, off + 8)[0]
+        if not block:
+            return {}
+        find = self._find
+        if block % 4 or block + 4 > size or find is None:
+            return self._metadata_checked(off)
+        n = _U32.unpack_from(buf, block)[0]
+        if n > (size - block - 4) // 8:
+            return self._metadata_checked(off)
+        keywords = self.keywords
+        out = {}
+        for pair in range(block + 4, block + 4 + 8 * n, 8):
+            key_field, value_off = _PAIR.unpack_from(buf, pair)
+            if key_field >= len(keywords) or not 0 < value_off < size:
+                return self._metadata_checked(off)
+            end = find(b"\0", value_off)
+            if end < 0:
+                return self._metadata_checked(off)
+            out[keywords[key_field]] = buf[value_off:end].decode("utf-8", "surrogateescape")
+        return out
+
+    def _metadata_checked(self, off: int) -> dict[str, Value]:
         keywords = self.keywords
         return {keywords[kid]: ([decode_str(x) for x in v] if isinstance(v, list) else decode_str(v))
                 for kid, v in self.raw_metadata(off)}
@@ -636,6 +706,133 @@ def _raw_time(t: int, base: int) -> int:
     return min(max(t - base, 1), MAX_RAW_TIME)
 
 
+class _DirectoryCopier:
+    """Rewrites an untouched base directory's children block with numpy: dirents, names and
+    metadata are moved as arrays and byte regions, never as a Python object per child.
+
+    :meth:`directory` returns None whenever the directory is not the plain case (list values,
+    names or keys out of order, any offset or count that does not check out): the caller then
+    takes the per-row path, which sorts what is unsorted and raises FormatError with the
+    offending offset.
+    """
+
+    def __init__(self, base: TreeView | None, kid_map: list[int], empty: int, time_base: int):
+        self.base = base
+        self.empty = empty
+        self.time_base = time_base
+        self.words = None
+        self.kid_map = np.array(kid_map, dtype=np.int64)
+        usable = base is not None and base.size % 4 == 0 and abs(base.time_base) < 1 << 62 \
+            and abs(time_base) < 1 << 62 and all(np.diff(self.kid_map) > 0)
+        if usable:
+            self.words = np.frombuffer(base.buf, dtype=">u4")
+
+    def close(self) -> None:
+        self.words = None  # release the export of the (mapped) base buffer
+
+    def directory(self, off: int, forced: int | None, block_at: int):
+        """(block bytes for a children block written at ``block_at``, [(child index, base
+        dirent) of children that have children]) or None."""
+        if self.words is None:
+            return None
+        base, words = self.base, self.words
+        n, first = base._children_block(off)
+        if n == 0:
+            return None
+        dirents = words[first // 4:first // 4 + 4 * n].reshape(n, 4).astype(np.int64)
+        name_off, kids_off, meta_off, raw_time = dirents.T
+        names = base.string_region(name_off)
+        if names is None or not self._sorted_names(name_off, names):
+            return None
+        subdirs = self._subdirs(kids_off)
+        if subdirs is None:
+            return None
+        names_start = block_at + 4 + DIRENT_SIZE * n
+        name_block = names[1] + bytes(-len(names[1]) % 4)
+        meta = self._metadata(meta_off, names_start + len(name_block))
+        if meta is None:
+            return None
+        region, new_meta = meta
+        out = np.empty((n, 4), dtype=">u4")
+        out[:, 0] = name_off - names[0] + names_start
+        out[:, 1] = self.empty
+        out[:, 2] = new_meta
+        out[:, 3] = self._times(raw_time, forced)
+        data = b"".join((_U32.pack(n), out.tobytes(), name_block, region))
+        return data, [(int(i), first + DIRENT_SIZE * int(i)) for i in subdirs]
+
+    def _sorted_names(self, name_off: np.ndarray, names: tuple[int, bytes]) -> bool:
+        """Names strictly increasing (what readers bisect), each starting a region piece."""
+        found = self.base.strings_at(name_off)
+        return found is not None and not any(map(operator.ge, found, itertools.islice(found, 1, None)))
+
+    def _subdirs(self, kids_off: np.ndarray):
+        size, words = self.base.size, self.words
+        has = np.flatnonzero(kids_off)
+        if not len(has):
+            return has
+        blocks = kids_off[has]
+        if ((blocks % 4) | (blocks < 0) | (blocks + 4 > size)).any():
+            return None
+        counts = words[blocks // 4].astype(np.int64)
+        if (counts > (size - blocks - 4) // DIRENT_SIZE).any():
+            return None
+        return has[counts > 0]
+
+    def _metadata(self, meta_off: np.ndarray, start: int):
+        """(region bytes: every child's block then the value strings, new block offset per
+        child -- ``empty`` for none) or None."""
+        size, words = self.base.size, self.words
+        new_offs = np.full(len(meta_off), self.empty, dtype=np.int64)
+        has = np.flatnonzero(meta_off)
+        if not len(has):
+            return b"", new_offs
+        blocks = meta_off[has]
+        if ((blocks % 4) | (blocks < 0) | (blocks + 4 > size)).any():
+            return None
+        counts = words[blocks // 4].astype(np.int64)
+        if (counts > (size - blocks - 4) // 8).any():
+            return None
+        keep = counts > 0
+        has, blocks, counts = has[keep], blocks[keep], counts[keep]
+        if not len(has):
+            return b"", new_offs
+        total = int(counts.sum())
+        group_start = np.cumsum(counts) - counts            # first pair index of each child
+        child_of_pair = np.repeat(np.arange(len(counts)), counts)
+        pair_in_child = np.arange(total) - group_start[child_of_pair]
+        pair_word = blocks[child_of_pair] // 4 + 1 + 2 * pair_in_child
+        key_field = words[pair_word].astype(np.int64)
+        value_off = words[pair_word + 1].astype(np.int64)
+        if (key_field >= len(self.kid_map)).any():          # also catches LIST_FLAG (lists)
+            return None
+        new_kid = self.kid_map[key_field]
+        same_child = child_of_pair[1:] == child_of_pair[:-1]
+        if (np.diff(new_kid)[same_child] <= 0).any():        # blocks are bisected by key id
+            return None
+        values = self.base.string_region(value_off)
+        if values is None:
+            return None
+        block_words = 1 + 2 * counts
+        block_start = np.cumsum(block_words) - block_words  # in words from `start`
+        values_start = start + 4 * int(block_words.sum())
+        out = np.empty(int(block_words.sum()), dtype=">u4")
+        out[block_start] = counts
+        pair_at = block_start[child_of_pair] + 1 + 2 * pair_in_child
+        out[pair_at] = new_kid
+        out[pair_at + 1] = value_off - values[0] + values_start
+        new_offs[has] = start + 4 * block_start
+        data = values[1]
+        return out.tobytes() + data + bytes(-len(data) % 4), new_offs
+
+    def _times(self, raw_time: np.ndarray, forced: int | None) -> np.ndarray:
+        if forced is not None:
+            t = np.full(len(raw_time), forced, dtype=np.int64)
+        else:
+            t = np.where(raw_time != 0, raw_time + self.base.time_base, 0)
+        return np.where(t == 0, 0, np.clip(t - self.time_base, 1, MAX_RAW_TIME))
+
+
 def write_tree(merged: MergedTree, f: BinaryIO, tag: int) -> int:
     """Serialize ``merged`` into the empty file ``f`` (opened for writing; seekable and
     mmap-able for the final patch pass when it is a real file). Returns the size written.
@@ -671,12 +868,21 @@ def write_tree(merged: MergedTree, f: BinaryIO, tag: int) -> int:
     _DIRENT.pack_into(out.tail, root_at, root_at + DIRENT_SIZE, empty, meta_off or empty, 0)
     level = [(root_at, merged.root, merged.root.forced)]
     guard = merged.cycle_guard()
+    copier = _DirectoryCopier(merged.base, kid_map, empty, time_base)
     while level:
         nxt = []
         for dirent_at, item, forced in level:
             guard(item)
-            rows = merged.writer_rows(item, forced, key_ids, kid_map)
             block_at = out.pos
+            copied = None if isinstance(item, Node) else \
+                copier.directory(item, forced, block_at)
+            if copied is not None:  # an untouched directory: bulk-copied, no per-node objects
+                data, subdirs = copied
+                patches.extend((dirent_at + 4, block_at))
+                out.write(data)
+                nxt.extend((block_at + 4 + DIRENT_SIZE * i, child, forced) for i, child in subdirs)
+                continue
+            rows = merged.writer_rows(item, forced, key_ids, kid_map)
             patches.extend((dirent_at + 4, block_at))
             names = {row[0]: 0 for row in rows}
             names_start = block_at + 4 + DIRENT_SIZE * len(rows)
@@ -691,6 +897,7 @@ def write_tree(merged: MergedTree, f: BinaryIO, tag: int) -> int:
             out.write(name_block)
             out.write(region)
         level = nxt
+    copier.close()
     # the header last: now every offset is known
     header = _HEADER.pack(MAGIC, 1, 0, 0, tag, root_at, HEADER_SIZE, time_base)
     out.flush()

@@ -14,8 +14,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import Callable
 
-import pyfuse3
-import trio
+# pyfuse3 and trio are imported where a mount is actually served: every other `journalfs`
+# command imports this module (through commands/mount.py) and should start fast.
 
 log = logging.getLogger("journalfs.fs")
 
@@ -25,6 +25,10 @@ IGNORED_OPTIONS = {"rw", "defaults", "auto", "noauto", "user", "users", "nofail"
                    "dev", "suid", "exec", "nodev", "nosuid", "noexec", "async", "atime",
                    "noatime", "relatime", "nouser"}
 IGNORED_PREFIXES = ("x-systemd.", "comment=", "x-")
+#: Seconds the kernel may cache names and attributes (-o timeout=). Long, because journalfs
+#: invalidates precisely whatever it changes itself; only changes made directly in SOURCE
+#: behind the mount wait for the timeout to become visible.
+DEFAULT_TIMEOUT = 120.0
 
 
 class MountError(Exception):
@@ -37,6 +41,10 @@ class OptionError(ValueError):
 
 @dataclass
 class MountConfig:
+    """Options of one mount. ``timeout`` is how long the kernel may cache names and
+    attributes: journalfs invalidates what it changes itself at once, so only changes made
+    directly in SOURCE (behind the mount) can stay unseen for up to that long."""
+
     source: str
     mountpoint: str
     store: str | None = None
@@ -48,7 +56,7 @@ class MountConfig:
     debug: bool = False
     nonempty: bool = False
     fsname: str | None = None
-    timeout: float = 1.0
+    timeout: float = DEFAULT_TIMEOUT
     extra: list[str] = field(default_factory=list)
 
     def apply_options(self, text: str) -> None:
@@ -70,6 +78,8 @@ class MountConfig:
                     self.timeout = float(value)
                 except ValueError:
                     raise OptionError(f"timeout must be a number of seconds, not {value!r}") from None
+                if not 0 <= self.timeout < 1e9:  # also rejects nan
+                    raise OptionError(f"timeout must be 0 or more seconds, not {value!r}")
             elif opt == "gvfs":
                 self.gvfs = True
             elif opt in ("allow_other", "default_permissions", "ro", "debug", "nonempty"):
@@ -142,7 +152,10 @@ def _open_metadata(config: MountConfig):
     return MetaService(store, sync=config.sync), location
 
 
-async def _stop_on_signals(task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def _stop_on_signals(task_status) -> None:
+    import pyfuse3
+    import trio
+
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         task_status.started()
         async for signum in signals:
@@ -153,6 +166,9 @@ async def _stop_on_signals(task_status=trio.TASK_STATUS_IGNORED) -> None:
 
 async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None) -> None:
     """Mount, serve until unmounted or signalled, then flush metadata and unmount."""
+    import pyfuse3
+    import trio
+
     from .passthrough import JournalFS
 
     meta, location = _open_metadata(config)
@@ -188,6 +204,8 @@ def _first(group: BaseExceptionGroup) -> BaseException:
 
 def run(config: MountConfig, ready: Callable[[], None] = lambda: None) -> None:
     """Serve ``config`` on a fresh trio loop; a MountError carries the user-facing line."""
+    import trio
+
     os.umask(0)  # the kernel already applied the caller's umask to every mode we receive
     try:
         trio.run(serve, config, ready)

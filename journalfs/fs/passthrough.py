@@ -20,6 +20,7 @@ import pyfuse3
 import trio
 
 from . import xattrs
+from .caches import DirSnapshots, MetaCache
 from .inodes import Inode, InodeTable, join
 from .views import VIEWS_NAME, Views
 
@@ -30,6 +31,8 @@ HANDLE_BASE = 1 << 32
 _libc = ctypes.CDLL(None, use_errno=True)
 _AT_FDCWD = -100
 _IS_ROOT = os.geteuid() == 0
+#: Longest a directory listing answers lookups (never longer than the kernel's own timeout).
+SNAPSHOT_TTL = 2.0
 
 
 def _renameat2(old: bytes, new: bytes, flags: int) -> None:
@@ -78,6 +81,11 @@ class JournalFS(pyfuse3.Operations):
         self.dirs: dict[int, tuple[Inode, list]] = {}          # handle -> (dir, entries)
         self.views = Views(self, options or {})
         self._exchange_tmp = itertools.count()
+        self.snapshots = DirSnapshots(min(timeout, SNAPSHOT_TTL))
+        # Metadata values are cached only for a store this mount alone writes.
+        store = getattr(meta, "store", None)
+        exclusive = store is not None and getattr(store, "readonly", True) is False
+        self.meta_cache = MetaCache() if exclusive else None
 
     # -- helpers ---------------------------------------------------------------------------
     def next_inode(self) -> int:
@@ -148,10 +156,25 @@ class JournalFS(pyfuse3.Operations):
         else:
             os.chown(path, ctx.uid, gid, follow_symlinks=False)
 
-    async def _created(self, rel: bytes) -> pyfuse3.EntryAttributes:
+    async def _created(self, rel: bytes, st: os.stat_result) -> pyfuse3.EntryAttributes:
+        self.snapshots.clear()
         await self.views.source_changed(rel)
-        st = await _in_thread(os.lstat, self.abs(rel))
         return self.attrs(self.table.remember(rel, st), st)
+
+    def _attrs_changed(self, node: Inode) -> None:
+        """``node``'s attributes changed through us: listings holding its stat are stale."""
+        self.snapshots.changed(*{os.path.dirname(p) for p in node.paths})
+
+    async def _listing(self, dir_rel: bytes) -> dict[bytes, os.stat_result] | None:
+        """A fresh listing of ``dir_rel`` to answer lookups from, when it is busy enough."""
+        listing = self.snapshots.listing(dir_rel)
+        if listing is None and self.snapshots.worth_scanning(dir_rel):
+            generation = self.snapshots.generation
+            skip = VIEWS_NAME if dir_rel == b"" else None
+            scanned = await _in_thread(self.snapshots.scan, self.abs(dir_rel), skip)
+            self.snapshots.store(dir_rel, generation, scanned)
+            listing = self.snapshots.listing(dir_rel)
+        return listing
 
     # -- lookup / attributes ---------------------------------------------------------------
     @_guarded
@@ -161,12 +184,19 @@ class JournalFS(pyfuse3.Operations):
         if self.views.owns(parent_inode):
             return await self.views.lookup(parent_inode, name)
         parent = self.table.get(parent_inode)
+        parent_rel = self._path(parent)
         if name == b".":
-            rel = self._path(parent)
+            rel = parent_rel
         elif name == b"..":
-            rel = os.path.dirname(self._path(parent))
+            rel = os.path.dirname(parent_rel)
         else:
-            rel = join(self._path(parent), name)
+            rel = join(parent_rel, name)
+            listing = await self._listing(parent_rel)
+            if listing is not None:  # answered from memory: `ls -l`, find, stat of many files
+                st = listing.get(name)
+                if st is None:
+                    raise pyfuse3.FUSEError(errno.ENOENT)
+                return self.attrs(self.table.remember(rel, st), st)
         st = await _in_thread(os.lstat, self.abs(rel))
         return self.attrs(self.table.remember(rel, st), st)
 
@@ -190,7 +220,11 @@ class JournalFS(pyfuse3.Operations):
         if self.views.owns(inode):
             raise pyfuse3.FUSEError(errno.EROFS)
         node = self.table.get(inode)
-        st = await _in_thread(self._apply_setattr, node.path, list(node.handles), attr, fields, fh)
+        try:
+            st = await _in_thread(self._apply_setattr, node.path, list(node.handles), attr,
+                                  fields, fh)
+        finally:
+            self._attrs_changed(node)
         if fields.update_size and node.path is not None:
             await self.views.source_changed(node.path)
         return self.attrs(node, st)
@@ -268,7 +302,10 @@ class JournalFS(pyfuse3.Operations):
             return await self.views.opendir(inode)
         node = self.table.get(inode)
         rel = self._path(node)
+        generation = self.snapshots.generation
         entries = await _in_thread(self._list_dir, rel)
+        if self.snapshots.enabled and len(entries) <= self.snapshots.max_entries:
+            self.snapshots.store(rel, generation, dict(entries))
         handle = self.next_handle()
         self.dirs[handle] = (node, entries)
         return handle
@@ -322,49 +359,59 @@ class JournalFS(pyfuse3.Operations):
     async def mkdir(self, parent_inode, name, mode, ctx):
         rel = self._child(parent_inode, name)
         path = self.abs(rel)
-        await _in_thread(self._mkdir, path, stat.S_IMODE(mode), ctx)
-        return await self._created(rel)
+        st = await _in_thread(self._mkdir, path, stat.S_IMODE(mode), ctx)
+        return await self._created(rel, st)
 
-    def _mkdir(self, path: bytes, mode: int, ctx) -> None:
+    def _mkdir(self, path: bytes, mode: int, ctx) -> os.stat_result:
         os.mkdir(path, mode)
         self._own(path, ctx)
+        return os.lstat(path)
 
     @_guarded
     async def rmdir(self, parent_inode, name, ctx):
         rel = self._child(parent_inode, name)
-        await _in_thread(os.rmdir, self.abs(rel))
+        try:
+            await _in_thread(os.rmdir, self.abs(rel))
+        finally:
+            self.snapshots.clear()
         self.table.unlinked(rel)
         await self.views.source_changed(rel)
-        await self._meta_call("remove", self.store_path(rel))
+        await self._meta_restructure("remove", self.store_path(rel))
 
     # -- names -----------------------------------------------------------------------------
     @_guarded
     async def unlink(self, parent_inode, name, ctx):
         rel = self._child(parent_inode, name)
-        await _in_thread(os.unlink, self.abs(rel))
+        try:
+            await _in_thread(os.unlink, self.abs(rel))
+        finally:
+            self.snapshots.clear()  # also other hard links' nlink
         self.table.unlinked(rel)
         await self.views.source_changed(rel)
-        await self._meta_call("remove", self.store_path(rel))
+        await self._meta_restructure("remove", self.store_path(rel))
 
     @_guarded
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         old = self._child(parent_inode_old, name_old)
         new = self._child(parent_inode_new, name_new)
-        replaced = await _in_thread(self._rename, old, new, flags)
+        try:
+            replaced = await _in_thread(self._rename, old, new, flags)
+        finally:
+            self.snapshots.clear()
         await self.views.source_changed(old)
         await self.views.source_changed(new)
         if flags & pyfuse3.RENAME_EXCHANGE:
             self.table.renamed([(old, new), (new, old)])
             tmp = self.store_path(b".journalfs-exchange-%d" % next(self._exchange_tmp))
-            await self._meta_call("move", self.store_path(old), tmp)
-            await self._meta_call("move", self.store_path(new), self.store_path(old))
-            await self._meta_call("move", tmp, self.store_path(new))
+            await self._meta_restructure("move", self.store_path(old), tmp)
+            await self._meta_restructure("move", self.store_path(new), self.store_path(old))
+            await self._meta_restructure("move", tmp, self.store_path(new))
             return
         if replaced:
             self.table.unlinked(new)
-            await self._meta_call("remove", self.store_path(new))
+            await self._meta_restructure("remove", self.store_path(new))
         self.table.renamed([(old, new)])
-        await self._meta_call("move", self.store_path(old), self.store_path(new))
+        await self._meta_restructure("move", self.store_path(old), self.store_path(new))
 
     def _rename(self, old: bytes, new: bytes, flags: int) -> bool:
         """Rename in SOURCE; True when an existing, different object at ``new`` was replaced."""
@@ -382,12 +429,13 @@ class JournalFS(pyfuse3.Operations):
     @_guarded
     async def symlink(self, parent_inode, name, target, ctx):
         rel = self._child(parent_inode, name)
-        await _in_thread(self._symlink, bytes(target), self.abs(rel), ctx)
-        return await self._created(rel)
+        st = await _in_thread(self._symlink, bytes(target), self.abs(rel), ctx)
+        return await self._created(rel, st)
 
-    def _symlink(self, target: bytes, path: bytes, ctx) -> None:
+    def _symlink(self, target: bytes, path: bytes, ctx) -> os.stat_result:
         os.symlink(target, path)
         self._own(path, ctx)
+        return os.lstat(path)
 
     @_guarded
     async def link(self, inode, new_parent_inode, new_name, ctx):
@@ -395,18 +443,24 @@ class JournalFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         rel = self._child(new_parent_inode, new_name)
         src = self.abs(self._path(self.table.get(inode)))
-        await _in_thread(functools.partial(os.link, src, self.abs(rel), follow_symlinks=False))
-        return await self._created(rel)
+        st = await _in_thread(self._link, src, self.abs(rel))
+        return await self._created(rel, st)
+
+    @staticmethod
+    def _link(src: bytes, dst: bytes) -> os.stat_result:
+        os.link(src, dst, follow_symlinks=False)
+        return os.lstat(dst)
 
     @_guarded
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
         rel = self._child(parent_inode, name)
-        await _in_thread(self._mknod, self.abs(rel), mode, rdev, ctx)
-        return await self._created(rel)
+        st = await _in_thread(self._mknod, self.abs(rel), mode, rdev, ctx)
+        return await self._created(rel, st)
 
-    def _mknod(self, path: bytes, mode: int, rdev: int, ctx) -> None:
+    def _mknod(self, path: bytes, mode: int, rdev: int, ctx) -> os.stat_result:
         os.mknod(path, mode, rdev)
         self._own(path, ctx)
+        return os.lstat(path)
 
     # -- files -----------------------------------------------------------------------------
     @_guarded
@@ -435,7 +489,10 @@ class JournalFS(pyfuse3.Operations):
     @_guarded
     async def create(self, parent_inode, name, mode, flags, ctx):
         rel = self._child(parent_inode, name)
-        fd, st = await _in_thread(self._create, self.abs(rel), mode, flags, ctx)
+        try:
+            fd, st = await _in_thread(self._create, self.abs(rel), mode, flags, ctx)
+        finally:
+            self.snapshots.clear()
         node = self.table.remember(rel, st)
         node.handles.add(fd)
         self.files[fd] = node
@@ -473,11 +530,18 @@ class JournalFS(pyfuse3.Operations):
         if fh >= HANDLE_BASE:
             raise pyfuse3.FUSEError(errno.EROFS)
         self.written.add(fh)
-        return await _in_thread(os.pwrite, fh, buf, off)
+        try:
+            return await _in_thread(os.pwrite, fh, buf, off)
+        finally:
+            node = self.files.get(fh)
+            if node is not None:
+                self._attrs_changed(node)
 
     @_guarded
     async def flush(self, fh):
-        if fh < HANDLE_BASE:  # close(2) semantics of the underlying filesystem
+        # close(2) semantics of the underlying filesystem (e.g. NFS flushes on close): only
+        # a written file has anything to flush, so a read-only close costs no thread hop.
+        if fh < HANDLE_BASE and fh in self.written:
             await _in_thread(lambda: os.close(os.dup(fh)))
             await self._written_out(fh)
 
@@ -503,13 +567,19 @@ class JournalFS(pyfuse3.Operations):
         await self._written_out(fh)
         node = self.files.pop(fh, None)
         try:
-            st = await _in_thread(os.fstat, fh)
+            st = await _in_thread(self._close, fh)  # one hop for both
             if node is not None:
                 node.cache_ident = (st.st_size, st.st_mtime_ns)
         finally:
-            os.close(fh)
             if node is not None:
                 self.table.release_handle(node, fh)
+
+    @staticmethod
+    def _close(fd: int) -> os.stat_result:
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
 
     # -- extended attributes ---------------------------------------------------------------
     async def _meta_call(self, method: str, *args):
@@ -525,6 +595,41 @@ class JournalFS(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(exc.errno) from None
             log.exception("metadata %s%r failed", method, args)
             raise pyfuse3.FUSEError(errno.EIO) from None
+
+    async def _meta_values(self, store_path: str) -> dict:
+        """Every metadata key of ``store_path``: from memory when cached (no thread hop)."""
+        cache = self.meta_cache
+        values = cache.get_all(store_path) if cache is not None else None
+        if values is None:
+            generation = cache.generation if cache is not None else 0
+            values = await self._meta_call("get_all", store_path) or {}
+            if cache is not None:
+                cache.store(store_path, generation, values)
+        return values
+
+    async def _meta_get(self, store_path: str, key: str):
+        if self.meta_cache is None:
+            return await self._meta_call("get", store_path, key)
+        return (await self._meta_values(store_path)).get(key)
+
+    async def _meta_write(self, method: str, store_path: str, key: str, value=None) -> None:
+        """set/unset one key, keeping the cache exact (dropped when the outcome is unknown)."""
+        try:
+            await self._meta_call(method, store_path, key, *(() if value is None else (value,)))
+        except BaseException:
+            if self.meta_cache is not None:
+                self.meta_cache.forget(store_path)
+            raise
+        if self.meta_cache is not None:
+            self.meta_cache.written(store_path, key, value)
+
+    async def _meta_restructure(self, method: str, *paths: str) -> None:
+        """remove/move whole subtrees in the store; cached values are dropped afterwards."""
+        try:
+            await self._meta_call(method, *paths)
+        finally:
+            if self.meta_cache is not None:
+                self.meta_cache.moved_or_removed()
 
     def _xattr_target(self, node: Inode):
         """Where SOURCE's own xattrs are read: the path, or an fd once unlinked."""
@@ -545,7 +650,7 @@ class JournalFS(pyfuse3.Operations):
         if key is None:
             target = self._xattr_target(node)
             return await _in_thread(self._native_getxattr, target, name)
-        value = await self._meta_call("get", self.store_path(self._path(node)), key)
+        value = await self._meta_get(self.store_path(self._path(node)), key)
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return xattrs.encode_value(value)
@@ -564,15 +669,18 @@ class JournalFS(pyfuse3.Operations):
         key = xattrs.metadata_key(name)
         if key is None:
             target = self._xattr_target(node)
-            if isinstance(target, int):
-                await _in_thread(os.setxattr, target, name, value)
-            else:
-                await _in_thread(functools.partial(os.setxattr, target, name, value,
-                                                   follow_symlinks=False))
+            try:
+                if isinstance(target, int):
+                    await _in_thread(os.setxattr, target, name, value)
+                else:
+                    await _in_thread(functools.partial(os.setxattr, target, name, value,
+                                                       follow_symlinks=False))
+            finally:
+                self._attrs_changed(node)  # ctime
             return
         self._check_user_xattr_allowed(node)
-        await self._meta_call("set", self.store_path(self._path(node)), key,
-                              xattrs.decode_value(value))
+        await self._meta_write("set", self.store_path(self._path(node)), key,
+                               xattrs.decode_value(value))
 
     @staticmethod
     def _check_user_xattr_allowed(node: Inode) -> None:
@@ -589,17 +697,20 @@ class JournalFS(pyfuse3.Operations):
         key = xattrs.metadata_key(name)
         if key is None:
             target = self._xattr_target(node)
-            if isinstance(target, int):
-                await _in_thread(os.removexattr, target, name)
-            else:
-                await _in_thread(functools.partial(os.removexattr, target, name,
-                                                   follow_symlinks=False))
+            try:
+                if isinstance(target, int):
+                    await _in_thread(os.removexattr, target, name)
+                else:
+                    await _in_thread(functools.partial(os.removexattr, target, name,
+                                                       follow_symlinks=False))
+            finally:
+                self._attrs_changed(node)  # ctime
             return
         self._check_user_xattr_allowed(node)
         store_path = self.store_path(self._path(node))
-        if await self._meta_call("get", store_path, key) is None:
+        if await self._meta_get(store_path, key) is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-        await self._meta_call("unset", store_path, key)
+        await self._meta_write("unset", store_path, key)
 
     @_guarded
     async def listxattr(self, inode, ctx):
@@ -614,6 +725,6 @@ class JournalFS(pyfuse3.Operations):
                                                         follow_symlinks=False))
         names = [os.fsencode(n) for n in native if not os.fsencode(n).startswith(xattrs.METADATA_PREFIX)]
         if node.path is not None:
-            stored = await self._meta_call("get_all", self.store_path(node.path))
-            names += xattrs.metadata_names(stored or {})
+            stored = await self._meta_values(self.store_path(node.path))
+            names += xattrs.metadata_names(stored)
         return names

@@ -671,10 +671,18 @@ class Views:
         if node.kind == STATUS:
             self.files[handle] = await self._status_bytes()
             return pyfuse3.FileInfo(fh=handle, direct_io=True)
-        self.files[handle] = await trio.to_thread.run_sync(self._open_content, node)
+        rec = self._cached_record(node) if node.kind == RECORD else None
+        if rec is not None:  # decoded moments ago: answered inline
+            self.files[handle] = record_content(rec)
+        else:
+            self.files[handle] = await trio.to_thread.run_sync(self._open_content, node)
         # The live journal changes in place: never trust the page cache for it. records.jsonl
         # is streamed by its reader and may be listed with a provisional size (see above).
-        return pyfuse3.FileInfo(fh=handle, direct_io=node.rel == LIVE or node.kind == JSONL)
+        # A record file's content is fixed by its inode (journal, seq) and the journal's
+        # identity: a changed journal gets its view dentries invalidated, and a new size or
+        # mtime in its attributes drops the kernel's pages, so they can be kept across opens.
+        uncached = node.rel == LIVE or node.kind == JSONL
+        return pyfuse3.FileInfo(fh=handle, direct_io=uncached, keep_cache=not uncached)
 
     def _open_content(self, node: VNode):
         if node.kind == JSONL:

@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import os
-import shutil
-import time
 
 from ..formats.base import Finding
 from ..formats.gvfs_journal import GvfsJournal
 from ..formats.gvfs_tree import GvfsTree
-from ..journals import mapped
+from ..journals import mapped, write_backup
 from .store import MetaStore, journal_path_for
 
 
@@ -51,12 +49,12 @@ def check_store(tree_path: str, repair: bool = False) -> StoreCheck:
         if any(f.severity == "error" for f in _tree_findings(tree_path)[0]):
             check.actions.append("tree itself is damaged: not repaired (restore from backup)")
             return check
-        stamp = time.strftime("%Y%m%dT%H%M%S")
         for path in (tree_path, journal):
             if path and os.path.exists(path):
-                shutil.copy2(path, f"{path}.backup.{stamp}")
+                with mapped(path) as data:
+                    backup = write_backup(path, data)  # fsynced, as fsck's backups are
                 check.actions.append(f"backed up {os.path.basename(path)} to "
-                                     f"{os.path.basename(path)}.backup.{stamp}")
+                                     f"{os.path.basename(backup)}")
         with MetaStore.open(tree_path, sync="always") as store:
             kept = store.status()["entries"]
             store.rotate()

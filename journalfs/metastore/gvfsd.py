@@ -156,7 +156,9 @@ class _StoreView:
 
     def status(self) -> dict:
         store = self._current()
-        return store.status() if store else {"tree_path": str(self.tree), "exists": False}
+        if store is None:  # gvfsd has written nothing yet: no tree, no journal
+            return {"tree_path": str(self.tree), "journal_path": None, "exists": False}
+        return store.status()
 
     def close(self) -> None:
         with self._opening:
@@ -323,6 +325,7 @@ class GvfsdBackend:
             store_status = {**self._store_status, "error": str(exc)}
         else:
             self._store_status = store_status
+        store_status.setdefault("journal_path", None)
         return {**store_status, "mode": "gvfs", "tree": str(self.tree), "bus": self._address,
                 "connected": self._router is not None, "writes": self._writes}
 

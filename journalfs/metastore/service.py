@@ -1,10 +1,17 @@
 """The async face of a metadata store for the FUSE layer (trio): group commit and rotation.
 
-Every store call runs in ``trio.to_thread`` (lookups touch an mmap that may page-fault, so none
-is run inline). Under ``sync="batch"`` a write returns only once a group fsync covers its
-ticket; the commit task collects writes for ``batch_delay`` seconds and fsyncs once for all.
-Rotation runs in a thread when the journal passes ``fill_threshold``, after ``quiet_seconds``
-without writes (if anything changed), on :meth:`compact`, and at shutdown.
+Writes are queued on the trio thread and applied by one commit task: everything queued while
+the previous commit ran goes to the store in ONE worker-thread call (``MetaStore.write_many``:
+one pwrite for all entries, then one fsync under ``sync`` batch/always), and every writer of
+that commit is woken by one event. Under ``sync="none"`` no fsync is made.
+
+Reads: :meth:`MetaService.get` / :meth:`get_all` answer inline (on the trio thread) when the
+answer is already in memory -- decided by the journal index or by the store's cache of decoded
+tree metadata -- via ``store.peek``, which never blocks on the store lock, never touches the
+mapped files and never does I/O; otherwise they run in ``trio.to_thread``.
+:meth:`get_cached` is that inline half alone. Rotation runs in a thread when the journal
+passes ``fill_threshold``, after ``quiet_seconds`` without writes (if anything changed), on
+:meth:`compact`, and at shutdown.
 """
 from __future__ import annotations
 
@@ -14,22 +21,31 @@ import time
 import trio
 
 
+class _Commit:
+    """The writes of one group commit and the event that wakes their writers."""
+
+    __slots__ = ("calls", "results", "done")
+
+    def __init__(self):
+        self.calls: list[tuple[str, tuple]] = []
+        self.results: list = []
+        self.done = trio.Event()
+
+
 class MetaService:
-    def __init__(self, store, *, sync: str | None = None, batch_delay: float = 0.002,
+    def __init__(self, store, *, sync: str | None = None, batch_delay: float = 0.0,
                  fill_threshold: float = 0.75, quiet_seconds: float = 60):
         self.store = store
         self.sync = sync or getattr(store, "sync", "batch")
-        self.batch_delay = batch_delay
+        self.batch_delay = batch_delay  # extra wait before a commit (more writers join it)
         self.fill_threshold = fill_threshold
         self.quiet_seconds = quiet_seconds
-        self._durable = 0
-        self._pending = 0              # highest ticket handed out that may not be durable
+        self._queued = _Commit()
         self._commit_wanted = trio.Event()
-        self._durable_changed = trio.Event()
         self._rotate_wanted = trio.Event()
         self._last_write = math.inf
-        self._commit_error: BaseException | None = None
         self._rotation_lock = trio.Lock()
+        self.commits = 0
 
     # ----------------------------------------------------------------------------- lifecycle
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -41,6 +57,7 @@ class MetaService:
                 await trio.sleep_forever()
         finally:
             with trio.CancelScope(shield=True):
+                await self._commit_queued()  # writers still waiting get their answer
                 await trio.to_thread.run_sync(self._shutdown)
 
     def _shutdown(self) -> None:
@@ -49,15 +66,30 @@ class MetaService:
     async def _commit_task(self) -> None:
         while True:
             await self._commit_wanted.wait()
-            await trio.sleep(self.batch_delay)  # let more writers join this fsync
             self._commit_wanted = trio.Event()
-            try:
-                self._durable = await trio.to_thread.run_sync(self.store.flush)
-                self._commit_error = None
-            except OSError as exc:
-                self._commit_error = exc
-            event, self._durable_changed = self._durable_changed, trio.Event()
-            event.set()
+            if self.batch_delay:
+                await trio.sleep(self.batch_delay)
+            await self._commit_queued()
+
+    async def _commit_queued(self) -> None:
+        """Hand everything queued so far to the store in one worker-thread call."""
+        commit, self._queued = self._queued, _Commit()
+        if not commit.calls:
+            return
+        durable = self.sync != "none"
+
+        def apply():  # the fill check takes the store lock: keep it off trio's thread
+            return self.store.write_many(commit.calls, durable=durable), self._needs_rotation()
+        try:
+            commit.results, full = await trio.to_thread.run_sync(apply)
+        except Exception as exc:  # e.g. the fsync failed: every writer of this commit sees it
+            commit.results, full = [exc] * len(commit.calls), False
+        finally:
+            commit.done.set()
+        self.commits += 1
+        self._last_write = time.monotonic()
+        if full:
+            self._rotate_wanted.set()
 
     async def _rotation_task(self) -> None:
         while True:
@@ -81,42 +113,53 @@ class MetaService:
     async def _call(self, fn, *args):
         return await trio.to_thread.run_sync(fn, *args)
 
-    async def _write(self, fn, *args) -> int:
-        def write_and_check():  # the fill check takes the store lock: keep it off trio's thread
-            return fn(*args), self._needs_rotation()
-        ticket, full = await self._call(write_and_check)
-        self._last_write = time.monotonic()
-        if full:
-            self._rotate_wanted.set()
-        if self.sync == "batch" and isinstance(ticket, int):
-            while self._durable < ticket:
-                event = self._durable_changed
-                self._commit_wanted.set()
-                await event.wait()
-                if self._commit_error is not None and self._durable < ticket:
-                    raise self._commit_error
-        return ticket
+    async def _write(self, name: str, *args) -> int:
+        """Queue one write for the next group commit; return its ticket once it is applied
+        (and, unless sync is "none", fsynced) -- or raise what applying it raised."""
+        commit = self._queued
+        slot = len(commit.calls)
+        commit.calls.append((name, args))
+        self._commit_wanted.set()
+        await commit.done.wait()
+        if slot >= len(commit.results):
+            raise RuntimeError("the metadata service stopped before this write was applied")
+        result = commit.results[slot]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def get_cached(self, path, key=None):
+        """``(True, answer)`` if the answer is in memory, else ``(False, None)``; inline-safe
+        (no lock wait, no file access). ``key=None``: all keys, as :meth:`get_all`."""
+        peek = getattr(self.store, "peek", None)
+        return peek(path, key) if peek is not None else (False, None)
 
     async def get(self, path, key):
+        found, value = self.get_cached(path, key)
+        if found:
+            return value
         return await self._call(self.store.get, path, key)
 
     async def get_all(self, path):
+        found, value = self.get_cached(path)
+        if found:
+            return dict(value)
         return await self._call(self.store.get_all, path)
 
     async def set(self, path, key, value):
-        return await self._write(self.store.set, path, key, value)
+        return await self._write("set", path, key, value)
 
     async def unset(self, path, key):
-        return await self._write(self.store.unset, path, key)
+        return await self._write("unset", path, key)
 
     async def remove(self, path):
-        return await self._write(self.store.remove, path)
+        return await self._write("remove", path)
 
     async def move(self, src, dst):
-        return await self._write(self.store.move, src, dst)
+        return await self._write("move", src, dst)
 
     async def copy(self, src, dst):
-        return await self._write(self.store.copy, src, dst)
+        return await self._write("copy", src, dst)
 
     async def compact(self) -> None:
         async with self._rotation_lock:
@@ -125,5 +168,6 @@ class MetaService:
     def status(self) -> dict:
         status = dict(self.store.status())
         status.update(service_sync=self.sync, batch_delay=self.batch_delay,
-                      fill_threshold=self.fill_threshold, quiet_seconds=self.quiet_seconds)
+                      fill_threshold=self.fill_threshold, quiet_seconds=self.quiet_seconds,
+                      group_commits=self.commits)
         return status

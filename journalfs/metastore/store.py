@@ -11,10 +11,13 @@ import bisect
 import mmap
 import errno
 import fcntl
+import itertools
 import os
+import re
 import secrets
+import stat
+import string
 import struct
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,12 +25,15 @@ from dataclasses import dataclass, field
 from ..formats.base import FormatError
 from ..formats.gvfs_journal import (HEADER_SIZE, encode_entry, decode_entry, new_journal,
                                     parse_header)
-from ..formats.gvfs_tree import MergedTree, TreeView, open_tree_file, write_tree
+from ..formats.gvfs_tree import MAGIC as TREE_MAGIC, ROTATED_OFFSET, MergedTree, TreeView, open_tree_file, write_tree
 
 DEFAULT_JOURNAL_SIZE = 1 << 20  # gvfs uses 32 KiB; it honours the header's file_size
 SYNC_MODES = ("always", "batch", "none")
-TREE_LOOKUP_CACHE = 200_000  # memoised path -> dirent entries (cleared when full)
+TREE_META_CACHE = 100_000  # decoded tree metadata per path (the tree is immutable per mapping)
+_NOT_CACHED = object()
 _U32 = struct.Struct(">I")
+HEADER_PROBE = 32  # a tree header's size
+_TEMP_CHARS = string.ascii_letters + string.digits
 Value = str | list[str]
 
 
@@ -184,7 +190,9 @@ class MetaStore:
         self._tree_buf = None
         self._tree: TreeView | None = None
         self._tree_ino = 0
-        self._tree_offsets: dict[str, int | None] = {}  # path -> dirent in the mapped tree
+        # tree path -> its decoded metadata in the mapped tree (None: not in the tree); valid
+        # until the tree is replaced, which clears it (the journal is consulted first anyway)
+        self._tree_meta: dict[str, dict | None] = {}
         self._journal_fd: int | None = None
         self._journal_buf = None
         self._journal_path = ""
@@ -211,6 +219,8 @@ class MetaStore:
             os.makedirs(os.path.dirname(store.tree_path), exist_ok=True)
             store._take_lock()
         try:
+            if not readonly:
+                store._remove_stale_temp_trees()
             store._load()
             if not readonly and store._tree is None:
                 store.rotate()  # writes an empty tree and a fresh journal
@@ -234,6 +244,42 @@ class MetaStore:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
+
+    def _remove_stale_temp_trees(self) -> None:
+        """Delete ``<tree>.XXXXXX`` temp trees a writer killed mid-rotation left behind. Only
+        the writer holding the lock calls this, so no rotation of ours is in flight."""
+        directory, base = os.path.split(self.tree_path)
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return
+        temp_name = re.compile(re.escape(base) + r"\.[A-Za-z0-9_]{6}(?:[A-Za-z0-9_]{2})?")
+        for name in names:
+            if temp_name.fullmatch(name):
+                path = os.path.join(directory, name)
+                if self._looks_like_temp_tree(path):
+                    try:
+                        os.unlink(path)
+                    except FileNotFoundError:
+                        pass
+
+    @staticmethod
+    def _looks_like_temp_tree(path: str) -> bool:
+        """A regular file our writer left unfinished: empty or still all zeros where the header
+        goes (write_tree writes it last); or a finished tree never renamed into place, when
+        its suffix is not a plain word (``home.backup`` may be the user's own copy)."""
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode):
+                return False
+            with open(path, "rb") as f:
+                head = f.read(HEADER_PROBE)
+        except OSError:
+            return False
+        if not head.strip(b"\0"):
+            return True
+        suffix = path.rsplit(".", 1)[1]
+        return head.startswith(TREE_MAGIC) and not suffix.isalpha()
 
     def _load(self) -> None:
         """Map the tree and its journal; re-check ``rotated`` after opening the journal (the
@@ -295,19 +341,26 @@ class MetaStore:
                 return
             index.add(rec, size)
 
-    def _tree_lookup(self, path: str) -> int | None:
-        """Dirent of ``path`` in the mapped tree, memoised until the tree is replaced."""
-        try:
-            return self._tree_offsets[path]
-        except KeyError:
-            pass
-        if len(self._tree_offsets) >= TREE_LOOKUP_CACHE:
-            self._tree_offsets.clear()
-        off = self._tree_offsets[path] = self._tree.lookup(path)
-        return off
+    def _tree_metadata(self, path: str) -> dict | None:
+        """Decoded metadata of ``path`` in the mapped tree (None: no such node), cached."""
+        meta = self._tree_meta.get(path, _NOT_CACHED)
+        return self._tree_metadata_uncached(path) if meta is _NOT_CACHED else meta
+
+    def _tree_metadata_uncached(self, path: str) -> dict | None:
+        tree = self._tree
+        if tree is None:
+            return None
+        off = tree.lookup(path)
+        meta = None if off is None else tree.metadata(off)
+        cache = self._tree_meta
+        if len(cache) >= TREE_META_CACHE:
+            for stale in list(itertools.islice(cache, TREE_META_CACHE // 2)):
+                del cache[stale]  # the oldest half (insertion order)
+        cache[path] = meta
+        return meta
 
     def _unmap(self) -> None:
-        self._tree_offsets = {}
+        self._tree_meta = {}
         for attr in ("_journal_buf", "_tree_buf"):
             buf = getattr(self, attr)
             if buf is not None and hasattr(buf, "close"):
@@ -335,45 +388,100 @@ class MetaStore:
     def refresh(self) -> None:
         """Pick up another writer's rotation (rotated flag + new inode) or new entries."""
         with self._lock:
-            if self._tree is None:
-                if os.path.exists(self.tree_path):
-                    self._load()
-                return
-            if self._tree.rotated != 0 and self._current_ino() != self._tree_ino:
+            self._refresh_locked()
+
+    def _refresh_locked(self) -> None:
+        tree = self._tree
+        if tree is None:
+            if os.path.exists(self.tree_path):
+                self._load()
+        elif _U32.unpack_from(tree.buf, ROTATED_OFFSET)[0] != 0:
+            if self._current_ino() != self._tree_ino:
                 self._load()
             elif self._journal_ok:
                 self._index_new_entries()
-
-    def _reader_refresh(self) -> None:
-        if self.readonly:
-            self.refresh()
+        elif self._journal_ok and _U32.unpack_from(self._journal_buf, 16)[0] != self._index.count:
+            self._index_new_entries()
 
     def get(self, path: str, key: str) -> Value | None:
         path = canonical(path)
         with self._lock:
-            self._reader_refresh()
-            verdict, what = self._index.resolve_key(path, key)
-            if verdict != "tree":
-                return what
-            if self._tree is None:
-                return None
-            off = self._tree_lookup(what)
-            return None if off is None else self._tree.get(off, key)
+            if self.readonly:
+                self._refresh_locked()
+            index = self._index
+            if index.records and (index.structural or path in index.keyed):
+                verdict, what = index.resolve_key(path, key)
+                if verdict != "tree":
+                    return what
+                path = what
+            meta = self._tree_meta.get(path, _NOT_CACHED)
+            if meta is _NOT_CACHED:
+                meta = self._tree_metadata_uncached(path)
+            return None if meta is None else meta.get(key)
 
     def get_all(self, path: str) -> dict[str, Value]:
         path = canonical(path)
         with self._lock:
-            self._reader_refresh()
-            out: dict[str, Value] = {}
-            decided: set[str] = set()
-            tree_path = self._index.resolve_all(path, out, decided)
-            if tree_path is not None and self._tree is not None:
-                off = self._tree_lookup(tree_path)
-                if off is not None:
-                    for k, v in self._tree.metadata(off).items():
-                        if k not in decided:
-                            out[k] = v
-            return {k: out[k] for k in sorted(out)}
+            if self.readonly:
+                self._refresh_locked()
+            return self._get_all_locked(path)
+
+    def _get_locked(self, path: str, key: str) -> Value | None:
+        index = self._index
+        if index.records and (index.structural or path in index.keyed):
+            verdict, what = index.resolve_key(path, key)
+            if verdict != "tree":
+                return what
+            path = what
+        meta = self._tree_metadata(path)
+        return None if meta is None else meta.get(key)
+
+    def _get_all_locked(self, path: str) -> dict[str, Value]:
+        index = self._index
+        out: dict[str, Value] = {}
+        decided: set[str] = set()
+        if index.records and (index.structural or path in index.keyed):
+            path = index.resolve_all(path, out, decided)
+        if path is not None:
+            for k, v in (self._tree_metadata(path) or {}).items():
+                if k not in decided:
+                    out[k] = v
+        return {k: out[k] for k in sorted(out)}
+
+    def peek(self, path: str, key: str | None = None):
+        """``(True, answer)`` when the answer is already in memory -- decided by the journal
+        index or by the tree-metadata cache -- else ``(False, None)``. Never blocks on the
+        store lock, never touches the mapped files and never does I/O, so an event loop may
+        call it inline. ``key=None`` asks for all keys (as :meth:`get_all`). Read-only
+        stores always say ``(False, None)``: they must re-check the files first."""
+        try:
+            path = canonical(path)
+        except ValueError:
+            return False, None
+        if self.readonly or not self._lock.acquire(blocking=False):
+            return False, None
+        try:
+            index = self._index
+            tree_path = path
+            if index.records and (index.structural or path in index.keyed):
+                if key is not None:
+                    verdict, what = index.resolve_key(path, key)
+                    if verdict != "tree":
+                        return True, what
+                    tree_path = what
+                else:
+                    out: dict = {}
+                    decided: set = set()
+                    tree_path = index.resolve_all(path, out, decided)
+            if tree_path is not None and self._tree is not None \
+                    and tree_path not in self._tree_meta:
+                return False, None
+            if key is not None:
+                meta = self._tree_meta.get(tree_path)
+                return True, None if meta is None else meta.get(key)
+            return True, self._get_all_locked(path)
+        finally:
+            self._lock.release()
 
     def _merged(self, count: int | None = None) -> MergedTree:
         merged = MergedTree(self._tree)
@@ -383,7 +491,8 @@ class MetaStore:
 
     def dump(self) -> dict[str, dict]:
         with self._lock:
-            self._reader_refresh()
+            if self.readonly:
+                self._refresh_locked()
             return {path: meta for path, meta, _ in self._merged().items()}
 
     # ----------------------------------------------------------------------------- writing
@@ -393,29 +502,111 @@ class MetaStore:
         if self._closed:
             raise ValueError("metadata store is closed")
 
-    def _append(self, *ops: tuple) -> int:
-        """Append one entry per op ((kind, path, key, value, source)) as one unit: all of them
-        go into the same journal, adjacent (a move's COPY + REMOVE). Returns the last ticket."""
-        self._check_writable()
-        mtime = int(time.time())
+    def _encode(self, ops: tuple, mtime: int) -> list[tuple[bytes, dict, int]]:
+        """(entry bytes, its record as the journal index holds it, size) per op; the record is
+        built here rather than decoded back from the bytes we just made."""
         entries = []
         for kind, path, key, value, source in ops:
             entry = encode_entry(kind, mtime, path, key, value, source)
-            rec, size = decode_entry(entry, 0, "<new entry>")
-            entries.append((entry, rec, size))
+            rec = {"kind": kind, "mtime": mtime, "path": path}
+            if key is not None:
+                rec["key"] = key
+            if value is not None:
+                rec["value"] = value
+            if source is not None:
+                rec["source"] = source
+            entries.append((entry, rec, len(entry)))
         total = sum(size for _, _, size in entries)
         if total > self.journal_size - HEADER_SIZE:
             raise EntryTooLarge(f"metadata entry of {total} bytes can never fit a journal of "
                                 f"{self.journal_size} bytes")
+        return entries
+
+    def _room(self, total: int) -> bool:
+        return self._journal_ok and self._index.error is None and \
+            self._index.next_offset + total <= self._journal_file_size
+
+    def _append(self, *ops: tuple) -> int:
+        """Append one entry per op ((kind, path, key, value, source)) as one unit: all of them
+        go into the same journal, adjacent (a move's COPY + REMOVE). Returns the last ticket."""
+        self._check_writable()
+        entries = self._encode(ops, int(time.time()))
+        total = sum(size for _, _, size in entries)
         for _attempt in range(2):
             with self._lock:
-                if self._journal_ok and self._index.error is None and \
-                        self._index.next_offset + total <= self._journal_file_size:
+                if self._room(total):
                     return self._write_entries(entries)
             self.rotate()  # never called with the store lock held: rotate takes it itself
         raise EntryTooLarge(f"metadata entry of {total} bytes does not fit after rotation")
 
-    def _write_entries(self, entries: list) -> int:
+    def write_many(self, calls: list[tuple[str, tuple]], *, durable: bool = False) -> list:
+        """Many writes as few journal appends: ``calls`` are (method name, args) of set,
+        unset, remove, copy or move; returns per call its ticket or the exception it raised
+        (a bad call fails alone). Calls are appended in order, as many per pwrite as fit
+        (rotating when the journal is full); ``durable`` fsyncs once at the end."""
+        self._check_writable()
+        mtime = int(time.time())
+        results: list = [None] * len(calls)
+        units: list[tuple[int, list]] = []
+        for i, (name, args) in enumerate(calls):
+            try:
+                units.append((i, self._encode(self._ops(name, *args), mtime)))
+            except (ValueError, TypeError, EntryTooLarge, UnicodeError) as exc:
+                results[i] = exc
+        pos, fruitless = 0, 0
+        while pos < len(units):
+            with self._lock:
+                room = self._journal_file_size - self._index.next_offset
+                batch, used = [], 0
+                if self._room(0):
+                    for _, entries in units[pos:]:
+                        size = sum(e[2] for e in entries)
+                        if used + size > room:
+                            break
+                        batch.append(entries)
+                        used += size
+                if batch:
+                    ticket = self._ticket
+                    self._write_entries([e for entries in batch for e in entries], fsync=False)
+                    for k, entries in enumerate(batch):  # a unit's ticket: its last entry's
+                        ticket += len(entries)
+                        results[units[pos + k][0]] = ticket
+                    pos += len(batch)
+                    fruitless = 0
+                    continue
+            if fruitless == 2:  # rotated twice and it still does not fit
+                for i, _ in units[pos:]:
+                    results[i] = EntryTooLarge("metadata entry does not fit after rotation")
+                break
+            fruitless += 1
+            self.rotate()  # the next unit does not fit: compact, then go on
+        if durable or self.sync == "always":
+            self.flush()
+        return results
+
+    def _ops(self, name: str, *args) -> tuple[tuple, ...]:
+        """The journal ops of one public write call (validated, paths canonical)."""
+        if name == "set":
+            path, key, value = args
+            self._check_key(key)
+            if isinstance(value, (list, tuple)):
+                return (("setv", canonical(path), key, [str(v) for v in value], None),)
+            return (("set", canonical(path), key, str(value), None),)
+        if name == "unset":
+            path, key = args
+            self._check_key(key)
+            return (("unset", canonical(path), key, None, None),)
+        if name == "remove":
+            return (("remove", canonical(args[0]), None, None, None),)
+        if name == "copy":
+            src, dst = args
+            return (("copy", canonical(dst), None, None, canonical(src)),)
+        if name == "move":
+            src, dst = map(canonical, args)
+            return ("copy", dst, None, None, src), ("remove", src, None, None, None)
+        raise ValueError(f"not a metadata write: {name!r}")
+
+    def _write_entries(self, entries: list, fsync: bool = True) -> int:
         fd = self._journal_fd
         start = self._index.next_offset
         os.pwrite(fd, b"".join(e for e, _, _ in entries), start)  # entry bytes first ...
@@ -424,40 +615,36 @@ class MetaStore:
         os.pwrite(fd, _U32.pack(self._index.count), 16)  # ... then the count that covers them
         self._ticket += len(entries)
         self._dirty = True
-        if self.sync == "always":
-            os.fsync(fd)
+        if fsync and self.sync == "always":
+            os.fdatasync(fd)  # the journal is preallocated: its size never changes
             self.durable_ticket = self._ticket
             self.last_fsync = time.time()
         return self._ticket
 
     @staticmethod
     def _check_key(key: str) -> None:
-        if not key or "\0" in key:
+        if not isinstance(key, str) or not key or "\0" in key:
             raise ValueError(f"bad metadata key {key!r}")
 
     def set(self, path: str, key: str, value: Value) -> int:
-        self._check_key(key)
-        if isinstance(value, (list, tuple)):
-            return self._append(("setv", canonical(path), key, [str(v) for v in value], None))
-        return self._append(("set", canonical(path), key, str(value), None))
+        return self._append(*self._ops("set", path, key, value))
 
     def unset(self, path: str, key: str) -> int:
-        self._check_key(key)
-        return self._append(("unset", canonical(path), key, None, None))
+        return self._append(*self._ops("unset", path, key))
 
     def remove(self, path: str) -> int:
-        return self._append(("remove", canonical(path), None, None, None))
+        return self._append(*self._ops("remove", path))
 
     def copy(self, src: str, dst: str) -> int:
-        return self._append(("copy", canonical(dst), None, None, canonical(src)))
+        return self._append(*self._ops("copy", src, dst))
 
     def move(self, src: str, dst: str) -> int:
         """COPY(dst <- src) then REMOVE(src), as gvfs writes a move."""
-        src, dst = canonical(src), canonical(dst)
-        return self._append(("copy", dst, None, None, src), ("remove", src, None, None, None))
+        return self._append(*self._ops("move", src, dst))
 
     def flush(self) -> int:
-        """fsync the journal; returns the highest durable ticket. The fsync runs without the
+        """fdatasync the journal (preallocated, so its size and blocks never change and the
+        inode's times are all fdatasync would skip); returns the highest durable ticket. It runs without the
         store lock (on a dup of the fd) so writers keep appending: group commit."""
         with self._lock:
             target = self._ticket
@@ -465,7 +652,7 @@ class MetaStore:
                 return self.durable_ticket
             fd = os.dup(self._journal_fd)
         try:
-            os.fsync(fd)
+            os.fdatasync(fd)
         finally:
             os.close(fd)
         with self._lock:
@@ -510,9 +697,20 @@ class MetaStore:
             self.rotations += 1
             self.last_rotation_seconds = time.monotonic() - started
 
+    def _create_temp_tree(self) -> tuple[int, str]:
+        """A new ``<tree>.XXXXXX`` (gvfs's temp name). The suffix starts with a digit, so the
+        next writer can tell it from the user's ``home.backup`` (see _looks_like_temp_tree)."""
+        for _ in range(100):
+            suffix = str(secrets.randbelow(10)) + "".join(secrets.choice(_TEMP_CHARS) for _ in range(5))
+            tmp = f"{self.tree_path}.{suffix}"
+            try:
+                return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), tmp
+            except FileExistsError:
+                continue
+        raise FileExistsError(f"{self.tree_path}: no free temp tree name")
+
     def _write_temp_tree(self, merged: MergedTree, tag: int) -> str:
-        directory, base = os.path.split(self.tree_path)
-        fd, tmp = tempfile.mkstemp(prefix=base + ".", dir=directory)
+        fd, tmp = self._create_temp_tree()
         try:
             with os.fdopen(fd, "w+b") as f:
                 write_tree(merged, f, tag)

@@ -95,9 +95,23 @@ def _text(value: Any) -> str | None:
     return json.dumps(value, ensure_ascii=False)
 
 
+_CASTABLE = (pa.types.is_integer, pa.types.is_boolean, pa.types.is_null)
+
+
 def _text_column(values: Any) -> pa.Array:
+    """Field values as text: numbers and booleans cast by Arrow, strings as they are, lists and
+    objects as JSON (only those go through Python one by one)."""
     if isinstance(values, np.ndarray) and values.dtype.kind in "iub":
         return pc.cast(pa.array(values), pa.string())
+    try:
+        arr = pa.array(values)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        arr = None
+    if arr is not None:
+        if pa.types.is_string(arr.type):
+            return arr
+        if any(test(arr.type) for test in _CASTABLE):
+            return pc.cast(arr, pa.string())
     return pa.array([_text(v) for v in values], type=pa.string())
 
 

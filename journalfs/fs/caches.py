@@ -1,0 +1,135 @@
+"""Memory caches that let the trio thread answer lookups and metadata reads without a
+worker-thread hop (each hop costs ~50-100 µs, more than the answer itself).
+
+Both caches follow one rule against races with worker threads: a result computed in a thread
+is stored only if nothing was invalidated since the computation started (a generation
+counter), and invalidation happens *after* a change has landed in SOURCE / the store.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+
+
+class DirSnapshots:
+    """Complete ``{name: lstat}`` listings of recently busy SOURCE directories.
+
+    A directory is scanned (one thread call, ``os.scandir``) once ``min_lookups`` lookups
+    missed in it; lookups are then answered from the listing, absent names as ENOENT, until
+    ``ttl`` seconds pass or journalfs changes something in (or below) that directory.
+    """
+
+    def __init__(self, ttl: float, *, min_lookups: int = 32, max_dirs: int = 8,
+                 max_entries: int = 500_000):
+        self.ttl = ttl
+        self.min_lookups = min_lookups
+        self.max_dirs = max_dirs
+        self.max_entries = max_entries
+        self.generation = 0
+        self._listings: OrderedDict[bytes, tuple[float, dict[bytes, os.stat_result]]] = OrderedDict()
+        self._misses: dict[bytes, int] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.ttl > 0
+
+    def listing(self, dir_rel: bytes) -> dict[bytes, os.stat_result] | None:
+        """The fresh listing of ``dir_rel``, or None."""
+        entry = self._listings.get(dir_rel)
+        if entry is None:
+            return None
+        if time.monotonic() - entry[0] > self.ttl:
+            del self._listings[dir_rel]
+            return None
+        return entry[1]
+
+    def worth_scanning(self, dir_rel: bytes) -> bool:
+        """Count one lookup that missed; True when the directory is busy enough to scan."""
+        if not self.enabled:
+            return False
+        count = self._misses.get(dir_rel, 0) + 1
+        if len(self._misses) > 4096:  # only recent directories matter
+            self._misses.clear()
+        self._misses[dir_rel] = count
+        return count >= self.min_lookups
+
+    def store(self, dir_rel: bytes, started_generation: int,
+              listing: dict[bytes, os.stat_result] | None) -> None:
+        self._misses.pop(dir_rel, None)
+        if listing is None or started_generation != self.generation:
+            return  # too big, or something changed while scanning: the listing may be stale
+        self._listings[dir_rel] = (time.monotonic(), listing)
+        self._listings.move_to_end(dir_rel)
+        while len(self._listings) > self.max_dirs:
+            self._listings.popitem(last=False)
+
+    def scan(self, path: bytes, skip: bytes | None = None) -> dict[bytes, os.stat_result] | None:
+        """The listing of SOURCE directory ``path`` (thread only); None when too big."""
+        listing = {}
+        with os.scandir(path) as it:
+            for entry in it:
+                if entry.name == skip:
+                    continue
+                try:
+                    listing[entry.name] = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # vanished while listing
+                if len(listing) > self.max_entries:
+                    return None
+        return listing
+
+    def changed(self, *dir_rels: bytes) -> None:
+        """Something in these directories changed: forget their listings (call after the
+        change has landed)."""
+        self.generation += 1
+        for rel in dir_rels:
+            self._listings.pop(rel, None)
+            self._misses.pop(rel, None)
+
+    def clear(self) -> None:
+        self.generation += 1
+        self._listings.clear()
+        self._misses.clear()
+
+
+class MetaCache:
+    """``{store path: {key: value}}`` of recently read paths, for a store only this mount
+    writes (MetaStore holds the store's lock file; never for the shared gvfsd backend).
+    Writes through the mount update or drop entries after the store accepted them."""
+
+    def __init__(self, max_paths: int = 100_000):
+        self.max_paths = max_paths
+        self.generation = 0
+        self._values: OrderedDict[str, dict] = OrderedDict()
+
+    def get_all(self, path: str) -> dict | None:
+        """A copy-free view of the cached keys of ``path``, or None when not cached."""
+        return self._values.get(path)
+
+    def store(self, path: str, started_generation: int, values: dict) -> None:
+        if started_generation != self.generation:
+            return  # a write raced with the read: it may be stale
+        self._values[path] = dict(values)
+        if len(self._values) > self.max_paths:
+            self._values.popitem(last=False)
+
+    def written(self, path: str, key: str, value) -> None:
+        """``key`` of ``path`` is now ``value`` (None: unset)."""
+        self.generation += 1
+        values = self._values.get(path)
+        if values is None:
+            return
+        if value is None:
+            values.pop(key, None)
+        else:
+            values[key] = value
+
+    def forget(self, path: str) -> None:
+        self.generation += 1
+        self._values.pop(path, None)
+
+    def moved_or_removed(self) -> None:
+        """A subtree moved or vanished in the store: too wide to track, start over."""
+        self.generation += 1
+        self._values.clear()
