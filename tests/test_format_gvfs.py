@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from journalfs.formats import CODECS, FormatError, detect
+from journalfs.formats import CODECS, FormatError, detect, gvfs_tree
 from journalfs.formats.gvfs_journal import (HEADER_SIZE, decode_entry, encode_entry,
                                             iter_entries, new_journal, parse_header)
 from journalfs.formats.gvfs_tree import (DIRENT_SIZE, LIST_FLAG, MergedTree, TreeView,
@@ -290,3 +290,73 @@ def test_codecs_accept_memoryview_buffers(gvfs_snapshots):
     tree, _, journal = store_files(gvfs_snapshots[-1])
     assert list(TREE.read(memoryview(tree), "t")) == list(TREE.read(tree, "t"))
     assert list(JOURNAL.read(memoryview(journal), "j")) == list(JOURNAL.read(journal, "j"))
+
+
+# ---- the bulk (numpy) copy of untouched directories when rewriting a tree ------------------
+_BULK_DIRECTORY = gvfs_tree._DirectoryCopier.directory
+
+
+def _rewrite(base: bytes, records: list[dict], bulk: bool, monkeypatch) -> tuple[bytes, int]:
+    """The tree ``base`` + journal ``records`` rewritten, with or without the bulk copier;
+    and how many directories it copied in bulk."""
+    copied = []
+    real = _BULK_DIRECTORY  # not the attribute: an earlier call's spy may still be there
+
+    def spy(self, *args):
+        out = real(self, *args) if bulk else None
+        copied.append(out is not None)
+        return out
+    monkeypatch.setattr(gvfs_tree._DirectoryCopier, "directory", spy)
+    merged = MergedTree(TreeView(base, "base"))
+    for rec in records:
+        merged.apply(rec)
+    return tree_bytes(merged, 7), sum(copied)
+
+
+def _state(tree: bytes) -> dict:
+    return {r["path"]: (r["metadata"], r["mtime"]) for r in TREE.read(tree, "t")}
+
+
+def test_bulk_copy_keeps_real_stores_exactly(gvfs_snapshots, monkeypatch):
+    for snap in gvfs_snapshots:
+        tree, _, journal = store_files(snap)
+        records = list(JOURNAL.read(journal, "j"))
+        fast, _ = _rewrite(tree, records, True, monkeypatch)
+        slow, _ = _rewrite(tree, records, False, monkeypatch)
+        assert _state(fast) == _state(slow), snap
+        assert TREE.validate(fast, "fast") == []
+        untouched, bulk = _rewrite(tree, [], True, monkeypatch)  # nothing touched: all bulk
+        view = TreeView(tree, "home")
+        directories = sum(1 for path, off in view.walk() if path != "/" and view.child_count(off)
+                          and not any(isinstance(v, list) for _, child in view.children(off)
+                                      for _, v in view.raw_metadata(child)))  # lists: row by row
+        assert _state(untouched) == _state(tree) and bulk == directories, snap
+
+
+@given(tree_nodes, journal_records)
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_bulk_copy_equals_the_row_by_row_writer(monkeypatch, nodes, records):
+    base = TREE.write([{"path": p, "metadata": m, "mtime": t} for p, (m, t) in nodes.items()], tag=3)
+    fast, _ = _rewrite(base, records, True, monkeypatch)
+    slow, _ = _rewrite(base, records, False, monkeypatch)
+    assert _state(fast) == _state(slow)
+
+
+def test_bulk_copy_handles_wide_directories_and_falls_back_for_lists(monkeypatch):
+    records = []
+    for d in range(30):
+        for f in range(50):
+            meta = {"comment": f"c{d}.{f}", "rating": str(f)} if f % 3 else {"comment": "é" * f}
+            if d == 7 and f == 9:
+                meta = {"tags": ["a", "b"]}  # a list value: this directory goes row by row
+            records.append({"path": f"/top/d{d:02}/f{f:03}", "metadata": meta,
+                            "mtime": 1_600_000_000 + d * 50 + f})
+    base = TREE.write(records, tag=1)
+    touch = [{"kind": "set", "mtime": 1_700_000_000, "path": "/top/d03/new", "key": "k", "value": "v"}]
+    fast, bulk = _rewrite(base, touch, True, monkeypatch)
+    slow, _ = _rewrite(base, touch, False, monkeypatch)
+    assert _state(fast) == _state(slow)
+    assert bulk == 28  # 30 directories: d03 was touched, d07 holds a list
+    state = _state(fast)
+    assert state["/top/d07/f009"][0] == {"tags": ["a", "b"]}
+    assert state["/top/d29/f049"] == ({"comment": "c29.49", "rating": "49"}, 1_600_000_000 + 29 * 50 + 49)

@@ -8,7 +8,9 @@ Byte layout: specs/gvfs-metadata.md. Three pieces:
   entries are applied to it exactly as gvfs compacts (SET/SETV/UNSET/COPY/REMOVE). Only the
   nodes the journal touches become Python objects; the rest stays in the mapped base.
 * :func:`write_tree` streams a :class:`MergedTree` into a file breadth-first, one directory at a
-  time, so a million-path store is rewritten without a Python object per node.
+  time; a directory the journal did not touch is copied with numpy and byte-region slices
+  (:class:`_DirectoryCopier`), so a million-path store is rewritten without a Python object
+  per node.
 """
 from __future__ import annotations
 
@@ -732,7 +734,7 @@ class _DirectoryCopier:
 
     def directory(self, off: int, forced: int | None, block_at: int):
         """(block bytes for a children block written at ``block_at``, [(child index, base
-        dirent) of children that have children]) or None."""
+        dirent, forced time) of children that have children]) or None."""
         if self.words is None:
             return None
         base, words = self.base, self.words
@@ -742,7 +744,7 @@ class _DirectoryCopier:
         dirents = words[first // 4:first // 4 + 4 * n].reshape(n, 4).astype(np.int64)
         name_off, kids_off, meta_off, raw_time = dirents.T
         names = base.string_region(name_off)
-        if names is None or not self._sorted_names(name_off, names):
+        if names is None or not self._sorted_names(name_off):
             return None
         subdirs = self._subdirs(kids_off)
         if subdirs is None:
@@ -759,9 +761,9 @@ class _DirectoryCopier:
         out[:, 2] = new_meta
         out[:, 3] = self._times(raw_time, forced)
         data = b"".join((_U32.pack(n), out.tobytes(), name_block, region))
-        return data, [(int(i), first + DIRENT_SIZE * int(i)) for i in subdirs]
+        return data, [(i, first + DIRENT_SIZE * i, forced) for i in subdirs.tolist()]
 
-    def _sorted_names(self, name_off: np.ndarray, names: tuple[int, bytes]) -> bool:
+    def _sorted_names(self, name_off: np.ndarray) -> bool:
         """Names strictly increasing (what readers bisect), each starting a region piece."""
         found = self.base.strings_at(name_off)
         return found is not None and not any(map(operator.ge, found, itertools.islice(found, 1, None)))
@@ -833,6 +835,24 @@ class _DirectoryCopier:
         return np.where(t == 0, 0, np.clip(t - self.time_base, 1, MAX_RAW_TIME))
 
 
+def _row_block(merged: MergedTree, item, forced: int | None, block_at: int, key_ids: dict,
+               kid_map: list[int], empty: int, time_base: int) -> tuple[bytes, list]:
+    """A children block written at ``block_at`` from the merged rows of ``item``: (bytes,
+    [(child index, child item, its forced time) of children that have children])."""
+    rows = merged.writer_rows(item, forced, key_ids, kid_map)
+    names = {row[0]: 0 for row in rows}
+    names_start = block_at + 4 + DIRENT_SIZE * len(rows)
+    name_block = _string_block(names, names_start)
+    region, meta_offs = _meta_region([row[4] for row in rows], names_start + len(name_block))
+    block = bytearray(_U32.pack(len(rows)))
+    subdirs = []
+    for i, (name, child, f_child, has_kids, _, mtime) in enumerate(rows):
+        block += _DIRENT.pack(names[name], empty, meta_offs[i] or empty, _raw_time(mtime, time_base))
+        if has_kids:
+            subdirs.append((i, child, f_child))
+    return b"".join((block, name_block, region)), subdirs
+
+
 def write_tree(merged: MergedTree, f: BinaryIO, tag: int) -> int:
     """Serialize ``merged`` into the empty file ``f`` (opened for writing; seekable and
     mmap-able for the final patch pass when it is a real file). Returns the size written.
@@ -869,35 +889,23 @@ def write_tree(merged: MergedTree, f: BinaryIO, tag: int) -> int:
     level = [(root_at, merged.root, merged.root.forced)]
     guard = merged.cycle_guard()
     copier = _DirectoryCopier(merged.base, kid_map, empty, time_base)
-    while level:
-        nxt = []
-        for dirent_at, item, forced in level:
-            guard(item)
-            block_at = out.pos
-            copied = None if isinstance(item, Node) else \
-                copier.directory(item, forced, block_at)
-            if copied is not None:  # an untouched directory: bulk-copied, no per-node objects
-                data, subdirs = copied
+    try:
+        while level:
+            nxt = []
+            for dirent_at, item, forced in level:
+                guard(item)
+                block_at = out.pos
                 patches.extend((dirent_at + 4, block_at))
+                # an untouched directory is bulk-copied (no per-node objects); else row by row
+                block = None if isinstance(item, Node) else copier.directory(item, forced, block_at)
+                if block is None:
+                    block = _row_block(merged, item, forced, block_at, key_ids, kid_map, empty, time_base)
+                data, subdirs = block
                 out.write(data)
-                nxt.extend((block_at + 4 + DIRENT_SIZE * i, child, forced) for i, child in subdirs)
-                continue
-            rows = merged.writer_rows(item, forced, key_ids, kid_map)
-            patches.extend((dirent_at + 4, block_at))
-            names = {row[0]: 0 for row in rows}
-            names_start = block_at + 4 + DIRENT_SIZE * len(rows)
-            name_block = _string_block(names, names_start)
-            region, meta_offs = _meta_region([row[4] for row in rows], names_start + len(name_block))
-            block = bytearray(_U32.pack(len(rows)))
-            for i, (name, child, f_child, has_kids, _, mtime) in enumerate(rows):
-                block += _DIRENT.pack(names[name], empty, meta_offs[i] or empty, _raw_time(mtime, time_base))
-                if has_kids:
-                    nxt.append((block_at + 4 + DIRENT_SIZE * i, child, f_child))
-            out.write(block)
-            out.write(name_block)
-            out.write(region)
-        level = nxt
-    copier.close()
+                nxt.extend((block_at + 4 + DIRENT_SIZE * i, child, f) for i, child, f in subdirs)
+            level = nxt
+    finally:
+        copier.close()  # release its view of the (mapped) base tree
     # the header last: now every offset is known
     header = _HEADER.pack(MAGIC, 1, 0, 0, tag, root_at, HEADER_SIZE, time_base)
     out.flush()

@@ -10,6 +10,23 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class Listing:
+    """One complete scan of a directory: ``{name: lstat}``, its names sorted (for stable
+    readdir cursors) and the attributes built for each name (reused by later listings)."""
+    stats: dict[bytes, os.stat_result]
+    taken: float = field(default_factory=time.monotonic)
+    attrs: dict = field(default_factory=dict)  # name -> (inode, EntryAttributes)
+    _names: list[bytes] | None = None
+
+    @property
+    def names(self) -> list[bytes]:
+        if self._names is None:
+            self._names = sorted(self.stats)
+        return self._names
 
 
 class DirSnapshots:
@@ -27,22 +44,22 @@ class DirSnapshots:
         self.max_dirs = max_dirs
         self.max_entries = max_entries
         self.generation = 0
-        self._listings: OrderedDict[bytes, tuple[float, dict[bytes, os.stat_result]]] = OrderedDict()
+        self._listings: OrderedDict[bytes, Listing] = OrderedDict()
         self._misses: dict[bytes, int] = {}
 
     @property
     def enabled(self) -> bool:
         return self.ttl > 0
 
-    def listing(self, dir_rel: bytes) -> dict[bytes, os.stat_result] | None:
+    def listing(self, dir_rel: bytes) -> Listing | None:
         """The fresh listing of ``dir_rel``, or None."""
         entry = self._listings.get(dir_rel)
         if entry is None:
             return None
-        if time.monotonic() - entry[0] > self.ttl:
+        if time.monotonic() - entry.taken > self.ttl:
             del self._listings[dir_rel]
             return None
-        return entry[1]
+        return entry
 
     def worth_scanning(self, dir_rel: bytes) -> bool:
         """Count one lookup that missed; True when the directory is busy enough to scan."""
@@ -54,17 +71,16 @@ class DirSnapshots:
         self._misses[dir_rel] = count
         return count >= self.min_lookups
 
-    def store(self, dir_rel: bytes, started_generation: int,
-              listing: dict[bytes, os.stat_result] | None) -> None:
+    def store(self, dir_rel: bytes, started_generation: int, listing: Listing | None) -> None:
         self._misses.pop(dir_rel, None)
-        if listing is None or started_generation != self.generation:
+        if not self.enabled or listing is None or started_generation != self.generation:
             return  # too big, or something changed while scanning: the listing may be stale
-        self._listings[dir_rel] = (time.monotonic(), listing)
+        self._listings[dir_rel] = listing
         self._listings.move_to_end(dir_rel)
         while len(self._listings) > self.max_dirs:
             self._listings.popitem(last=False)
 
-    def scan(self, path: bytes, skip: bytes | None = None) -> dict[bytes, os.stat_result] | None:
+    def scan(self, path: bytes, skip: bytes | None = None, limit: bool = True) -> Listing | None:
         """The listing of SOURCE directory ``path`` (thread only); None when too big."""
         listing = {}
         with os.scandir(path) as it:
@@ -75,9 +91,9 @@ class DirSnapshots:
                     listing[entry.name] = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue  # vanished while listing
-                if len(listing) > self.max_entries:
+                if limit and len(listing) > self.max_entries:
                     return None
-        return listing
+        return Listing(listing)
 
     def changed(self, *dir_rels: bytes) -> None:
         """Something in these directories changed: forget their listings (call after the

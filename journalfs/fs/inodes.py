@@ -28,17 +28,25 @@ class Inode:
     handles: set[int] = field(default_factory=set)  # open fds (our file handles)
     cache_ident: tuple | None = None  # (size, mtime_ns) when last closed: keep_cache test
     file_type: int = 0  # S_IFMT bits: a reused SOURCE inode number of another type is new
+    # The newest lstat/fstat seen and when (monotonic); ``changes`` counts finished changes
+    # through the mount, so a stat taken while another change finished is not kept.
+    stat: os.stat_result | None = None
+    stat_time: float = 0.0
+    changes: int = 0
 
     @property
     def path(self) -> bytes | None:
         """The most recently seen SOURCE path, None once every name is unlinked."""
         return self.paths[-1] if self.paths else None
 
-    def add_path(self, rel: bytes) -> None:
+    def add_path(self, rel: bytes) -> list[bytes]:
+        """Remember ``rel`` as the newest name; returns the names forgotten to make room."""
         if rel in self.paths:
             self.paths.remove(rel)
         self.paths.append(rel)
+        dropped = self.paths[:-MAX_PATHS]
         del self.paths[:-MAX_PATHS]
+        return dropped
 
 
 def is_under(rel: bytes, top: bytes) -> bool:
@@ -56,6 +64,8 @@ class InodeTable:
         self._allocate = allocate  # shared counter with the virtual views
         self.by_ino: dict[int, Inode] = {}
         self.by_key: dict[tuple[int, int], Inode] = {}
+        # path -> inode whose paths hold it: unlinking one file must not scan every inode
+        self.by_path: dict[bytes, Inode] = {}
         root = Inode(pyfuse3.ROOT_INODE, None, [b""], lookups=1)
         self.by_ino[root.ino] = root
         self.root = root
@@ -83,9 +93,19 @@ class InodeTable:
             node = Inode(self._allocate(), key, file_type=stat.S_IFMT(st.st_mode))
             self.by_ino[node.ino] = node
             self.by_key[key] = node
-        node.add_path(rel)
+        if self.by_path.get(rel) is not node:
+            self._add_path(node, rel)
         node.lookups += lookups
         return node
+
+    def _add_path(self, node: Inode, rel: bytes) -> None:
+        previous = self.by_path.get(rel)
+        if previous is not None and previous is not node and rel in previous.paths:
+            previous.paths.remove(rel)  # the name now means another object
+        self.by_path[rel] = node
+        for old in node.add_path(rel):
+            if self.by_path.get(old) is node:
+                del self.by_path[old]
 
     def drop_if_unused(self, node: Inode) -> None:
         self._maybe_drop(node)
@@ -102,16 +122,30 @@ class InodeTable:
             self.by_ino.pop(node.ino, None)
             if self.by_key.get(node.key) is node:
                 del self.by_key[node.key]
+            for rel in node.paths:
+                if self.by_path.get(rel) is node:
+                    del self.by_path[rel]
 
     def release_handle(self, node: Inode, fd: int) -> None:
         node.handles.discard(fd)
         self._maybe_drop(node)
 
-    def unlinked(self, rel: bytes) -> None:
-        """``rel`` no longer names anything: drop it (and anything below it) from every inode."""
+    def unlinked(self, rel: bytes, is_dir: bool = True) -> None:
+        """``rel`` no longer names anything: drop it (and, for a directory, anything below
+        it) from every inode. A file costs one dict lookup; a directory a full pass."""
+        if not is_dir:
+            node = self.by_path.pop(rel, None)
+            if node is not None and rel in node.paths:
+                node.paths.remove(rel)
+            return
         for node in list(self.by_ino.values()):
             if node is not self.root:
                 node.paths = [p for p in node.paths if not is_under(p, rel)]
+        self._reindex_paths()
+
+    def _reindex_paths(self) -> None:
+        self.by_path = {p: node for node in self.by_ino.values() if node is not self.root
+                        for p in node.paths}
 
     def renamed(self, moves: list[tuple[bytes, bytes]]) -> None:
         """Apply simultaneous renames ``[(old, new), ...]`` to every known path."""
@@ -126,3 +160,4 @@ class InodeTable:
                         break
                 new_paths.append(p)
             node.paths = new_paths
+        self._reindex_paths()

@@ -14,13 +14,14 @@ import itertools
 import logging
 import os
 import stat
+import time
 from typing import Any, Callable
 
 import pyfuse3
 import trio
 
 from . import xattrs
-from .caches import DirSnapshots, MetaCache
+from .caches import DirSnapshots, Listing, MetaCache
 from .inodes import Inode, InodeTable, join
 from .views import VIEWS_NAME, Views
 
@@ -31,8 +32,24 @@ HANDLE_BASE = 1 << 32
 _libc = ctypes.CDLL(None, use_errno=True)
 _AT_FDCWD = -100
 _IS_ROOT = os.geteuid() == 0
-#: Longest a directory listing answers lookups (never longer than the kernel's own timeout).
+#: Longest a directory listing or a remembered stat answers lookups/getattr from memory
+#: (never longer than the kernel's own timeout; anything changed through the mount is
+#: forgotten at once).
 SNAPSHOT_TTL = 2.0
+#: statfs f_type of filesystems whose close(2) flushes nothing (no deferred write errors):
+#: ext2/3/4, xfs, btrfs, tmpfs, f2fs. Elsewhere (NFS, CIFS, FUSE...) flush re-closes a dup.
+LOCAL_FS_TYPES = {0xEF53, 0x58465342, 0x9123683E, 0x01021994, 0xF2F52010}
+
+
+class _Statfs(ctypes.Structure):
+    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 112)]
+
+
+def _fs_type(path: bytes) -> int | None:
+    buf = _Statfs()
+    if _libc.statfs(path, ctypes.byref(buf)) != 0:
+        return None
+    return buf.f_type & 0xFFFFFFFF
 
 
 def _renameat2(old: bytes, new: bytes, flags: int) -> None:
@@ -82,6 +99,9 @@ class JournalFS(pyfuse3.Operations):
         self.views = Views(self, options or {})
         self._exchange_tmp = itertools.count()
         self.snapshots = DirSnapshots(min(timeout, SNAPSHOT_TTL))
+        self.stat_ttl = min(timeout, SNAPSHOT_TTL)
+        root = os.stat(self.src + b"/")
+        self.local_dev = root.st_dev if _fs_type(self.src + b"/") in LOCAL_FS_TYPES else None
         # Metadata values are cached only for a store this mount alone writes.
         store = getattr(meta, "store", None)
         exclusive = store is not None and getattr(store, "readonly", True) is False
@@ -157,15 +177,68 @@ class JournalFS(pyfuse3.Operations):
             os.chown(path, ctx.uid, gid, follow_symlinks=False)
 
     async def _created(self, rel: bytes, st: os.stat_result) -> pyfuse3.EntryAttributes:
-        self.snapshots.clear()
+        node = self.table.remember(rel, st)
+        self._forget_stat(rel)  # e.g. a new hard link: nlink
         await self.views.source_changed(rel)
-        return self.attrs(self.table.remember(rel, st), st)
+        return self.attrs(node, st)
 
-    def _attrs_changed(self, node: Inode) -> None:
-        """``node``'s attributes changed through us: listings holding its stat are stale."""
+    async def _change_names(self, rels: tuple[bytes, ...], fn: Callable, *args: Any) -> Any:
+        """Run the namespace change ``fn(*args)`` in a thread, then forget what it made stale.
+        The same thread call lstats the directory of ``rels[0]``: the kernel asks for its
+        new mtime right away, and that answer then costs no second hop."""
+        dir_rel = os.path.dirname(rels[0])
+        directory = self.table.root if dir_rel == b"" else self.table.by_path.get(dir_rel)
+        changes = directory.changes if directory is not None else -1
+        dir_st = None
+        try:
+            result, dir_st = await _in_thread(self._then_lstat, fn, args, self.abs(dir_rel))
+            return result
+        finally:
+            self._namespace_changed(*rels)
+            if directory is not None and dir_st is not None and changes + 1 == directory.changes:
+                self._remember_stat(directory, dir_st)
+
+    @staticmethod
+    def _then_lstat(fn: Callable, args: tuple, path: bytes) -> tuple[Any, os.stat_result | None]:
+        result = fn(*args)
+        try:
+            return result, os.lstat(path)
+        except OSError:
+            return result, None
+
+    def _namespace_changed(self, *rels: bytes) -> None:
+        """Names were added/removed/moved at ``rels``: listings and the remembered stats of
+        those objects (nlink, ctime) and of their directories (mtime, nlink) are stale."""
+        self.snapshots.clear()
+        for rel in rels:
+            self._forget_stat(rel, os.path.dirname(rel))
+
+    def _attrs_changed(self, node: Inode, st: os.stat_result | None = None,
+                       changes_before: int | None = None) -> None:
+        """``node``'s attributes changed through us: listings holding its stat are stale.
+        ``st``, taken by the change itself, is remembered unless another change finished
+        meanwhile (``changes_before`` is ``node.changes`` from when this one started)."""
         self.snapshots.changed(*{os.path.dirname(p) for p in node.paths})
+        keep = st is not None and changes_before == node.changes
+        node.changes += 1
+        self._remember_stat(node, st if keep else None)
 
-    async def _listing(self, dir_rel: bytes) -> dict[bytes, os.stat_result] | None:
+    def _remember_stat(self, node: Inode, st: os.stat_result | None) -> None:
+        node.stat, node.stat_time = st, time.monotonic()
+
+    def _forget_stat(self, *rels: bytes) -> None:
+        for rel in rels:
+            node = self.table.root if rel == b"" else self.table.by_path.get(rel)
+            if node is not None:
+                node.changes += 1
+                node.stat = None
+
+    def _fresh_stat(self, node: Inode) -> os.stat_result | None:
+        if node.stat is not None and time.monotonic() - node.stat_time <= self.stat_ttl:
+            return node.stat
+        return None
+
+    async def _listing(self, dir_rel: bytes) -> Listing | None:
         """A fresh listing of ``dir_rel`` to answer lookups from, when it is busy enough."""
         listing = self.snapshots.listing(dir_rel)
         if listing is None and self.snapshots.worth_scanning(dir_rel):
@@ -193,7 +266,7 @@ class JournalFS(pyfuse3.Operations):
             rel = join(parent_rel, name)
             listing = await self._listing(parent_rel)
             if listing is not None:  # answered from memory: `ls -l`, find, stat of many files
-                st = listing.get(name)
+                st = listing.stats.get(name)
                 if st is None:
                     raise pyfuse3.FUSEError(errno.ENOENT)
                 return self.attrs(self.table.remember(rel, st), st)
@@ -213,18 +286,25 @@ class JournalFS(pyfuse3.Operations):
         if self.views.owns(inode):
             return await self.views.getattr(inode)
         node = self.table.get(inode)
-        return self.attrs(node, await self._stat(node))
+        st = self._fresh_stat(node)
+        if st is None:  # e.g. right after a write: the write's own fstat usually answers
+            changes = node.changes
+            st = await self._stat(node)
+            if changes == node.changes:
+                self._remember_stat(node, st)
+        return self.attrs(node, st)
 
     @_guarded
     async def setattr(self, inode, attr, fields, fh, ctx):
         if self.views.owns(inode):
             raise pyfuse3.FUSEError(errno.EROFS)
         node = self.table.get(inode)
+        changes, st = node.changes, None
         try:
             st = await _in_thread(self._apply_setattr, node.path, list(node.handles), attr,
                                   fields, fh)
         finally:
-            self._attrs_changed(node)
+            self._attrs_changed(node, st, changes)
         if fields.update_size and node.path is not None:
             await self.views.source_changed(node.path)
         return self.attrs(node, st)
@@ -302,37 +382,38 @@ class JournalFS(pyfuse3.Operations):
             return await self.views.opendir(inode)
         node = self.table.get(inode)
         rel = self._path(node)
-        generation = self.snapshots.generation
-        entries = await _in_thread(self._list_dir, rel)
-        if self.snapshots.enabled and len(entries) <= self.snapshots.max_entries:
-            self.snapshots.store(rel, generation, dict(entries))
+        listing = self.snapshots.listing(rel)  # listed moments ago and unchanged since
+        if listing is None:
+            generation = self.snapshots.generation
+            skip = VIEWS_NAME if rel == b"" else None  # shadowed by the virtual tree
+            listing = await _in_thread(self._scan_sorted, self.abs(rel), skip)
+            if len(listing.stats) <= self.snapshots.max_entries:
+                self.snapshots.store(rel, generation, listing)
         handle = self.next_handle()
-        self.dirs[handle] = (node, entries)
+        self.dirs[handle] = (node, listing)
         return handle
 
-    def _list_dir(self, rel: bytes) -> list[tuple[bytes, os.stat_result]]:
-        entries = []
-        with os.scandir(self.abs(rel)) as it:
-            for entry in it:
-                if rel == b"" and entry.name == VIEWS_NAME:
-                    continue  # shadowed by the virtual tree
-                try:
-                    entries.append((entry.name, entry.stat(follow_symlinks=False)))
-                except FileNotFoundError:
-                    continue  # vanished while listing
-        entries.sort()
-        return entries
+    def _scan_sorted(self, path: bytes, skip: bytes | None) -> Listing:
+        listing = self.snapshots.scan(path, skip, limit=False)
+        listing.names  # sort in the thread
+        return listing
 
     @_guarded
     async def readdir(self, fh, start_id, token):
         if fh not in self.dirs:
             return await self.views.readdir(fh, start_id, token)
-        node, entries = self.dirs[fh]
+        node, listing = self.dirs[fh]
         base = self._path(node)
-        for i in range(start_id, len(entries)):
-            name, st = entries[i]
-            child = self.table.remember(join(base, name), st, lookups=0)
-            if not pyfuse3.readdir_reply(token, name, self.attrs(child, st), i + 1):
+        names, memo, by_ino = listing.names, listing.attrs, self.table.by_ino
+        for i in range(start_id, len(names)):
+            name = names[i]
+            child, attrs = memo.get(name, (None, None))
+            if child is None or by_ino.get(child.ino) is not child:  # built once per listing
+                st = listing.stats[name]
+                child = self.table.remember(join(base, name), st, lookups=0)
+                attrs = self.attrs(child, st)
+                memo[name] = (child, attrs)
+            if not pyfuse3.readdir_reply(token, name, attrs, i + 1):
                 self.table.drop_if_unused(child)
                 return
             child.lookups += 1
@@ -359,7 +440,7 @@ class JournalFS(pyfuse3.Operations):
     async def mkdir(self, parent_inode, name, mode, ctx):
         rel = self._child(parent_inode, name)
         path = self.abs(rel)
-        st = await _in_thread(self._mkdir, path, stat.S_IMODE(mode), ctx)
+        st = await self._change_names((rel,), self._mkdir, path, stat.S_IMODE(mode), ctx)
         return await self._created(rel, st)
 
     def _mkdir(self, path: bytes, mode: int, ctx) -> os.stat_result:
@@ -370,10 +451,7 @@ class JournalFS(pyfuse3.Operations):
     @_guarded
     async def rmdir(self, parent_inode, name, ctx):
         rel = self._child(parent_inode, name)
-        try:
-            await _in_thread(os.rmdir, self.abs(rel))
-        finally:
-            self.snapshots.clear()
+        await self._change_names((rel,), os.rmdir, self.abs(rel))
         self.table.unlinked(rel)
         await self.views.source_changed(rel)
         await self._meta_restructure("remove", self.store_path(rel))
@@ -382,11 +460,8 @@ class JournalFS(pyfuse3.Operations):
     @_guarded
     async def unlink(self, parent_inode, name, ctx):
         rel = self._child(parent_inode, name)
-        try:
-            await _in_thread(os.unlink, self.abs(rel))
-        finally:
-            self.snapshots.clear()  # also other hard links' nlink
-        self.table.unlinked(rel)
+        await self._change_names((rel,), os.unlink, self.abs(rel))
+        self.table.unlinked(rel, is_dir=False)
         await self.views.source_changed(rel)
         await self._meta_restructure("remove", self.store_path(rel))
 
@@ -394,10 +469,7 @@ class JournalFS(pyfuse3.Operations):
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         old = self._child(parent_inode_old, name_old)
         new = self._child(parent_inode_new, name_new)
-        try:
-            replaced = await _in_thread(self._rename, old, new, flags)
-        finally:
-            self.snapshots.clear()
+        replaced = await self._change_names((old, new), self._rename, old, new, flags)
         await self.views.source_changed(old)
         await self.views.source_changed(new)
         if flags & pyfuse3.RENAME_EXCHANGE:
@@ -429,7 +501,7 @@ class JournalFS(pyfuse3.Operations):
     @_guarded
     async def symlink(self, parent_inode, name, target, ctx):
         rel = self._child(parent_inode, name)
-        st = await _in_thread(self._symlink, bytes(target), self.abs(rel), ctx)
+        st = await self._change_names((rel,), self._symlink, bytes(target), self.abs(rel), ctx)
         return await self._created(rel, st)
 
     def _symlink(self, target: bytes, path: bytes, ctx) -> os.stat_result:
@@ -443,7 +515,10 @@ class JournalFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         rel = self._child(new_parent_inode, new_name)
         src = self.abs(self._path(self.table.get(inode)))
-        st = await _in_thread(self._link, src, self.abs(rel))
+        try:
+            st = await self._change_names((rel,), self._link, src, self.abs(rel))
+        finally:
+            self._attrs_changed(self.table.get(inode))  # nlink
         return await self._created(rel, st)
 
     @staticmethod
@@ -454,7 +529,7 @@ class JournalFS(pyfuse3.Operations):
     @_guarded
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
         rel = self._child(parent_inode, name)
-        st = await _in_thread(self._mknod, self.abs(rel), mode, rdev, ctx)
+        st = await self._change_names((rel,), self._mknod, self.abs(rel), mode, rdev, ctx)
         return await self._created(rel, st)
 
     def _mknod(self, path: bytes, mode: int, rdev: int, ctx) -> os.stat_result:
@@ -470,7 +545,12 @@ class JournalFS(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EROFS)
             return await self.views.open(inode)
         node = self.table.get(inode)
+        changes = node.changes
         fd, st = await _in_thread(self._open, node.path, list(node.handles), flags)
+        if flags & os.O_TRUNC:
+            self._attrs_changed(node)
+        elif changes == node.changes:
+            self._remember_stat(node, st)
         keep = node.cache_ident == (st.st_size, st.st_mtime_ns)  # unchanged since last close
         node.handles.add(fd)
         self.files[fd] = node
@@ -489,11 +569,10 @@ class JournalFS(pyfuse3.Operations):
     @_guarded
     async def create(self, parent_inode, name, mode, flags, ctx):
         rel = self._child(parent_inode, name)
-        try:
-            fd, st = await _in_thread(self._create, self.abs(rel), mode, flags, ctx)
-        finally:
-            self.snapshots.clear()
+        fd, st = await self._change_names((rel,), self._create, self.abs(rel), mode, flags, ctx)
         node = self.table.remember(rel, st)
+        node.changes += 1
+        self._remember_stat(node, st)
         node.handles.add(fd)
         self.files[fd] = node
         await self.views.source_changed(rel)
@@ -530,19 +609,28 @@ class JournalFS(pyfuse3.Operations):
         if fh >= HANDLE_BASE:
             raise pyfuse3.FUSEError(errno.EROFS)
         self.written.add(fh)
+        node = self.files.get(fh)
+        changes, st = (node.changes if node is not None else 0), None
         try:
-            return await _in_thread(os.pwrite, fh, buf, off)
+            written, st = await _in_thread(self._write, fh, buf, off)
+            return written
         finally:
-            node = self.files.get(fh)
             if node is not None:
-                self._attrs_changed(node)
+                self._attrs_changed(node, st, changes)
+
+    @staticmethod
+    def _write(fd: int, buf: bytes, off: int) -> tuple[int, os.stat_result]:
+        """pwrite, and the attributes the kernel will ask for next (it drops its own)."""
+        return os.pwrite(fd, buf, off), os.fstat(fd)
 
     @_guarded
     async def flush(self, fh):
         # close(2) semantics of the underlying filesystem (e.g. NFS flushes on close): only
         # a written file has anything to flush, so a read-only close costs no thread hop.
         if fh < HANDLE_BASE and fh in self.written:
-            await _in_thread(lambda: os.close(os.dup(fh)))
+            node = self.files.get(fh)
+            if node is None or node.key is None or node.key[0] != self.local_dev:
+                await _in_thread(lambda: os.close(os.dup(fh)))
             await self._written_out(fh)
 
     async def _written_out(self, fh: int) -> None:
@@ -567,9 +655,12 @@ class JournalFS(pyfuse3.Operations):
         await self._written_out(fh)
         node = self.files.pop(fh, None)
         try:
+            changes = node.changes if node is not None else 0
             st = await _in_thread(self._close, fh)  # one hop for both
             if node is not None:
                 node.cache_ident = (st.st_size, st.st_mtime_ns)
+                if changes == node.changes:
+                    self._remember_stat(node, st)
         finally:
             if node is not None:
                 self.table.release_handle(node, fh)

@@ -1,9 +1,12 @@
 """The gvfs-format metadata store: one tree file + its journal, read and written like gvfs.
 
 :class:`MetaStore` is the only code that writes a store. Reads never load the tree: a lookup
-walks an in-memory index of the live journal newest -> oldest (spec "Lookup semantics") and then
-binary-searches the mapped tree. Writes append one CRC'd entry per operation; rotation
-(compaction) streams the old tree + journal into a new tree file with gvfs's exact steps.
+consults an in-memory index of the live journal (only when the journal holds something for the
+path or any REMOVE/COPY; spec "Lookup semantics") and then the mapped tree, whose directories'
+child names are decoded once into dicts (TreeView) and whose decoded node metadata is cached
+per path (bounded; valid until the tree file is replaced). Writes append one CRC'd entry per
+operation (``write_many``: many operations, one pwrite); rotation (compaction) streams the old
+tree + journal into a new tree file with gvfs's exact steps.
 """
 from __future__ import annotations
 
