@@ -407,8 +407,8 @@ def test_inode_table_bookkeeping(tmp_path):
     d = table.remember(b"d", os.lstat(tmp_path / "d"))
     table.renamed([(b"d", b"e")])
     assert d.path == b"e" and f.paths == [b"e/f", b"g"]
-    table.unlinked(b"g")
-    assert f.path == b"e/f"
+    table.unlinked(b"g", is_dir=False)  # a file's name: found by index, no full pass
+    assert f.path == b"e/f" and b"g" not in table.by_path and table.by_path[b"e/f"] is f
     f.handles.add(99)
     table.forget(f.ino, 2)
     assert f.ino in table  # still open

@@ -527,7 +527,9 @@ def test_inline_reads_answer_only_from_memory(tmp_path):
         assert store.peek("/in/journal", "k") == (True, "j")
         assert store.peek("/gone/below", "k") == (True, None)   # a REMOVE decides it
         assert store.peek("/in/tree", "k") == (False, None)     # needs the mapped tree
-        assert store.get("/in/tree", "k") == "t"                # ... which caches it
+        assert store.get("/in/tree", "k") == "t"                # one key: not cached
+        assert store.peek("/in/tree", "k") == (False, None)
+        assert store.get_all("/in/tree") == {"k": "t"}          # get_all caches the node
         assert store.peek("/in/tree", "k") == (True, "t")
         assert store.peek("/in/tree") == (True, {"k": "t"})
         store.set("/in/tree", "k", "newer")                     # the journal wins over the cache

@@ -334,16 +334,22 @@ class TreeView:
         return self._metadata_block(off)[0] > 0
 
     def get(self, off: int, key: str) -> Value | None:
+        """The value of ``key`` at dirent ``off`` (binary search of its sorted block)."""
         kid = self.key_ids.get(key)
         if kid is None:
             return None
-        n, first = self._metadata_block(off)
+        buf = self.buf
+        n, first = self._metadata_block_at(_U32.unpack_from(buf, off + 8)[0], off + 8)
         lo, hi = 0, n
         while lo < hi:
             mid = (lo + hi) // 2
-            key_field, value_off = _PAIR.unpack_from(self.buf, first + 8 * mid)
+            key_field, value_off = _PAIR.unpack_from(buf, first + 8 * mid)
             here = key_field & ~LIST_FLAG
             if here == kid:
+                if key_field == here and self._find is not None and 0 < value_off < self.size:
+                    end = self._find(b"\0", value_off)  # the plain-string hot path
+                    if end >= 0:
+                        return buf[value_off:end].decode("utf-8", "surrogateescape")
                 return self._value(key_field, value_off, first + 8 * mid + 4)
             if here < kid:
                 lo = mid + 1
@@ -712,8 +718,8 @@ class _DirectoryCopier:
     """Rewrites an untouched base directory's children block with numpy: dirents, names and
     metadata are moved as arrays and byte regions, never as a Python object per child.
 
-    :meth:`directory` returns None whenever the directory is not the plain case (list values,
-    names or keys out of order, any offset or count that does not check out): the caller then
+    :meth:`directory` returns None whenever the directory is not the plain case (names or keys
+    out of order, any offset or count that does not check out): the caller then
     takes the per-row path, which sorts what is unsorted and raises FormatError with the
     offending offset.
     """
@@ -799,33 +805,64 @@ class _DirectoryCopier:
         has, blocks, counts = has[keep], blocks[keep], counts[keep]
         if not len(has):
             return b"", new_offs
-        total = int(counts.sum())
-        group_start = np.cumsum(counts) - counts            # first pair index of each child
-        child_of_pair = np.repeat(np.arange(len(counts)), counts)
-        pair_in_child = np.arange(total) - group_start[child_of_pair]
+        if counts.sum() > size // 8:  # blocks shared by many dirents (hostile): no gather
+            return None
+        child_of_pair, pair_in_child = _ranges(counts)
         pair_word = blocks[child_of_pair] // 4 + 1 + 2 * pair_in_child
         key_field = words[pair_word].astype(np.int64)
         value_off = words[pair_word + 1].astype(np.int64)
-        if (key_field >= len(self.kid_map)).any():          # also catches LIST_FLAG (lists)
+        is_list = (key_field & LIST_FLAG) != 0
+        kid = key_field & ~LIST_FLAG
+        if (kid >= len(self.kid_map)).any():
             return None
-        new_kid = self.kid_map[key_field]
+        new_kid = self.kid_map[kid]
         same_child = child_of_pair[1:] == child_of_pair[:-1]
         if (np.diff(new_kid)[same_child] <= 0).any():        # blocks are bisected by key id
             return None
-        values = self.base.string_region(value_off)
+        tables = self._list_tables(value_off[is_list])
+        if tables is None:
+            return None
+        table_len, table_strings = tables
+        strings = np.concatenate((value_off[~is_list], table_strings))
+        values = self.base.string_region(strings) if len(strings) else (0, b"")
         if values is None:
             return None
         block_words = 1 + 2 * counts
         block_start = np.cumsum(block_words) - block_words  # in words from `start`
-        values_start = start + 4 * int(block_words.sum())
-        out = np.empty(int(block_words.sum()), dtype=">u4")
-        out[block_start] = counts
+        tables_start = start + 4 * int(block_words.sum())
+        values_start = tables_start + 4 * int(table_len.sum())
+        shift = values_start - values[0]                    # old string offset -> new
+        blocks_out = np.empty(int(block_words.sum()), dtype=">u4")
+        blocks_out[block_start] = counts
         pair_at = block_start[child_of_pair] + 1 + 2 * pair_in_child
-        out[pair_at] = new_kid
-        out[pair_at + 1] = value_off - values[0] + values_start
+        blocks_out[pair_at] = key_field - kid + new_kid     # keeps LIST_FLAG
+        table_at = tables_start + 4 * (np.cumsum(table_len) - table_len)
+        blocks_out[pair_at + 1] = np.where(is_list, 0, value_off + shift)
+        blocks_out[(pair_at + 1)[is_list]] = table_at
+        tables_out = np.empty(int(table_len.sum()), dtype=">u4")
+        if len(table_len):
+            heads = (table_at - tables_start) // 4
+            tables_out[heads] = table_len - 1
+            mask = np.ones(len(tables_out), dtype=bool)
+            mask[heads] = False
+            tables_out[mask] = table_strings + shift
         new_offs[has] = start + 4 * block_start
         data = values[1]
-        return out.tobytes() + data + bytes(-len(data) % 4), new_offs
+        return b"".join((blocks_out.tobytes(), tables_out.tobytes(), data, bytes(-len(data) % 4))), new_offs
+
+    def _list_tables(self, table_off: np.ndarray):
+        """(words per list table incl. its count, every string offset of every table in
+        order) of list values whose tables are at ``table_off``, or None."""
+        size, words = self.base.size, self.words
+        if not len(table_off):
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        if ((table_off % 4) | (table_off + 4 > size)).any():
+            return None
+        counts = words[table_off // 4].astype(np.int64)
+        if (counts > (size - table_off - 4) // 4).any() or counts.sum() > size // 4:
+            return None
+        table_of, index = _ranges(counts)
+        return counts + 1, words[table_off[table_of] // 4 + 1 + index].astype(np.int64)
 
     def _times(self, raw_time: np.ndarray, forced: int | None) -> np.ndarray:
         if forced is not None:
@@ -833,6 +870,12 @@ class _DirectoryCopier:
         else:
             t = np.where(raw_time != 0, raw_time + self.base.time_base, 0)
         return np.where(t == 0, 0, np.clip(t - self.time_base, 1, MAX_RAW_TIME))
+
+
+def _ranges(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For groups of ``counts`` items: (group of each item, its index in its group)."""
+    group = np.repeat(np.arange(len(counts)), counts)
+    return group, np.arange(int(counts.sum())) - (np.cumsum(counts) - counts)[group]
 
 
 def _row_block(merged: MergedTree, item, forced: int | None, block_at: int, key_ids: dict,

@@ -72,9 +72,12 @@ class DirSnapshots:
         return count >= self.min_lookups
 
     def store(self, dir_rel: bytes, started_generation: int, listing: Listing | None) -> None:
+        if listing is None:  # too big to list for lookups: retry only after as many misses
+            self._misses[dir_rel] = -self.max_entries
+            return
         self._misses.pop(dir_rel, None)
-        if not self.enabled or listing is None or started_generation != self.generation:
-            return  # too big, or something changed while scanning: the listing may be stale
+        if not self.enabled or started_generation != self.generation:
+            return  # something changed while scanning: the listing may be stale
         self._listings[dir_rel] = listing
         self._listings.move_to_end(dir_rel)
         while len(self._listings) > self.max_dirs:

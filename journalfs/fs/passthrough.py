@@ -95,7 +95,7 @@ class JournalFS(pyfuse3.Operations):
         self.table = InodeTable(lambda: next(self._numbers))
         self.files: dict[int, Inode] = {}                       # fd -> inode
         self.written: set[int] = set()                          # fds written since opened
-        self.dirs: dict[int, tuple[Inode, list]] = {}          # handle -> (dir, entries)
+        self.dirs: dict[int, tuple[Inode, Listing]] = {}       # handle -> (dir, its listing)
         self.views = Views(self, options or {})
         self._exchange_tmp = itertools.count()
         self.snapshots = DirSnapshots(min(timeout, SNAPSHOT_TTL))
@@ -178,7 +178,6 @@ class JournalFS(pyfuse3.Operations):
 
     async def _created(self, rel: bytes, st: os.stat_result) -> pyfuse3.EntryAttributes:
         node = self.table.remember(rel, st)
-        self._forget_stat(rel)  # e.g. a new hard link: nlink
         await self.views.source_changed(rel)
         return self.attrs(node, st)
 

@@ -7,7 +7,7 @@ that commit is woken by one event. Under ``sync="none"`` no fsync is made.
 
 Reads: :meth:`MetaService.get` / :meth:`get_all` answer inline (on the trio thread) when the
 answer is already in memory -- decided by the journal index or by the store's cache of decoded
-tree metadata -- via ``store.peek``, which never blocks on the store lock, never touches the
+tree metadata, which get_all fills -- via ``store.peek``, which never blocks on the store lock, never touches the
 mapped files and never does I/O; otherwise they run in ``trio.to_thread``.
 :meth:`get_cached` is that inline half alone. Rotation runs in a thread when the journal
 passes ``fill_threshold``, after ``quiet_seconds`` without writes (if anything changed), on

@@ -4,7 +4,7 @@
 consults an in-memory index of the live journal (only when the journal holds something for the
 path or any REMOVE/COPY; spec "Lookup semantics") and then the mapped tree, whose directories'
 child names are decoded once into dicts (TreeView) and whose decoded node metadata is cached
-per path (bounded; valid until the tree file is replaced). Writes append one CRC'd entry per
+per path by get_all (bounded; valid until the tree file is replaced). Writes append one CRC'd entry per
 operation (``write_many``: many operations, one pwrite); rotation (compaction) streams the old
 tree + journal into a new tree file with gvfs's exact steps.
 """
@@ -417,10 +417,10 @@ class MetaStore:
                 if verdict != "tree":
                     return what
                 path = what
-            meta = self._tree_meta.get(path, _NOT_CACHED)
-            if meta is _NOT_CACHED:
-                meta = self._tree_metadata_uncached(path)
-            return None if meta is None else meta.get(key)
+            # one key: a binary search in the mapped node, nothing decoded or cached beyond it
+            tree = self._tree
+            off = None if tree is None else tree.lookup(path)
+            return None if off is None else tree.get(off, key)
 
     def get_all(self, path: str) -> dict[str, Value]:
         path = canonical(path)
