@@ -5,11 +5,17 @@
 Generates (once, cached under OUT/spark-corpus-<size>GB/) a corpus mixing every format: a
 few big journals (kestrel, wallaby log + index, akka) and many small files. Then, in the
 same run and over the same files:
-  single     one Python process: sniff + mmap + codec.read_columns (no Spark)
+  decode     (information only) one Python process: sniff + mmap + codec.read_columns, no
+             conversion to the contract schema
+  single     one Python process doing the data source's own work without Spark: listing and
+             planning, then every slice decoded AND converted to Arrow batches of the
+             contract schema (the baseline the Spark runs are compared with)
   ds-local1  spark.read.format("journal") on local[1]
   ds-local2  spark.read.format("journal") on local[2]
-  binaryFile spark.read.format("binaryFile") + mapInArrow with the same codecs, local[2]
-Spark runs force every column through the JVM with a `noop` write. Memory is the peak of
+  binaryFile spark.read.format("binaryFile") + mapInArrow, local[2], decoding and converting
+             each file's bytes with the very same reader code (read_buffer)
+Spark runs force every column through the JVM with a `noop` write; `single` builds the same
+batches in Python. Memory is the peak of
 anonymous RSS (heap, not page cache of mapped files) over the whole process tree (driver
 JVM + Python workers), and separately of the largest single Python worker.
 """
@@ -178,6 +184,19 @@ class PeakMemory:
 
 
 def single_process(root: Path) -> int:
+    """The data source's planning + reading + conversion, in this process, no Spark."""
+    from journalfs.spark.plan import list_journals, plan
+    from journalfs.spark.read import read_slice
+    from journalfs.spark.source import BATCH_ROWS
+    rows = 0
+    for group in plan(list_journals(str(root)), 1, cache_dir=None).groups:
+        for sl in group:
+            for batch in read_slice(sl, False, None, BATCH_ROWS):
+                rows += batch.num_rows
+    return rows
+
+
+def decode_only(root: Path) -> int:
     rows = 0
     for d, _dirs, files in os.walk(root):
         for name in files:
@@ -199,23 +218,17 @@ def single_process(root: Path) -> int:
 
 def _decode_binary_files(batches):
     from journalfs.formats import detect
-    from journalfs.spark.convert import kestrel_queue, to_batch
+    from journalfs.spark.plan import FileSlice, akka_meta_for, list_journals
+    from journalfs.spark.read import read_buffer
+    from journalfs.spark.source import BATCH_ROWS
     for batch in batches:
         for path, content in zip(batch.column("path").to_pylist(), batch.column("content").to_pylist()):
             codec = detect(content[:64])
             if codec is None:
                 continue
             local = path.removeprefix("file:")
-            key = kestrel_queue(local) if codec.name.startswith("kestrel-") else None
-            start, seq = None, 0
-            while True:
-                cols = codec.read_columns(content, local, start, seq, None, 16384)
-                if cols.rows:
-                    yield to_batch(cols.data, cols.rows, local, codec.name, first_seq=seq, key=key)
-                seq = cols.next_seq
-                if cols.error is not None or cols.next_offset is None:
-                    break
-                start = cols.next_offset
+            meta = akka_meta_for(local, []) if codec.name == "akka-data" else None
+            yield from read_buffer(content, FileSlice(local, codec.name, meta=meta), False, None, BATCH_ROWS)
 
 
 def spark_session(master: str):
@@ -248,7 +261,7 @@ def main(argv=None) -> int:
     root = corpus(Path(args.out), args.size)
     total_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
     biggest = max(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
-    methods = [("single", None), ("ds-local1", "local[1]"), ("ds-local2", "local[2]"),
+    methods = [("decode", None), ("single", None), ("ds-local1", "local[1]"), ("ds-local2", "local[2]"),
                ("binaryFile", "local[2]")]
     skip = set(filter(None, args.skip.split(",")))
     results = {}
@@ -263,7 +276,9 @@ def main(argv=None) -> int:
             spark, spark_master = spark_session(master), master
         with PeakMemory() as mem:
             t = time.perf_counter()
-            if master is None:
+            if method == "decode":
+                decode_only(root)
+            elif master is None:
                 records = single_process(root)
             else:
                 spark_run(spark, root, "binaryFile" if method == "binaryFile" else "journal")

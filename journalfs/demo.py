@@ -23,6 +23,8 @@ from typing import Iterator
 
 from .formats import CODECS
 from .formats.akka import AkkaData
+from .formats.base import payload_b64
+from .formats.wallaby import write_log_and_index
 
 SEED = 20240601
 #: 2023-11-14T22:13:20Z in ms / s / ns: the demo's clock starts here.
@@ -100,8 +102,6 @@ def wallaby_items(rng: random.Random, count: int, payload: tuple[int, int] = (16
 
 
 def wallaby_files(rng: random.Random, name: str = "events.log") -> dict[str, bytes]:
-    from .formats.wallaby import write_log_and_index
-
     log, index = write_log_and_index(wallaby_items(rng, 48), flags=0, ttl_ns=0)
     return {name: log, name + ".idx": index}
 
@@ -109,8 +109,6 @@ def wallaby_files(rng: random.Random, name: str = "events.log") -> dict[str, byt
 # -- JRNL ----------------------------------------------------------------------------------------
 
 def _jrnl_ops(rng: random.Random, ending: str | None) -> list[dict]:
-    import base64
-
     ops = []
     for _ in range(rng.randint(1, 4)):
         page = 65536 * rng.randint(1, 64)
@@ -123,8 +121,8 @@ def _jrnl_ops(rng: random.Random, ending: str | None) -> list[dict]:
             size = rng.randint(4, 48)
             before, after = rng.randbytes(size), rng.randbytes(size)
             ops.append({"op": "modify", "page": page, "data_offset": rng.randrange(65536 - size),
-                        "size": size, "before_b64": base64.b64encode(before).decode(),
-                        "after_b64": base64.b64encode(after).decode()})
+                        "size": size, "before_b64": payload_b64(before),
+                        "after_b64": payload_b64(after)})
     if ending:
         ops.append({"op": ending, "data_b64": ""})
     return ops

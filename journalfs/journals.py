@@ -48,11 +48,17 @@ def mapped(path: str):
                 m.close()
 
 
-def read_file(path: str, codec: Codec | None = None) -> Iterator[Record]:
-    """Every record of ``path`` in file order; raises :class:`FormatError` at damage."""
+def _codec_of(path: str, codec: Codec | None) -> Codec:
+    """``codec``, or the one ``path``'s magic names; a file without one is damaged input."""
     codec = codec or sniff_file(path)
     if codec is None:
         raise FormatError(path, 0, "not a supported journal file (unknown magic bytes)")
+    return codec
+
+
+def read_file(path: str, codec: Codec | None = None) -> Iterator[Record]:
+    """Every record of ``path`` in file order; raises :class:`FormatError` at damage."""
+    codec = _codec_of(path, codec)
     with mapped(path) as buf:
         yield from codec.read(buf, path)
 
@@ -76,9 +82,7 @@ class RecordIndex:
 
     @classmethod
     def build(cls, path: str, codec: Codec | None = None) -> "RecordIndex":
-        codec = codec or sniff_file(path)
-        if codec is None:
-            raise FormatError(path, 0, "not a supported journal file (unknown magic bytes)")
+        codec = _codec_of(path, codec)
         st = os.stat(path)
         idx = cls(path, codec, identity=(st.st_ino, st.st_size, st.st_mtime_ns))
         try:
@@ -192,7 +196,7 @@ def _batched(starts_of, buf, path: str) -> Iterator[Sequence[int]]:
 def _sibling_of_format(directory: str, fmt: str, preferred: str) -> str | None:
     """``directory/preferred`` when it is a ``fmt`` file, else the first such file by name."""
     first = os.path.join(directory, preferred)
-    if os.path.isfile(first) and _format_of(first) == fmt:
+    if _is_format(first, fmt):
         return first
     try:
         names = sorted(os.listdir(directory))
@@ -200,16 +204,17 @@ def _sibling_of_format(directory: str, fmt: str, preferred: str) -> str | None:
         return None
     for name in names:
         candidate = os.path.join(directory, name)
-        if is_backup(name) or not os.path.isfile(candidate):
-            continue
-        if _format_of(candidate) == fmt:
+        if not is_backup(name) and _is_format(candidate, fmt):
             return candidate
     return None
 
 
-def _format_of(path: str) -> str | None:
+def _is_format(path: str, fmt: str) -> bool:
+    """True when ``path`` is a regular file whose magic names format ``fmt``."""
+    if not os.path.isfile(path):
+        return False
     codec = sniff_file(path)
-    return codec.name if codec else None
+    return codec is not None and codec.name == fmt
 
 
 def related_files(path: str, codec: Codec) -> dict[str, str]:
@@ -221,11 +226,11 @@ def related_files(path: str, codec: Codec) -> dict[str, str]:
     related: dict[str, str] = {}
     if codec.name == "wallaby-index" and path.endswith(".idx"):
         log = path[: -len(".idx")]
-        if os.path.isfile(log) and _format_of(log) == "wallaby-log":
+        if _is_format(log, "wallaby-log"):
             related["log"] = log
     elif codec.name == "wallaby-log":
         index = path + ".idx"
-        if os.path.isfile(index) and _format_of(index) == "wallaby-index":
+        if _is_format(index, "wallaby-index"):
             related["index"] = index
     elif codec.name == "akka-meta":
         data = _sibling_of_format(directory, "akka-data", "data")

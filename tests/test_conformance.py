@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from codec_helpers import read_all
 from conftest import CONFORMANCE
-from journalfs.formats import CODECS, FormatError, detect, record_to_json
+from test_records_cli import run_cli
+from journalfs.formats import CODECS, detect, record_to_json
 
-JOURNALFS = Path(sys.executable).with_name("journalfs")
+
+def records_cli(*argv: str) -> subprocess.CompletedProcess:
+    """``journalfs records ARGV`` through the installed console script (as the acceptance
+    check runs it)."""
+    return run_cli("records", *argv, real=True)
 
 
 def _expected_cases() -> list[str]:
@@ -43,8 +47,7 @@ def _comparable(got: list[dict], want: list[dict], fmt: str) -> list[dict]:
 @pytest.mark.parametrize("name", _expected_cases())
 def test_cli_prints_expected_records(name, records_corpus, records_expected):
     want = records_expected[name]
-    proc = subprocess.run([str(JOURNALFS), "records", str(records_corpus / name), "--json"],
-                          capture_output=True, text=True, timeout=120)
+    proc = records_cli(str(records_corpus / name), "--json")
     got = [json.loads(line) for line in proc.stdout.splitlines()]
     assert proc.returncode == want["exit"], proc.stderr
     assert _comparable(got, want["records"], want["format"]) == want["records"]
@@ -64,12 +67,8 @@ def test_codec_reads_expected_records(name, records_corpus, records_expected):
     data = (records_corpus / name).read_bytes()
     codec = detect(data[:64])
     assert codec is not None and codec.name == want["format"]
-    got, error = [], None
-    try:
-        for rec in codec.read(data, name):
-            got.append(record_to_json(rec))
-    except FormatError as exc:
-        error = exc
+    records, error = read_all(codec, data, name)
+    got = [record_to_json(r) for r in records]
     assert (error is not None) == (want["exit"] == 3)
     assert _comparable(got, want["records"], want["format"]) == want["records"]
     columns = codec.read_columns(data, name)
@@ -89,8 +88,7 @@ def test_vector_decodes_exactly(name, vectors, tmp_path):
     # and through the real CLI
     path = tmp_path / name.replace("/", "_")
     path.write_bytes(data)
-    proc = subprocess.run([str(JOURNALFS), "records", str(path), "--json"],
-                          capture_output=True, text=True, timeout=60)
+    proc = records_cli(str(path), "--json")
     assert proc.returncode == 0, proc.stderr
     assert [json.loads(line) for line in proc.stdout.splitlines()] == vector["records"]
 
@@ -98,15 +96,13 @@ def test_vector_decodes_exactly(name, vectors, tmp_path):
 def test_non_journal_is_rejected_with_one_line(tmp_path):
     path = tmp_path / "notes.txt"
     path.write_text("just some text, no magic here\n")
-    proc = subprocess.run([str(JOURNALFS), "records", str(path), "--json"],
-                          capture_output=True, text=True, timeout=60)
+    proc = records_cli(str(path), "--json")
     assert proc.returncode == 3
     assert proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "not a supported journal" in proc.stderr
 
 
 def test_missing_file_is_an_ordinary_error(tmp_path):
-    proc = subprocess.run([str(JOURNALFS), "records", str(tmp_path / "absent")],
-                          capture_output=True, text=True, timeout=60)
+    proc = records_cli(str(tmp_path / "absent"))
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

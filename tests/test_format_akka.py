@@ -7,15 +7,16 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import given, strategies as st
 
-from journalfs.formats import CODECS, FormatError, detect, record_to_json
+from codec_helpers import (FAST, assert_columns_equal_read, assert_expected_records, check_vectors,
+                           columns_as_records, columns_in_batches, corpus_files, flip_bits,
+                           read_all, read_corpus_file, reads_back, truncations)
 from journalfs.formats.akka import AkkaData, AkkaMeta, chains
 
 DATA = AkkaData()
 META = AkkaMeta()
 AKKA = ("akka-meta", "akka-data")
-FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 pids = st.sampled_from(["P1", "order-7", "użytkownik-3", "", "x" * 40])
 payloads = st.binary(max_size=30)
@@ -31,21 +32,6 @@ def journals(draw):
     return messages
 
 
-def read_all(codec, buf, source="f", **kw):
-    out = []
-    try:
-        for rec in codec.read(buf, source, **kw):
-            out.append(rec)
-    except FormatError as exc:
-        return out, exc
-    return out, None
-
-
-def columns_as_records(cols):
-    values = {k: (v.tolist() if hasattr(v, "tolist") else list(v)) for k, v in cols.data.items()}
-    return [{k: values[k][i] for k in values} for i in range(cols.rows)]
-
-
 def data_block(at, seq_nr, payload=b"", prev=0, nxt=0, size=None):
     return struct.pack(">iiiiq", 24 + len(payload) if size is None else size, at, prev, nxt, seq_nr) + payload
 
@@ -58,16 +44,7 @@ def data_file(*blocks, total=None):
 # -- known answers -------------------------------------------------------------------------
 
 def test_vectors_decode_exactly(vectors):
-    checked = 0
-    for name, vec in vectors.items():
-        if vec["format"] not in AKKA:
-            continue
-        buf = bytes.fromhex(vec["hex"])
-        assert detect(buf[:64]) is CODECS[vec["format"]], name
-        records, error = read_all(CODECS[vec["format"]], buf, name)
-        assert error is None and [record_to_json(r) for r in records] == vec["records"], name
-        checked += 1
-    assert checked == 2
+    assert check_vectors(vectors, AKKA) == 2
 
 
 def test_vectors_encode_back(vectors):
@@ -79,20 +56,12 @@ def test_vectors_encode_back(vectors):
     assert META.write(metas) == b"APFM" + meta_hex[4:]  # journalfs writes the seed's magic
 
 
-def akka_files(records_expected):
-    return {name: exp for name, exp in records_expected.items() if exp["format"] in AKKA}
-
-
 def test_conformance_files_decode_exactly(records_corpus, records_expected):
-    files = akka_files(records_expected)
+    files = corpus_files(records_expected, AKKA)
     assert len(files) == 6
     for name, exp in files.items():
-        buf = (records_corpus / name).read_bytes()
-        codec = detect(buf[:64])
-        assert codec is CODECS[exp["format"]], name
-        records, error = read_all(codec, buf, name)
-        assert [record_to_json(r) for r in records] == exp["records"], name
-        assert (error is not None) == (exp["exit"] == 3), name
+        codec, buf, records, error = read_corpus_file(records_corpus, name, exp)
+        assert_expected_records(records, error, exp, name)
         if codec is DATA:
             assert columns_as_records(DATA.read_columns(buf, name)) == records
             assert DATA.write(records) == buf
@@ -122,13 +91,10 @@ def test_sniff_by_magic_only():
 @given(journals())
 def test_build_round_trip(messages):
     data, meta = AkkaData.build(messages)
-    records, error = read_all(DATA, data)
-    assert error is None
+    records = reads_back(DATA, data)
     assert [(r["seq_nr"], r["payload"]) for r in records] == [(s, p) for _, s, p in messages]
-    assert DATA.write(records) == data
-    metas, error = read_all(META, meta)
-    assert error is None and meta[:4] == b"APFM"
-    assert META.write(metas) == meta
+    metas = reads_back(META, meta)
+    assert meta[:4] == b"APFM"
     summary = chains(metas, records)
     for pid in {m[0] for m in messages}:
         mine = [s for p, s, _ in messages if p == pid]
@@ -152,16 +118,7 @@ def test_write_refuses_inconsistent_links():
 @given(journals(), st.integers(1, 4))
 def test_columns_in_batches_equal_read(messages, batch):
     data, _ = AkkaData.build(messages)
-    expected = read_all(DATA, data)[0]
-    got, start, seq = [], None, 0
-    while True:
-        cols = DATA.read_columns(data, "d", start, seq, limit=batch)
-        assert cols.error is None and cols.rows <= batch
-        got += columns_as_records(cols)
-        if cols.next_offset is None:
-            break
-        start, seq = cols.next_offset, cols.next_seq
-    assert got == expected
+    assert columns_in_batches(DATA, data, batch) == read_all(DATA, data)
 
 
 def test_resume_and_stop_at_every_record(records_corpus):
@@ -186,14 +143,10 @@ def small_journal():
 def test_truncation_at_every_byte_gives_a_prefix():
     data, meta = small_journal()
     for codec, buf in ((DATA, data), (META, meta)):
-        full = read_all(codec, buf)[0]
-        for cut in range(len(buf)):
-            records, error = read_all(codec, buf[:cut], "cut")
-            assert records == full[:len(records)] and error is not None  # the header total no longer fits
-            assert error.source == "cut" and 0 <= error.offset <= cut
+        for cut, _full, records, error in truncations(codec, buf):
+            assert error is not None  # the header total no longer fits
             if codec is DATA:
-                cols = DATA.read_columns(buf[:cut], "cut")
-                assert columns_as_records(cols) == records and cols.error.offset == error.offset
+                assert_columns_equal_read(DATA, buf[:cut], records, error, "cut")
 
 
 def test_repair_cuts_only_a_torn_final_block():
@@ -285,21 +238,16 @@ def test_bit_flips_never_raise_anything_else(data):
     files = small_journal()
     which = data.draw(st.integers(0, 1))
     codec = (DATA, META)[which]
-    buf = bytearray(files[which])
-    for _ in range(data.draw(st.integers(1, 3))):
-        pos = data.draw(st.integers(0, len(buf) - 1))
-        buf[pos] ^= 1 << data.draw(st.integers(0, 7))
-    buf = bytes(buf)
+    buf = flip_bits(data, files[which], 3)
     records, error = read_all(codec, buf)
     codec.validate(buf, "f", data=files[0])
     META.validate(files[1], "m", data=buf)
     fixed = codec.repair(buf, "f")
-    if fixed is not None:
-        assert read_all(codec, fixed.data) == (records, None)
+    if fixed is not None:  # every valid block kept; a too-small header total may free more after them
+        repaired, damage = read_all(codec, fixed.data)
+        assert damage is None and repaired[:len(records)] == records
     if codec is DATA:
-        cols = DATA.read_columns(buf, "f")
-        assert columns_as_records(cols) == records
-        assert (cols.error and cols.error.offset) == (error and error.offset)
+        assert_columns_equal_read(DATA, buf, records, error)
 
 
 # -- validate and chains ----------------------------------------------------------------------

@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from journalfs.formats import CODECS, FormatError, detect, record_to_json
+from codec_helpers import (FAST, assert_columns_equal_read, assert_expected_records, check_vectors,
+                           columns_as_records, columns_in_batches, corpus_files, flip_bits,
+                           read_all, read_corpus_file, reads_back, truncations)
+from journalfs.formats import FormatError, detect
 from journalfs.formats.base import Codec
 from journalfs.formats.kestrel import (
     MAX_DATA, READER_MAGIC, WRITER_MAGIC, KestrelReader, KestrelWriter, build_checkpoint,
@@ -20,7 +23,6 @@ from journalfs.formats.kestrel import (
 WRITER = KestrelWriter()
 READER = KestrelReader()
 KESTREL = ("kestrel-writer", "kestrel-reader")
-FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 i64 = st.integers(-2**63, 2**63 - 1)
 i32 = st.integers(-2**31, 2**31 - 1)
@@ -30,23 +32,6 @@ put_records = st.lists(st.fixed_dictionaries({
 reader_records = st.lists(st.one_of(
     st.fixed_dictionaries({"kind": st.just("read_head"), "id": i64}),
     st.fixed_dictionaries({"kind": st.just("read_done"), "ids": st.lists(i64, max_size=5)})), max_size=8)
-
-
-def read_all(codec, buf, source="f", **kw):
-    """(records, error) — the valid prefix and the damage (None for a clean file)."""
-    out = []
-    try:
-        for rec in codec.read(buf, source, **kw):
-            out.append(rec)
-    except FormatError as exc:
-        return out, exc
-    return out, None
-
-
-def columns_as_records(cols):
-    names = list(cols.data)
-    values = {k: (v.tolist() if hasattr(v, "tolist") else list(v)) for k, v in cols.data.items()}
-    return [{k: values[k][i] for k in names} for i in range(cols.rows)]
 
 
 def strip(rec):
@@ -60,18 +45,7 @@ def sample_writer(n=6):
 # -- known answers -------------------------------------------------------------------------
 
 def test_vectors_decode_exactly(vectors):
-    checked = 0
-    for name, vec in vectors.items():
-        if vec["format"] not in KESTREL:
-            continue
-        buf = bytes.fromhex(vec["hex"])
-        assert len(buf) == vec["length"]
-        assert detect(buf[:64]) is CODECS[vec["format"]], name
-        records, error = read_all(CODECS[vec["format"]], buf, name)
-        assert error is None, name
-        assert [record_to_json(r) for r in records] == vec["records"], name
-        checked += 1
-    assert checked == 4
+    assert check_vectors(vectors, KESTREL) == 4
 
 
 def test_vectors_encode_back(vectors):
@@ -81,20 +55,12 @@ def test_vectors_encode_back(vectors):
     assert READER_MAGIC + encode_read_done([10, 20, 30]) == bytes.fromhex(vectors["kestrel-reader/read-done"]["hex"])
 
 
-def kestrel_files(records_expected):
-    return {name: exp for name, exp in records_expected.items() if exp["format"] in KESTREL}
-
-
 def test_conformance_files_decode_exactly(records_corpus, records_expected):
-    files = kestrel_files(records_expected)
+    files = corpus_files(records_expected, KESTREL)
     assert len(files) == 8
     for name, exp in files.items():
-        buf = (records_corpus / name).read_bytes()
-        codec = detect(buf[:64])
-        assert codec is CODECS[exp["format"]], name
-        records, error = read_all(codec, buf, name)
-        assert [record_to_json(r) for r in records] == exp["records"], name
-        assert (error is not None) == (exp["exit"] == 3), (name, error)
+        _codec, _buf, records, error = read_corpus_file(records_corpus, name, exp)
+        assert_expected_records(records, error, exp, name)
 
 
 def test_torn_file_names_file_and_offset(records_corpus):
@@ -107,9 +73,7 @@ def test_torn_file_names_file_and_offset(records_corpus):
 
 
 def test_columns_equal_records_on_corpus(records_corpus, records_expected):
-    for name, exp in kestrel_files(records_expected).items():
-        if exp["format"] != "kestrel-writer":
-            continue
+    for name in corpus_files(records_expected, ("kestrel-writer",)):
         buf = (records_corpus / name).read_bytes()
         records, error = read_all(WRITER, buf, name)
         cols = WRITER.read_columns(buf, name)
@@ -227,22 +191,17 @@ def test_not_a_kestrel_file():
 @given(put_records)
 def test_writer_round_trip(records):
     buf = WRITER.write(records)
-    decoded, error = read_all(WRITER, buf)
-    assert error is None
+    decoded = reads_back(WRITER, buf)
     assert [strip(r) for r in decoded] == [strip(r) for r in records]
     assert [r["seq"] for r in decoded] == list(range(len(records)))
-    assert WRITER.write(decoded) == buf
     assert columns_as_records(WRITER.read_columns(buf, "f")) == decoded
 
 
 @FAST
 @given(reader_records)
 def test_reader_round_trip(records):
-    buf = READER.write(records)
-    decoded, error = read_all(READER, buf)
-    assert error is None
+    decoded = reads_back(READER, READER.write(records))
     assert [{**strip(r), "kind": r["kind"]} for r in decoded] == [{**strip(r), "kind": r["kind"]} for r in records]
-    assert READER.write(decoded) == buf
 
 
 def test_checkpoint_is_18_bytes_when_empty():
@@ -258,16 +217,7 @@ def test_checkpoint_is_18_bytes_when_empty():
 @given(put_records, st.integers(1, 5))
 def test_columns_in_batches_equal_read(records, batch):
     buf = WRITER.write(records) + bytes(3)
-    expected = read_all(WRITER, buf)[0]
-    got, start, seq = [], None, 0
-    while True:
-        cols = WRITER.read_columns(buf, "f", start, seq, limit=batch)
-        assert cols.error is None and cols.rows <= batch
-        got += columns_as_records(cols)
-        if cols.next_offset is None:
-            break
-        start, seq = cols.next_offset, cols.next_seq
-    assert got == expected
+    assert columns_in_batches(WRITER, buf, batch) == read_all(WRITER, buf)
 
 
 def frame_by_frame(buf, source="f"):
@@ -310,15 +260,7 @@ def test_fast_paths_equal_the_frame_rules(parts, batch, tail):
     offsets, next_offset, error = WRITER.record_offsets(buf, "f")
     assert offsets.tolist() == [r["offset"] for r in expected] and next_offset is None
     assert (error and error.offset) == damage
-    got, start, seq, error = [], None, 0, None
-    while error is None:
-        cols = WRITER.read_columns(buf, "f", start, seq, limit=batch)
-        assert cols.rows <= batch
-        got += columns_as_records(cols)
-        error = cols.error
-        if cols.next_offset is None:
-            break
-        start, seq = cols.next_offset, cols.next_seq
+    got, error = columns_in_batches(WRITER, buf, batch)
     assert got == expected and (error and error.offset) == damage
 
 
@@ -379,16 +321,11 @@ def test_column_types_feed_pyarrow():
 
 def test_truncation_at_every_byte_gives_a_prefix():
     buf = sample_writer(6) + bytes([0x88]) + struct.pack("<iiqqq", 3, 1, 13, 2, 9) + b"end"
-    full = read_all(WRITER, buf)[0]
-    boundaries = {r["offset"] for r in full} | {len(buf), 4}
-    for cut in range(len(buf)):
+    boundaries = {r["offset"] for r in read_all(WRITER, buf)[0]} | {len(buf), 4}
+    for cut, _full, records, error in truncations(WRITER, buf):
         part = buf[:cut]
-        records, error = read_all(WRITER, part, "cut")
-        assert records == full[:len(records)]
         assert (error is None) == (cut in boundaries), cut
-        cols = WRITER.read_columns(part, "cut")
-        assert columns_as_records(cols) == records
-        assert (cols.error and cols.error.offset) == (error and error.offset)
+        assert_columns_equal_read(WRITER, part, records, error, "cut")
         fixed = WRITER.repair(part, "cut")
         if error is not None and cut >= 4:
             assert read_all(WRITER, fixed.data) == (records, None)
@@ -399,20 +336,14 @@ def test_truncation_at_every_byte_gives_a_prefix():
 def test_bit_flips_never_raise_anything_else(data):
     source = data.draw(st.sampled_from([sample_writer(5), build_checkpoint(9, [11, 12]) + encode_read_head(10)]))
     codec = detect(source)
-    buf = bytearray(source)
-    for _ in range(data.draw(st.integers(1, 3))):
-        pos = data.draw(st.integers(0, len(buf) - 1))
-        buf[pos] ^= 1 << data.draw(st.integers(0, 7))
-    buf = bytes(buf)
+    buf = flip_bits(data, source, 3)
     records, error = read_all(codec, buf)
     codec.validate(buf, "f")
     fixed = codec.repair(buf, "f")
     if fixed is not None:
         assert read_all(codec, fixed.data) == (records, None)
     if codec is WRITER:
-        cols = WRITER.read_columns(buf, "f")
-        assert columns_as_records(cols) == records
-        assert (cols.error and cols.error.offset) == (error and error.offset)
+        assert_columns_equal_read(WRITER, buf, records, error)
 
 
 # -- validate and repair ----------------------------------------------------------------------

@@ -6,39 +6,18 @@ import struct
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from journalfs.formats import CODECS, FormatError, detect, record_to_json
+from codec_helpers import (FAST, assert_columns_equal_read, assert_expected_records,
+                           columns_as_records, columns_in_batches, flip_bits, read_all,
+                           read_corpus_file, reads_back, truncations)
+from journalfs.formats import detect
 from journalfs.formats.wallaby import WallabyIndex, WallabyLog, build_index, write_log_and_index
 
 LOG, IDX = WallabyLog(), WallabyIndex()
 WAL_FILES = ["wal0.log", "wal0.log.idx", "wal1.log", "wal1.log.idx", "wal2.log", "wal2.log.idx"]
 T0 = 1_700_000_000_000_000_000  # a realistic time in ns
-FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def decode(codec, buf, source="f"):
-    """(records, error) — every record read yields before the damage, and the damage."""
-    out = []
-    try:
-        for rec in codec.read(buf, source):
-            out.append(rec)
-    except FormatError as exc:
-        return out, exc
-    return out, None
-
-
-def columns_as_records(cols):
-    keys = list(cols.data)
-    values = {k: (v.tolist() if isinstance(v, np.ndarray) else list(v))
-              for k, v in cols.data.items()}
-    return [{k: values[k][i] for k in keys} for i in range(cols.rows)]
-
-
-def same_error(a, b):
-    return (a is None and b is None) or (a is not None and b is not None and
-                                         (a.source, a.offset) == (b.source, b.offset))
 
 
 def sample_log(n=6, flags=0, ttl_ns=0, sizes=(3, 0, 40, 1, 100, 7)):
@@ -56,13 +35,9 @@ def short_header(log: bytes) -> bytes:
 @pytest.mark.parametrize("name", WAL_FILES)
 def test_conformance_records(name, records_corpus, records_expected):
     expected = records_expected[name]
-    buf = (records_corpus / name).read_bytes()
-    codec = detect(buf[:64])
-    assert codec is CODECS[expected["format"]]
-    recs, error = decode(codec, buf, name)
-    assert [record_to_json(r) for r in recs] == expected["records"]
-    assert (error is None) == (expected["exit"] == 0)
-    assert columns_as_records(codec.read_columns(buf, name)) == recs
+    codec, buf, recs, error = read_corpus_file(records_corpus, name, expected)
+    assert_expected_records(recs, error, expected, name)
+    assert_columns_equal_read(codec, buf, recs, error, name)
 
 
 @pytest.mark.parametrize("log_name", ["wal0.log", "wal1.log", "wal2.log"])
@@ -113,16 +88,12 @@ log_items = st.lists(st.tuples(times, payloads), max_size=25).map(
 @given(items=log_items, flags=st.integers(0, 2**32 - 1), ttl=st.integers(-2**63, 2**63 - 1))
 def test_log_and_index_round_trip(items, flags, ttl):
     log, index = write_log_and_index(items, flags=flags, ttl_ns=ttl)
-    recs, error = decode(LOG, log)
-    assert error is None
+    recs = reads_back(LOG, log, flags=flags, ttl_ns=ttl)
     want = [(t, p, flags) for t, p in items]
     assert [(r["time"], r["payload"], r["flags"]) for r in recs] == want
-    assert LOG.write(recs, flags=flags, ttl_ns=ttl) == log
-    entries, error = decode(IDX, index)
-    assert error is None
+    entries = reads_back(IDX, index, flags=flags, ttl_ns=ttl)
     assert [(e["time"], e["index"], e["log_offset"]) for e in entries] == \
         [(r["time"], r["seq"], r["offset"]) for r in recs]
-    assert IDX.write(entries, flags=flags, ttl_ns=ttl) == index
     assert columns_as_records(LOG.read_columns(log, "f")) == recs
     assert columns_as_records(IDX.read_columns(index, "f")) == entries
     assert IDX.validate(index, "i", log=log) == []
@@ -134,10 +105,10 @@ def test_short_header_logs_read_the_same_records(items):
     log, _ = write_log_and_index(items)
     old = short_header(log)
     assert LOG.header(old, "old").size == 8
-    recs, error = decode(LOG, old)
+    recs, error = read_all(LOG, old)
     assert error is None
     assert [(r["time"], r["payload"], r["offset"] + 8) for r in recs] == \
-        [(t, p, o) for (t, p), o in zip(items, [r["offset"] for r in decode(LOG, log)[0]])]
+        [(t, p, o) for (t, p), o in zip(items, [r["offset"] for r in read_all(LOG, log)[0]])]
 
 
 @FAST
@@ -146,15 +117,7 @@ def test_columns_resume_in_chunks_and_equal_read(items, chunk, stop_at):
     log, index = write_log_and_index(items)
     for codec, buf in ((LOG, log), (IDX, index)):
         full = list(codec.read(buf, "f"))
-        got, start, seq = [], None, 0
-        while True:
-            cols = codec.read_columns(buf, "f", start, seq, limit=chunk)
-            assert cols.error is None
-            got += columns_as_records(cols)
-            if cols.next_offset is None:
-                break
-            start, seq = cols.next_offset, cols.next_seq
-        assert got == full
+        assert columns_in_batches(codec, buf, chunk) == (full, None)
         if len(full) > stop_at:  # stop: nothing that begins at or after it
             stop = full[stop_at]["offset"]
             assert list(codec.read(buf, "f", stop=stop)) == full[:stop_at]
@@ -171,13 +134,13 @@ def test_zero_filled_tail_is_a_clean_end():
     want = list(LOG.read(log, "f"))
     for zeros in (1, 15, 16, 512 * 1024):
         padded = log + bytes(zeros)
-        assert decode(LOG, padded) == (want, None)
+        assert read_all(LOG, padded) == (want, None)
         assert columns_as_records(LOG.read_columns(padded, "f")) == want
 
 
 def test_data_after_the_zero_marker_is_damage():
     log, _ = sample_log()
-    recs, error = decode(LOG, log + bytes(64) + b"\x05")
+    recs, error = read_all(LOG, log + bytes(64) + b"\x05")
     assert recs == list(LOG.read(log, "f"))
     assert error.offset == len(log) and "gap" in error.reason
 
@@ -187,9 +150,7 @@ def test_truncation_at_every_byte_yields_a_prefix_then_an_error():
     for codec, buf in ((LOG, log), (IDX, index)):
         full = list(codec.read(buf, "f"))
         ends = {r["offset"] + (16 + len(r["payload"]) if codec is LOG else 24) for r in full}
-        for cut in range(len(buf)):
-            recs, error = decode(codec, buf[:cut], "cut.bin")
-            assert recs == full[:len(recs)]
+        for cut, _full, recs, error in truncations(codec, buf, "cut.bin"):
             whole = [r for r in full if r["offset"] + (16 + len(r["payload"]) if codec is LOG
                                                        else 24) <= cut]
             assert recs == whole
@@ -198,13 +159,8 @@ def test_truncation_at_every_byte_yields_a_prefix_then_an_error():
                 clean = cut >= 8 and not any(buf[last_end:cut])
             else:
                 clean = cut in ends or cut == 16
-            if clean:
-                assert error is None, cut
-            else:
-                assert isinstance(error, FormatError) and error.source == "cut.bin", cut
-            cols = codec.read_columns(buf[:cut], "cut.bin")
-            assert columns_as_records(cols) == recs
-            assert same_error(cols.error, error)
+            assert (error is None) == clean, cut
+            assert_columns_equal_read(codec, buf[:cut], recs, error, "cut.bin")
 
 
 @pytest.mark.parametrize("size", [2**31, 2**32 - 1, 2**31 + 5])
@@ -214,7 +170,7 @@ def test_lying_sizes_stop_at_that_record(size):
     victim = full[3]["offset"]
     bad = bytearray(log)
     struct.pack_into("<I", bad, victim, size)
-    recs, error = decode(LOG, bytes(bad))
+    recs, error = read_all(LOG, bytes(bad))
     assert recs == full[:3] and error.offset == victim
     cols = LOG.read_columns(bytes(bad), "f")
     assert columns_as_records(cols) == full[:3] and cols.error.offset == victim
@@ -225,21 +181,17 @@ def test_lying_sizes_stop_at_that_record(size):
 def test_bit_flips_never_raise_anything_but_format_error(data):
     log, index = sample_log(n=8)
     for codec, buf in ((LOG, log), (IDX, index)):
-        bad = bytearray(buf)
-        for _ in range(data.draw(st.integers(1, 4))):
-            pos = data.draw(st.integers(0, len(bad) - 1))
-            bad[pos] ^= 1 << data.draw(st.integers(0, 7))
-        recs, error = decode(codec, bytes(bad))
-        cols = codec.read_columns(bytes(bad), "f")
-        assert columns_as_records(cols) == recs and same_error(cols.error, error)
-        codec.validate(bytes(bad), "f", **({"log": log} if codec is IDX else {"index": index}))
+        bad = flip_bits(data, buf, 4)
+        recs, error = read_all(codec, bad)
+        assert_columns_equal_read(codec, bad, recs, error)
+        codec.validate(bad, "f", **({"log": log} if codec is IDX else {"index": index}))
 
 
 def test_huge_index_offsets_are_reported_not_followed():
     log, index = sample_log()
     bad = bytearray(index)
     struct.pack_into("<qQq", bad, 16 + 24 * 2, T0, 2**63, 2**63 - 1)
-    recs, error = decode(IDX, bytes(bad))
+    recs, error = read_all(IDX, bytes(bad))
     assert error is None and recs[2]["index"] == 2**63 and recs[2]["log_offset"] == 2**63 - 1
     findings = IDX.validate(bytes(bad), "i", log=log)
     assert any(f.severity == "error" and f.offset == 16 + 48 for f in findings)
@@ -261,7 +213,7 @@ def test_lagging_index_is_a_warning_and_is_rebuilt():
 def test_torn_index_record_is_dropped_or_rebuilt():
     log, index = sample_log(n=6)
     torn = index[:-5]
-    assert decode(IDX, torn)[1].offset == len(index) - 24
+    assert read_all(IDX, torn)[1].offset == len(index) - 24
     assert IDX.repair(torn, "i").data == index[:-24]
     assert IDX.repair(torn, "i", log=log).data == index
 
@@ -293,7 +245,7 @@ def test_index_of_a_gap_log_is_detected():
     log, index = sample_log(n=6)
     offsets = [r["offset"] for r in LOG.read(log, "f")]
     gap = log[:offsets[3]] + bytes(32) + log[offsets[3]:]
-    assert decode(LOG, gap)[1] is not None  # records after zeros: damage, not a clean end
+    assert read_all(LOG, gap)[1] is not None  # records after zeros: damage, not a clean end
     assert any(f.severity == "error" for f in IDX.validate(index, "i", log=gap))
 
 

@@ -94,7 +94,7 @@ def test_random_changes_through_the_mount_are_never_stale(fs):
     rng = random.Random(20261122)
     mnt, src = fs.mountpoint, fs.source
     assert tree_state(mnt) == tree_state(src)
-    for step in range(150):
+    for step in range(300):
         op = random_operation(rng, mnt)
         seen, truth = tree_state(mnt), tree_state(src)
         stale = {k: (seen.get(k), truth.get(k)) for k in set(seen) | set(truth)

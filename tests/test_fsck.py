@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from codec_helpers import read_all
 from journalfs import cli, demo
-from journalfs.formats import CODECS, FormatError, Repair
+from journalfs.formats import CODECS, Repair
 from journalfs.formats.wallaby import build_index
 from journalfs.journals import BACKUP_MARK, sniff_file
 from test_records_cli import run_cli
@@ -24,13 +25,7 @@ def backups_of(path: Path) -> list[Path]:
 
 
 def valid_records(path: Path) -> list[dict]:
-    codec = sniff_file(str(path))
-    out = []
-    try:
-        out.extend(codec.read(path.read_bytes(), str(path)))
-    except FormatError:
-        pass
-    return out
+    return read_all(sniff_file(str(path)), path.read_bytes(), str(path))[0]
 
 
 def snapshot(root: Path) -> dict[Path, tuple[bytes, int]]:

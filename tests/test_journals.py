@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from codec_helpers import read_all
 from journalfs import demo, journals
 from journalfs.formats import CODECS, FormatError
 from journalfs.formats.akka import AkkaData
@@ -38,15 +39,9 @@ def _damage(error: FormatError | None) -> tuple | None:
 
 
 def all_records(path: Path) -> tuple[list[dict], tuple | None]:
-    codec = sniff_file(str(path))
-    out = []
     with mapped(str(path)) as buf:
-        try:
-            for rec in codec.read(buf, str(path)):
-                out.append(rec)
-        except FormatError as exc:
-            return out, _damage(exc)
-    return out, None
+        records, error = read_all(sniff_file(str(path)), buf, str(path))
+    return records, _damage(error)
 
 
 def conformance_journals(records_corpus: Path, gvfs_snapshots: list[Path]) -> list[Path]:

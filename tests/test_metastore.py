@@ -550,12 +550,22 @@ def test_inline_reads_answer_only_from_memory(tmp_path):
             release.set()
             holder.join()
 
+        with MetaStore.open(tree + "2", sync="none") as other:
+            other.set("/t", "k", "tree value")
+        other = MetaStore.open(tree + "2", sync="none")
+
         async def via_service():
             service = MetaService(store, sync="none")
             assert service.get_cached("/in/journal", "k") == (True, "j")
             assert await service.get("/in/journal", "k") == "j"
             assert await service.get_all("/in/tree") == {"k": "newer"}
+            service = MetaService(other, sync="none")
+            assert service.get_cached("/t", "k") == (False, None)
+            assert await service.get("/t", "k") == "tree value"   # a thread, once ...
+            assert service.get_cached("/t", "k") == (True, "tree value")  # ... then inline
+            assert service.get_cached("/t") == (True, {"k": "tree value"})
         trio.run(via_service)
+        other.close()
     finally:
         store.close()
     with MetaStore.open(tree, readonly=True) as reader:

@@ -11,8 +11,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .base import Buffer, Codec, Columns, Finding, FormatError, Record, Repair
-from .kestrel import field_at, slice_payloads
+from .base import (Buffer, Codec, Columns, Finding, FormatError, Record, Repair, field_at,
+                   slice_payloads, start_offset)
 
 META_MAGICS = (b"APFM", b"AKFM")  # the seed's magic, the original code's magic
 META_WRITE_MAGIC = b"APFM"
@@ -40,11 +40,30 @@ def _blocks_area(buf: Buffer, source: str, magics: tuple[bytes, ...], what: str)
     return min(HEADER_SIZE + total, len(buf))
 
 
-def _start(source: str, start: int | None, area_end: int) -> int:
-    pos = HEADER_SIZE if start is None else start
-    if pos < HEADER_SIZE or pos > area_end:
-        raise FormatError(source, pos, "start offset is outside the file's blocks")
-    return pos
+def _blocks(buf: Buffer, source: str, start: int | None, stop: int | None,
+            magics: tuple[bytes, ...], what: str, block: struct.Struct) -> Iterator[tuple[int, tuple]]:
+    """(offset, fixed fields) of each block from ``start`` (None = the first) until ``stop``.
+
+    Every block's leading i32 size is checked (the fixed part fits, the block ends within the
+    blocks' area) before it is yielded; after the last block the header's total is checked.
+    """
+    area_end = _blocks_area(buf, source, magics, what)
+    pos = start_offset(source, start, HEADER_SIZE, area_end)
+    fixed = block.size
+    while pos < area_end:
+        if stop is not None and pos >= stop:
+            return
+        if pos + fixed > area_end:
+            raise FormatError(source, pos, f"torn {what} block: fewer than {fixed} bytes left")
+        fields = block.unpack_from(buf, pos)
+        size = fields[0]
+        if size < fixed:
+            raise FormatError(source, pos, f"{what} block size {size} is below {fixed}")
+        if pos + size > area_end:
+            raise FormatError(source, pos, f"torn {what} block: {size} bytes run past the blocks' end")
+        yield pos, fields
+        pos += size
+    _check_total(buf, source, area_end)
 
 
 def _check_total(buf: Buffer, source: str, area_end: int) -> None:
@@ -60,25 +79,12 @@ def _check_total(buf: Buffer, source: str, area_end: int) -> None:
 class AkkaMeta(Codec):
     name = "akka-meta"
     kinds = ("meta",)
-    resumable = True
+    magics = META_MAGICS
     header_size = HEADER_SIZE
 
-    def sniff(self, head: bytes) -> bool:
-        return bytes(head[:4]) in META_MAGICS
-
     def read(self, buf, source, start=None, seq=0, stop=None):
-        area_end = _blocks_area(buf, source, META_MAGICS, "meta")
-        pos = _start(source, start, area_end)
-        while pos < area_end:
-            if stop is not None and pos >= stop:
-                return
-            if pos + META_BLOCK_FIXED > area_end:
-                raise FormatError(source, pos, "torn meta block: fewer than 26 bytes left")
-            size, first, last, highest = _META_BLOCK.unpack_from(buf, pos)
-            if size < META_BLOCK_FIXED:
-                raise FormatError(source, pos, f"meta block size {size} is below 26")
-            if pos + size > area_end:
-                raise FormatError(source, pos, f"meta block of {size} bytes runs past the blocks' end")
+        blocks = _blocks(buf, source, start, stop, self.magics, "meta", _META_BLOCK)
+        for pos, (size, first, last, highest) in blocks:
             try:
                 pid = bytes(buf[pos + META_BLOCK_FIXED:pos + size]).decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -87,8 +93,6 @@ class AkkaMeta(Codec):
             yield {"format": self.name, "seq": seq, "offset": pos, "kind": "meta",
                    "persistence_id": pid, "first": first, "last": last, "highest_seq": highest}
             seq += 1
-            pos += size
-        _check_total(buf, source, area_end)
 
     def write(self, records: Sequence[Record], magic: bytes = META_WRITE_MAGIC, **header: Any) -> bytes:
         if magic not in META_MAGICS:
@@ -131,33 +135,18 @@ class AkkaMeta(Codec):
 class AkkaData(Codec):
     name = "akka-data"
     kinds = ("message",)
-    resumable = True
+    magics = (DATA_MAGIC,)
     header_size = HEADER_SIZE
 
-    def sniff(self, head: bytes) -> bool:
-        return bytes(head[:4]) == DATA_MAGIC
-
     def read(self, buf, source, start=None, seq=0, stop=None):
-        area_end = _blocks_area(buf, source, (DATA_MAGIC,), "data")
-        pos = _start(source, start, area_end)
-        while pos < area_end:
-            if stop is not None and pos >= stop:
-                return
-            if pos + DATA_BLOCK_FIXED > area_end:
-                raise FormatError(source, pos, "torn data block: fewer than 24 bytes left")
-            size, self_offset, prev, nxt, seq_nr = _DATA_BLOCK.unpack_from(buf, pos)
-            if size < DATA_BLOCK_FIXED:
-                raise FormatError(source, pos, f"data block size {size} is below 24")
-            if pos + size > area_end:
-                raise FormatError(source, pos, f"torn data block: {size} bytes run past the blocks' end")
+        blocks = _blocks(buf, source, start, stop, self.magics, "data", _DATA_BLOCK)
+        for pos, (size, self_offset, prev, nxt, seq_nr) in blocks:
             if self_offset != pos:
                 raise FormatError(source, pos, f"data block says it is at byte {self_offset}")
             yield {"format": self.name, "seq": seq, "offset": pos, "kind": "message",
                    "self": self_offset, "prev": prev, "next": nxt, "seq_nr": seq_nr,
                    "payload": bytes(buf[pos + DATA_BLOCK_FIXED:pos + size])}
             seq += 1
-            pos += size
-        _check_total(buf, source, area_end)
 
     def read_columns(self, buf, source, start=None, seq=0, stop=None, limit=None) -> Columns:
         """Vectorised decoding: a tight loop walks the blocks, numpy gathers the fields.
@@ -166,8 +155,8 @@ class AkkaData(Codec):
         :meth:`read` takes one step to name the damage or the next record, so the result is
         always exactly what :meth:`read` yields."""
         try:
-            area_end = _blocks_area(buf, source, (DATA_MAGIC,), "data")
-            pos = _start(source, start, area_end)
+            area_end = _blocks_area(buf, source, self.magics, "data")
+            pos = start_offset(source, start, HEADER_SIZE, area_end)
         except FormatError as exc:
             return Columns(self._columns(buf, [], seq), 0, None, seq, exc)
         end = area_end if stop is None else min(stop, area_end)

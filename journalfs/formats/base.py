@@ -12,8 +12,11 @@ from __future__ import annotations
 import base64
 import gc
 import json
+import mmap
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
+
+import numpy as np
 
 Buffer = Any  # bytes | bytearray | memoryview | mmap.mmap
 Record = dict
@@ -71,6 +74,8 @@ class Codec:
 
     name: str = ""  # contract format name, e.g. "kestrel-writer"
     kinds: tuple[str, ...] = ()
+    #: File magics the default :meth:`sniff` accepts (formats that need more override it).
+    magics: tuple[bytes, ...] = ()
     #: True when :meth:`read` can resume at any record's ``offset`` (with its ``seq``).
     resumable: bool = True
     #: Fixed record width in bytes for fixed-width formats (random access without an index).
@@ -80,7 +85,9 @@ class Codec:
     # -- detection -------------------------------------------------------------------------
     def sniff(self, head: bytes) -> bool:
         """True when ``head`` (the file's first up-to-64 bytes) carries this format's magic."""
-        raise NotImplementedError
+        if not self.magics:
+            raise NotImplementedError
+        return any(bytes(head[:len(magic)]) == magic for magic in self.magics)
 
     # -- reading ---------------------------------------------------------------------------
     def read(self, buf: Buffer, source: str, start: int | None = None, seq: int = 0,
@@ -165,3 +172,34 @@ def record_to_json(rec: Record) -> dict:
 
 def record_json_line(rec: Record) -> str:
     return json.dumps(record_to_json(rec), ensure_ascii=False, separators=(", ", ": "))
+
+
+# -- helpers shared by the codecs ----------------------------------------------------------------
+
+def start_offset(source: str, start: int | None, first: int, end: int) -> int:
+    """Where reading begins: ``first`` (the first record) when ``start`` is None, else ``start``,
+    which must lie between ``first`` and ``end``."""
+    pos = first if start is None else start
+    if pos < first or pos > end:
+        raise FormatError(source, pos, "start offset is outside the file's records")
+    return pos
+
+
+def field_at(buf: Buffer, offsets: np.ndarray, delta: int, dtype: str) -> np.ndarray:
+    """The integers of ``dtype`` at byte ``offsets + delta`` (unaligned), gathered in one step
+    through a byte-strided view of the buffer. Callers have checked every position."""
+    native = np.dtype(dtype).newbyteorder("=")
+    if not len(offsets):
+        return np.zeros(0, dtype=native)
+    width = np.dtype(dtype).itemsize
+    view = np.ndarray(shape=(len(buf) - width + 1,), dtype=dtype, buffer=buf, strides=(1,))
+    return view[offsets + delta].astype(native)
+
+
+def slice_payloads(buf: Buffer, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
+    """``bytes`` of each ``buf[start:end]`` span (a payload column)."""
+    spans = zip(starts.tolist(), ends.tolist())
+    if isinstance(buf, (bytes, mmap.mmap)):  # their slices already are bytes
+        return [buf[a:b] for a, b in spans]
+    view = memoryview(buf).cast("B")
+    return [view[a:b].tobytes() for a, b in spans]

@@ -338,15 +338,23 @@ class TreeView:
         kid = self.key_ids.get(key)
         if kid is None:
             return None
-        buf = self.buf
-        n, first = self._metadata_block_at(_U32.unpack_from(buf, off + 8)[0], off + 8)
+        buf, size = self.buf, self.size
+        block = _U32.unpack_from(buf, off + 8)[0]
+        if not block:
+            return None
+        if block % 4 or block + 4 > size:
+            self._metadata_block_at(block, off + 8)  # raises, naming the offset
+        n = _U32.unpack_from(buf, block)[0]
+        if n > (size - block - 4) // 8:
+            self._metadata_block_at(block, off + 8)
+        first = block + 4
         lo, hi = 0, n
         while lo < hi:
             mid = (lo + hi) // 2
             key_field, value_off = _PAIR.unpack_from(buf, first + 8 * mid)
             here = key_field & ~LIST_FLAG
             if here == kid:
-                if key_field == here and self._find is not None and 0 < value_off < self.size:
+                if key_field == here and self._find is not None and 0 < value_off < size:
                     end = self._find(b"\0", value_off)  # the plain-string hot path
                     if end >= 0:
                         return buf[value_off:end].decode("utf-8", "surrogateescape")
@@ -597,15 +605,21 @@ class MergedTree:
             level = nxt
 
     def cycle_guard(self):
-        """A callable that raises FormatError once more base dirents were visited than the
-        base file can hold (size/16): only a cycle in children offsets gets there."""
-        budget = [self.base.size // DIRENT_SIZE + 1 if self.base else 0]
+        """A callable, given every item of a breadth-first walk, that raises FormatError when
+        children offsets of the base form a cycle. Base dirents (ints) are reached only below
+        Nodes that start from a base dirent, and below each such Node an acyclic base holds at
+        most size/16 of them; a COPY's clones legitimately visit a base subtree again, so each
+        such Node adds that much to the budget."""
+        per_root = self.base.size // DIRENT_SIZE + 1 if self.base else 0
+        budget = [0]
 
         def visit(item) -> None:
             if isinstance(item, int):
                 budget[0] -= 1
                 if budget[0] < 0:
                     raise FormatError(self.base.source, item, "children offsets form a cycle")
+            elif item.base:
+                budget[0] += per_root
         return visit
 
     def items(self) -> Iterator[tuple[str, dict[str, Value], int]]:

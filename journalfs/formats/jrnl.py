@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from .base import Buffer, Codec, Finding, FormatError, Record, Repair
+from .base import Buffer, Codec, Finding, FormatError, Record, Repair, payload_b64
 
 MAGIC = b"JRNL"
 HEADER = 20
@@ -33,10 +33,6 @@ OP_ALLOC, OP_MODIFY, OP_REMOVE, OP_ROLLBACK, OP_COMPLETE = 0x01, 0x02, 0x03, 0xF
 OP_NAMES = {OP_ALLOC: "alloc", OP_MODIFY: "modify", OP_REMOVE: "remove",
             OP_ROLLBACK: "rollback", OP_COMPLETE: "complete"}
 OP_CODES = {v: k for k, v in OP_NAMES.items()}
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
 
 
 def _unb64(text: str | None) -> bytes:
@@ -67,8 +63,8 @@ def decode_op(code: int, data: bytes, source: str, offset: int) -> dict:
               f"page modification of {len(data)} bytes does not hold two {size}-byte images")
         images = data[_MODIFY.size:]
         return {"op": name, "page": page, "data_offset": data_offset, "size": size,
-                "before_b64": _b64(images[:size]), "after_b64": _b64(images[size:])}
-    return {"op": name, "data_b64": _b64(data)}
+                "before_b64": payload_b64(images[:size]), "after_b64": payload_b64(images[size:])}
+    return {"op": name, "data_b64": payload_b64(data)}
 
 
 def encode_op(op: dict) -> bytes:
@@ -266,7 +262,7 @@ class Jrnl(Codec):
         state = _scan(buf, source)
         if state.fatal:
             return None
-        data = bytearray(bytes(buf[:len(buf)]))
+        data = bytearray(buf)
         chain = state.chain
         if state.torn is not None or (chain and chain[-1].status == "rollback"):
             cut = min(state.torn.tx_offset, len(buf)) if state.torn is not None \

@@ -7,13 +7,13 @@ where a command is expected is the clean end of data (writers pre-allocate zero-
 """
 from __future__ import annotations
 
-import mmap
 import struct
 from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from .base import Buffer, Codec, Columns, Finding, FormatError, Record, Repair
+from .base import (Buffer, Codec, Columns, Finding, FormatError, Record, Repair, field_at,
+                   slice_payloads, start_offset)
 
 WRITER_MAGIC = bytes.fromhex("27642603")
 READER_MAGIC = bytes.fromhex("263c2603")
@@ -64,14 +64,6 @@ def check_magic(buf: Buffer, source: str, magic: bytes, what: str) -> None:
         raise FormatError(source, 0, f"not a Kestrel {what} file (magic {magic.hex()} missing)")
 
 
-def first_position(source: str, start: int | None, size: int) -> int:
-    """Where reading begins: after the magic, or at ``start`` when that is inside the file."""
-    pos = MAGIC_SIZE if start is None else start
-    if pos < MAGIC_SIZE or pos > size:
-        raise FormatError(source, pos, "start offset is outside the file's records")
-    return pos
-
-
 def frames(buf: Buffer, source: str, start: int | None, stop: int | None) -> Iterator[Frame]:
     """Every record frame from ``start`` until end of file, a 0x00 end marker or ``stop``.
 
@@ -79,7 +71,7 @@ def frames(buf: Buffer, source: str, start: int | None, stop: int | None) -> Ite
     (a torn write) or whose data length is negative or over 16 MiB.
     """
     size = len(buf)
-    pos = first_position(source, start, size)
+    pos = start_offset(source, start, MAGIC_SIZE, size)
     limit = size if stop is None else min(stop, size)
     while pos < limit:
         byte = buf[pos]
@@ -146,6 +138,21 @@ def reader_frames(buf: Buffer, source: str, start: int | None, stop: int | None)
         yield frame
 
 
+def _reader_frames_upto(buf: Buffer, source: str, start: int | None, stop: int | None,
+                        limit: int | None) -> tuple[list[Frame], int | None, FormatError | None]:
+    """Up to ``limit`` checked reader frames: (frames, where the next one starts when ``limit``
+    cut them short, the damage that ended them)."""
+    taken: list[Frame] = []
+    try:
+        for frame in reader_frames(buf, source, start, stop):
+            if len(taken) == limit:
+                return taken, frame.offset, None
+            taken.append(frame)
+    except FormatError as exc:
+        return taken, None, exc
+    return taken, None, None
+
+
 def decode_reader_record(buf: Buffer, frame: Frame, seq: int) -> Record:
     """The record of a frame :func:`reader_frames` yielded."""
     base = {"format": "kestrel-reader", "seq": seq, "offset": frame.offset}
@@ -163,16 +170,13 @@ def done_ids(buf: Buffer, frame: Frame) -> list[int]:
 class KestrelWriter(Codec):
     name = "kestrel-writer"
     kinds = ("put",)
-    resumable = True
+    magics = (WRITER_MAGIC,)
     header_size = MAGIC_SIZE
-
-    def sniff(self, head: bytes) -> bool:
-        return bytes(head[:MAGIC_SIZE]) == WRITER_MAGIC
 
     def read(self, buf, source, start=None, seq=0, stop=None):
         check_magic(buf, source, WRITER_MAGIC, "writer")
         size = len(buf)
-        pos = first_position(source, start, size)
+        pos = start_offset(source, start, MAGIC_SIZE, size)
         end = size if stop is None else min(stop, size)
         copy = type(buf[0:0]) is not bytes  # memoryview/bytearray slices must become bytes
         unpack_put, unpack_expiry = _PUT_RECORD.unpack_from, _PUT_EXPIRY_RECORD.unpack_from
@@ -225,7 +229,7 @@ class KestrelWriter(Codec):
         size = len(buf)
         try:
             check_magic(buf, source, WRITER_MAGIC, "writer")
-            pos = first_position(source, start, size)
+            pos = start_offset(source, start, MAGIC_SIZE, size)
         except FormatError as exc:
             return np.zeros(0, np.int64), None, exc
         end = size if stop is None else min(stop, size)
@@ -281,11 +285,8 @@ class KestrelWriter(Codec):
 class KestrelReader(Codec):
     name = "kestrel-reader"
     kinds = ("read_head", "read_done")
-    resumable = True
+    magics = (READER_MAGIC,)
     header_size = MAGIC_SIZE
-
-    def sniff(self, head: bytes) -> bool:
-        return bytes(head[:MAGIC_SIZE]) == READER_MAGIC
 
     def read(self, buf, source, start=None, seq=0, stop=None):
         for frame in reader_frames(buf, source, start, stop):
@@ -295,51 +296,29 @@ class KestrelReader(Codec):
     def read_columns(self, buf, source, start=None, seq=0, stop=None, limit=None) -> Columns:
         """Columns filled straight from the checked frames, without a dict per record; the
         same columns the generic default makes (``id``/``ids`` in order of first use)."""
-        offsets: list[int] = []
-        kinds: list[str] = []
-        head_ids: list[int | None] = []
-        done: list[list[int] | None] = []
-        unpack_id = _I64.unpack_from
-        next_offset, error = None, None
-        try:
-            for frame in reader_frames(buf, source, start, stop):
-                if len(offsets) == limit:
-                    next_offset = frame.offset
-                    break
-                offsets.append(frame.offset)
-                if frame.command == CMD_READ_HEAD:
-                    kinds.append("read_head")
-                    head_ids.append(unpack_id(buf, frame.offset + 1)[0])
-                    done.append(None)
-                else:
-                    kinds.append("read_done")
-                    head_ids.append(None)
-                    done.append(done_ids(buf, frame))
-        except FormatError as exc:
-            error = exc
-        rows = len(offsets)
+        taken, next_offset, error = _reader_frames_upto(buf, source, start, stop, limit)
+        rows = len(taken)
+        is_head = [frame.command == CMD_READ_HEAD for frame in taken]
+        kinds = ["read_head" if head else "read_done" for head in is_head]
         data: dict[str, Any] = {"format": ["kestrel-reader"] * rows,
                                 "seq": np.arange(seq, seq + rows, dtype=np.int64),
-                                "offset": np.array(offsets, dtype=np.int64), "kind": kinds}
+                                "offset": np.array([f.offset for f in taken], dtype=np.int64),
+                                "kind": kinds}
+        unpack_id = _I64.unpack_from
         for kind in dict.fromkeys(kinds):
-            data["id" if kind == "read_head" else "ids"] = head_ids if kind == "read_head" else done
+            if kind == "read_head":
+                data["id"] = [unpack_id(buf, f.offset + 1)[0] if head else None
+                              for f, head in zip(taken, is_head)]
+            else:
+                data["ids"] = [None if head else done_ids(buf, f) for f, head in zip(taken, is_head)]
         return Columns(data, rows, next_offset, seq + rows, error)
 
     def record_offsets(self, buf, source, start=None, seq=0, stop=None, limit=None
                        ) -> tuple[np.ndarray, int | None, FormatError | None]:
         """Where each record :meth:`read` would yield (up to ``limit``) starts, checked but
         not decoded: (int64 offsets, where a next call resumes or None, the damage)."""
-        offsets: list[int] = []
-        next_offset, error = None, None
-        try:
-            for frame in reader_frames(buf, source, start, stop):
-                if len(offsets) == limit:
-                    next_offset = frame.offset
-                    break
-                offsets.append(frame.offset)
-        except FormatError as exc:
-            error = exc
-        return np.array(offsets, dtype=np.int64), next_offset, error
+        taken, next_offset, error = _reader_frames_upto(buf, source, start, stop, limit)
+        return np.array([f.offset for f in taken], dtype=np.int64), next_offset, error
 
     def write(self, records: Sequence[Record], **header: Any) -> bytes:
         out = bytearray(READER_MAGIC)
@@ -380,23 +359,6 @@ class KestrelReader(Codec):
 
 
 # -- columns ---------------------------------------------------------------------------------
-
-def field_at(buf: Buffer, offsets: np.ndarray, delta: int, dtype: str) -> np.ndarray:
-    """The integers of ``dtype`` at byte ``offsets + delta`` (unaligned), gathered in one step
-    through a byte-strided view of the buffer. Callers have checked every position."""
-    width = np.dtype(dtype).itemsize
-    if not len(offsets):
-        return np.zeros(0, dtype=np.dtype(dtype).newbyteorder("="))
-    view = np.ndarray(shape=(len(buf) - width + 1,), dtype=dtype, buffer=buf, strides=(1,))
-    return view[offsets + delta].astype(np.dtype(dtype).newbyteorder("="))
-
-
-def slice_payloads(buf: Buffer, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
-    if isinstance(buf, (bytes, mmap.mmap)):
-        return [buf[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
-    view = memoryview(buf)
-    return [view[a:b].tobytes() for a, b in zip(starts.tolist(), ends.tolist())]
-
 
 def _walk_puts(buf: Buffer, pos: int, walk_end: int, budget: int) -> tuple[list[int], int]:
     """Up to ``budget`` record starts from ``pos``, assuming every record is a PUT, and the

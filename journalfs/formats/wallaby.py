@@ -17,7 +17,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .base import Buffer, Codec, Columns, Finding, FormatError, Record, Repair
+from .base import Buffer, Codec, Columns, Finding, FormatError, Record, Repair, slice_payloads
 
 LOG_MAGIC = b"LOG"
 IDX_MAGIC = b"IDX"
@@ -184,12 +184,7 @@ class WallabyLog(Codec):
         rows = len(offs)
         sizes = (heads & 0xFFFFFFFF).astype(np.int64)
         bodies = offs + RECORD_HEADER
-        data = _bytes_view(buf)
-        pairs = zip(bodies.tolist(), (bodies + sizes).tolist())
-        if isinstance(data, (bytes, mmap.mmap)):
-            payload = [data[a:b] for a, b in pairs]
-        else:
-            payload = [data[a:b].tobytes() for a, b in pairs]
+        payload = slice_payloads(buf, bodies, bodies + sizes)
         columns = {"format": _constant(self.name, rows),
                    "seq": np.arange(seq, seq + rows, dtype=np.int64), "offset": offs,
                    "kind": _constant("record", rows), "time": times,
@@ -461,11 +456,9 @@ class WallabyIndex(Codec):
     def write(self, records: Sequence[Record], flags: int = 0, ttl_ns: int = 0,
               version: int = VERSION, **_: Any) -> bytes:
         table = np.zeros(len(records), INDEX_DTYPE)
-        if len(records):
-            table["time"] = [r["time"] for r in records]
-            table["index"] = [r["index"] for r in records]
-            table["log_offset"] = [r["log_offset"] for r in records]
-        return _FILE_HEADER.pack(IDX_MAGIC, version, flags, ttl_ns) + table.tobytes()
+        for name in INDEX_DTYPE.names:
+            table[name] = [r[name] for r in records]
+        return _index_file(table, flags, ttl_ns, version)
 
     def validate(self, buf: Buffer, source: str, **context: Any) -> list[Finding]:
         findings: list[Finding] = []
@@ -592,7 +585,11 @@ def build_index(log_cols: Columns, flags: int = 0, ttl_ns: int = 0) -> bytes:
     table["time"] = log_cols.data["time"]
     table["index"] = np.arange(log_cols.rows, dtype=np.uint64)
     table["log_offset"] = log_cols.data["offset"]
-    return _FILE_HEADER.pack(IDX_MAGIC, VERSION, flags, ttl_ns) + table.tobytes()
+    return _index_file(table, flags, ttl_ns)
+
+
+def _index_file(table: np.ndarray, flags: int, ttl_ns: int, version: int = VERSION) -> bytes:
+    return _FILE_HEADER.pack(IDX_MAGIC, version, flags, ttl_ns) + table.tobytes()
 
 
 def write_log_and_index(items: Iterable[tuple[int, bytes]], flags: int = 0,

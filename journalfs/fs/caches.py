@@ -13,13 +13,19 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 
+#: In a listing: a name changed through the mount since the scan; ask SOURCE about it.
+UNKNOWN = None
+
+
 @dataclass(eq=False)
 class Listing:
-    """One complete scan of a directory: ``{name: lstat}``, its names sorted (for stable
-    readdir cursors) and the attributes built for each name (reused by later listings)."""
-    stats: dict[bytes, os.stat_result]
+    """One complete scan of a directory: ``{name: lstat or UNKNOWN}``, its names sorted (for
+    stable readdir cursors) and the attributes built for each stat, shared by lookups and
+    listings: ``{name: (stat, inode, EntryAttributes)}``, valid while ``stat`` is current."""
+    stats: dict[bytes, os.stat_result | None]
     taken: float = field(default_factory=time.monotonic)
-    attrs: dict = field(default_factory=dict)  # name -> (inode, EntryAttributes)
+    attrs: dict = field(default_factory=dict)
+    unknown: int = 0
     _names: list[bytes] | None = None
 
     @property
@@ -28,13 +34,28 @@ class Listing:
             self._names = sorted(self.stats)
         return self._names
 
+    def mark_unknown(self, name: bytes) -> None:
+        if name not in self.stats:
+            self._names = None
+        elif self.stats[name] is UNKNOWN:
+            return
+        self.stats[name] = UNKNOWN
+        self.unknown += 1
+
+    def frozen(self) -> Listing:
+        """A copy for one open directory handle, unaffected by later changes (stats are
+        only ever replaced, never mutated, so sharing ``attrs`` stays exact)."""
+        return Listing(dict(self.stats), self.taken, self.attrs, self.unknown, self.names)
+
 
 class DirSnapshots:
     """Complete ``{name: lstat}`` listings of recently busy SOURCE directories.
 
     A directory is scanned (one thread call, ``os.scandir``) once ``min_lookups`` lookups
     missed in it; lookups are then answered from the listing, absent names as ENOENT, until
-    ``ttl`` seconds pass or journalfs changes something in (or below) that directory.
+    ``ttl`` seconds pass. A name journalfs changes (created, removed, renamed, written,
+    chmod...) becomes UNKNOWN in its listing; a directory that is removed or renamed loses
+    its listings (and those below it).
     """
 
     def __init__(self, ttl: float, *, min_lookups: int = 32, max_dirs: int = 8,
@@ -98,18 +119,29 @@ class DirSnapshots:
                     return None
         return Listing(listing)
 
-    def changed(self, *dir_rels: bytes) -> None:
-        """Something in these directories changed: forget their listings (call after the
-        change has landed)."""
+    def attrs_changed(self, *rels: bytes) -> None:
+        """The objects at ``rels`` changed (call after the change has landed)."""
         self.generation += 1
-        for rel in dir_rels:
-            self._listings.pop(rel, None)
-            self._misses.pop(rel, None)
+        for rel in rels:
+            self._mark_unknown(rel)
 
-    def clear(self) -> None:
+    def names_changed(self, *rels: bytes) -> None:
+        """Names were created, removed or renamed at ``rels`` (after the change landed)."""
         self.generation += 1
-        self._listings.clear()
-        self._misses.clear()
+        for rel in rels:
+            self._mark_unknown(rel)
+            self._mark_unknown(rel.rpartition(b"/")[0])  # its directory's mtime and nlink
+            below = rel + b"/"
+            for gone in [d for d in self._listings if d == rel or d.startswith(below)]:
+                del self._listings[gone]
+
+    def _mark_unknown(self, rel: bytes) -> None:
+        if rel == b"":
+            return  # the root is in no listing
+        directory, _, name = rel.rpartition(b"/")
+        listing = self._listings.get(directory)
+        if listing is not None:
+            listing.mark_unknown(name)
 
 
 class MetaCache:

@@ -21,7 +21,7 @@ import pyfuse3
 import trio
 
 from . import xattrs
-from .caches import DirSnapshots, Listing, MetaCache
+from .caches import UNKNOWN, DirSnapshots, Listing, MetaCache
 from .inodes import Inode, InodeTable, join
 from .views import VIEWS_NAME, Views
 
@@ -32,6 +32,7 @@ HANDLE_BASE = 1 << 32
 _libc = ctypes.CDLL(None, use_errno=True)
 _AT_FDCWD = -100
 _IS_ROOT = os.geteuid() == 0
+_ABSENT = object()
 #: Longest a directory listing or a remembered stat answers lookups/getattr from memory
 #: (never longer than the kernel's own timeout; anything changed through the mount is
 #: forgotten at once).
@@ -208,7 +209,7 @@ class JournalFS(pyfuse3.Operations):
     def _namespace_changed(self, *rels: bytes) -> None:
         """Names were added/removed/moved at ``rels``: listings and the remembered stats of
         those objects (nlink, ctime) and of their directories (mtime, nlink) are stale."""
-        self.snapshots.clear()
+        self.snapshots.names_changed(*rels)
         for rel in rels:
             self._forget_stat(rel, os.path.dirname(rel))
 
@@ -217,7 +218,7 @@ class JournalFS(pyfuse3.Operations):
         """``node``'s attributes changed through us: listings holding its stat are stale.
         ``st``, taken by the change itself, is remembered unless another change finished
         meanwhile (``changes_before`` is ``node.changes`` from when this one started)."""
-        self.snapshots.changed(*{os.path.dirname(p) for p in node.paths})
+        self.snapshots.attrs_changed(*node.paths)
         keep = st is not None and changes_before == node.changes
         node.changes += 1
         self._remember_stat(node, st if keep else None)
@@ -231,11 +232,23 @@ class JournalFS(pyfuse3.Operations):
             if node is not None:
                 node.changes += 1
                 node.stat = None
+                self.snapshots.attrs_changed(*node.paths)  # e.g. nlink of other hard links
 
     def _fresh_stat(self, node: Inode) -> os.stat_result | None:
         if node.stat is not None and time.monotonic() - node.stat_time <= self.stat_ttl:
             return node.stat
         return None
+
+    def _listed(self, listing: Listing, dir_rel: bytes, name: bytes, st: os.stat_result):
+        """(inode, attributes) of ``name``, listed with ``st``: built once per stat and shared
+        by lookups and readdir. Adds no kernel reference: the caller counts one once the
+        kernel has the answer."""
+        built_from, child, attrs = listing.attrs.get(name, (None, None, None))
+        if built_from is not st or self.table.by_ino.get(child.ino) is not child:
+            child = self.table.remember(join(dir_rel, name), st, lookups=0)
+            attrs = self.attrs(child, st)
+            listing.attrs[name] = (st, child, attrs)
+        return child, attrs
 
     async def _listing(self, dir_rel: bytes) -> Listing | None:
         """A fresh listing of ``dir_rel`` to answer lookups from, when it is busy enough."""
@@ -265,10 +278,13 @@ class JournalFS(pyfuse3.Operations):
             rel = join(parent_rel, name)
             listing = await self._listing(parent_rel)
             if listing is not None:  # answered from memory: `ls -l`, find, stat of many files
-                st = listing.stats.get(name)
-                if st is None:
+                st = listing.stats.get(name, _ABSENT)
+                if st is _ABSENT:
                     raise pyfuse3.FUSEError(errno.ENOENT)
-                return self.attrs(self.table.remember(rel, st), st)
+                if st is not UNKNOWN:
+                    child, attrs = self._listed(listing, parent_rel, name, st)
+                    child.lookups += 1
+                    return attrs
         st = await _in_thread(os.lstat, self.abs(rel))
         return self.attrs(self.table.remember(rel, st), st)
 
@@ -382,14 +398,14 @@ class JournalFS(pyfuse3.Operations):
         node = self.table.get(inode)
         rel = self._path(node)
         listing = self.snapshots.listing(rel)  # listed moments ago and unchanged since
-        if listing is None:
+        if listing is None or listing.unknown:
             generation = self.snapshots.generation
             skip = VIEWS_NAME if rel == b"" else None  # shadowed by the virtual tree
             listing = await _in_thread(self._scan_sorted, self.abs(rel), skip)
             if len(listing.stats) <= self.snapshots.max_entries:
                 self.snapshots.store(rel, generation, listing)
         handle = self.next_handle()
-        self.dirs[handle] = (node, listing)
+        self.dirs[handle] = (node, listing.frozen())
         return handle
 
     def _scan_sorted(self, path: bytes, skip: bytes | None) -> Listing:
@@ -403,16 +419,10 @@ class JournalFS(pyfuse3.Operations):
             return await self.views.readdir(fh, start_id, token)
         node, listing = self.dirs[fh]
         base = self._path(node)
-        names, memo, by_ino = listing.names, listing.attrs, self.table.by_ino
+        names = listing.names
         for i in range(start_id, len(names)):
-            name = names[i]
-            child, attrs = memo.get(name, (None, None))
-            if child is None or by_ino.get(child.ino) is not child:  # built once per listing
-                st = listing.stats[name]
-                child = self.table.remember(join(base, name), st, lookups=0)
-                attrs = self.attrs(child, st)
-                memo[name] = (child, attrs)
-            if not pyfuse3.readdir_reply(token, name, attrs, i + 1):
+            child, attrs = self._listed(listing, base, names[i], listing.stats[names[i]])
+            if not pyfuse3.readdir_reply(token, names[i], attrs, i + 1):
                 self.table.drop_if_unused(child)
                 return
             child.lookups += 1

@@ -138,7 +138,10 @@ class MetaService:
         found, value = self.get_cached(path, key)
         if found:
             return value
-        return await self._call(self.store.get, path, key)
+        if getattr(self.store, "peek", None) is None:
+            return await self._call(self.store.get, path, key)
+        # all keys, so the store caches the node and the next read of this path is inline
+        return (await self._call(self.store.get_all, path)).get(key)
 
     async def get_all(self, path):
         found, value = self.get_cached(path)

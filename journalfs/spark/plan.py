@@ -71,18 +71,45 @@ def list_journals(root: str, recursive: bool = True, glob: str | None = None) ->
     return out
 
 
-def akka_meta_for(data_path: str, files: list[JournalFile]) -> str | None:
-    """The akka-meta file beside an akka-data file (same directory), if there is one."""
+def akka_meta_for(data_path: str, files: list[JournalFile],
+                  metas_by_dir: dict[str, list[str]] | None = None) -> str | None:
+    """The akka-meta file beside an akka-data file (same directory), if there is one.
+
+    ``metas_by_dir`` (from :func:`_akka_metas_by_dir`) saves a pass over ``files`` per call."""
     d = os.path.dirname(data_path)
-    metas = [f.path for f in files if f.format == "akka-meta" and os.path.dirname(f.path) == d]
+    if metas_by_dir is None:
+        metas_by_dir = _akka_metas_by_dir(files)
+    metas = metas_by_dir.get(d, [])
     if not metas:  # the listing may have been filtered: look at the directory itself
         metas = [f.path for f in list_journals(d, recursive=False) if f.format == "akka-meta"]
     return metas[0] if len(metas) == 1 else None
 
 
+def _akka_metas_by_dir(files: list[JournalFile]) -> dict[str, list[str]]:
+    by_dir: dict[str, list[str]] = {}
+    for f in files:
+        if f.format == "akka-meta":
+            by_dir.setdefault(os.path.dirname(f.path), []).append(f.path)
+    return by_dir
+
+
+#: Tasks per core: several, so that uneven tasks still keep every core busy to the end.
+TASKS_PER_CORE = 4
+#: Relative decoding cost per byte (1 = the fixed-width and payload-heavy formats); only
+#: used to size and order tasks.
+COST_PER_BYTE = {"jrnl": 6, "gvfs-tree": 4, "gvfs-journal": 4, "akka-meta": 4}
+#: Fixed cost of opening, mapping and converting one (small) file, in byte-equivalents.
+FILE_COST = 32 << 10
+
+
 def split_target(total_bytes: int, parallelism: int, max_bytes: int = 128 * MiB) -> int:
-    """Bytes per task: about two tasks per core, within [1 MiB, max_bytes]."""
-    return max(MiB, min(max_bytes, total_bytes // max(1, 2 * parallelism) + 1))
+    """Bytes per task: about TASKS_PER_CORE tasks per core, within [1 MiB, max_bytes]."""
+    return max(MiB, min(max_bytes, total_bytes // max(1, TASKS_PER_CORE * parallelism) + 1))
+
+
+def cost(f: JournalFile) -> int:
+    """Estimated work of reading ``f`` whole, in byte-equivalents."""
+    return f.size * COST_PER_BYTE.get(f.format, 1) + FILE_COST
 
 
 def _fixed_slices(f: JournalFile, record_size: int, header: int, target: int) -> list[FileSlice]:
@@ -109,11 +136,12 @@ def _checkpoint_slices(f: JournalFile, target: int, cache_dir: str | None,
 
 
 def slices_for(f: JournalFile, target: int, files: list[JournalFile],
-               cache_dir: str | None = None) -> list[FileSlice]:
+               cache_dir: str | None = None,
+               metas_by_dir: dict[str, list[str]] | None = None) -> list[FileSlice]:
     from ..formats import CODECS
     from .checkpoints import can_split
     codec = CODECS[f.format]
-    meta = akka_meta_for(f.path, files) if f.format == "akka-data" else None
+    meta = akka_meta_for(f.path, files, metas_by_dir) if f.format == "akka-data" else None
     if f.size <= target:
         return [FileSlice(f.path, f.format, meta=meta)]
     if codec.record_size:
@@ -125,21 +153,27 @@ def slices_for(f: JournalFile, target: int, files: list[JournalFile],
 
 def plan(files: list[JournalFile], parallelism: int, max_split: int = 128 * MiB,
          cache_dir: str | None = None) -> Plan:
-    """Group small files into tasks of about ``split_target`` bytes; split big files."""
-    total = sum(f.size for f in files)
-    target = split_target(total, parallelism, max_split)
-    result = Plan(files=files)
+    """Group small files into tasks of about ``split_target`` work; split big files.
+
+    Groups come out costliest first: Spark starts tasks in partition order, so the long ones
+    start early and the short ones fill the cores at the end."""
+    target = split_target(sum(cost(f) for f in files), parallelism, max_split)
+    metas_by_dir = _akka_metas_by_dir(files)
+    weighted: list[tuple[int, list[FileSlice]]] = []
     group: list[FileSlice] = []
-    group_bytes = 0
+    group_cost = 0
     for f in files:
         if f.size > target:
-            result.groups.extend([s] for s in slices_for(f, target, files, cache_dir))
+            slices = slices_for(f, target, files, cache_dir, metas_by_dir)
+            each = cost(f) // len(slices)
+            weighted.extend((each, [s]) for s in slices)
             continue
-        group.extend(slices_for(f, target, files, cache_dir))
-        group_bytes += f.size
-        if group_bytes >= target:
-            result.groups.append(group)
-            group, group_bytes = [], 0
+        group.extend(slices_for(f, target, files, cache_dir, metas_by_dir))
+        group_cost += cost(f)
+        if group_cost >= target:
+            weighted.append((group_cost, group))
+            group, group_cost = [], 0
     if group:
-        result.groups.append(group)
-    return result
+        weighted.append((group_cost, group))
+    weighted.sort(key=lambda item: -item[0])  # stable: equal costs keep file order
+    return Plan(files=files, groups=[g for _c, g in weighted])

@@ -24,38 +24,61 @@ def _keys_for(sl: FileSlice, buf):
     return None, None
 
 
+def _fast_reader(fmt: str):
+    """A faster columnar decoder for ``fmt`` (returns None when the codec must do a batch)."""
+    if fmt == "jrnl":
+        from .jrnl_columns import read_columns
+        return read_columns
+    return None
+
+
+def _read_columns(codec, fast, buf, sl: FileSlice, start, seq, batch_rows: int):
+    cols = fast(buf, sl.path, start, seq, sl.stop, batch_rows) if fast else None
+    return cols if cols is not None else codec.read_columns(buf, sl.path, start, seq, sl.stop,
+                                                            batch_rows)
+
+
 def read_slice(sl: FileSlice, include_damage: bool, kinds: set | None,
                batch_rows: int) -> Iterator[pa.RecordBatch]:
-    codec = CODECS[sl.format]
-    include_damage = include_damage and (kinds is None or DAMAGE_KIND in kinds)
-    start, seq = sl.start, sl.seq
+    """Batches of the records of ``sl`` (its file mapped for the duration)."""
     try:
         with mapped(sl.path) as buf:
-            file_key, batch_key = _keys_for(sl, buf)
-            while True:
-                try:
-                    cols = codec.read_columns(buf, sl.path, start, seq, sl.stop, batch_rows)
-                    error = cols.error
-                except FormatError as exc:  # a codec may raise instead of reporting
-                    cols, error = None, exc
-                except Exception as exc:  # a decoder bug on hostile bytes must not kill the job
-                    cols, error = None, FormatError(sl.path, start or 0, f"decoder failed: {exc!r}")
-                if cols is not None and cols.rows:
-                    key = batch_key(cols.data) if batch_key else file_key
-                    batch = to_batch(cols.data, cols.rows, sl.path, sl.format, first_seq=seq, key=key)
-                    if kinds is not None:
-                        batch = batch.filter(pc.is_in(batch.column("kind"),
-                                                      value_set=pa.array(sorted(kinds), pa.string())))
-                    if batch.num_rows:
-                        yield batch
-                    seq = cols.next_seq
-                if error is not None:
-                    if include_damage:
-                        yield damage_batch(sl.path, sl.format, seq, error.offset, error.reason)
-                    return
-                if cols is None or cols.next_offset is None or (not cols.rows and cols.next_offset == start):
-                    return
-                start = cols.next_offset
+            yield from read_buffer(buf, sl, include_damage, kinds, batch_rows)
     except OSError as exc:  # vanished or unreadable since planning
-        if include_damage:
-            yield damage_batch(sl.path, sl.format, seq, start or 0, f"cannot read: {exc.strerror or exc}")
+        if include_damage and (kinds is None or DAMAGE_KIND in kinds):
+            yield damage_batch(sl.path, sl.format, sl.seq, sl.start or 0,
+                               f"cannot read: {exc.strerror or exc}")
+
+
+def read_buffer(buf, sl: FileSlice, include_damage: bool, kinds: set | None,
+                batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """Batches of the records of ``sl`` whose bytes are ``buf`` (the whole file)."""
+    codec = CODECS[sl.format]
+    fast = _fast_reader(sl.format)
+    include_damage = include_damage and (kinds is None or DAMAGE_KIND in kinds)
+    kind_set = None if kinds is None else pa.array(sorted(kinds), pa.string())
+    start, seq = sl.start, sl.seq
+    file_key, batch_key = _keys_for(sl, buf)
+    while True:
+        try:
+            cols = _read_columns(codec, fast, buf, sl, start, seq, batch_rows)
+            error = cols.error
+        except FormatError as exc:  # a codec may raise instead of reporting
+            cols, error = None, exc
+        except Exception as exc:  # a decoder bug on hostile bytes must not kill the job
+            cols, error = None, FormatError(sl.path, start or 0, f"decoder failed: {exc!r}")
+        if cols is not None and cols.rows:
+            key = batch_key(cols.data) if batch_key else file_key
+            batch = to_batch(cols.data, cols.rows, sl.path, sl.format, first_seq=seq, key=key)
+            if kind_set is not None:
+                batch = batch.filter(pc.is_in(batch.column("kind"), value_set=kind_set))
+            if batch.num_rows:
+                yield batch
+            seq = cols.next_seq
+        if error is not None:
+            if include_damage:
+                yield damage_batch(sl.path, sl.format, seq, error.offset, error.reason)
+            return
+        if cols is None or cols.next_offset is None or (not cols.rows and cols.next_offset == start):
+            return
+        start = cols.next_offset

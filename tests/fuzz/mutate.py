@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from codec_helpers import read_all
 from journalfs.commands.fsck import lost_record
 from journalfs.formats import CODECS, Codec, Columns, FormatError, detect, record_json_line
 from journalfs.journals import related_files
@@ -169,16 +170,6 @@ def _deadline(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-def _records(codec: Codec, data: bytes, source: str, **kw) -> tuple[list[dict], FormatError | None]:
-    out = []
-    try:
-        for rec in codec.read(data, source, **kw):
-            out.append(rec)
-    except FormatError as exc:
-        return out, exc
-    return out, None
-
-
 def _check_records(codec: Codec, data: bytes, records: list[dict]) -> None:
     last = -1
     for i, rec in enumerate(records):
@@ -209,7 +200,7 @@ def _check_error(exc: FormatError | None, data: bytes, source: str) -> None:
 
 def exercise(codec: Codec, data: bytes, context: dict[str, bytes], source: str = "fuzz") -> None:
     """Every codec entry point on ``data``; raises :class:`Defect` on any misbehaviour."""
-    records, error = _records(codec, data, source)
+    records, error = read_all(codec, data, source)
     _check_records(codec, data, records)
     _check_error(error, data, source)
     columns = _columns(codec, data, source)
@@ -220,7 +211,7 @@ def exercise(codec: Codec, data: bytes, context: dict[str, bytes], source: str =
         _batched_columns(codec, data, source, len(records))
     if codec.resumable and len(records) > 2:  # resuming at a record boundary
         mid = records[len(records) // 2]
-        again, _ = _records(codec, data, source, start=mid["offset"], seq=mid["seq"])
+        again, _ = read_all(codec, data, source, start=mid["offset"], seq=mid["seq"])
         if not again or again[0]["offset"] != mid["offset"] or again[0]["seq"] != mid["seq"]:
             raise Defect(f"resuming at byte {mid['offset']} gave {again[:1]}")
     for finding in _call_validating(codec.validate, data, source, context):

@@ -8,6 +8,7 @@ Same engine and seeds as tests/test_fuzz.py; failing inputs are written to DIR
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import time
@@ -20,8 +21,6 @@ sys.path.insert(0, str(TESTS))
 from conftest import CONFORMANCE  # noqa: E402
 from fuzz.mutate import corpus_seeds, describe, fuzz, writer_seeds  # noqa: E402
 from test_fuzz import gvfs_seeds  # noqa: E402
-
-import json  # noqa: E402
 
 
 def main() -> int:
