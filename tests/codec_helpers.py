@@ -1,10 +1,12 @@
-"""Checks shared by the codec tests (tests/test_format_*.py) and the fuzz engine.
+"""Checks shared by the codec tests (test_format_*, test_conformance, test_fsck, test_journals)
+and the fuzz engine (tests/fuzz/mutate.py).
 
 Each helper reads through the real codecs; the assertions inside them are the properties every
 codec must have (a truncated file reads as a prefix, columns equal records, ...).
 """
 from __future__ import annotations
 
+import tracemalloc
 from typing import Callable, Iterator
 
 from hypothesis import HealthCheck, settings, strategies as st
@@ -25,6 +27,29 @@ def read_all(codec: Codec, buf, source: str = "f", **kw) -> tuple[list[dict], Fo
     except FormatError as exc:
         return out, exc
     return out, None
+
+
+def reads_back(codec: Codec, buf: bytes, **header) -> list[dict]:
+    """The records of a file the codec wrote, checking that it reads without damage and that
+    writing those records again (with the same ``header`` settings) gives the same bytes."""
+    records, error = read_all(codec, buf)
+    assert error is None, error
+    assert codec.write(records, **header) == buf
+    return records
+
+
+def read_traced(codec: Codec, buf, source: str = "f"
+                ) -> tuple[list[dict], FormatError | None, Columns, int]:
+    """``read`` and ``read_columns`` of ``buf`` under tracemalloc: (records, damage, columns,
+    peak bytes allocated meanwhile)."""
+    tracemalloc.start()
+    try:
+        records, error = read_all(codec, buf, source)
+        cols = codec.read_columns(buf, source)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return records, error, cols, peak
 
 
 def columns_as_records(cols: Columns) -> list[dict]:
@@ -111,6 +136,18 @@ def assert_expected_records(records: list[dict], error: FormatError | None, expe
     assert (error is not None) == (expected["exit"] == 3), (name, error)
 
 
+def read_expected_corpus(records_corpus, records_expected: dict, formats: tuple[str, ...]
+                         ) -> list[tuple[str, Codec, bytes, list[dict]]]:
+    """(name, codec, bytes, records) of every corpus file of ``formats``, each checked to decode
+    exactly as its expectation says."""
+    out = []
+    for name, exp in corpus_files(records_expected, formats).items():
+        codec, buf, records, error = read_corpus_file(records_corpus, name, exp)
+        assert_expected_records(records, error, exp, name)
+        out.append((name, codec, buf, records))
+    return out
+
+
 def check_vectors(vectors: dict, formats: tuple[str, ...]) -> int:
     """Check that each byte vector of ``formats`` has its length, that its magic picks its
     codec and that it decodes without damage to exactly its records; return how many."""
@@ -126,12 +163,3 @@ def check_vectors(vectors: dict, formats: tuple[str, ...]) -> int:
         assert [record_to_json(r) for r in records] == vec["records"], name
         checked += 1
     return checked
-
-
-def reads_back(codec: Codec, buf: bytes, **header) -> list[dict]:
-    """The records of a file the codec wrote, checking that it reads without damage and that
-    writing those records again (with the same ``header`` settings) gives the same bytes."""
-    records, error = read_all(codec, buf)
-    assert error is None, error
-    assert codec.write(records, **header) == buf
-    return records

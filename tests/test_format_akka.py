@@ -3,15 +3,14 @@ conformance corpus, round trips, the vectorised column decoder, hostile input an
 from __future__ import annotations
 
 import struct
-import tracemalloc
 
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from codec_helpers import (FAST, assert_columns_equal_read, assert_expected_records, check_vectors,
-                           columns_as_records, columns_in_batches, corpus_files, flip_bits,
-                           read_all, read_corpus_file, reads_back, truncations)
+from codec_helpers import (FAST, assert_columns_equal_read, check_vectors, columns_as_records,
+                           columns_in_batches, flip_bits, read_all, read_expected_corpus,
+                           read_traced, reads_back, truncations)
 from journalfs.formats.akka import AkkaData, AkkaMeta, chains
 
 DATA = AkkaData()
@@ -57,11 +56,9 @@ def test_vectors_encode_back(vectors):
 
 
 def test_conformance_files_decode_exactly(records_corpus, records_expected):
-    files = corpus_files(records_expected, AKKA)
+    files = read_expected_corpus(records_corpus, records_expected, AKKA)
     assert len(files) == 6
-    for name, exp in files.items():
-        codec, buf, records, error = read_corpus_file(records_corpus, name, exp)
-        assert_expected_records(records, error, exp, name)
+    for name, codec, buf, records in files:
         if codec is DATA:
             assert columns_as_records(DATA.read_columns(buf, name)) == records
             assert DATA.write(records) == buf
@@ -198,13 +195,7 @@ def test_repair_refuses_mid_file_damage():
     (META, b"APFM" + struct.pack(">ih", 30, 20) + bytes(30), 8),
 ])
 def test_lying_sizes_fail_fast_without_big_allocations(codec, buf, offset):
-    tracemalloc.start()
-    try:
-        records, error = read_all(codec, buf)
-        cols = codec.read_columns(buf, "f")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    records, error, cols, peak = read_traced(codec, buf)
     assert error is not None and error.offset == offset and cols.error.offset == offset
     assert peak < 1 << 20
 

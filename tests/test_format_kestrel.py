@@ -3,15 +3,14 @@ round trips, the vectorised column decoder and hostile input."""
 from __future__ import annotations
 
 import struct
-import tracemalloc
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from codec_helpers import (FAST, assert_columns_equal_read, assert_expected_records, check_vectors,
-                           columns_as_records, columns_in_batches, corpus_files, flip_bits,
-                           read_all, read_corpus_file, reads_back, truncations)
+from codec_helpers import (FAST, assert_columns_equal_read, check_vectors, columns_as_records,
+                           columns_in_batches, corpus_files, flip_bits, read_all,
+                           read_expected_corpus, read_traced, reads_back, truncations)
 from journalfs.formats import FormatError, detect
 from journalfs.formats.base import Codec
 from journalfs.formats.kestrel import (
@@ -56,11 +55,7 @@ def test_vectors_encode_back(vectors):
 
 
 def test_conformance_files_decode_exactly(records_corpus, records_expected):
-    files = corpus_files(records_expected, KESTREL)
-    assert len(files) == 8
-    for name, exp in files.items():
-        _codec, _buf, records, error = read_corpus_file(records_corpus, name, exp)
-        assert_expected_records(records, error, exp, name)
+    assert len(read_expected_corpus(records_corpus, records_expected, KESTREL)) == 8
 
 
 def test_torn_file_names_file_and_offset(records_corpus):
@@ -168,13 +163,7 @@ def test_payload_over_16_mib_is_damage_even_when_present():
     (READER, READER_MAGIC + bytes([0x91]) + struct.pack("<i", 2**24) + bytes(16)),
 ])
 def test_lying_sizes_fail_fast_without_big_allocations(codec, buf):
-    tracemalloc.start()
-    try:
-        records, error = read_all(codec, buf)
-        cols = codec.read_columns(buf, "f")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    records, error, cols, peak = read_traced(codec, buf)
     assert records == [] and error.offset == 4 and cols.error.offset == 4
     assert peak < 1 << 20
 

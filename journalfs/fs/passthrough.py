@@ -2,7 +2,11 @@
 
 One small async handler per request. Every syscall on SOURCE runs in a worker thread
 (``trio.to_thread.run_sync``) so a slow disk never stalls the single trio thread; answers
-that need no syscall are given inline. SOURCE paths are never followed through a final
+that need no syscall are given inline: lookups from a listing of a busy directory, getattr
+from the stat the last change through the mount took, metadata from a cache (see caches.py).
+Related syscalls share one thread call (open+fstat, write+fstat, change+lstat of the
+directory, fstat+close). The kernel caches names and attributes for the mount's timeout,
+so everything journalfs changes is invalidated precisely, right after the change. SOURCE paths are never followed through a final
 symlink (``lstat``, ``O_NOFOLLOW``, ``follow_symlinks=False``).
 """
 from __future__ import annotations
