@@ -326,3 +326,16 @@ def test_small_batches_are_coalesced_up_to_the_batch_size():
     assert [b.num_rows for b in out] == [12, 20, 1]
     assert [v for b in out for v in b.column(0).to_pylist()] == \
         [v for b in small for v in b.column(0).to_pylist()]
+
+
+def test_batches_adapt_to_record_size(tmp_path):
+    """Big payloads give fewer rows per batch: a batch stays near BATCH_BYTES, whatever the rows."""
+    from journalfs.spark import read as spark_read
+    from journalfs.spark.plan import FileSlice
+    payloads = [bytes([n % 251]) * 300_000 for n in range(400)]  # 120 MB of records
+    path = tmp_path / "big.1"
+    path.write_bytes(kestrel.build_writer_file(payloads, first_id=1))
+    batches = list(spark_read.read_slice(FileSlice(str(path), "kestrel-writer"), False, None, 65536))
+    assert sum(b.num_rows for b in batches) == 400
+    assert len(batches) >= 3
+    assert max(b.nbytes for b in batches) <= 2 * spark_read.BATCH_BYTES

@@ -141,6 +141,12 @@ def _binary(values: Any, rows: int) -> pa.Array:
         return pa.nulls(rows, pa.binary())
     if isinstance(values, pa.Array):
         return values.cast(pa.binary())
+    try:  # bytes objects (what most codecs give): one C++ pass, about 2x the join below
+        arr = pa.array(values, pa.binary())
+        if isinstance(arr, pa.Array):  # not chunked (over 2 GiB)
+            return arr
+    except (pa.ArrowException, TypeError, ValueError):
+        pass  # memoryviews of the mapped file
     try:  # one join + one offsets array: no per-item Python objects on the Arrow side
         lengths = np.fromiter(map(len, values), dtype=np.int64, count=rows)
         blob = b"".join(values)

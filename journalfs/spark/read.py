@@ -50,9 +50,22 @@ def read_slice(sl: FileSlice, include_damage: bool, kinds: set | None,
                                f"cannot read: {exc.strerror or exc}")
 
 
+#: Arrow bytes a batch aims at: rows per batch adapt to the records' size (payloads of up
+#: to megabytes each must not make 64k-row batches), starting small.
+BATCH_BYTES = 32 << 20
+FIRST_BATCH_ROWS = 16
+#: Arrow rows can be several times their bytes on disk (attrs text, offsets).
+ARROW_EXPANSION = 8
+
+
 def read_buffer(buf, sl: FileSlice, include_damage: bool, kinds: set | None,
                 batch_rows: int) -> Iterator[pa.RecordBatch]:
-    """Batches of the records of ``sl`` whose bytes are ``buf`` (the whole file)."""
+    """Batches of the records of ``sl`` whose bytes are ``buf`` (the whole file), each of
+    at most ``batch_rows`` rows and about :data:`BATCH_BYTES` bytes."""
+    max_rows = batch_rows
+    span = (len(buf) if sl.stop is None else min(sl.stop, len(buf))) - (sl.start or 0)
+    if span * ARROW_EXPANSION > BATCH_BYTES:  # not surely small: measure a few rows first
+        batch_rows = min(batch_rows, FIRST_BATCH_ROWS)
     codec = CODECS[sl.format]
     fast = _fast_reader(sl.format)
     include_damage = include_damage and (kinds is None or DAMAGE_KIND in kinds)
@@ -70,6 +83,8 @@ def read_buffer(buf, sl: FileSlice, include_damage: bool, kinds: set | None,
         if cols is not None and cols.rows:
             key = batch_key(cols.data) if batch_key else file_key
             batch = to_batch(cols.data, cols.rows, sl.path, sl.format, first_seq=seq, key=key)
+            row_bytes = max(1, batch.nbytes // batch.num_rows)
+            batch_rows = max(1, min(max_rows, BATCH_BYTES // row_bytes))
             if kind_set is not None:
                 batch = batch.filter(pc.is_in(batch.column("kind"), value_set=kind_set))
             if batch.num_rows:

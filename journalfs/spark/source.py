@@ -103,20 +103,24 @@ class JournalReader(DataSourceReader):
                          for batch in read_slice(s, include_damage, kinds, BATCH_ROWS)), BATCH_ROWS)
 
 
-def coalesce(batches: Iterator, rows: int) -> Iterator:
-    """Merge runs of small batches (one per small file) into batches of about ``rows`` rows."""
+def coalesce(batches: Iterator, rows: int, max_bytes: int | None = None) -> Iterator:
+    """Merge runs of small batches (one per small file) into batches of about ``rows`` rows
+    (or ``max_bytes`` bytes, whichever comes first)."""
     import pyarrow as pa
+    from .read import BATCH_BYTES
+    max_bytes = max_bytes or BATCH_BYTES
     pending: list = []
-    pending_rows = 0
+    pending_rows = pending_bytes = 0
     for batch in batches:
-        if not pending and batch.num_rows >= rows // 2:
+        if not pending and (batch.num_rows >= rows // 2 or batch.nbytes >= max_bytes // 2):
             yield batch  # big enough already: no copy
             continue
         pending.append(batch)
         pending_rows += batch.num_rows
-        if pending_rows >= rows:
+        pending_bytes += batch.nbytes
+        if pending_rows >= rows or pending_bytes >= max_bytes:
             yield pa.concat_batches(pending)
-            pending, pending_rows = [], 0
+            pending, pending_rows, pending_bytes = [], 0, 0
     if pending:
         yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
 
