@@ -463,18 +463,18 @@ class JournalFS(pyfuse3.Operations):
 
     @_guarded
     async def rmdir(self, parent_inode, name, ctx):
-        rel = self._child(parent_inode, name)
-        await self._change_names((rel,), os.rmdir, self.abs(rel))
-        self.table.unlinked(rel)
-        await self.views.source_changed(rel)
-        await self._meta_restructure("remove", self.store_path(rel))
+        await self._remove(parent_inode, name, os.rmdir, is_dir=True)
 
     # -- names -----------------------------------------------------------------------------
     @_guarded
     async def unlink(self, parent_inode, name, ctx):
+        await self._remove(parent_inode, name, os.unlink, is_dir=False)
+
+    async def _remove(self, parent_inode, name, remove, is_dir: bool) -> None:
+        """rmdir/unlink in SOURCE, then drop the name, its views and its metadata (subtree)."""
         rel = self._child(parent_inode, name)
-        await self._change_names((rel,), os.unlink, self.abs(rel))
-        self.table.unlinked(rel, is_dir=False)
+        await self._change_names((rel,), remove, self.abs(rel))
+        self.table.unlinked(rel, is_dir=is_dir)
         await self.views.source_changed(rel)
         await self._meta_restructure("remove", self.store_path(rel))
 
