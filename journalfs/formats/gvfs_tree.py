@@ -41,6 +41,9 @@ _HEADER = struct.Struct(">6sBBIIIIq")
 _U32 = struct.Struct(">I")
 _DIRENT = struct.Struct(">IIII")
 _PAIR = struct.Struct(">II")
+_u32_from = _U32.unpack_from  # bound once: the lookup hot path calls them per get
+_pair_from = _PAIR.unpack_from
+_KID_MASK = ~LIST_FLAG  # a metadata pair's keyword id without the list flag
 
 Value = Any  # str | list[str]
 
@@ -89,10 +92,10 @@ class TreeView:
         self.keywords: list[str] = [decode_str(self.cstr(o, keywords + 4 + 4 * i))
                                     for i, o in enumerate(struct.unpack_from(f">{n}I", buf, keywords + 4))]
         self.key_ids = {k: i for i, k in enumerate(self.keywords)}
-        # directories' child names -> positions, decoded once, so a lookup is a dict probe; by first
-        # child dirent and by path (bounded together: DIR_CACHE_NAMES names at most)
-        self._dir_names: dict[int, tuple[int, dict[str, int]]] = {}
-        self._dir_paths: dict[str, tuple[int, dict[str, int]]] = {}
+        # directories' child names -> dirent offsets, decoded once, so a lookup is a dict probe; by
+        # first child dirent and by path (bounded together: DIR_CACHE_NAMES names at most)
+        self._dir_names: dict[int, dict[str, int]] = {}
+        self._dir_paths: dict[str, dict[str, int]] = {}
         self._cached_names = 0
         self._find = getattr(buf, "find", None)  # mmap/bytes: C-level NUL search
 
@@ -169,29 +172,27 @@ class TreeView:
             yield self.name(child), child
 
     def find_child(self, off: int, name: bytes) -> int | None:
-        first, positions = self._directory(off)
-        i = positions.get(decode_str(name))
-        return None if i is None else first + DIRENT_SIZE * i
+        return self._directory(off).get(decode_str(name))
 
-    def _directory(self, off: int) -> tuple[int, dict[str, int]]:
-        """(first child dirent, {child name: position}) of dirent ``off``, decoded once per
-        directory. Names are decoded with surrogateescape, so str equality is byte equality;
-        the first of duplicate names (hostile) wins."""
+    def _directory(self, off: int) -> dict[str, int]:
+        """{child name: child dirent offset} of dirent ``off``, decoded once per directory.
+        Names are decoded with surrogateescape, so str equality is byte equality; the first of
+        duplicate names (hostile) wins."""
         n, first = self._children_block(off)
         cached = self._dir_names.get(first)
         if cached is not None:
             return cached
         names = decode_str(b"\0".join(self.child_names(first, n))).split("\0") if n else []
-        positions = dict(zip(names, range(n)))
-        if len(positions) < n:
-            positions = dict(zip(reversed(names), range(n - 1, -1, -1)))
+        offsets = dict(zip(names, range(first, first + DIRENT_SIZE * n, DIRENT_SIZE)))
+        if len(offsets) < n:
+            offsets = dict(zip(reversed(names), range(first + DIRENT_SIZE * (n - 1), first - 1, -DIRENT_SIZE)))
         self._cached_names += n
         if self._cached_names > DIR_CACHE_NAMES:  # bounded memory: start over
             self._dir_names.clear()
             self._dir_paths.clear()
             self._cached_names = n
-        cached = self._dir_names[first] = (first, positions)
-        return cached
+        self._dir_names[first] = offsets
+        return offsets
 
     def child_names(self, first: int, n: int) -> list[bytes]:
         """Names of the ``n`` dirents from ``first``: one slice + split when the names lie in
@@ -250,8 +251,7 @@ class TreeView:
             if parent_off is None:
                 return None
             directory = self._dir_paths[parent] = self._directory(parent_off)
-        i = directory[1].get(name)
-        return None if i is None else directory[0] + DIRENT_SIZE * i
+        return directory.get(name)
 
     # -- metadata --------------------------------------------------------------------------
     def _metadata_block(self, off: int) -> tuple[int, int]:
@@ -338,26 +338,30 @@ class TreeView:
         kid = self.key_ids.get(key)
         if kid is None:
             return None
-        buf, size = self.buf, self.size
-        block = _U32.unpack_from(buf, off + 8)[0]
+        buf = self.buf
+        block = _u32_from(buf, off + 8)[0]
         if not block:
             return None
+        size = self.size
         if block % 4 or block + 4 > size:
             self._metadata_block_at(block, off + 8)  # raises, naming the offset
-        n = _U32.unpack_from(buf, block)[0]
-        if n > (size - block - 4) // 8:
+        n = _u32_from(buf, block)[0]
+        if n > (size - block - 4) >> 3:
             self._metadata_block_at(block, off + 8)
         first = block + 4
         lo, hi = 0, n
         while lo < hi:
-            mid = (lo + hi) // 2
-            key_field, value_off = _PAIR.unpack_from(buf, first + 8 * mid)
-            here = key_field & ~LIST_FLAG
-            if here == kid:
-                if key_field == here and self._find is not None and 0 < value_off < size:
-                    end = self._find(b"\0", value_off)  # the plain-string hot path
+            mid = (lo + hi) >> 1
+            key_field, value_off = _pair_from(buf, first + 8 * mid)
+            if key_field == kid:  # a plain string (LIST_FLAG clear): the hot path
+                find = self._find
+                if find is not None and 0 < value_off < size:
+                    end = find(b"\0", value_off)
                     if end >= 0:
                         return buf[value_off:end].decode("utf-8", "surrogateescape")
+                return self._value(key_field, value_off, first + 8 * mid + 4)
+            here = key_field & _KID_MASK
+            if here == kid:
                 return self._value(key_field, value_off, first + 8 * mid + 4)
             if here < kid:
                 lo = mid + 1

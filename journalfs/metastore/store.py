@@ -35,6 +35,7 @@ SYNC_MODES = ("always", "batch", "none")
 TREE_META_CACHE = 100_000  # decoded tree metadata per path (the tree is immutable per mapping)
 _NOT_CACHED = object()
 _U32 = struct.Struct(">I")
+_u32_from = _U32.unpack_from  # bound once: every read-only lookup checks two header fields
 HEADER_PROBE = 32  # a tree header's size
 _TEMP_CHARS = string.ascii_letters + string.digits
 Value = str | list[str]
@@ -85,8 +86,8 @@ def _redirect(cur: str, dest: str, source: str) -> str:
 
 
 def canonical(path: str) -> str:
-    if path.startswith("/") and "//" not in path and (path == "/" or not path.endswith("/")) \
-            and "\0" not in path:
+    # fast path: already canonical ("/" itself takes the slow path, which returns it as is)
+    if path[:1] == "/" and path[-1:] != "/" and "//" not in path and "\0" not in path:
         return path
     if "\0" in path:
         raise ValueError("NUL in path")
@@ -398,12 +399,12 @@ class MetaStore:
         if tree is None:
             if os.path.exists(self.tree_path):
                 self._load()
-        elif _U32.unpack_from(tree.buf, ROTATED_OFFSET)[0] != 0:
+        elif _u32_from(tree.buf, ROTATED_OFFSET)[0] != 0:
             if self._current_ino() != self._tree_ino:
                 self._load()
             elif self._journal_ok:
                 self._index_new_entries()
-        elif self._journal_ok and _U32.unpack_from(self._journal_buf, 16)[0] != self._index.count:
+        elif self._journal_ok and _u32_from(self._journal_buf, 16)[0] != len(self._index.records):
             self._index_new_entries()
 
     def get(self, path: str, key: str) -> Value | None:
