@@ -29,6 +29,17 @@ def read_all(codec: Codec, buf, source: str = "f", **kw) -> tuple[list[dict], Fo
     return out, None
 
 
+def file_records(path) -> list[dict]:
+    """The valid records of the file at ``path`` (its prefix when damaged)."""
+    from journalfs.journals import read_file
+    out: list[dict] = []
+    try:
+        out.extend(read_file(str(path)))
+    except FormatError:
+        pass
+    return out
+
+
 def reads_back(codec: Codec, buf: bytes, **header) -> list[dict]:
     """The records of a file the codec wrote, checking that it reads without damage and that
     writing those records again (with the same ``header`` settings) gives the same bytes."""

@@ -15,6 +15,7 @@ from journalfs.formats import CODECS, FormatError, kestrel
 from journalfs.formats.akka import AkkaData
 from journalfs.journals import read_file
 from journalfs.spark.pipeline import run
+from codec_helpers import file_records
 from journalfs.spark.testing import spark  # noqa: F401  (the session-wide fixture)
 
 pytestmark = pytest.mark.spark
@@ -24,14 +25,6 @@ REPO = Path(__file__).resolve().parents[1]
 def table(out: Path, name: str) -> list[dict]:
     return pq.read_table(out / name).to_pylist()
 
-
-def records_of(path) -> list[dict]:
-    out = []
-    try:
-        out.extend(read_file(str(path)))
-    except FormatError:
-        pass
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -91,11 +84,11 @@ def test_queues_match_queue_state_on_conformance(conformance_run):
     src, out, _ = conformance_run
     d = src / "records"
     got = {(r["queue"], r["reader"]): (r["head"], r["tail"], r["pending"]) for r in table(out, "queues")}
-    writers = [(p.name, records_of(p)) for p in sorted(d.glob("jobs.1*"))]
+    writers = [(p.name, file_records(p)) for p in sorted(d.glob("jobs.1*"))]
     for reader in ("", "indexer"):
-        state = kestrel.queue_state(writers, records_of(d / f"jobs.read.{reader}"))
+        state = kestrel.queue_state(writers, file_records(d / f"jobs.read.{reader}"))
         assert got.pop(("jobs", reader)) == (state["head"], state["tail"], state["pending"])
-    torn = kestrel.queue_state([("torn.1800000000000", records_of(d / "torn.1800000000000"))], [])
+    torn = kestrel.queue_state([("torn.1800000000000", file_records(d / "torn.1800000000000"))], [])
     assert got.pop(("torn", "")) == (torn["head"], torn["tail"], torn["pending"])
     assert got.pop(("mail", "x")) == (0, 0, 0)
     assert not got
@@ -108,7 +101,7 @@ def test_persistence_matches_chains_on_conformance(conformance_run):
     expected = {}
     for d in ("akka0", "akka1", "akka2"):
         base = src / "records" / d
-        expected.update(chains(records_of(base / "meta"), records_of(base / "data")))
+        expected.update(chains(file_records(base / "meta"), file_records(base / "data")))
     assert {pid: (r["messages"], r["highest_seq"], r["consistent"]) for pid, r in got.items()} == \
         {pid: (c["messages"], c["highest_seq"], c["consistent"]) for pid, c in expected.items()}
 
@@ -183,7 +176,7 @@ def test_cli_counts_damage_and_exits_zero(tmp_path, records_corpus):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "damaged files" in proc.stderr and "Traceback" not in proc.stderr
     assert len(table(out, "_damage")) == 1
-    assert len(table(out, "transactions")) == len(records_of(src / "db1.jrnl"))
+    assert len(table(out, "transactions")) == len(file_records(src / "db1.jrnl"))
     missing = subprocess.run([sys.executable, "-m", "journalfs.cli", "pipeline", str(tmp_path / "nope"),
                               str(out)], capture_output=True, text=True, env=env, timeout=120)
     assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1

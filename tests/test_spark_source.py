@@ -16,6 +16,7 @@ from journalfs.formats.akka import AkkaData
 from journalfs.journals import read_file
 from journalfs.spark.convert import attrs_of, kestrel_queue, to_batch
 from journalfs.spark.plan import list_journals, plan
+from codec_helpers import file_records
 from journalfs.spark.testing import spark  # noqa: F401  (the session-wide fixture)
 
 pytestmark = pytest.mark.spark
@@ -34,14 +35,6 @@ def rows_by_source(df) -> dict[str, list]:
         out.setdefault(r["source"], []).append(r)
     return out
 
-
-def file_records(path) -> list[dict]:
-    out = []
-    try:
-        out.extend(read_file(str(path)))
-    except FormatError:
-        pass
-    return out
 
 
 def assert_same_records(rows, records):

@@ -453,11 +453,13 @@ class JournalFS(pyfuse3.Operations):
     async def mkdir(self, parent_inode, name, mode, ctx):
         rel = self._child(parent_inode, name)
         path = self.abs(rel)
-        st = await self._change_names((rel,), self._mkdir, path, stat.S_IMODE(mode), ctx)
+        make = functools.partial(os.mkdir, mode=stat.S_IMODE(mode))
+        st = await self._change_names((rel,), self._make_owned, make, path, ctx)
         return await self._created(rel, st)
 
-    def _mkdir(self, path: bytes, mode: int, ctx) -> os.stat_result:
-        os.mkdir(path, mode)
+    def _make_owned(self, make, path: bytes, ctx) -> os.stat_result:
+        """Create ``path`` with ``make(path)``, give it to the caller, return its stat."""
+        make(path)
         self._own(path, ctx)
         return os.lstat(path)
 
@@ -514,13 +516,9 @@ class JournalFS(pyfuse3.Operations):
     @_guarded
     async def symlink(self, parent_inode, name, target, ctx):
         rel = self._child(parent_inode, name)
-        st = await self._change_names((rel,), self._symlink, bytes(target), self.abs(rel), ctx)
+        make = functools.partial(os.symlink, bytes(target))
+        st = await self._change_names((rel,), self._make_owned, make, self.abs(rel), ctx)
         return await self._created(rel, st)
-
-    def _symlink(self, target: bytes, path: bytes, ctx) -> os.stat_result:
-        os.symlink(target, path)
-        self._own(path, ctx)
-        return os.lstat(path)
 
     @_guarded
     async def link(self, inode, new_parent_inode, new_name, ctx):
