@@ -770,19 +770,21 @@ class JournalFS(pyfuse3.Operations):
         node = self.table.get(inode)
         key = xattrs.metadata_key(name)
         if key is None:
-            target = self._xattr_target(node)
-            try:
-                if isinstance(target, int):
-                    await _in_thread(os.setxattr, target, name, value)
-                else:
-                    await _in_thread(functools.partial(os.setxattr, target, name, value,
-                                                       follow_symlinks=False))
-            finally:
-                self._attrs_changed(node)  # ctime
+            await self._change_native_xattr(node, os.setxattr, name, value)
             return
         self._check_user_xattr_allowed(node)
         await self._meta_write("set", self.store_path(self._path(node)), key,
                                xattrs.decode_value(value))
+
+    async def _change_native_xattr(self, node: Inode, change, *args) -> None:
+        """``os.setxattr``/``os.removexattr`` on the SOURCE object itself (through its open fd
+        when there is one, never following a symlink)."""
+        target = self._xattr_target(node)
+        follow = {} if isinstance(target, int) else {"follow_symlinks": False}
+        try:
+            await _in_thread(functools.partial(change, target, *args, **follow))
+        finally:
+            self._attrs_changed(node)  # ctime
 
     @staticmethod
     def _check_user_xattr_allowed(node: Inode) -> None:
@@ -798,15 +800,7 @@ class JournalFS(pyfuse3.Operations):
         node = self.table.get(inode)
         key = xattrs.metadata_key(name)
         if key is None:
-            target = self._xattr_target(node)
-            try:
-                if isinstance(target, int):
-                    await _in_thread(os.removexattr, target, name)
-                else:
-                    await _in_thread(functools.partial(os.removexattr, target, name,
-                                                       follow_symlinks=False))
-            finally:
-                self._attrs_changed(node)  # ctime
+            await self._change_native_xattr(node, os.removexattr, name)
             return
         self._check_user_xattr_allowed(node)
         store_path = self.store_path(self._path(node))
