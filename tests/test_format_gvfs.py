@@ -384,3 +384,23 @@ def test_bulk_copy_of_bit_flipped_trees_agrees_with_the_row_writer(gvfs_snapshot
         except FormatError:
             return "FormatError"
     assert outcome(True) == outcome(False)
+
+
+def test_lookups_fall_back_when_child_names_are_not_one_ordered_region():
+    records = [{"path": f"/d/f{f:03}", "metadata": {"comment": f"c{f}"}, "mtime": 1_600_000_000}
+               for f in range(40)]
+    base = bytearray(TREE.write(records, tag=1))
+    view = TreeView(bytes(base), "b")
+    _, first = view._children_block(view.lookup("/d"))
+    assert view._consecutive_names(first, 40) is not None  # the layout gvfs and we write
+    a, b = first, first + 5 * DIRENT_SIZE  # swap two dirents: names no longer in region order
+    base[a:a + DIRENT_SIZE], base[b:b + DIRENT_SIZE] = base[b:b + DIRENT_SIZE], base[a:a + DIRENT_SIZE]
+    c = first + 9 * DIRENT_SIZE  # and make f010 share f009's name string (a duplicate name)
+    base[c + DIRENT_SIZE:c + DIRENT_SIZE + 4] = base[c:c + 4]
+    view = TreeView(bytes(base), "b")
+    assert view._consecutive_names(first, 40) is None
+    assert view.value("/d/f000", "comment") == "c0" and view.value("/d/f005", "comment") == "c5"
+    assert view.value("/d/f009", "comment") == "c9"  # the first of the duplicates wins
+    assert view.value("/d/f010", "comment") is None
+    assert view.value("/d/f039", "comment") == view.get(view.lookup("/d/f039"), "comment") == "c39"
+    assert view.value("/d/f039", "nokey") is None and view.value("/", "comment") is None

@@ -182,7 +182,9 @@ class TreeView:
         cached = self._dir_names.get(first)
         if cached is not None:
             return cached
-        names = decode_str(b"\0".join(self.child_names(first, n))).split("\0") if n else []
+        names = self._consecutive_names(first, n)
+        if names is None:
+            names = decode_str(b"\0".join(self.child_names(first, n))).split("\0") if n else []
         offsets = dict(zip(names, range(first, first + DIRENT_SIZE * n, DIRENT_SIZE)))
         if len(offsets) < n:
             offsets = dict(zip(reversed(names), range(first + DIRENT_SIZE * (n - 1), first - 1, -DIRENT_SIZE)))
@@ -193,6 +195,26 @@ class TreeView:
             self._cached_names = n
         self._dir_names[first] = offsets
         return offsets
+
+    def _consecutive_names(self, first: int, n: int) -> list[str] | None:
+        """Decoded names of the ``n`` dirents from ``first`` when they are consecutive strings
+        in child order (as gvfs and we write them): one slice, one decode, one split, checked
+        by comparing the region's NUL positions with the name offsets. Else None."""
+        if not n:
+            return None
+        name_offs = np.frombuffer(self.buf, dtype=">u4", count=4 * n, offset=first)[0::4]
+        lo, hi = int(name_offs[0]), int(name_offs[-1])
+        if lo <= 0 or hi >= self.size or hi < lo:
+            return None
+        end = self.buf.find(b"\0", hi, min(self.size, hi + MAX_REGION)) if self._find else -1
+        if end < 0 or end - lo > MAX_REGION + 64 * n:
+            return None
+        region = self.buf[lo:end + 1]
+        nuls = np.flatnonzero(np.frombuffer(region, dtype=np.uint8) == 0)
+        if len(nuls) != n or nuls[-1] != end - lo or \
+                (n > 1 and not np.array_equal(nuls[:-1], name_offs[1:].astype(np.int64) - lo - 1)):
+            return None
+        return decode_str(region[:-1]).split("\0")
 
     def child_names(self, first: int, n: int) -> list[bytes]:
         """Names of the ``n`` dirents from ``first``: one slice + split when the names lie in
@@ -336,8 +358,20 @@ class TreeView:
     def get(self, off: int, key: str) -> Value | None:
         """The value of ``key`` at dirent ``off`` (binary search of its sorted block)."""
         kid = self.key_ids.get(key)
+        return None if kid is None else self._get_kid(off, kid)
+
+    def value(self, path: str, key: str) -> Value | None:
+        """``get(lookup(path), key)`` in one call, the store's lookup hot path: a key that is
+        not in the keyword table is absent everywhere, so no path walk is needed for it."""
+        kid = self.key_ids.get(key)
         if kid is None:
             return None
+        parent, _, name = path.rpartition("/")
+        directory = self._dir_paths.get(parent)
+        off = self.lookup(path) if directory is None or not name else directory.get(name)
+        return None if off is None else self._get_kid(off, kid)
+
+    def _get_kid(self, off: int, kid: int) -> Value | None:
         buf = self.buf
         block = _u32_from(buf, off + 8)[0]
         if not block:

@@ -411,7 +411,10 @@ class MetaStore:
         path = canonical(path)
         with self._lock:
             if self.readonly:
-                self._refresh_locked()
+                tree = self._tree  # _refresh_locked's common case inline: nothing changed
+                if tree is None or _u32_from(tree.buf, ROTATED_OFFSET)[0] or (self._journal_ok and
+                        _u32_from(self._journal_buf, 16)[0] != len(self._index.records)):
+                    self._refresh_locked()
             index = self._index
             if index.records and (index.structural or path in index.keyed):
                 verdict, what = index.resolve_key(path, key)
@@ -420,8 +423,7 @@ class MetaStore:
                 path = what
             # one key: a binary search in the mapped node, nothing decoded or cached beyond it
             tree = self._tree
-            off = None if tree is None else tree.lookup(path)
-            return None if off is None else tree.get(off, key)
+            return None if tree is None else tree.value(path, key)
 
     def get_all(self, path: str) -> dict[str, Value]:
         path = canonical(path)
