@@ -20,6 +20,7 @@ GVFS_JOURNAL_SIZE = 32 * 1024
 MIN_ENTRY = 24
 
 OP_SET, OP_SETV, OP_UNSET, OP_COPY, OP_REMOVE = range(5)
+_SET_OP = bytes((OP_SET,))
 KIND_OF_OP = ("set", "setv", "unset", "copy", "remove")
 OP_OF_KIND = {k: i for i, k in enumerate(KIND_OF_OP)}
 
@@ -75,10 +76,19 @@ def _pad4(out: bytearray) -> None:
     out += b"\0" * (-len(out) % 4)
 
 
+_PADDING = (b"", b"\0\0\0", b"\0\0", b"\0")  # by length % 4: up to the next multiple of 4
+
+
 def encode_entry(kind: str, mtime: int, path: str, key: str | None = None,
                  value: str | Sequence[str] | None = None, source: str | None = None) -> bytes:
     """One complete journal entry (both size fields and the CRC filled in)."""
     op = OP_OF_KIND[kind]
+    if op == OP_SET and type(value) is str:  # the common write, in one concatenation
+        body = b"".join((_SET_OP, encode_str(path), encode_str(key), encode_str(value)))
+        body += _PADDING[(16 + len(body)) % 4]
+        size = 16 + len(body) + 4
+        time_and_body = b"".join((_U64.pack(mtime & 0xFFFFFFFFFFFFFFFF), body, _U32.pack(size)))
+        return _PAIR.pack(size, zlib.crc32(time_and_body)) + time_and_body
     parts = [bytes((op,)), encode_str(path)]
     if op in (OP_SET, OP_SETV, OP_UNSET):
         parts.append(encode_str(key))

@@ -43,6 +43,7 @@ _DIRENT = struct.Struct(">IIII")
 _PAIR = struct.Struct(">II")
 _u32_from = _U32.unpack_from  # bound once: the lookup hot path calls them per get
 _pair_from = _PAIR.unpack_from
+_count_pair_from = struct.Struct(">III").unpack_from  # a metadata block's count + first pair
 _KID_MASK = ~LIST_FLAG  # a metadata pair's keyword id without the list flag
 
 Value = Any  # str | list[str]
@@ -366,9 +367,10 @@ class TreeView:
         kid = self.key_ids.get(key)
         if kid is None:
             return None
-        parent, _, name = path.rpartition("/")
-        directory = self._dir_paths.get(parent)
-        off = self.lookup(path) if directory is None or not name else directory.get(name)
+        cut = path.rfind("/")
+        directory = self._dir_paths.get(path[:cut])
+        off = self.lookup(path) if directory is None or cut == len(path) - 1 else \
+            directory.get(path[cut + 1:])
         return None if off is None else self._get_kid(off, kid)
 
     def _get_kid(self, off: int, kid: int) -> Value | None:
@@ -379,6 +381,12 @@ class TreeView:
         size = self.size
         if block % 4 or block + 4 > size:
             self._metadata_block_at(block, off + 8)  # raises, naming the offset
+        if block + 12 <= size:  # the count and the first pair in one read (one key: done)
+            n, key_field, value_off = _count_pair_from(buf, block)
+            if key_field == kid and n and n <= (size - block - 4) >> 3 and 0 < value_off < size:
+                end = self._find(b"\0", value_off) if self._find is not None else -1
+                if end >= 0:
+                    return buf[value_off:end].decode("utf-8", "surrogateescape")
         n = _u32_from(buf, block)[0]
         if n > (size - block - 4) >> 3:
             self._metadata_block_at(block, off + 8)
