@@ -365,6 +365,48 @@ def test_service_rotates_in_the_background_past_the_fill_threshold(tmp_path):
         assert reader.dump() == {f"/f{i}": {"comment": "x" * 20} for i in range(40)}
 
 
+def test_sync_none_writes_are_applied_inline_unless_the_store_is_busy_or_full(tmp_path):
+    """sync "none": a write that fits and finds the store lock free is appended on the event
+    loop itself (no group commit); one that finds the lock taken (e.g. by a rotation) or the
+    journal full goes through the commit task -- and nothing is lost either way."""
+    tree = str(tmp_path / "home")
+    store = MetaStore.open(tree, sync="none", journal_size=4096)
+
+    async def main():
+        service = MetaService(store, sync="none", fill_threshold=0.99, quiet_seconds=3600)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+            await service.set("/a", "k", "1")
+            assert service.commits == 0 and store.get("/a", "k") == "1"
+            with pytest.raises(ValueError):
+                await service.set("/a", "", "bad key")  # refused, as through a commit
+            taken, release = threading.Event(), threading.Event()
+
+            def hold_lock():
+                with store._lock:
+                    taken.set()
+                    release.wait(60)
+            holder = threading.Thread(target=hold_lock)
+            holder.start()
+            taken.wait(60)
+            async with trio.open_nursery() as writers:
+                writers.start_soon(service.set, "/b", "k", "2")
+                await trio.sleep(0.05)
+                assert store._index.count == 1  # queued behind the lock, not applied or dropped
+                release.set()
+            holder.join()
+            assert service.commits == 1
+            for i in range(100):  # 100 x ~56 bytes never fit 4 KiB: full -> commit + rotation
+                await service.set(f"/c{i}", "k", f"{i:020}")
+            assert store.rotations >= 1 and service.commits >= 2
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    with MetaStore.open(tree, readonly=True) as reader:
+        assert reader.dump() == {"/a": {"k": "1"}, "/b": {"k": "2"},
+                                 **{f"/c{i}": {"k": f"{i:020}"} for i in range(100)}}
+
+
 # ---- where stores live ----------------------------------------------------------------------
 def test_resolve_store_locations(tmp_path, monkeypatch):
     home = tmp_path / "h"

@@ -3,7 +3,8 @@
 Writes are queued on the trio thread and applied by one commit task: everything queued while
 the previous commit ran goes to the store in ONE worker-thread call (``MetaStore.write_many``:
 one pwrite for all entries, then one fsync under ``sync`` batch/always), and every writer of
-that commit is woken by one event. Under ``sync="none"`` no fsync is made.
+that commit is woken by one event. Under ``sync="none"`` no fsync is made, and a write that
+finds the store free and its journal roomy is appended inline (``MetaStore.try_append``).
 
 Reads: :meth:`MetaService.get` / :meth:`get_all` answer inline (on the trio thread) when the
 answer is already in memory -- decided by the journal index or by the store's cache of decoded
@@ -115,7 +116,18 @@ class MetaService:
 
     async def _write(self, name: str, *args) -> int:
         """Queue one write for the next group commit; return its ticket once it is applied
-        (and, unless sync is "none", fsynced) -- or raise what applying it raised."""
+        (and, unless sync is "none", fsynced) -- or raise what applying it raised. Under
+        sync "none" a write that needs no lock wait, rotation or fsync is applied inline:
+        one thread round trip costs far more than the append itself."""
+        if self.sync == "none" and not self._queued.calls:
+            append = getattr(self.store, "try_append", None)
+            applied = append(name, args) if append is not None else None
+            if applied is not None:
+                ticket, fill = applied
+                self._last_write = time.monotonic()
+                if fill >= self.fill_threshold:
+                    self._rotate_wanted.set()
+                return ticket
         commit = self._queued
         slot = len(commit.calls)
         commit.calls.append((name, args))

@@ -545,6 +545,26 @@ class MetaStore:
             self.rotate()  # never called with the store lock held: rotate takes it itself
         raise EntryTooLarge(f"metadata entry of {total} bytes does not fit after rotation")
 
+    def try_append(self, name: str, args: tuple) -> tuple[int, float] | None:
+        """Append one write call (as in :meth:`write_many`) only if that costs no wait for the
+        store lock (a rotation may hold it), no rotation and no fsync: returns (ticket,
+        journal fill) -- or None, and the caller queues the call instead. A bad call raises.
+        This lets an event loop apply ``sync="none"`` writes inline: a pwrite into a cached
+        journal."""
+        if self.sync == "always":
+            return None
+        self._check_writable()
+        entries = self._encode(self._ops(name, *args), int(time.time()))
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if not self._room(sum(size for _, _, size in entries)):
+                return None
+            ticket = self._write_entries(entries, fsync=False)
+            return ticket, self.fill()
+        finally:
+            self._lock.release()
+
     def write_many(self, calls: list[tuple[str, tuple]], *, durable: bool = False) -> list:
         """Many writes as few journal appends: ``calls`` are (method name, args) of set,
         unset, remove, copy or move; returns per call its ticket or the exception it raised
