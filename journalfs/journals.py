@@ -12,6 +12,7 @@ import datetime
 import mmap
 import os
 import tempfile
+import zlib
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -20,6 +21,9 @@ from .formats.base import Record
 
 #: A checkpoint is kept every this many records (bounded memory for huge journals).
 CHECKPOINT_EVERY = 1024
+#: Bytes at the start of a file and before its last checkpoint that must be unchanged for an
+#: index to be extended rather than rebuilt when the file grows.
+FINGERPRINT_BYTES = 4096
 
 
 def sniff_file(path: str) -> Codec | None:
@@ -79,16 +83,32 @@ class RecordIndex:
     seqs: list[int] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
     identity: tuple = ()
+    #: (offset of the last checkpoint, crc32 of the bytes that vouch for the prefix before it)
+    fingerprint: tuple = ()
+    #: when extended from an index of the same file before it grew: that index's identity and
+    #: the record number re-reading started at (records before it are exactly as there)
+    grown_from: tuple | None = None
 
     @classmethod
-    def build(cls, path: str, codec: Codec | None = None) -> "RecordIndex":
+    def build(cls, path: str, codec: Codec | None = None,
+              previous: "RecordIndex | None" = None) -> "RecordIndex":
+        """Index ``path``. With ``previous`` (an index of the same file, taken earlier) and a
+        file that only grew -- same inode, not smaller, the same bytes at its start and just
+        before its last checkpoint -- indexing resumes at that checkpoint: a journal being
+        appended to costs the new records, not the whole file again."""
         codec = _codec_of(path, codec)
         st = os.stat(path)
         idx = cls(path, codec, identity=(st.st_ino, st.st_size, st.st_mtime_ns))
         try:
             if codec.resumable:
-                for offsets in _offset_batches(codec, path):
-                    idx._add(offsets)
+                with mapped(path) as buf:
+                    start, seq = idx._resume(previous, buf)
+                    try:
+                        for offsets in _offset_batches(codec, buf, path, start, seq):
+                            idx._add(offsets)
+                    finally:  # a torn tail too: it is often completed by the next append
+                        if idx.offsets:
+                            idx.fingerprint = _prefix_fingerprint(buf, idx.offsets[-1])
             else:  # no resuming mid-file: only the count is worth keeping
                 with mapped(path) as buf:
                     for _ in codec.read(buf, path):
@@ -96,6 +116,23 @@ class RecordIndex:
         except FormatError as exc:
             idx.error = exc
         return idx
+
+    def _resume(self, previous: "RecordIndex | None", buf) -> tuple[int | None, int]:
+        """(offset, record number) to index from: ``previous``'s last checkpoint when it
+        still holds for this file (its checkpoints before that one are adopted), else the
+        start."""
+        if previous is None or not previous.fingerprint or previous.codec.name != self.codec.name:
+            return None, 0
+        ino, size = self.identity[:2]
+        last = previous.fingerprint[0]
+        if previous.identity[0] != ino or previous.identity[1] > size or last > len(buf) \
+                or _prefix_fingerprint(buf, last) != previous.fingerprint:
+            return None, 0
+        keep = len(previous.seqs) - 1  # the last checkpoint is re-read, with what follows it
+        self.seqs, self.offsets = previous.seqs[:keep], previous.offsets[:keep]
+        self.count = previous.seqs[keep]
+        self.grown_from = (previous.identity, self.count)
+        return previous.offsets[keep], self.count
 
     def _add(self, offsets: Sequence[int]) -> None:
         """Count the records starting at ``offsets`` (the next ones in file order), keeping
@@ -143,40 +180,48 @@ INDEX_BATCH_BYTES = 1 << 20
 FIRST_BATCH_ROWS = 16
 
 
-def _offset_batches(codec: Codec, path: str) -> Iterator[Sequence[int]]:
-    """The start offsets of every record :meth:`Codec.read` yields for ``path``, in batches of
-    bounded size; raises the same :class:`FormatError` after the valid prefix.
+def _prefix_fingerprint(buf, upto: int) -> tuple[int, int]:
+    """(``upto``, crc32 of the file's first bytes and of the bytes just before ``upto``): an
+    appended-to file keeps both; a rewritten one almost surely changes one of them."""
+    head = zlib.crc32(buf[:min(upto, FINGERPRINT_BYTES)])
+    return upto, zlib.crc32(buf[max(0, upto - FINGERPRINT_BYTES):upto], head)
+
+
+def _offset_batches(codec: Codec, buf, path: str, start: int | None = None,
+                    seq: int = 0) -> Iterator[Sequence[int]]:
+    """The start offsets of every record :meth:`Codec.read` yields for ``path`` (mapped as
+    ``buf``) from record ``seq`` at ``start`` on, in batches of bounded size; raises the same
+    :class:`FormatError` after the valid prefix.
 
     Uses the codec's cheapest exact path: a ``record_offsets`` method (starts without
     decoding), else its own vectorised ``read_columns``, else ``read``."""
-    with mapped(path) as buf:
-        if hasattr(codec, "record_offsets"):
-            yield from _batched(codec.record_offsets, buf, path)
-        elif type(codec).read_columns is not Codec.read_columns:
-            def column_offsets(buf, path, start, seq, stop, limit):
-                cols = codec.read_columns(buf, path, start, seq, stop, limit)
-                return cols.data.get("offset", ())[:cols.rows], cols.next_offset, cols.error
-            yield from _batched(column_offsets, buf, path)
-        else:  # the generic default read_columns is only read() plus columns: use read()
-            batch: list[int] = []
-            try:
-                for rec in codec.read(buf, path):
-                    batch.append(rec["offset"])
-                    if len(batch) == INDEX_BATCH_ROWS:
-                        yield batch
-                        batch = []
-            except FormatError:
-                if batch:
+    if hasattr(codec, "record_offsets"):
+        yield from _batched(codec.record_offsets, buf, path, start, seq)
+    elif type(codec).read_columns is not Codec.read_columns:
+        def column_offsets(buf, path, start, seq, stop, limit):
+            cols = codec.read_columns(buf, path, start, seq, stop, limit)
+            return cols.data.get("offset", ())[:cols.rows], cols.next_offset, cols.error
+        yield from _batched(column_offsets, buf, path, start, seq)
+    else:  # the generic default read_columns is only read() plus columns: use read()
+        batch: list[int] = []
+        try:
+            for rec in codec.read(buf, path, start, seq):
+                batch.append(rec["offset"])
+                if len(batch) == INDEX_BATCH_ROWS:
                     yield batch
-                raise
+                    batch = []
+        except FormatError:
             if batch:
                 yield batch
+            raise
+        if batch:
+            yield batch
 
 
-def _batched(starts_of, buf, path: str) -> Iterator[Sequence[int]]:
-    """Drive ``starts_of(buf, path, start, seq, stop, limit) -> (offsets, next, error)`` over
-    the whole file, sizing each batch so it spans about ``INDEX_BATCH_BYTES``."""
-    start, seq, limit = None, 0, FIRST_BATCH_ROWS
+def _batched(starts_of, buf, path: str, start: int | None, seq: int) -> Iterator[Sequence[int]]:
+    """Drive ``starts_of(buf, path, start, seq, stop, limit) -> (offsets, next, error)`` from
+    ``start`` to the end, sizing each batch so it spans about ``INDEX_BATCH_BYTES``."""
+    limit = FIRST_BATCH_ROWS
     while True:
         offsets, next_offset, error = starts_of(buf, path, start, seq, None, limit)
         rows = len(offsets)

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -205,6 +206,31 @@ def test_live_metadata_journal_follows_setfattr(fs):
     assert last["path"].endswith("/plain.txt")
     newest = sorted(added)[-1]
     assert json.loads((journal / newest).read_text()) == last
+
+
+def test_live_metadata_journal_empties_after_a_rotation(fs):
+    """Past the fill threshold the mount rotates in the background: the entries move into the
+    tree (still readable as xattrs) and metadata/journal/ shows the new, empty journal."""
+    journal = fs.views / "metadata" / "journal"
+    status = json.loads((fs.views / "status.json").read_text())
+    rotations, threshold = status["rotations"], status["service"]["fill_threshold"]
+    big = b"v" * 60_000
+    target = fs.mountpoint / "plain.txt"
+    written = 0
+    while True:  # ~60 kB entries: a handful fill the journal past its threshold; then stop
+        os.setxattr(target, f"user.metadata.big{written}", big)
+        written += 1
+        status = json.loads((fs.views / "status.json").read_text())
+        if status["journal_fill"] >= threshold or status["rotations"] > rotations:
+            break
+        assert len(os.listdir(journal)) > 1  # the entries are in the live journal meanwhile
+    deadline = time.monotonic() + 60  # a bound against hanging, not a timing check
+    while json.loads((fs.views / "status.json").read_text())["rotations"] == rotations:
+        assert time.monotonic() < deadline, "no rotation past the fill threshold"
+        time.sleep(0.05)
+    names = os.listdir(journal)
+    assert names == ["records.jsonl"] and (journal / "records.jsonl").read_bytes() == b""
+    assert all(os.getxattr(target, f"user.metadata.big{i}") == big for i in range(written))
 
 
 def test_status_json(fs):

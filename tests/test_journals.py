@@ -194,3 +194,49 @@ def test_growing_file_gets_a_new_identity_and_count(tmp_path):
     assert after.identity != before.identity
     assert (before.count, after.count) == (1999, 2000)
     assert after.record(1999)["payload"] == b"new" and after.error is None
+
+
+def test_a_grown_file_is_indexed_from_its_last_checkpoint_only(big_journal, tmp_path):
+    """Appending (even completing a torn last record) extends the index: it equals a fresh
+    build, but re-reading starts at the old last checkpoint. A file rewritten in place, or
+    replaced, is indexed from scratch."""
+    from journalfs.fs.views import JsonlLayout
+
+    fmt, _, data = big_journal
+    path = tmp_path / "growing"
+    cut = len(data) * 3 // 5
+    path.write_bytes(data[:cut])  # most likely torn inside a record
+    before = RecordIndex.build(str(path))
+    with open(path, "r+b") as f:  # append in place: same inode
+        f.seek(cut)
+        f.write(data[cut:])
+    reads = []
+    real_batches = journals._offset_batches
+
+    def counting(codec, buf, p, start=None, seq=0):
+        reads.append((start, seq))
+        return real_batches(codec, buf, p, start, seq)
+    journals._offset_batches = counting
+    try:
+        grown = RecordIndex.build(str(path), previous=before)
+    finally:
+        journals._offset_batches = real_batches
+    fresh = assert_index_matches_reference(path, journals.CHECKPOINT_EVERY)
+    assert (grown.count, grown.error, grown.seqs, grown.offsets) == \
+        (fresh.count, None, fresh.seqs, fresh.offsets)
+    assert reads == [(before.offsets[-1], before.seqs[-1])] and before.seqs[-1] > 0
+    assert grown.grown_from == (before.identity, before.seqs[-1])
+    assert list(grown.records(before.count - 1, 3)) == list(fresh.records(before.count - 1, 3))
+    # records.jsonl's layout continues the old one's and equals a fresh one
+    extended = JsonlLayout(grown, JsonlLayout(before))
+    assert (extended.size, extended.seqs, extended.offsets) == \
+        ((whole := JsonlLayout(fresh)).size, whole.seqs, whole.offsets)
+
+    with open(path, "r+b") as f:  # a byte of the first record rewritten in place, file grown
+        f.seek(before.offsets[0] + 20)
+        f.write(bytes([data[before.offsets[0] + 20] ^ 0x40]))
+        f.seek(0, 2)
+        f.write(b"\0")
+    rebuilt = RecordIndex.build(str(path), previous=grown)
+    assert rebuilt.grown_from is None
+    assert (rebuilt.count, _damage(rebuilt.error)) == reference_index(path, journals.CHECKPOINT_EVERY)[:2]

@@ -108,11 +108,19 @@ def _seq_of(name: bytes) -> int | None:
 class JsonlLayout:
     """Byte size of records.jsonl and the byte offset of every CHECKPOINT_EVERY-th line."""
 
-    def __init__(self, index: RecordIndex):
+    def __init__(self, index: RecordIndex, previous: "JsonlLayout | None" = None):
+        """``previous``: the layout of the index ``index`` was extended from (the same file
+        before it grew); its lines before the re-read point are kept, not rendered again."""
         self.seqs: list[int] = []
         self.offsets: list[int] = []
-        size = 0
-        for rec in index.records():
+        size = first = 0
+        if previous is not None and index.grown_from is not None:
+            resume = index.grown_from[1]
+            keep = bisect.bisect_left(previous.seqs, resume)
+            if keep < len(previous.seqs) and previous.seqs[keep] == resume:
+                self.seqs, self.offsets = previous.seqs[:keep], previous.offsets[:keep]
+                size, first = previous.offsets[keep], resume
+        for rec in index.records(first):
             if rec["seq"] % CHECKPOINT_EVERY == 0:
                 self.seqs.append(rec["seq"])
                 self.offsets.append(size)
@@ -286,7 +294,7 @@ class Views:
             codec = sniff_file(path)
             if codec is None:
                 raise FileNotFoundError(errno.ENOENT, "not a journal")
-            idx = RecordIndex.build(path, codec)
+            idx = RecordIndex.build(path, codec, previous=idx)  # a grown file: only the growth
         with self._cache_lock:
             self._indexes[path] = idx
             self._checked[path] = time.monotonic()
@@ -356,7 +364,10 @@ class Views:
         with self._cache_lock:
             layout = self._layouts.get(key)
         if layout is None:
-            layout = JsonlLayout(idx)
+            with self._cache_lock:
+                grown = idx.grown_from and next((v for k, v in self._layouts.items()
+                                                 if k[:2] == (idx.path, idx.grown_from[0])), None)
+            layout = JsonlLayout(idx, grown or None)
             with self._cache_lock:
                 for stale in [k for k in self._layouts if k[0] == idx.path]:
                     del self._layouts[stale]
