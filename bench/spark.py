@@ -3,7 +3,8 @@
     .venv/bin/python bench/spark.py [--size GB] [--out bench/out]
 
 Generates (once, cached under OUT/spark-corpus-<size>GB/) a corpus mixing every format: a
-few big journals (kestrel, wallaby log + index, akka) and many small files. Then, in the
+few big journals (kestrel, wallaby log + index, akka: 2.8, 2.0 + 0.8 and 1.2 GB at the default
+8 GB) and many small files. Then, in the
 same run and over the same files:
   decode     (information only) one Python process: sniff + mmap + codec.read_columns, no
              conversion to the contract schema
@@ -12,8 +13,11 @@ same run and over the same files:
              contract schema (the baseline the Spark runs are compared with)
   ds-local1  spark.read.format("journal") on local[1]
   ds-local2  spark.read.format("journal") on local[2]
-  binaryFile spark.read.format("binaryFile") + mapInArrow, local[2], decoding and converting
-             each file's bytes with the very same reader code (read_buffer)
+  ds-local2-u2g, binaryFile-u2g
+             the data source on local[2], and spark.read.format("binaryFile") + mapInArrow on
+             local[2] decoding and converting each file's bytes with the very same reader code
+             (read_buffer), both over the files binaryFile can load at all (< 2 GiB each: it
+             holds a whole file in one byte array; the 2.8 GB queue journal is left out)
 Spark runs force every column through the JVM with a `noop` write; `single` builds the same
 batches in Python. Memory is the peak of
 anonymous RSS (heap, not page cache of mapped files) over the whole process tree (driver
@@ -41,6 +45,10 @@ from journalfs.formats.wallaby import write_log_and_index  # noqa: E402
 from journalfs.journals import mapped, sniff_file  # noqa: E402
 
 MB = 1_000_000
+#: Spark's binaryFile cannot load a file bigger than this (one byte array); corpus files up to
+#: it live under UNDER_2G, which binaryFile reads (beside the data source on the same files).
+BINARY_FILE_MAX = 2**31 - 1
+UNDER_2G = "under2g"
 ARROW_BATCH_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
 RNG = np.random.default_rng(7)
 
@@ -123,19 +131,22 @@ def corpus(out: Path, size_gb: float) -> Path:
     if (root / ".done").exists():
         return root
     shutil.rmtree(root, ignore_errors=True)
-    big = root / "big"
+    big = root / UNDER_2G / "big"
     big.mkdir(parents=True)
     total = int(size_gb * 1e9)
     print(f"generating {size_gb:g} GB corpus under {root} ...", file=sys.stderr)
     chunk = kestrel.build_writer_file(_payloads(40000))
-    _repeat_body(big / "jobs.1700000000000", chunk[:4], chunk[4:], int(total * 0.35))
+    queue_size = int(total * 0.35)
+    queue_dir = root / "over2g" if queue_size > BINARY_FILE_MAX else big  # binaryFile cannot
+    queue_dir.mkdir(exist_ok=True)
+    _repeat_body(queue_dir / "jobs.1700000000000", chunk[:4], chunk[4:], queue_size)
     log, idx = write_log_and_index([(10**18 + i, p) for i, p in enumerate(_payloads(40000))])
     _repeat_body(big / "events.log", log[:16], log[16:], int(total * 0.25))
     _repeat_body(big / "events.log.idx", idx[:16], idx[16:], int(total * 0.10))
     (big / "akka").mkdir()
     _akka_data(big / "akka" / "data", big / "akka" / "meta", int(total * 0.15))
     shared = Path(os.environ.get("JOURNALFS_SHARED", REPO.parent / "shared"))
-    _small_files(root / "small", int(total * 0.15), shared if shared.exists() else None)
+    _small_files(root / UNDER_2G / "small", int(total * 0.15), shared if shared.exists() else None)
     (root / ".done").write_text("ok")
     return root
 
@@ -258,19 +269,25 @@ def spark_run(spark, root: Path, method: str) -> None:
     df.write.format("noop").mode("overwrite").save()
 
 
+def _tree_bytes(root: Path) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", type=float, default=2.0, help="corpus size in GB (default 2)")
+    ap.add_argument("--size", type=float, default=8.0,
+                    help="corpus size in GB (default 8: journals of 2.8, 2.0 and 1.2 GB)")
     ap.add_argument("--out", default=str(REPO / "bench" / "out"))
     ap.add_argument("--skip", default="", help="comma list of methods to skip")
     args = ap.parse_args(argv)
     root = corpus(Path(args.out), args.size)
-    total_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
+    total_bytes = _tree_bytes(root)
     biggest = max(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
     methods = [("decode", None), ("single", None), ("ds-local1", "local[1]"), ("ds-local2", "local[2]"),
-               ("binaryFile", "local[2]")]
+               ("ds-local2-u2g", "local[2]"), ("binaryFile-u2g", "local[2]")]
     skip = set(filter(None, args.skip.split(",")))
     results = {}
+    failed: dict[str, str] = {}
     records = None
     spark, spark_master = None, None
     for method, master in methods:
@@ -287,7 +304,15 @@ def main(argv=None) -> int:
             elif master is None:
                 records = single_process(root)
             else:
-                spark_run(spark, root, "binaryFile" if method == "binaryFile" else "journal")
+                try:
+                    spark_run(spark, root / UNDER_2G if method.endswith("-u2g") else root,
+                              "binaryFile" if method.startswith("binaryFile") else "journal")
+                except Exception as exc:  # e.g. binaryFile running out of memory: say so, go on
+                    print(f"{method} failed: {str(exc).splitlines()[0][:300]}", file=sys.stderr)
+                    failed[method] = str(exc).splitlines()[0][:300]
+                    spark.stop()
+                    spark, spark_master = None, None
+                    continue
             seconds = time.perf_counter() - t
         results[method] = {"seconds": round(seconds, 2), "peak_tree_anon_mb": round(mem.tree_kb / 1024),
                            "peak_worker_anon_mb": round(mem.worker_kb / 1024)}
@@ -296,17 +321,22 @@ def main(argv=None) -> int:
         spark.stop()
     if records is None:
         records = single_process(root)
-    for r in results.values():
-        r["records_per_s"] = round(records / r["seconds"])
-        r["mb_per_s"] = round(total_bytes / MB / r["seconds"], 1)
+    sub_records = single_process(root / UNDER_2G) if any(m.endswith("-u2g") for m in results) else 0
+    sub_bytes = _tree_bytes(root / UNDER_2G)
+    for m, r in results.items():
+        n, size = (sub_records, sub_bytes) if m.endswith("-u2g") else (records, total_bytes)
+        r["records_per_s"] = round(n / r["seconds"])
+        r["mb_per_s"] = round(size / MB / r["seconds"], 1)
     ratios = {}
     if "single" in results:
         for m in ("ds-local1", "ds-local2"):
             if m in results:
                 ratios[f"{m}_vs_single"] = round(results["single"]["seconds"] / results[m]["seconds"], 2)
-    if "ds-local2" in results and "binaryFile" in results:
-        ratios["ds-local2_vs_binaryFile"] = round(results["binaryFile"]["seconds"] / results["ds-local2"]["seconds"], 2)
-    print(f"\ncorpus {root}: {total_bytes / MB:,.0f} MB, {records:,} records, largest file {biggest / MB:,.0f} MB, "
+    if "ds-local2-u2g" in results and "binaryFile-u2g" in results:
+        ratios["ds-local2_vs_binaryFile (files < 2 GiB)"] = round(
+            results["binaryFile-u2g"]["seconds"] / results["ds-local2-u2g"]["seconds"], 2)
+    print(f"\ncorpus {root}: {total_bytes / MB:,.0f} MB, {records:,} records, largest file {biggest / MB:,.0f} MB "
+          f"(-u2g: the {sub_bytes / MB:,.0f} MB, {sub_records:,} records in files binaryFile can load), "
           f"{os.cpu_count()} cores, load avg {os.getloadavg()[0]:.1f}")
     print(f"{'method':<12}{'seconds':>9}{'records/s':>12}{'MB/s':>8}{'tree MB':>9}{'worker MB':>11}")
     for m, r in results.items():
@@ -314,8 +344,11 @@ def main(argv=None) -> int:
               f"{r['peak_tree_anon_mb']:>9}{r['peak_worker_anon_mb']:>11}")
     for k, v in ratios.items():
         print(f"{k}: {v}x")
+    for m, why in failed.items():
+        print(f"{m}: FAILED ({why})")
     print(json.dumps({"corpus_mb": round(total_bytes / MB), "records": records,
-                      "largest_file_mb": round(biggest / MB), "results": results, "ratios": ratios}))
+                      "largest_file_mb": round(biggest / MB), "results": results, "ratios": ratios,
+                      "failed": failed}))
     return 0
 
 
