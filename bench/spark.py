@@ -338,9 +338,9 @@ def main(argv=None) -> int:
     print(f"\ncorpus {root}: {total_bytes / MB:,.0f} MB, {records:,} records, largest file {biggest / MB:,.0f} MB "
           f"(-u2g: the {sub_bytes / MB:,.0f} MB, {sub_records:,} records in files binaryFile can load), "
           f"{os.cpu_count()} cores, load avg {os.getloadavg()[0]:.1f}")
-    print(f"{'method':<12}{'seconds':>9}{'records/s':>12}{'MB/s':>8}{'tree MB':>9}{'worker MB':>11}")
+    print(f"{'method':<16}{'seconds':>9}{'records/s':>12}{'MB/s':>8}{'tree MB':>9}{'worker MB':>11}")
     for m, r in results.items():
-        print(f"{m:<12}{r['seconds']:>9.1f}{r['records_per_s']:>12,}{r['mb_per_s']:>8.1f}"
+        print(f"{m:<16}{r['seconds']:>9.1f}{r['records_per_s']:>12,}{r['mb_per_s']:>8.1f}"
               f"{r['peak_tree_anon_mb']:>9}{r['peak_worker_anon_mb']:>11}")
     for k, v in ratios.items():
         print(f"{k}: {v}x")
