@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -325,6 +326,7 @@ def test_mount_errors_are_one_line(tmp_path, cli_env):
         (("mount", src, full), 1, "not empty"),
         (("mount", src, mnt, "-o", "bogus"), 2, "unknown mount option"),
         (("mount", src, mnt, "-o", "sync=sometimes"), 2, "sync must be"),
+        (("mount", src, mnt, "-o", "readahead=lots"), 2, "readahead must be"),
         (("umount", mnt), 1, "not mounted"),
     ]
     for args, code, words in cases:
@@ -333,6 +335,34 @@ def test_mount_errors_are_one_line(tmp_path, cli_env):
         assert words in done.stderr and "Traceback" not in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert not os.path.ismount(mnt)
+
+
+def test_readahead_is_set_on_the_mount(tmp_path):
+    """Journals are read front to back: the mount's kernel readahead (its bdi's sysfs knob)
+    is 1 MiB unless -o readahead= says otherwise; 0 keeps what the kernel chose."""
+    src = tmp_path / "src"
+    src.mkdir()
+    store = str(tmp_path / "store")
+
+    def readahead(mnt, expected: int | None = None) -> int:
+        """The mount's readahead; set by the daemon once it has answered the kernel's INIT,
+        a moment after the mount appears (--foreground does not wait for that)."""
+        dev = os.stat(mnt).st_dev
+        deadline = time.monotonic() + 30  # a bound against hanging, not a timing check
+        while True:
+            with open(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb") as f:
+                value = int(f.read())
+            if value == expected or expected is None or time.monotonic() > deadline:
+                return value
+            time.sleep(0.02)
+    with mounted(src, tmp_path / "mnt0", "--store", store, "-o", "readahead=0") as m:
+        kernels = readahead(m.mountpoint)
+    with mounted(src, tmp_path / "mnt1", "--store", store) as m:
+        assert readahead(m.mountpoint, 1024) == 1024 != kernels
+        status = json.loads((m.mountpoint / ".journalfs" / "status.json").read_text())
+        assert status["options"]["readahead_kib"] == 1024
+    with mounted(src, tmp_path / "mnt 2", "--store", store, "-o", "readahead=256") as m:
+        assert readahead(m.mountpoint, 256) == 256  # a mountpoint with a space: escaped in mountinfo
 
 
 def test_store_locked_and_busy_mountpoint(tmp_path, cli_env):

@@ -15,7 +15,7 @@ import sys
 import time
 
 # fs.main imports no pyfuse3/trio at module level: every CLI command loads this module.
-from ..fs.main import (DEFAULT_TIMEOUT, MountConfig, MountError, OptionError, pidfile_for,
+from ..fs.main import (DEFAULT_READAHEAD_KIB, DEFAULT_TIMEOUT, MountConfig, MountError, OptionError, pidfile_for,
                        preflight)
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -43,7 +43,9 @@ def add_parser(sub) -> None:
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPTS",
                    help="comma list: store=DIR, sync=MODE, gvfs, allow_other, "
                         "default_permissions, ro, debug, fsname=NAME, nonempty, timeout=SECONDS "
-                        f"(kernel cache of names/attributes, default {DEFAULT_TIMEOUT:g})")
+                        f"(kernel cache of names/attributes, default {DEFAULT_TIMEOUT:g}), "
+                        f"readahead=KIB (as root; default {DEFAULT_READAHEAD_KIB}, 0: the "
+                        "kernel's)")
     p.set_defaults(run=run_mount)
 
     u = sub.add_parser("umount", help="unmount a journalfs mount and wait for its daemon",
