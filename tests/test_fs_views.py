@@ -233,6 +233,26 @@ def test_live_metadata_journal_empties_after_a_rotation(fs):
     assert all(os.getxattr(target, f"user.metadata.big{i}") == big for i in range(written))
 
 
+def test_meta_compact_of_a_mounted_store_asks_the_mount(fs):
+    """The mount holds the store's writer lock; `journalfs meta compact TREE` then asks it to
+    rotate (SIGUSR1) and waits for the new tree."""
+    journal = fs.views / "metadata" / "journal"
+    status = json.loads((fs.views / "status.json").read_text())
+    target = fs.mountpoint / "plain.txt"
+    os.setxattr(target, "user.metadata.compact_me", b"yes")
+    assert len(os.listdir(journal)) > 1
+    done = subprocess.run([sys.executable, "-m", "journalfs.cli", "meta", "compact",
+                           status["store"]["tree"]], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "through the mount" in done.stdout, done.stderr
+    deadline = time.monotonic() + 60  # the tree is replaced a moment before the swap ends
+    while (after := json.loads((fs.views / "status.json").read_text()))["rotations"] == status["rotations"]:
+        assert time.monotonic() < deadline, "the rotation never finished"
+        time.sleep(0.02)
+    assert after["rotations"] == status["rotations"] + 1 and after["entries"] == 0
+    assert os.listdir(journal) == ["records.jsonl"]
+    assert os.getxattr(target, "user.metadata.compact_me") == b"yes"
+
+
 def test_status_json(fs):
     status = json.loads((fs.views / "status.json").read_text())
     assert status["options"]["sync"] == "always"

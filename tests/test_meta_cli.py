@@ -63,6 +63,8 @@ def test_locked_store_is_one_clear_line_exit_1(tmp_path):
         assert p.returncode == 1 and "in use by pid" in p.stderr
         assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
         assert jfs("meta", "dump", tree, "--json").stdout.strip() == "{}"  # readers still work
+        p = jfs("meta", "compact", tree, check=False)  # the holder is no mount: refused too
+        assert p.returncode == 1 and "in use by pid" in p.stderr
 
 
 def test_damaged_tree_exits_3_and_missing_store_exits_1(tmp_path, gvfs_snapshots):

@@ -2,14 +2,18 @@
 
 TREE is the tree file (e.g. ~/.local/share/gvfs-metadata/home); its journal is found by tag.
 Reads open the store read-only (no lock); writes take the store's writer lock, so they fail
-with a clear message while a mount (or another `meta` command) is writing it.
+with a clear message while a mount (or another `meta` command) is writing it -- except
+`compact`, which asks a mount holding the store to rotate it (SIGUSR1) and waits for that.
 """
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import time
 
-from ..metastore.store import SYNC_MODES, MetaStore
+from ..metastore.store import SYNC_MODES, MetaStore, StoreLocked, lock_holder
 
 
 def add_parser(sub) -> None:
@@ -128,7 +132,42 @@ def run_mv(args) -> int:
 
 
 def run_compact(args) -> int:
-    with _writer(args) as store:
+    try:
+        store = _writer(args)
+    except StoreLocked:
+        pid = lock_holder(args.tree)
+        if pid is None or not _is_journalfs_mount(pid):
+            raise
+        return _compact_in_mount(args.tree, pid)
+    with store:
         store.rotate()
         print(f"compacted {store.tree_path}: new journal {store.journal_path}")
+    return 0
+
+
+#: How long `meta compact` waits for a mount holding the store to finish its rotation.
+MOUNT_COMPACT_TIMEOUT = 300.0
+
+
+def _is_journalfs_mount(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return b"mount" in argv and any(os.path.basename(a) in (b"journalfs", b"journalfs.cli") for a in argv)
+
+
+def _compact_in_mount(tree: str, pid: int) -> int:
+    """The store belongs to a running mount: ask it to rotate (SIGUSR1) and wait until the
+    tree file has been replaced."""
+    before = os.stat(tree).st_ino
+    os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + MOUNT_COMPACT_TIMEOUT
+    while os.stat(tree).st_ino == before:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the mount holding {tree} (pid {pid}) did not compact it "
+                               f"within {MOUNT_COMPACT_TIMEOUT:g} s")
+        time.sleep(0.05)
+    print(f"compacted {tree} through the mount holding it (pid {pid})")
     return 0

@@ -191,16 +191,34 @@ def _open_metadata(config: MountConfig):
     return MetaService(store, sync=config.sync), location
 
 
-async def _stop_on_signals(task_status) -> None:
+async def _handle_signals(meta, task_status) -> None:
+    """SIGTERM/SIGINT/SIGHUP unmount; SIGUSR1 rotates the store now (what `journalfs meta
+    compact` sends to the mount holding a store)."""
     import pyfuse3
     import trio
 
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+    wanted = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+    with trio.open_signal_receiver(*wanted) as signals:
         task_status.started()
-        async for signum in signals:
-            log.info("signal %d: unmounting", signum)
-            pyfuse3.terminate()
-            return
+        async with trio.open_nursery() as compactions:
+            async for signum in signals:
+                if signum == signal.SIGUSR1:
+                    compactions.start_soon(_compact_now, meta)
+                    continue
+                log.info("signal %d: unmounting", signum)
+                pyfuse3.terminate()
+                return
+
+
+async def _compact_now(meta) -> None:
+    compact = getattr(meta, "compact", None)
+    if compact is None:
+        log.info("SIGUSR1: this mount's metadata store is not journalfs's to compact")
+        return
+    try:
+        await compact()
+    except Exception:
+        log.exception("compaction on request failed")
 
 
 async def _when_served(mountpoint: str, readahead: int, ready: Callable[[], None]) -> None:
@@ -238,7 +256,7 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None) -
         mountpoint = os.path.realpath(config.mountpoint)  # now, while it is not ours yet
         async with trio.open_nursery() as nursery:
             await nursery.start(meta.run)
-            await nursery.start(_stop_on_signals)
+            await nursery.start(_handle_signals, meta)
             try:
                 pyfuse3.init(ops, config.mountpoint, config.fuse_options())
             except RuntimeError as exc:

@@ -57,6 +57,16 @@ def lock_path_for(tree_path: str) -> str:
     return tree_path + ".journalfs-lock"
 
 
+def lock_holder(tree_path: str) -> int | None:
+    """The pid the store's writer lock names (its holder wrote it there), or None."""
+    try:
+        with open(lock_path_for(tree_path), "rb") as f:
+            words = f.read(200).split()
+    except OSError:
+        return None
+    return int(words[1]) if len(words) >= 2 and words[0] == b"pid" and words[1].isdigit() else None
+
+
 def _parent(path: str) -> str:
     cut = path.rfind("/")
     return "/" if cut <= 0 else path[:cut]
@@ -716,12 +726,12 @@ class MetaStore:
             try:
                 with self._lock:
                     self._swap_in(tmp, tag, snapshot)
+                    self.rotations += 1  # under the lock: status() never shows a half swap
+                    self.last_rotation_seconds = time.monotonic() - started
             except BaseException:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
                 raise
-            self.rotations += 1
-            self.last_rotation_seconds = time.monotonic() - started
 
     def _create_temp_tree(self) -> tuple[int, str]:
         """A new ``<tree>.XXXXXX`` (gvfs's temp name). The suffix starts with a digit, so the
