@@ -1,6 +1,7 @@
 """MetaStore, MetaService, store location and store fsck, on real gvfs stores and real gio."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -365,6 +366,25 @@ def test_service_rotates_in_the_background_past_the_fill_threshold(tmp_path):
         assert reader.dump() == {f"/f{i}": {"comment": "x" * 20} for i in range(40)}
 
 
+@contextlib.contextmanager
+def lock_held_by_another_thread(store: MetaStore):
+    """The store's lock taken by a second thread until the block ends."""
+    taken, release = threading.Event(), threading.Event()
+
+    def hold_lock():
+        with store._lock:
+            taken.set()
+            release.wait(60)
+    holder = threading.Thread(target=hold_lock)
+    holder.start()
+    taken.wait(60)
+    try:
+        yield
+    finally:
+        release.set()
+        holder.join()
+
+
 def test_sync_none_writes_are_applied_inline_unless_the_store_is_busy_or_full(tmp_path):
     """sync "none": a write that fits and finds the store lock free is appended on the event
     loop itself (no group commit); one that finds the lock taken (e.g. by a rotation) or the
@@ -380,21 +400,11 @@ def test_sync_none_writes_are_applied_inline_unless_the_store_is_busy_or_full(tm
             assert service.commits == 0 and store.get("/a", "k") == "1"
             with pytest.raises(ValueError):
                 await service.set("/a", "", "bad key")  # refused, as through a commit
-            taken, release = threading.Event(), threading.Event()
-
-            def hold_lock():
-                with store._lock:
-                    taken.set()
-                    release.wait(60)
-            holder = threading.Thread(target=hold_lock)
-            holder.start()
-            taken.wait(60)
             async with trio.open_nursery() as writers:
-                writers.start_soon(service.set, "/b", "k", "2")
-                await trio.sleep(0.05)
-                assert store._index.count == 1  # queued behind the lock, not applied or dropped
-                release.set()
-            holder.join()
+                with lock_held_by_another_thread(store):
+                    writers.start_soon(service.set, "/b", "k", "2")
+                    await trio.sleep(0.05)
+                    assert store._index.count == 1  # queued behind the lock, not applied or dropped
             assert service.commits == 1
             for i in range(100):  # 100 x ~56 bytes never fit 4 KiB: full -> commit + rotation
                 await service.set(f"/c{i}", "k", f"{i:020}")
@@ -577,20 +587,8 @@ def test_inline_reads_answer_only_from_memory(tmp_path):
         store.set("/in/tree", "k", "newer")                     # the journal wins over the cache
         assert store.peek("/in/tree", "k") == (True, "newer")
 
-        held, release = threading.Event(), threading.Event()
-
-        def hold_lock():
-            with store._lock:
-                held.set()
-                release.wait(30)
-        holder = threading.Thread(target=hold_lock)
-        holder.start()
-        held.wait(30)
-        try:  # a writer holds the lock: inline reads give up instead of waiting
+        with lock_held_by_another_thread(store):  # inline reads give up instead of waiting
             assert store.peek("/in/journal", "k") == (False, None)
-        finally:
-            release.set()
-            holder.join()
 
         with MetaStore.open(tree + "2", sync="none") as other:
             other.set("/t", "k", "tree value")

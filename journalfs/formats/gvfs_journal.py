@@ -72,6 +72,24 @@ def new_journal(tag: int, file_size: int = GVFS_JOURNAL_SIZE) -> bytearray:
     return out
 
 
+def journal_image(entries: Sequence[bytes], tag: int, size: int | None = None,
+                  min_size: int = GVFS_JOURNAL_SIZE) -> bytearray:
+    """A journal file holding the encoded ``entries`` in order: ``size`` bytes, or else the
+    smallest multiple of 4 that holds them and is at least ``min_size``."""
+    used = HEADER_SIZE + sum(map(len, entries))
+    if size is None:
+        size = max(min_size, used + (-used % 4))
+    if used > size:
+        raise ValueError(f"{len(entries)} entries need {used} bytes, journal holds {size}")
+    out = new_journal(tag, size)
+    pos = HEADER_SIZE
+    for e in entries:
+        out[pos:pos + len(e)] = e
+        pos += len(e)
+    _U32.pack_into(out, 16, len(entries))
+    return out
+
+
 def _pad4(out: bytearray) -> None:
     out += b"\0" * (-len(out) % 4)
 
@@ -202,18 +220,7 @@ class GvfsJournal(Codec):
               **header) -> bytes:
         entries = [encode_entry(r["kind"], int(r.get("mtime", 0)), r["path"], r.get("key"),
                                 r.get("value"), r.get("source")) for r in records]
-        used = HEADER_SIZE + sum(map(len, entries))
-        if file_size is None:
-            file_size = max(GVFS_JOURNAL_SIZE, used + (-used % 4))
-        if used > file_size:
-            raise ValueError(f"{len(entries)} entries need {used} bytes, journal holds {file_size}")
-        out = new_journal(tag, file_size)
-        pos = HEADER_SIZE
-        for e in entries:
-            out[pos:pos + len(e)] = e
-            pos += len(e)
-        _U32.pack_into(out, 16, len(entries))
-        return bytes(out)
+        return bytes(journal_image(entries, tag, file_size))
 
     def validate(self, buf, source, **context):
         from .base import Finding

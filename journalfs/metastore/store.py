@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..formats.base import FormatError
-from ..formats.gvfs_journal import (HEADER_SIZE, encode_entry, decode_entry, new_journal,
+from ..formats.gvfs_journal import (HEADER_SIZE, encode_entry, decode_entry, journal_image,
                                     parse_header)
 from ..formats.gvfs_tree import MAGIC as TREE_MAGIC, ROTATED_OFFSET, MergedTree, TreeView, open_tree_file, write_tree
 
@@ -442,16 +442,6 @@ class MetaStore:
                 self._refresh_locked()
             return self._get_all_locked(path)
 
-    def _get_locked(self, path: str, key: str) -> Value | None:
-        index = self._index
-        if index.records and (index.structural or path in index.keyed):
-            verdict, what = index.resolve_key(path, key)
-            if verdict != "tree":
-                return what
-            path = what
-        meta = self._tree_metadata(path)
-        return None if meta is None else meta.get(key)
-
     def _get_all_locked(self, path: str) -> dict[str, Value]:
         index = self._index
         out: dict[str, Value] = {}
@@ -762,14 +752,7 @@ class MetaStore:
         carried = self._index.records[snapshot:]
         entries = [encode_entry(r["kind"], r["mtime"], r["path"], r.get("key"), r.get("value"),
                                 r.get("source")) for r in carried]
-        used = HEADER_SIZE + sum(map(len, entries))
-        size = max(self.journal_size, used + (-used % 4))
-        image = new_journal(tag, size)
-        pos = HEADER_SIZE
-        for e in entries:
-            image[pos:pos + len(e)] = e
-            pos += len(e)
-        _U32.pack_into(image, 16, len(entries))
+        image = journal_image(entries, tag, min_size=self.journal_size)
         new_journal_path = journal_path_for(self.tree_path, tag)
         fd = os.open(new_journal_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
