@@ -322,13 +322,16 @@ def test_service_group_commit_and_compaction(tmp_path):
         async with trio.open_nursery() as nursery:
             await nursery.start(service.run)
 
+            tickets = []
+
             async def one(i):
-                ticket = await service.set(f"/f{i}", "n", str(i))
-                assert store.durable_ticket >= ticket  # batch: returns once durable
+                tickets.append(await service.set(f"/f{i}", "n", str(i)))
 
             async with trio.open_nursery() as writers:
                 for i in range(60):
                     writers.start_soon(one, i)
+            await service.sync()  # every acknowledged write durable when it returns
+            assert store.durable_ticket >= max(tickets)
             assert await service.get("/f7", "n") == "7"
             await service.move("/f1", "/moved")
             assert await service.get_all("/moved") == {"n": "1"}
@@ -537,7 +540,7 @@ def test_service_applies_concurrent_writes_in_few_commits(tmp_path):
     """Many writers: far fewer group commits (one store call + one fdatasync each) than
     writes; a bad write fails alone; a full journal mid-batch rotates without losing any."""
     tree = str(tmp_path / "home")
-    store = MetaStore.open(tree, sync="batch", journal_size=8192)
+    store = MetaStore.open(tree, sync="always", journal_size=8192)
     writes = 300
     failures = []
 

@@ -18,7 +18,6 @@ import io
 import itertools
 import mmap
 import operator
-import os
 import struct
 from array import array
 from typing import Any, BinaryIO, Iterator, Sequence
@@ -36,6 +35,7 @@ DIRENT_SIZE = 16
 MAX_RAW_TIME = 0xFFFFFFFF
 DIR_CACHE_NAMES = 1_500_000  # at most this many cached child names per tree view
 MAX_REGION = 16 << 20       # bulk string reads of larger regions go one string at a time
+PATH_TEXT_FACTOR = 64       # a walk yields at most this many bytes of path text per byte of tree
 
 _HEADER = struct.Struct(">6sBBIIIIq")
 _U32 = struct.Struct(">I")
@@ -413,21 +413,80 @@ class TreeView:
 
     # -- traversal -------------------------------------------------------------------------
     def walk(self) -> Iterator[tuple[str, int]]:
-        """(path, dirent offset) of every node, breadth-first. A hostile file whose children
-        offsets form a cycle is caught by a budget: a tree cannot hold more dirents than
-        size/16, so visiting more means a loop."""
+        """(path, dirent offset) of every node, breadth-first. Bounded for hostile files: a
+        loop of children offsets is refused before the first node (:meth:`check_loops`);
+        blocks shared by several parents (which could multiply the walk) are bounded by
+        visits -- a tree holds at most size/16 dirents -- and by the path text produced."""
+        self.check_loops()
         budget = self.size // DIRENT_SIZE + 1
+        text_budget = PATH_TEXT_FACTOR * self.size + (1 << 20)
         level = [("/", self.root)]
         while level:
             nxt = []
             for path, off in level:
                 budget -= 1
-                if budget < 0:
-                    raise FormatError(self.source, off, "children offsets form a cycle")
+                text_budget -= len(path)
+                if budget < 0 or text_budget < 0:
+                    raise FormatError(self.source, off, "children blocks are shared by several "
+                                      "directories (more nodes or path text than the file can hold)")
                 yield path, off
                 for name, child in self.children(off):
                     nxt.append((join_path(path, name), child))
             level = nxt
+
+    def check_loops(self) -> None:
+        """Raise FormatError naming the offset where children offsets loop back to a block on
+        the path from the root. Depth-first over children blocks, each expanded once: a block
+        met again while still on the current path is a loop; met again elsewhere it is
+        sharing (healthy trees share the one empty block). Distinct blocks that hold more
+        dirents in total than the file has room for must overlap: refused too, so the work is
+        bounded by the file's size."""
+        on_path, done = 1, 2
+        state: dict[int, int] = {}
+        dirents_left = self.size // DIRENT_SIZE + 1
+        buf = self.buf
+
+        def child_blocks(dirent: int) -> tuple[int, list[tuple[int, int]]]:
+            """(children block of ``dirent``, [(child dirent, its children block)] of the
+            children that have a non-empty block)."""
+            nonlocal dirents_left
+            n, first = self._children_block(dirent)
+            if not n:
+                return 0, []
+            dirents_left -= n
+            if dirents_left < 0:
+                raise FormatError(self.source, first - 4, "children blocks overlap (more dirents "
+                                  "than the file can hold)")
+            fields = struct.unpack_from(f">{4 * n}I", buf, first)[1::4]
+            out = []
+            for i, block in enumerate(fields):
+                if block:
+                    child = first + DIRENT_SIZE * i
+                    if self._u32(block, child + 4):
+                        out.append((child, block))
+            return _u32_from(buf, dirent + 4)[0], out
+
+        root_block, kids = child_blocks(self.root)
+        if not root_block:
+            return
+        state[root_block] = on_path
+        stack = [(root_block, iter(kids))]
+        while stack:
+            block, pending = stack[-1]
+            for child, child_block in pending:
+                seen = state.get(child_block)
+                if seen == on_path:
+                    raise FormatError(self.source, child + 4, f"children offsets form a cycle: "
+                                      f"dirent {child} points back to block {child_block}, "
+                                      "which is on its own path from the root")
+                if seen is None:
+                    _, grandkids = child_blocks(child)
+                    state[child_block] = on_path
+                    stack.append((child_block, iter(grandkids)))
+                    break
+            else:
+                state[block] = done
+                stack.pop()
 
 
 # ------------------------------------------------------------------------------------------
@@ -1046,10 +1105,6 @@ def tree_bytes(merged: MergedTree, tag: int) -> bytes:
     return buf.getvalue()
 
 
-def empty_tree(tag: int) -> bytes:
-    return tree_bytes(MergedTree(None), tag)
-
-
 # ------------------------------------------------------------------------------------------
 # The codec
 # ------------------------------------------------------------------------------------------
@@ -1092,11 +1147,3 @@ class GvfsTree(Codec):
             return [Finding(exc.offset, exc.reason)]
         return []
 
-
-def open_tree_file(path: str) -> tuple[Any, int]:
-    """(read-only mmap of the tree, inode) — the mapping stays valid after a rename over it."""
-    with open(path, "rb") as f:
-        st = os.fstat(f.fileno())
-        if st.st_size == 0:
-            return b"", st.st_ino
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), st.st_ino

@@ -1,52 +1,75 @@
-"""The async face of a metadata store for the FUSE layer (trio): group commit and rotation.
+"""The async face of a metadata store for the FUSE layer (trio): durability per ``--sync``,
+group commit, background flush and rotation.
 
-Writes are queued on the trio thread and applied by one commit task: everything queued while
-the previous commit ran goes to the store in ONE worker-thread call (``MetaStore.write_many``:
-one pwrite for all entries, then one fsync under ``sync`` batch/always), and every writer of
-that commit is woken by one event. Under ``sync="none"`` no fsync is made, and a write that
-finds the store free and its journal roomy is appended inline (``MetaStore.try_append``).
+Writes (typed ops, :mod:`.backend`):
 
-Reads: :meth:`MetaService.get` / :meth:`get_all` answer inline (on the trio thread) when the
-answer is already in memory -- decided by the journal index or by the store's cache of decoded
-tree metadata, which get_all fills -- via ``store.peek``, which never blocks on the store lock, never touches the
-mapped files and never does I/O; otherwise they run in ``trio.to_thread``.
-:meth:`get_cached` is that inline half alone. Rotation runs in a thread when the journal
-passes ``fill_threshold``, after ``quiet_seconds`` without writes (if anything changed), on
-:meth:`compact`, and at shutdown.
+* ``batch`` (default) and ``none``: a write that finds the store lock free and the journal
+  roomy is appended inline on the trio thread (``MetaStore.try_append``: one pwrite into the
+  preallocated journal, i.e. into the kernel) and acknowledged at once; kill -9 of the daemon
+  cannot lose it. Under ``batch`` a background flusher fdatasyncs the journal within
+  ``flush_delay`` (+ the fdatasync itself, well under 1 s) of the first unflushed write.
+* ``always``: writes are queued and applied by one commit task, everything queued while the
+  previous commit ran in ONE worker-thread call (``MetaStore.write_many``: one pwrite, one
+  fdatasync), every writer of that commit woken by one event.
+* :meth:`MetaService.sync` makes every earlier acknowledged write durable (fsync, fsyncdir,
+  syncfs); shutdown does too.
+
+Reads: :meth:`get` / :meth:`get_all` answer inline when the answer is already in memory
+(``store.peek``: no lock wait, no file access); otherwise in ``trio.to_thread``.
+
+Rotation runs in a thread when the journal passes ``fill_threshold``, after ``quiet_seconds``
+without writes (if anything changed), on :meth:`compact`, and at shutdown. A background task
+that fails (a full disk, an I/O error) never ends the daemon: the failure is logged, listed in
+``status()["background_errors"]`` and the work retried later.
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 
 import trio
 
+from .backend import CopyOp, MoveOp, RemoveOp, SetOp, UnsetOp, WriteOp
+from .store import MetaStore
+
+log = logging.getLogger(__name__)
+
+BACKGROUND_ERRORS_KEPT = 20
+RETRY_SECONDS = 1.0
+
 
 class _Commit:
     """The writes of one group commit and the event that wakes their writers."""
 
-    __slots__ = ("calls", "results", "done")
+    __slots__ = ("ops", "results", "done")
 
     def __init__(self):
-        self.calls: list[tuple[str, tuple]] = []
+        self.ops: list[WriteOp] = []
         self.results: list = []
         self.done = trio.Event()
 
 
 class MetaService:
-    def __init__(self, store, *, sync: str | None = None, batch_delay: float = 0.0,
-                 fill_threshold: float = 0.75, quiet_seconds: float = 60):
+    def __init__(self, store: MetaStore, *, sync: str | None = None, batch_delay: float = 0.0,
+                 fill_threshold: float = 0.75, quiet_seconds: float = 60,
+                 flush_delay: float = 0.2):
         self.store = store
-        self.sync = sync or getattr(store, "sync", "batch")
+        self.sync_mode = sync or store.sync
         self.batch_delay = batch_delay  # extra wait before a commit (more writers join it)
         self.fill_threshold = fill_threshold
         self.quiet_seconds = quiet_seconds
+        self.flush_delay = flush_delay  # batch: how long unflushed writes may wait to group
         self._queued = _Commit()
         self._commit_wanted = trio.Event()
         self._rotate_wanted = trio.Event()
+        self._flush_wanted = trio.Event()
         self._last_write = math.inf
         self._rotation_lock = trio.Lock()
         self.commits = 0
+        self.background_flushes = 0
+        self.background_errors: list[dict] = []
+        self.background_error_count = 0
 
     # ----------------------------------------------------------------------------- lifecycle
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -54,15 +77,23 @@ class MetaService:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._commit_task)
                 nursery.start_soon(self._rotation_task)
+                if self.sync_mode == "batch":
+                    nursery.start_soon(self._flush_task)
                 task_status.started()
                 await trio.sleep_forever()
         finally:
             with trio.CancelScope(shield=True):
                 await self._commit_queued()  # writers still waiting get their answer
-                await trio.to_thread.run_sync(self._shutdown)
+                await trio.to_thread.run_sync(self.store.close)  # flushes; rotates if dirty
 
-    def _shutdown(self) -> None:
-        self.store.close()  # flushes and rotates if dirty
+    def _background_failure(self, task: str, exc: BaseException) -> None:
+        """Log and record a failure of background work; the caller retries later."""
+        self.background_error_count += 1
+        self.background_errors.append({"time": time.time(), "task": task,
+                                       "error": f"{type(exc).__name__}: {exc}"})
+        del self.background_errors[:-BACKGROUND_ERRORS_KEPT]
+        log.error("metadata store %s: background %s failed (will retry): %s",
+                  self.store.tree_path, task, exc)
 
     async def _commit_task(self) -> None:
         while True:
@@ -75,22 +106,42 @@ class MetaService:
     async def _commit_queued(self) -> None:
         """Hand everything queued so far to the store in one worker-thread call."""
         commit, self._queued = self._queued, _Commit()
-        if not commit.calls:
+        if not commit.ops:
             return
-        durable = self.sync != "none"
+        durable = self.sync_mode == "always"
 
         def apply():  # the fill check takes the store lock: keep it off trio's thread
-            return self.store.write_many(commit.calls, durable=durable), self._needs_rotation()
+            return self.store.write_many(commit.ops, durable=durable), self._needs_rotation()
         try:
             commit.results, full = await trio.to_thread.run_sync(apply)
-        except Exception as exc:  # e.g. the fsync failed: every writer of this commit sees it
-            commit.results, full = [exc] * len(commit.calls), False
+        except Exception as exc:  # e.g. the fdatasync failed: every writer of this commit sees it
+            commit.results, full = [exc] * len(commit.ops), False
         finally:
             commit.done.set()
         self.commits += 1
-        self._last_write = time.monotonic()
+        self._wrote()
         if full:
             self._rotate_wanted.set()
+
+    def _wrote(self) -> None:
+        self._last_write = time.monotonic()
+        if self.sync_mode == "batch":
+            self._flush_wanted.set()
+
+    async def _flush_task(self) -> None:
+        """batch: fdatasync the journal shortly after each write, so a write is durable
+        within a second of its acknowledgement (retried while it fails)."""
+        while True:
+            await self._flush_wanted.wait()
+            await trio.sleep(self.flush_delay)
+            self._flush_wanted = trio.Event()
+            try:
+                await trio.to_thread.run_sync(self.store.flush)
+                self.background_flushes += 1
+            except OSError as exc:
+                self._background_failure("flush", exc)
+                self._flush_wanted.set()
+                await trio.sleep(RETRY_SECONDS)
 
     async def _rotation_task(self) -> None:
         while True:
@@ -98,39 +149,31 @@ class MetaService:
                 await self._rotate_wanted.wait()
             self._rotate_wanted = trio.Event()
             quiet = time.monotonic() - self._last_write >= self.quiet_seconds
-            if await trio.to_thread.run_sync(self._needs_rotation) or (quiet and getattr(self.store, "dirty", False)):
-                await self.compact()
+            try:
+                if await trio.to_thread.run_sync(self._needs_rotation) or \
+                        (quiet and self.store.dirty):
+                    await self.compact()
+            except Exception as exc:  # a full disk: the old tree and journal stay in use
+                self._background_failure("rotation", exc)
 
     def _needs_rotation(self) -> bool:
-        check = getattr(self.store, "needs_rotation", None)
-        if check is None:
-            return False
-        try:
-            return check(self.fill_threshold)
-        except TypeError:
-            return check()
+        return self.store.needs_rotation(self.fill_threshold)
 
-    # ----------------------------------------------------------------------------- calls
-    async def _call(self, fn, *args):
-        return await trio.to_thread.run_sync(fn, *args)
-
-    async def _write(self, name: str, *args) -> int:
-        """Queue one write for the next group commit; return its ticket once it is applied
-        (and, unless sync is "none", fsynced) -- or raise what applying it raised. Under
-        sync "none" a write that needs no lock wait, rotation or fsync is applied inline:
-        one thread round trip costs far more than the append itself."""
-        if self.sync == "none" and not self._queued.calls:
-            append = getattr(self.store, "try_append", None)
-            applied = append(name, args) if append is not None else None
+    # ----------------------------------------------------------------------------- writes
+    async def write(self, op: WriteOp) -> int:
+        """Apply one write; return its ticket once it is in the journal (and, under
+        ``always``, fdatasynced) -- or raise what applying it raised (an OSError)."""
+        if self.sync_mode != "always" and not self._queued.ops:
+            applied = self.store.try_append(op)
             if applied is not None:
                 ticket, fill = applied
-                self._last_write = time.monotonic()
+                self._wrote()
                 if fill >= self.fill_threshold:
                     self._rotate_wanted.set()
                 return ticket
         commit = self._queued
-        slot = len(commit.calls)
-        commit.calls.append((name, args))
+        slot = len(commit.ops)
+        commit.ops.append(op)
         self._commit_wanted.set()
         await commit.done.wait()
         if slot >= len(commit.results):
@@ -140,49 +183,55 @@ class MetaService:
             raise result
         return result
 
-    def get_cached(self, path, key=None):
-        """``(True, answer)`` if the answer is in memory, else ``(False, None)``; inline-safe
-        (no lock wait, no file access). ``key=None``: all keys, as :meth:`get_all`."""
-        peek = getattr(self.store, "peek", None)
-        return peek(path, key) if peek is not None else (False, None)
-
-    async def get(self, path, key):
-        found, value = self.get_cached(path, key)
-        if found:
-            return value
-        if getattr(self.store, "peek", None) is None:
-            return await self._call(self.store.get, path, key)
-        # all keys, so the store caches the node and the next read of this path is inline
-        return (await self._call(self.store.get_all, path)).get(key)
-
-    async def get_all(self, path):
-        found, value = self.get_cached(path)
-        if found:
-            return dict(value)
-        return await self._call(self.store.get_all, path)
-
     async def set(self, path, key, value):
-        return await self._write("set", path, key, value)
+        return await self.write(SetOp(path, key, value))
 
     async def unset(self, path, key):
-        return await self._write("unset", path, key)
+        return await self.write(UnsetOp(path, key))
 
     async def remove(self, path):
-        return await self._write("remove", path)
+        return await self.write(RemoveOp(path))
 
     async def move(self, src, dst):
-        return await self._write("move", src, dst)
+        return await self.write(MoveOp(src, dst))
 
     async def copy(self, src, dst):
-        return await self._write("copy", src, dst)
+        return await self.write(CopyOp(src, dst))
+
+    async def sync(self) -> None:
+        """Make every write acknowledged before this call durable (fdatasync of the journal;
+        writes of a rotation are fsynced by the rotation itself)."""
+        await trio.to_thread.run_sync(self.store.flush)
 
     async def compact(self) -> None:
         async with self._rotation_lock:
             await trio.to_thread.run_sync(self.store.rotate)
 
+    # ----------------------------------------------------------------------------- reads
+    def get_cached(self, path, key=None):
+        """``(True, answer)`` if the answer is in memory, else ``(False, None)``; inline-safe
+        (no lock wait, no file access). ``key=None``: all keys, as :meth:`get_all`."""
+        return self.store.peek(path, key)
+
+    async def get(self, path, key):
+        found, value = self.store.peek(path, key)
+        if found:
+            return value
+        # all keys, so the store caches the node and the next read of this path is inline
+        return (await trio.to_thread.run_sync(self.store.get_all, path)).get(key)
+
+    async def get_all(self, path):
+        found, value = self.store.peek(path)
+        if found:
+            return dict(value)
+        return await trio.to_thread.run_sync(self.store.get_all, path)
+
     def status(self) -> dict:
         status = dict(self.store.status())
-        status.update(service_sync=self.sync, batch_delay=self.batch_delay,
+        status.update(service_sync=self.sync_mode, batch_delay=self.batch_delay,
                       fill_threshold=self.fill_threshold, quiet_seconds=self.quiet_seconds,
-                      group_commits=self.commits)
+                      flush_delay=self.flush_delay, group_commits=self.commits,
+                      background_flushes=self.background_flushes,
+                      background_errors=list(self.background_errors),
+                      background_error_count=self.background_error_count)
         return status

@@ -11,15 +11,12 @@ tree + journal into a new tree file with gvfs's exact steps.
 from __future__ import annotations
 
 import bisect
-import mmap
 import errno
-import fcntl
 import itertools
+import logging
+import mmap
 import os
-import re
 import secrets
-import stat
-import string
 import struct
 import threading
 import time
@@ -28,48 +25,36 @@ from dataclasses import dataclass, field
 from ..formats.base import FormatError
 from ..formats.gvfs_journal import (HEADER_SIZE, encode_entry, decode_entry, journal_image,
                                     parse_header)
-from ..formats.gvfs_tree import MAGIC as TREE_MAGIC, ROTATED_OFFSET, MergedTree, TreeView, open_tree_file, write_tree
+from ..formats.gvfs_tree import ROTATED_OFFSET, MergedTree, TreeView, write_tree
+from .backend import (CopyOp, InvalidMetadata, MoveOp, RemoveOp, SetOp, UnsetOp, Value,
+                      WriteOp)
+from .files import (SYNC_MODES, StoreDir, journal_path_for, lock_holder, lock_path_for,
+                    write_all)
+
+log = logging.getLogger(__name__)
 
 DEFAULT_JOURNAL_SIZE = 1 << 20  # gvfs uses 32 KiB; it honours the header's file_size
-SYNC_MODES = ("always", "batch", "none")
 TREE_META_CACHE = 100_000  # decoded tree metadata per path (the tree is immutable per mapping)
 _NOT_CACHED = object()
 _U32 = struct.Struct(">I")
 _u32_from = _U32.unpack_from  # bound once: every read-only lookup checks two header fields
-HEADER_PROBE = 32  # a tree header's size
-_TEMP_CHARS = string.ascii_letters + string.digits
-Value = str | list[str]
+
+__all__ = ["MetaStore", "StoreLocked", "EntryTooLarge", "InvalidMetadata", "SYNC_MODES",
+           "journal_path_for", "lock_path_for", "lock_holder", "canonical"]
 
 
-class StoreLocked(Exception):
-    """Another writer holds the store's lock."""
+class StoreLocked(OSError):
+    """Another writer holds the store's lock (EBUSY)."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.EBUSY, message)
 
 
-class EntryTooLarge(Exception):
-    """An entry larger than an empty journal can hold (FUSE maps it to E2BIG)."""
+class EntryTooLarge(OSError):
+    """An entry larger than an empty journal can hold (E2BIG, as a native xattr too big)."""
 
-
-def journal_path_for(tree_path: str, tag: int) -> str:
-    return f"{tree_path}-{tag:08x}.log"
-
-
-def lock_path_for(tree_path: str) -> str:
-    return tree_path + ".journalfs-lock"
-
-
-def lock_holder(tree_path: str) -> int | None:
-    """The pid the store's writer lock names (its holder wrote it there), or None."""
-    try:
-        with open(lock_path_for(tree_path), "rb") as f:
-            words = f.read(200).split()
-    except OSError:
-        return None
-    return int(words[1]) if len(words) >= 2 and words[0] == b"pid" and words[1].isdigit() else None
-
-
-def _parent(path: str) -> str:
-    cut = path.rfind("/")
-    return "/" if cut <= 0 else path[:cut]
+    def __init__(self, message: str):
+        super().__init__(errno.E2BIG, message)
 
 
 def _ancestors_and_self(path: str) -> list[str]:
@@ -100,7 +85,7 @@ def canonical(path: str) -> str:
     if path[:1] == "/" and path[-1:] != "/" and "//" not in path and "\0" not in path:
         return path
     if "\0" in path:
-        raise ValueError("NUL in path")
+        raise InvalidMetadata(f"NUL byte in metadata path {path!r}")
     parts = [p for p in path.split("/") if p]
     return "/" + "/".join(parts)
 
@@ -189,7 +174,11 @@ class JournalIndex:
 
 
 class MetaStore:
-    """One gvfs-format store (tree + journal). Thread-safe; synchronous; one writer per store."""
+    """One gvfs-format store (tree + journal). Thread-safe; synchronous; one writer per store.
+
+    Every file is reached through the store directory's fd (:class:`~.files.StoreDir`), never
+    by path: no symlink planted in the directory is followed, and the only files written are
+    ones this process opened itself."""
 
     def __init__(self, tree_path: str, sync: str, journal_size: int, readonly: bool):
         if sync not in SYNC_MODES:
@@ -200,8 +189,10 @@ class MetaStore:
         self.readonly = readonly
         self._lock = threading.RLock()
         self._rotate_mutex = threading.Lock()
+        self._dir: StoreDir | None = None
         self._lock_fd: int | None = None
         self._tree_buf = None
+        self._tree_fd: int | None = None  # the writer's read-write fd of the mapped tree
         self._tree: TreeView | None = None
         self._tree_ino = 0
         # tree path -> its decoded metadata in the mapped tree (None: not in the tree); valid
@@ -209,13 +200,14 @@ class MetaStore:
         self._tree_meta: dict[str, dict | None] = {}
         self._journal_fd: int | None = None
         self._journal_buf = None
-        self._journal_path = ""
+        self._journal_name = ""
         self._journal_file_size = 0
         self._journal_ok = False  # header valid and tied to this tree
         self._index = JournalIndex()
         self._ticket = 0
         self.durable_ticket = 0
         self.rotations = 0
+        self.failed_rotations = 0
         self.last_fsync: float | None = None
         self.last_rotation_seconds: float | None = None
         self._dirty = False
@@ -226,15 +218,13 @@ class MetaStore:
     def open(cls, tree_path, *, sync="batch", journal_size=DEFAULT_JOURNAL_SIZE, readonly=False,
              create=True) -> "MetaStore":
         store = cls(tree_path, sync, journal_size, readonly)
-        exists = os.path.exists(store.tree_path)
-        if not exists and not create:
-            raise FileNotFoundError(f"no metadata store at {store.tree_path}")
-        if not readonly:
-            os.makedirs(os.path.dirname(store.tree_path), exist_ok=True)
-            store._take_lock()
+        store._dir = StoreDir.open(store.tree_path, writer=not readonly, create=create)
         try:
+            if not store._dir.exists(store._dir.tree_name) and not create:
+                raise FileNotFoundError(errno.ENOENT, f"no metadata store at {store.tree_path}")
             if not readonly:
-                store._remove_stale_temp_trees()
+                store._take_lock()
+                store._dir.remove_stale_temp_trees()
             store._load()
             if not readonly and store._tree is None:
                 store.rotate()  # writes an empty tree and a fresh journal
@@ -245,99 +235,54 @@ class MetaStore:
         return store
 
     def _take_lock(self) -> None:
-        path = lock_path_for(self.tree_path)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._lock_fd = self._dir.take_lock()
         except OSError as exc:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
-            os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise StoreLocked(f"metadata store {self.tree_path} is in use by {holder}") from None
+                raise StoreLocked(f"metadata store {self.tree_path} is in use by "
+                                  f"{getattr(exc, 'holder', 'another process')}") from None
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
-
-    def _remove_stale_temp_trees(self) -> None:
-        """Delete ``<tree>.XXXXXX`` temp trees a writer killed mid-rotation left behind. Only
-        the writer holding the lock calls this, so no rotation of ours is in flight."""
-        directory, base = os.path.split(self.tree_path)
-        try:
-            names = os.listdir(directory)
-        except FileNotFoundError:
-            return
-        temp_name = re.compile(re.escape(base) + r"\.[A-Za-z0-9_]{6}(?:[A-Za-z0-9_]{2})?")
-        for name in names:
-            if temp_name.fullmatch(name):
-                path = os.path.join(directory, name)
-                if self._looks_like_temp_tree(path):
-                    try:
-                        os.unlink(path)
-                    except FileNotFoundError:
-                        pass
-
-    @staticmethod
-    def _looks_like_temp_tree(path: str) -> bool:
-        """A regular file our writer left unfinished: empty or still all zeros where the header
-        goes (write_tree writes it last); or a finished tree never renamed into place, when
-        its suffix is not a plain word (``home.backup`` may be the user's own copy)."""
-        try:
-            st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode):
-                return False
-            with open(path, "rb") as f:
-                head = f.read(HEADER_PROBE)
-        except OSError:
-            return False
-        if not head.strip(b"\0"):
-            return True
-        suffix = path.rsplit(".", 1)[1]
-        return head.startswith(TREE_MAGIC) and not suffix.isalpha()
 
     def _load(self) -> None:
         """Map the tree and its journal; re-check ``rotated`` after opening the journal (the
         race where a writer replaces both between our two opens)."""
         for _ in range(20):
             self._unmap()
-            if not os.path.exists(self.tree_path):
+            if not self._dir.exists(self._dir.tree_name):
                 return
-            buf, ino = open_tree_file(self.tree_path)
-            self._tree_buf, self._tree_ino = buf, ino
-            self._tree = TreeView(buf, self.tree_path)
+            self._tree_buf, self._tree_ino, self._tree_fd = self._dir.map_tree()
+            self._tree = TreeView(self._tree_buf, self.tree_path)
             self._open_journal()
-            if self._tree.rotated == 0 or self._current_ino() == ino:
+            if self._tree.rotated == 0 or self._current_ino() == self._tree_ino:
                 return
-        raise OSError(f"{self.tree_path}: store keeps rotating under us")
+        raise OSError(errno.EIO, f"{self.tree_path}: store keeps rotating under us")
 
     def _current_ino(self) -> int:
-        try:
-            return os.lstat(self.tree_path).st_ino
-        except FileNotFoundError:
-            return 0
+        st = self._dir.lstat(self._dir.tree_name)
+        return 0 if st is None else st.st_ino
 
     def _open_journal(self) -> None:
         self._index = JournalIndex()
         self._journal_ok = False
-        self._journal_path = journal_path_for(self.tree_path, self._tree.tag)
+        self._journal_name = self._dir.journal_name(self._tree.tag)
         try:
-            fd = os.open(self._journal_path, os.O_RDONLY if self.readonly else os.O_RDWR)
+            fd, st = self._dir.open_file(self._journal_name, os.O_RDONLY if self.readonly else os.O_RDWR)
         except FileNotFoundError:
             return
         self._journal_fd = fd
-        size = os.fstat(fd).st_size
+        size = st.st_size
         if size < HEADER_SIZE:
             return
         self._journal_buf = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
         try:
-            header = parse_header(self._journal_buf, self._journal_path)
+            header = parse_header(self._journal_buf, self.journal_path)
         except FormatError as exc:
             self._index.error = exc
             return
         if header.tag != self._tree.tag:
             return
         self._journal_ok = True
-        self._journal_file_size = header.file_size
+        self._journal_file_size = min(header.file_size, size)
         self._index_new_entries()
 
     def _index_new_entries(self) -> None:
@@ -348,7 +293,7 @@ class MetaStore:
         num = _U32.unpack_from(buf, 16)[0]
         while index.count < num:
             try:
-                rec, size = decode_entry(buf, index.next_offset, self._journal_path,
+                rec, size = decode_entry(buf, index.next_offset, self.journal_path,
                                          self._journal_file_size)
             except FormatError as exc:
                 index.error = exc
@@ -383,21 +328,27 @@ class MetaStore:
                 except BufferError:
                     pass
             setattr(self, attr, None)
-        if self._journal_fd is not None:
-            os.close(self._journal_fd)
-            self._journal_fd = None
+        for attr in ("_journal_fd", "_tree_fd"):
+            fd = getattr(self, attr)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, attr, None)
         self._tree = None
 
     def _release(self) -> None:
+        self._closed = True
         self._unmap()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+        if self._dir is not None:
+            self._dir.close()
+            self._dir = None
 
     # ----------------------------------------------------------------------------- reading
     @property
     def journal_path(self) -> str:
-        return self._journal_path
+        return self._dir.where(self._journal_name) if self._journal_name else ""
 
     def refresh(self) -> None:
         """Pick up another writer's rotation (rotated flag + new inode) or new entries."""
@@ -407,7 +358,7 @@ class MetaStore:
     def _refresh_locked(self) -> None:
         tree = self._tree
         if tree is None:
-            if os.path.exists(self.tree_path):
+            if self._dir.exists(self._dir.tree_name):
                 self._load()
         elif _u32_from(tree.buf, ROTATED_OFFSET)[0] != 0:
             if self._current_ino() != self._tree_ino:
@@ -504,7 +455,7 @@ class MetaStore:
     # ----------------------------------------------------------------------------- writing
     def _check_writable(self) -> None:
         if self.readonly:
-            raise PermissionError(f"metadata store {self.tree_path} is open read-only")
+            raise OSError(errno.EROFS, f"metadata store {self.tree_path} is open read-only")
         if self._closed:
             raise ValueError("metadata store is closed")
 
@@ -513,7 +464,10 @@ class MetaStore:
         built here rather than decoded back from the bytes we just made."""
         entries = []
         for kind, path, key, value, source in ops:
-            entry = encode_entry(kind, mtime, path, key, value, source)
+            try:
+                entry = encode_entry(kind, mtime, path, key, value, source)
+            except (ValueError, UnicodeError) as exc:  # a NUL byte, or a str no bytes make
+                raise InvalidMetadata(f"metadata entry for {path!r} cannot be stored: {exc}") from None
             rec = {"kind": kind, "mtime": mtime, "path": path}
             if key is not None:
                 rec["key"] = key
@@ -534,7 +488,9 @@ class MetaStore:
 
     def _append(self, *ops: tuple) -> int:
         """Append one entry per op ((kind, path, key, value, source)) as one unit: all of them
-        go into the same journal, adjacent (a move's COPY + REMOVE). Returns the last ticket."""
+        go into the same journal, adjacent (a move's COPY + REMOVE). Returns the last ticket.
+        A full journal is rotated first; when that fails (a full disk) its OSError is raised
+        and nothing was written."""
         self._check_writable()
         entries = self._encode(ops, int(time.time()))
         total = sum(size for _, _, size in entries)
@@ -545,16 +501,15 @@ class MetaStore:
             self.rotate()  # never called with the store lock held: rotate takes it itself
         raise EntryTooLarge(f"metadata entry of {total} bytes does not fit after rotation")
 
-    def try_append(self, name: str, args: tuple) -> tuple[int, float] | None:
-        """Append one write call (as in :meth:`write_many`) only if that costs no wait for the
-        store lock (a rotation may hold it), no rotation and no fsync: returns (ticket,
-        journal fill) -- or None, and the caller queues the call instead. A bad call raises.
-        This lets an event loop apply ``sync="none"`` writes inline: a pwrite into a cached
-        journal."""
+    def try_append(self, op: WriteOp) -> tuple[int, float] | None:
+        """Append one write only if that costs no wait for the store lock (a rotation may
+        hold it), no rotation and no fsync: returns (ticket, journal fill) -- or None, and the
+        caller queues the write instead. A bad write raises. This lets an event loop apply
+        ``batch`` and ``none`` writes inline: a pwrite into the preallocated journal."""
         if self.sync == "always":
             return None
         self._check_writable()
-        entries = self._encode(self._ops(name, *args), int(time.time()))
+        entries = self._encode(self._ops(op), int(time.time()))
         if not self._lock.acquire(blocking=False):
             return None
         try:
@@ -565,19 +520,20 @@ class MetaStore:
         finally:
             self._lock.release()
 
-    def write_many(self, calls: list[tuple[str, tuple]], *, durable: bool = False) -> list:
-        """Many writes as few journal appends: ``calls`` are (method name, args) of set,
-        unset, remove, copy or move; returns per call its ticket or the exception it raised
-        (a bad call fails alone). Calls are appended in order, as many per pwrite as fit
-        (rotating when the journal is full); ``durable`` fsyncs once at the end."""
+    def write_many(self, ops: list[WriteOp], *, durable: bool = False) -> list:
+        """Many writes as few journal appends; returns per write its ticket or the exception
+        it raised (a bad write fails alone; when the journal is full and cannot be rotated --
+        a full disk -- that OSError is the answer of every write not yet appended, and those
+        appended keep their tickets). Writes are appended in order, as many per pwrite as fit;
+        ``durable`` fdatasyncs once at the end."""
         self._check_writable()
         mtime = int(time.time())
-        results: list = [None] * len(calls)
+        results: list = [None] * len(ops)
         units: list[tuple[int, list]] = []
-        for i, (name, args) in enumerate(calls):
+        for i, op in enumerate(ops):
             try:
-                units.append((i, self._encode(self._ops(name, *args), mtime)))
-            except (ValueError, TypeError, EntryTooLarge, UnicodeError) as exc:
+                units.append((i, self._encode(self._ops(op), mtime)))
+            except OSError as exc:
                 results[i] = exc
         pos, fruitless = 0, 0
         while pos < len(units):
@@ -592,8 +548,13 @@ class MetaStore:
                         batch.append(entries)
                         used += size
                 if batch:
-                    ticket = self._ticket
-                    self._write_entries([e for entries in batch for e in entries], fsync=False)
+                    try:
+                        ticket = self._ticket
+                        self._write_entries([e for entries in batch for e in entries], fsync=False)
+                    except OSError as exc:
+                        for i, _ in units[pos:]:
+                            results[i] = exc
+                        break
                     for k, entries in enumerate(batch):  # a unit's ticket: its last entry's
                         ticket += len(entries)
                         results[units[pos + k][0]] = ticket
@@ -605,40 +566,45 @@ class MetaStore:
                     results[i] = EntryTooLarge("metadata entry does not fit after rotation")
                 break
             fruitless += 1
-            self.rotate()  # the next unit does not fit: compact, then go on
+            try:
+                self.rotate()  # the next unit does not fit: compact, then go on
+            except OSError as exc:
+                for i, _ in units[pos:]:
+                    results[i] = exc
+                break
         if durable or self.sync == "always":
             self.flush()
         return results
 
-    def _ops(self, name: str, *args) -> tuple[tuple, ...]:
-        """The journal ops of one public write call (validated, paths canonical)."""
-        if name == "set":
-            path, key, value = args
-            self._check_key(key)
+    def _ops(self, op: WriteOp) -> tuple[tuple, ...]:
+        """The journal ops (kind, path, key, value, source) of one write, validated, paths
+        canonical."""
+        if type(op) is SetOp:
+            self._check_key(op.key)
+            value = op.value
             if isinstance(value, (list, tuple)):
-                return (("setv", canonical(path), key, [str(v) for v in value], None),)
-            return (("set", canonical(path), key, str(value), None),)
-        if name == "unset":
-            path, key = args
-            self._check_key(key)
-            return (("unset", canonical(path), key, None, None),)
-        if name == "remove":
-            return (("remove", canonical(args[0]), None, None, None),)
-        if name == "copy":
-            src, dst = args
-            return (("copy", canonical(dst), None, None, canonical(src)),)
-        if name == "move":
-            src, dst = map(canonical, args)
+                return (("setv", canonical(op.path), op.key, [str(v) for v in value], None),)
+            return (("set", canonical(op.path), op.key, str(value), None),)
+        if type(op) is UnsetOp:
+            self._check_key(op.key)
+            return (("unset", canonical(op.path), op.key, None, None),)
+        if type(op) is RemoveOp:
+            return (("remove", canonical(op.path), None, None, None),)
+        if type(op) is CopyOp:
+            return (("copy", canonical(op.dst), None, None, canonical(op.src)),)
+        if type(op) is MoveOp:
+            src, dst = canonical(op.src), canonical(op.dst)
             return ("copy", dst, None, None, src), ("remove", src, None, None, None)
-        raise ValueError(f"not a metadata write: {name!r}")
+        raise TypeError(f"not a metadata write: {op!r}")
 
     def _write_entries(self, entries: list, fsync: bool = True) -> int:
+        """Entry bytes first, then the count that covers them; the index learns of them only
+        once both writes went through, so a failed write leaves nothing counted."""
         fd = self._journal_fd
-        start = self._index.next_offset
-        os.pwrite(fd, b"".join(e for e, _, _ in entries), start)  # entry bytes first ...
+        write_all(fd, b"".join(e for e, _, _ in entries), self._index.next_offset)
+        write_all(fd, _U32.pack(self._index.count + len(entries)), 16)
         for _, rec, size in entries:
             self._index.add(rec, size)
-        os.pwrite(fd, _U32.pack(self._index.count), 16)  # ... then the count that covers them
         self._ticket += len(entries)
         self._dirty = True
         if fsync and self.sync == "always":
@@ -650,28 +616,29 @@ class MetaStore:
     @staticmethod
     def _check_key(key: str) -> None:
         if not isinstance(key, str) or not key or "\0" in key:
-            raise ValueError(f"bad metadata key {key!r}")
+            raise InvalidMetadata(f"bad metadata key {key!r}")
 
     def set(self, path: str, key: str, value: Value) -> int:
-        return self._append(*self._ops("set", path, key, value))
+        return self._append(*self._ops(SetOp(path, key, value)))
 
     def unset(self, path: str, key: str) -> int:
-        return self._append(*self._ops("unset", path, key))
+        return self._append(*self._ops(UnsetOp(path, key)))
 
     def remove(self, path: str) -> int:
-        return self._append(*self._ops("remove", path))
+        return self._append(*self._ops(RemoveOp(path)))
 
     def copy(self, src: str, dst: str) -> int:
-        return self._append(*self._ops("copy", src, dst))
+        return self._append(*self._ops(CopyOp(src, dst)))
 
     def move(self, src: str, dst: str) -> int:
         """COPY(dst <- src) then REMOVE(src), as gvfs writes a move."""
-        return self._append(*self._ops("move", src, dst))
+        return self._append(*self._ops(MoveOp(src, dst)))
 
     def flush(self) -> int:
         """fdatasync the journal (preallocated, so its size and blocks never change and the
-        inode's times are all fdatasync would skip); returns the highest durable ticket. It runs without the
-        store lock (on a dup of the fd) so writers keep appending: group commit."""
+        inode's times are all fdatasync would skip); returns the highest durable ticket. It
+        runs without the store lock (on a dup of the fd) so writers keep appending: group
+        commit."""
         with self._lock:
             target = self._ticket
             if target <= self.durable_ticket or self._journal_fd is None:
@@ -704,48 +671,43 @@ class MetaStore:
     def rotate(self) -> None:
         """Compaction with gvfs's steps. The merged tree is built and written outside the
         store lock from a snapshot of the journal; entries appended meanwhile are carried into
-        the new journal under the lock, so no write is lost."""
+        the new journal under the lock, so no write is lost. Until the new tree is renamed
+        into place nothing of the old tree and journal is touched: a rotation that fails (a
+        full disk) leaves them in use as they were, and removes what it wrote."""
         self._check_writable()
         with self._rotate_mutex:
             started = time.monotonic()
             with self._lock:
                 snapshot = self._index.count
                 merged = self._merged(snapshot)
+                old_tag = self._tree.tag if self._tree is not None else None
             tag = secrets.randbits(32)
-            tmp = self._write_temp_tree(merged, tag)
+            while tag == old_tag:
+                tag = secrets.randbits(32)
             try:
-                with self._lock:
-                    self._swap_in(tmp, tag, snapshot)
-                    self.rotations += 1  # under the lock: status() never shows a half swap
-                    self.last_rotation_seconds = time.monotonic() - started
+                tmp = self._write_temp_tree(merged, tag)
+                try:
+                    with self._lock:
+                        self._swap_in(tmp, tag, snapshot)
+                        self.rotations += 1  # under the lock: status() never shows a half swap
+                        self.last_rotation_seconds = time.monotonic() - started
+                finally:
+                    self._dir.unlink(tmp)  # gone already once renamed into place
             except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+                self.failed_rotations += 1
                 raise
 
-    def _create_temp_tree(self) -> tuple[int, str]:
-        """A new ``<tree>.XXXXXX`` (gvfs's temp name). The suffix starts with a digit, so the
-        next writer can tell it from the user's ``home.backup`` (see _looks_like_temp_tree)."""
-        for _ in range(100):
-            suffix = str(secrets.randbelow(10)) + "".join(secrets.choice(_TEMP_CHARS) for _ in range(5))
-            tmp = f"{self.tree_path}.{suffix}"
-            try:
-                return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), tmp
-            except FileExistsError:
-                continue
-        raise FileExistsError(f"{self.tree_path}: no free temp tree name")
-
     def _write_temp_tree(self, merged: MergedTree, tag: int) -> str:
-        fd, tmp = self._create_temp_tree()
+        fd, tmp = self._dir.create_temp_tree()
         try:
-            with os.fdopen(fd, "w+b") as f:
+            with os.fdopen(fd, "w+b", closefd=False) as f:  # buffered: short writes continued
                 write_tree(merged, f, tag)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o600)
+            os.fsync(fd)
         except BaseException:
-            os.unlink(tmp)
+            self._dir.unlink(tmp)
             raise
+        finally:
+            os.close(fd)
         return tmp
 
     def _swap_in(self, tmp: str, tag: int, snapshot: int) -> None:
@@ -753,36 +715,36 @@ class MetaStore:
         entries = [encode_entry(r["kind"], r["mtime"], r["path"], r.get("key"), r.get("value"),
                                 r.get("source")) for r in carried]
         image = journal_image(entries, tag, min_size=self.journal_size)
-        new_journal_path = journal_path_for(self.tree_path, tag)
-        fd = os.open(new_journal_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        new_journal = self._dir.journal_name(tag)
+        self._dir.unlink(new_journal)  # a leftover of a killed rotation with this tag
+        fd = self._dir.create_new(new_journal)
         try:
-            os.write(fd, image)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            old_fd = os.open(self.tree_path, os.O_RDWR)
-        except FileNotFoundError:
-            old_fd = None
-        old_journal = self._journal_path
-        try:
-            os.rename(tmp, self.tree_path)
-            dir_fd = os.open(os.path.dirname(self.tree_path), os.O_RDONLY)
             try:
-                os.fsync(dir_fd)
+                write_all(fd, image, 0)  # every block allocated now: appends never need space
+                os.fsync(fd)
             finally:
-                os.close(dir_fd)
-            if old_fd is not None:
-                os.pwrite(old_fd, b"\xff\xff\xff\xff", 8)
-                os.fsync(old_fd)  # gvfs skips this; the seed's "sync old fd" step
-        finally:
-            if old_fd is not None:
-                os.close(old_fd)
-        if old_journal and old_journal != new_journal_path:
-            try:
-                os.unlink(old_journal)
-            except FileNotFoundError:
-                pass
+                os.close(fd)
+            self._dir.rename(tmp, self._dir.tree_name)
+        except BaseException:
+            self._dir.unlink(new_journal)
+            raise
+        # committed: the new tree is in place; what follows must not undo that
+        old_journal = self._journal_name
+        try:
+            self._dir.fsync()
+            renamed_durably = True
+        except OSError as exc:
+            log.warning("metadata store %s: fsync of its directory failed: %s", self.tree_path, exc)
+            renamed_durably = False
+        if self._tree_fd is not None:
+            try:  # mark the old tree rotated, through the fd we mapped it from
+                write_all(self._tree_fd, b"\xff\xff\xff\xff", ROTATED_OFFSET)
+                os.fsync(self._tree_fd)  # gvfs skips this; the seed's "sync old fd" step
+            except OSError as exc:
+                log.warning("metadata store %s: marking the old tree rotated failed: %s",
+                            self.tree_path, exc)
+        if old_journal and old_journal != new_journal and renamed_durably:
+            self._dir.unlink(old_journal)
         self._load()
         self.durable_ticket = self._ticket
         self.last_fsync = time.time()
@@ -793,13 +755,14 @@ class MetaStore:
         with self._lock:
             return {
                 "tree_path": self.tree_path,
-                "journal_path": self._journal_path,
+                "journal_path": self.journal_path,
                 "journal_size": self._journal_file_size,
                 "journal_used": self._index.next_offset,
                 "fill": round(self.fill(), 6),
                 "entries": self._index.count,
                 "journal_error": str(self._index.error) if self._index.error else None,
                 "rotations": self.rotations,
+                "failed_rotations": self.failed_rotations,
                 "last_rotation_seconds": self.last_rotation_seconds,
                 "last_fsync": self.last_fsync,
                 "ticket": self._ticket,
@@ -819,7 +782,11 @@ class MetaStore:
             if not self.readonly:
                 self.flush()
                 if self._dirty and (compact or self.needs_rotation()):
-                    self.rotate()
+                    try:
+                        self.rotate()
+                    except OSError as exc:  # the journal holds every entry, durably
+                        log.warning("metadata store %s: rotation at close failed, entries stay "
+                                    "in the journal: %s", self.tree_path, exc)
         finally:
             with self._lock:
                 self._closed = True
