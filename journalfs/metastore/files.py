@@ -161,7 +161,13 @@ class StoreDir:
         return st
 
     def open_file(self, name: str, flags: int, mode: int = 0o600) -> tuple[int, os.stat_result]:
-        fd = os.open(name, flags | O_STORE | os.O_NONBLOCK, mode, dir_fd=self.fd)
+        try:
+            fd = os.open(name, flags | O_STORE | os.O_NONBLOCK, mode, dir_fd=self.fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise OSError(errno.ELOOP, f"metadata store file {self.where(name)} is a "
+                              "symlink: refusing to follow it") from None
+            raise
         st = self.checked(fd, name)
         if flags & os.O_CREAT and stat.S_IMODE(st.st_mode) != mode:
             os.fchmod(fd, mode)
