@@ -414,13 +414,15 @@ class TreeView:
     # -- traversal -------------------------------------------------------------------------
     def walk(self) -> Iterator[tuple[str, int]]:
         """(path, dirent offset) of every node, breadth-first. Bounded for hostile files: a
-        loop of children offsets is refused before the first node (:meth:`check_loops`);
-        blocks shared by several parents (which could multiply the walk) are bounded by
-        visits -- a tree holds at most size/16 dirents -- and by the path text produced."""
-        self.check_loops()
+        loop of children offsets is found before the first node (:meth:`find_loop`) and
+        raised when the walk reaches it, after every node before it; blocks shared by several
+        parents (which could multiply the walk) are bounded by visits -- a tree holds at most
+        size/16 dirents -- and by the path text produced."""
+        looping = self.find_loop()
         budget = self.size // DIRENT_SIZE + 1
         text_budget = PATH_TEXT_FACTOR * self.size + (1 << 20)
         level = [("/", self.root)]
+        loop_at = None
         while level:
             nxt = []
             for path, off in level:
@@ -430,17 +432,24 @@ class TreeView:
                     raise FormatError(self.source, off, "children blocks are shared by several "
                                       "directories (more nodes or path text than the file can hold)")
                 yield path, off
+                if looping is not None and off == looping[0]:
+                    loop_at = off  # the rest of this level is still valid
+                    continue
                 for name, child in self.children(off):
                     nxt.append((join_path(path, name), child))
+            if loop_at is not None:
+                raise FormatError(self.source, loop_at + 4, "children offsets form a cycle: "
+                                  f"dirent {loop_at} points back to block {looping[1]}, which "
+                                  "is on its own path from the root")
             level = nxt
 
-    def check_loops(self) -> None:
-        """Raise FormatError naming the offset where children offsets loop back to a block on
-        the path from the root. Depth-first over children blocks, each expanded once: a block
-        met again while still on the current path is a loop; met again elsewhere it is
-        sharing (healthy trees share the one empty block). Distinct blocks that hold more
-        dirents in total than the file has room for must overlap: refused too, so the work is
-        bounded by the file's size."""
+    def find_loop(self) -> tuple[int, int] | None:
+        """(dirent, block) where children offsets first loop back to a block on the path from
+        the root, or None. Depth-first over children blocks, each expanded once: a block met
+        again while still on the current path is a loop; met again elsewhere it is sharing
+        (healthy trees share the one empty block). Distinct blocks that hold more dirents in
+        total than the file has room for must overlap: FormatError, so the work is bounded by
+        the file's size."""
         on_path, done = 1, 2
         state: dict[int, int] = {}
         dirents_left = self.size // DIRENT_SIZE + 1
@@ -468,7 +477,7 @@ class TreeView:
 
         root_block, kids = child_blocks(self.root)
         if not root_block:
-            return
+            return None
         state[root_block] = on_path
         stack = [(root_block, iter(kids))]
         while stack:
@@ -476,9 +485,7 @@ class TreeView:
             for child, child_block in pending:
                 seen = state.get(child_block)
                 if seen == on_path:
-                    raise FormatError(self.source, child + 4, f"children offsets form a cycle: "
-                                      f"dirent {child} points back to block {child_block}, "
-                                      "which is on its own path from the root")
+                    return child, child_block
                 if seen is None:
                     _, grandkids = child_blocks(child)
                     state[child_block] = on_path
@@ -487,6 +494,7 @@ class TreeView:
             else:
                 state[block] = done
                 stack.pop()
+        return None
 
 
 # ------------------------------------------------------------------------------------------
