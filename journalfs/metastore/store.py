@@ -218,7 +218,10 @@ class MetaStore:
     def open(cls, tree_path, *, sync="batch", journal_size=DEFAULT_JOURNAL_SIZE, readonly=False,
              create=True) -> "MetaStore":
         store = cls(tree_path, sync, journal_size, readonly)
-        store._dir = StoreDir.open(store.tree_path, writer=not readonly, create=create)
+        try:
+            store._dir = StoreDir.open(store.tree_path, writer=not readonly, create=create)
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, f"no metadata store at {store.tree_path}") from None
         try:
             if not store._dir.exists(store._dir.tree_name) and not create:
                 raise FileNotFoundError(errno.ENOENT, f"no metadata store at {store.tree_path}")
