@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -668,3 +669,89 @@ def test_gvfsd_backend_status_names_the_journal(tmp_path):
         journal = reader.journal_path  # close() rotated: the journal of the new tree
     backend = GvfsdBackend(tree)
     assert backend.status()["journal_path"] == journal and os.path.exists(journal)
+
+
+# ---- names, keys and values are bytes (surrogateescape), as gvfs keeps C strings ----------
+def _fs(raw: bytes) -> str:
+    return os.fsdecode(raw)
+
+
+def test_non_utf8_paths_keys_and_values_round_trip_as_raw_bytes(tmp_path):
+    tree = tmp_path / "store" / "home"
+    path, key, value = _fs(b"/caf\xe9/\xff\xfe.txt"), _fs(b"k\xff"), _fs(b"v\xfe\x80 \xc3")
+    listed = [_fs(b"\xff"), "ok", _fs(b"\x80\x81")]
+    with MetaStore.open(str(tree), sync="none") as store:
+        store.set(path, key, value)
+        store.set(path, "tags", listed)
+        store.set(_fs(b"/moved-from-\xfa"), "k", "x")
+        store.move(_fs(b"/moved-from-\xfa"), _fs(b"/moved-to-\xfb"))
+        assert store.get(path, key) == value  # from the journal
+        journal = Path(store.journal_path).read_bytes()
+        assert b"/caf\xe9/\xff\xfe.txt\0" in journal and b"v\xfe\x80 \xc3\0" in journal
+        with pytest.raises(OSError) as caught:  # a str no bytes make: EINVAL, nothing written
+            store.set("/x", "k", "\ud800")
+        assert caught.value.errno == errno.EINVAL and isinstance(caught.value, ValueError)
+    raw = tree.read_bytes()  # rotated at close: the raw bytes in the tree, not UTF-8 mangled
+    assert b"\xff\xfe.txt\0" in raw and b"k\xff\0" in raw and b"v\xfe\x80 \xc3\0" in raw
+    with MetaStore.open(str(tree), readonly=True) as reader:
+        assert reader.get(path, key) == value
+        assert reader.get_all(path) == {key: value, "tags": listed}
+        assert reader.get(_fs(b"/moved-to-\xfb"), "k") == "x"
+        assert _fs(b"/moved-from-\xfa") not in reader.dump()
+
+
+_GIO_BYTES_SCRIPT = r"""
+import base64, json, sys
+import gi
+gi.require_version("Gio", "2.0")
+from gi.repository import Gio
+req = json.load(sys.stdin)
+f = Gio.File.new_for_path(base64.b64decode(req["path"]))
+if req.get("set"):
+    f.set_attribute_string("metadata::" + req["set"][0], req["set"][1], Gio.FileQueryInfoFlags.NONE, None)
+info = f.query_info("metadata::*", Gio.FileQueryInfoFlags.NOFOLLOW_SYMLINKS, None)
+print(json.dumps({a: info.get_attribute_as_string(a) for a in info.list_attributes("metadata") or []}))
+"""
+
+
+@pytest.mark.gvfs
+@pytest.mark.timeout(300)
+def test_non_utf8_file_names_interoperate_with_real_gvfs(tmp_path):
+    """Our store holds a non-UTF-8 path that GIO (reading the store files itself) finds for
+    that very file; and what gvfsd-metadata writes for such a file we read back."""
+    import base64
+    import subprocess
+
+    from gvfsd import SYSTEM_PYTHON
+
+    session = GvfsSession(tmp_path / "gvfs")
+    session.scratch.mkdir()
+    with session:
+        name_ours, name_theirs = b"ours-\xff\xfe.txt", b"theirs-\xe9\xfa.txt"
+        for name in (name_ours, name_theirs):
+            open(os.fsencode(session.home) + b"/" + name, "wb").close()
+
+        def gio(name: bytes, set_=None) -> dict:
+            req = {"path": base64.b64encode(os.fsencode(session.home) + b"/" + name).decode()}
+            if set_:
+                req["set"] = set_
+            p = subprocess.run([SYSTEM_PYTHON, "-c", _GIO_BYTES_SCRIPT], env=session.env(),
+                               input=json.dumps(req), capture_output=True, text=True, timeout=120)
+            assert p.returncode == 0, p.stderr
+            return json.loads(p.stdout)
+
+        tree = tmp_path / "ours" / "home"
+        with MetaStore.open(str(tree), sync="none") as store:
+            store.set("/" + _fs(name_ours), "comment", "set by journalfs")
+        session.install_store(tree)
+        assert gio(name_ours) == {"metadata::comment": "set by journalfs"}
+        gio(name_theirs, ("comment", "set by gvfs"))
+        with MetaStore.open(str(session.home_tree), readonly=True) as reader:
+            for _ in range(200):  # the daemon writes asynchronously
+                got = reader.get("/" + _fs(name_theirs), "comment")
+                if got is not None:
+                    break
+                time.sleep(0.05)
+                reader.refresh()
+            assert got == "set by gvfs"
+            assert reader.get("/" + _fs(name_ours), "comment") == "set by journalfs"
