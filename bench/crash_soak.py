@@ -1,6 +1,6 @@
 """kill -9 soak: hundreds of crash trials of the MetaStore writer (tests/test_crash.py's rig).
 
-    .venv/bin/python bench/crash_soak.py [--trials 200] [--modes always,batch] [--seed 1]
+    .venv/bin/python bench/crash_soak.py [--trials 200] [--modes always,batch,none] [--seed 1]
 
 Each trial starts a writer on the same store, kills it at a random point (writes and
 rotations), then checks every acknowledged write survived and that journalfs and GIO (a
@@ -46,7 +46,7 @@ def soak(mode: str, trials: int, seed: int, session: GvfsSession) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=200)
-    ap.add_argument("--modes", default="always,batch")
+    ap.add_argument("--modes", default="always,batch,none")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     with GvfsSession() as session:
