@@ -56,7 +56,3 @@ def fill(directory: Path, leave: int = 0, name: str = "filler") -> Path:
         os.fsync(f.fileno())
     return path
 
-
-def free_bytes(directory: Path) -> int:
-    st = os.statvfs(directory)
-    return st.f_bavail * st.f_frsize

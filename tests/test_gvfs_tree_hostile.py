@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import struct
 
-import pytest
 
 from journalfs.formats.base import FormatError
 from journalfs.formats.gvfs_tree import DIRENT_SIZE, GvfsTree, TreeView

@@ -1,4 +1,6 @@
 """The gvfs-compatible metadata store: :mod:`.store` (MetaStore, the only writer of a store),
-:mod:`.service` (MetaService, its trio face with group commit and background rotation),
-:mod:`.location` (which store a mount uses), :mod:`.fsck` (store checks and repair) and
-:mod:`.gvfsd` (the D-Bus backend that lets the user's gvfsd-metadata do the writing)."""
+:mod:`.files` (the store directory's files, opened safely; lock and temp-file housekeeping),
+:mod:`.backend` (typed write operations and the Protocol every backend serves),
+:mod:`.service` (MetaService, its trio face: durability per --sync, background flush and
+rotation), :mod:`.location` (which store a mount uses), :mod:`.fsck` (store checks and repair)
+and :mod:`.gvfsd` (the D-Bus backend that lets the user's gvfsd-metadata do the writing)."""
