@@ -221,6 +221,8 @@ class MetaStore:
         try:
             store._dir = StoreDir.open(store.tree_path, writer=not readonly, create=create)
         except FileNotFoundError:
+            if readonly and create:
+                return store  # a reader of a store not made yet: empty (e.g. a -o ro mount)
             raise FileNotFoundError(errno.ENOENT, f"no metadata store at {store.tree_path}") from None
         try:
             if not store._dir.exists(store._dir.tree_name) and not create:
@@ -351,7 +353,7 @@ class MetaStore:
     # ----------------------------------------------------------------------------- reading
     @property
     def journal_path(self) -> str:
-        return self._dir.where(self._journal_name) if self._journal_name else ""
+        return self._dir.where(self._journal_name) if self._journal_name and self._dir else ""
 
     def refresh(self) -> None:
         """Pick up another writer's rotation (rotated flag + new inode) or new entries."""
@@ -361,7 +363,7 @@ class MetaStore:
     def _refresh_locked(self) -> None:
         tree = self._tree
         if tree is None:
-            if self._dir.exists(self._dir.tree_name):
+            if self._dir is not None and self._dir.exists(self._dir.tree_name):
                 self._load()
         elif _u32_from(tree.buf, ROTATED_OFFSET)[0] != 0:
             if self._current_ino() != self._tree_ino:
