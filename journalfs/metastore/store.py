@@ -683,6 +683,8 @@ class MetaStore:
         with self._rotate_mutex:
             started = time.monotonic()
             with self._lock:
+                if self._tree is None and self._dir.exists(self._dir.tree_name):
+                    self._load()  # an earlier load failed: never merge without the tree
                 snapshot = self._index.count
                 merged = self._merged(snapshot)
                 old_tag = self._tree.tag if self._tree is not None else None
