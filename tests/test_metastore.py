@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from hypothesis import given, settings, strategies as st
 
 from journalfs.formats.gvfs_journal import HEADER_SIZE
 from journalfs.metastore.fsck import check_store
@@ -755,3 +756,28 @@ def test_non_utf8_file_names_interoperate_with_real_gvfs(tmp_path):
                 reader.refresh()
             assert got == "set by gvfs"
             assert reader.get("/" + _fs(name_ours), "comment") == "set by journalfs"
+
+
+_name_bytes = st.binary(min_size=1, max_size=12).map(lambda b: b.replace(b"\0", b"").replace(b"/", b"")).filter(bool)
+_text_bytes = st.binary(max_size=40).map(lambda b: b.replace(b"\0", b""))
+
+
+@settings(max_examples=40, deadline=None)
+@given(writes=st.lists(st.tuples(st.lists(_name_bytes, min_size=1, max_size=3), _name_bytes,
+                                 st.one_of(_text_bytes, st.lists(_text_bytes, max_size=3))),
+                       min_size=1, max_size=12))
+def test_any_bytes_without_nul_round_trip(tmp_path_factory, writes):
+    """gvfs keeps C strings: every path, key and value of bytes without a NUL comes back as
+    the same bytes, from the journal and after rotation into the tree."""
+    tree = tmp_path_factory.mktemp("bytes") / "home"
+    want: dict[str, dict] = {}
+    with MetaStore.open(str(tree), sync="none") as store:
+        for parts, key, value in writes:
+            path = "/" + "/".join(_fs(p) for p in parts)
+            val = [_fs(v) for v in value] if isinstance(value, list) else _fs(value)
+            store.set(path, _fs(key), val)
+            want.setdefault(path, {})[_fs(key)] = val
+        assert {p: store.get_all(p) for p in want} == want  # journal
+    with MetaStore.open(str(tree), readonly=True) as reader:  # rotated into the tree at close
+        got = {p: reader.get_all(p) for p in want}
+    assert got == want
