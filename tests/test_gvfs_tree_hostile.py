@@ -105,3 +105,34 @@ def test_overlapping_children_blocks_are_refused():
     struct.pack_into(">I", tree, first_child + 4, block + DIRENT_SIZE)
     _, _, exc = consume(tree)
     assert exc is not None
+
+
+def test_a_store_on_a_looping_tree_refuses_dump_and_rotation_with_an_error(tmp_path):
+    import errno
+
+    from journalfs.metastore.store import MetaStore
+
+    tree = deep_tree(depth=30, width=2)
+    view = TreeView(bytes(tree), "t")
+    deepest = view.lookup("/d" * 30)
+    struct.pack_into(">I", tree, deepest + 4, view.dirent(view.root)[1])
+    store_dir = tmp_path / "store"
+    store_dir.mkdir(mode=0o700)
+    (store_dir / "home").write_bytes(bytes(tree))
+    with MetaStore.open(str(store_dir / "home"), readonly=True) as reader:
+        try:
+            reader.dump()
+        except FormatError as exc:
+            assert f"dirent {deepest}" in exc.reason
+        else:
+            raise AssertionError("dump of a looping tree did not fail")
+    store = MetaStore.open(str(store_dir / "home"), sync="none")
+    try:  # no journal yet: the first write needs a rotation, which the loop makes impossible
+        try:
+            store.set("/x", "k", "v")
+        except OSError as exc:
+            assert exc.errno == errno.EIO and "cycle" in str(exc)
+        else:
+            raise AssertionError("rotation over a looping tree did not fail")
+    finally:
+        store._release()

@@ -705,7 +705,15 @@ class MergedTree:
         return forced if forced is not None else self.base.time(item)
 
     def walk(self) -> Iterator[tuple[str, Any, int | None]]:
-        """(path, item, forced) of every node, breadth-first."""
+        """(path, item, forced) of every node, breadth-first. A base whose children offsets
+        loop is refused up front (naming the offset); the visit budget of
+        :meth:`cycle_guard` bounds shared blocks."""
+        if self.base is not None:
+            looping = self.base.find_loop()
+            if looping is not None:
+                raise FormatError(self.base.source, looping[0] + 4, "children offsets form a "
+                                  f"cycle: dirent {looping[0]} points back to block {looping[1]}, "
+                                  "which is on its own path from the root")
         level = [("/", self.root, self.root.forced)]
         guard = self.cycle_guard()
         while level:

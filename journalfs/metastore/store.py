@@ -700,6 +700,9 @@ class MetaStore:
                         self.last_rotation_seconds = time.monotonic() - started
                 finally:
                     self._dir.unlink(tmp)  # gone already once renamed into place
+            except FormatError as exc:  # the tree in place is damaged: EIO to the caller
+                self.failed_rotations += 1
+                raise OSError(errno.EIO, f"metadata store {self.tree_path}: cannot rotate: {exc}") from None
             except BaseException:
                 self.failed_rotations += 1
                 raise
