@@ -74,13 +74,15 @@ def _open_chain(path: str, create: bool, check: bool) -> int:
     with the sticky bit, such as /tmp, may be writable by all)."""
     real = os.path.realpath(path)
     euid = os.geteuid()
-    fd = os.open("/", O_DIR)
+    parts = [p for p in real.split("/") if p]
+    # parents need only search permission (O_PATH); the store directory itself is read
+    fd = os.open("/", O_DIR if not parts else O_DIR | os.O_PATH)
     try:
-        parts = [p for p in real.split("/") if p]
         for i, name in enumerate(parts):
             final = i == len(parts) - 1
+            flags = O_DIR if final else O_DIR | os.O_PATH
             try:
-                nxt = os.open(name, O_DIR, dir_fd=fd)
+                nxt = os.open(name, flags, dir_fd=fd)
             except FileNotFoundError:
                 if not create:
                     raise
@@ -88,7 +90,7 @@ def _open_chain(path: str, create: bool, check: bool) -> int:
                     os.mkdir(name, 0o700, dir_fd=fd)
                 except FileExistsError:
                     pass
-                nxt = os.open(name, O_DIR, dir_fd=fd)
+                nxt = os.open(name, flags, dir_fd=fd)
                 if final:
                     os.fchmod(nxt, 0o700)  # whatever the umask (the daemon runs with umask 0)
             except OSError as exc:
