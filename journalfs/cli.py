@@ -3,6 +3,7 @@ Each command lives in :mod:`journalfs.commands`."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import __version__
@@ -119,8 +120,17 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         code = EXIT_DAMAGED if isinstance(exc, FormatError) else EXIT_ERROR
-        print(f"journalfs: {exc}", file=sys.stderr)
+        print(f"journalfs: {error_line(exc)}", file=sys.stderr)
         return code
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line shown for an error: an OSError as "FILE: reason" (no "[Errno N]")."""
+    if isinstance(exc, OSError) and exc.strerror:
+        if exc.filename is not None:
+            return f"{os.fsdecode(exc.filename)}: {exc.strerror}"
+        return exc.strerror
+    return str(exc)
 
 
 if __name__ == "__main__":
