@@ -504,7 +504,8 @@ def start_logging(config: MountConfig, location, foreground: bool) -> None:
     places = []
     if foreground:
         handlers.append(logging.StreamHandler(sys.stderr))
-        places.append("stderr")
+        # under systemd (journalfs@.service) stderr is the journal
+        places.append("stderr (systemd journal)" if os.environ.get("JOURNAL_STREAM") else "stderr")
     if config.log_file:
         path = os.path.abspath(config.log_file)
         handlers.append(_file_handler(path))
