@@ -194,12 +194,27 @@ class MountConfig:
 
     def fuse_options(self) -> set[str]:
         # libfuse splits options at commas: escape them (and backslashes) in the name
-        fsname = self.fs_name.replace("\\", "\\\\").replace(",", "\\,")
-        opts = {"default_permissions", f"fsname={fsname}", "subtype=journalfs", *self.flags}
+        fsname = os.fsencode(self.fs_name).replace(b"\\", b"\\\\").replace(b",", b"\\,")
+        opts = {"default_permissions", FuseOption(b"fsname=" + fsname), "subtype=journalfs",
+                *self.flags}
         for flag in ("allow_other", "allow_root", "auto_unmount", "ro"):
             if getattr(self, flag):
                 opts.add(flag)
         return opts
+
+
+class FuseOption(str):
+    """A libfuse option whose bytes need not be ASCII (an fsname naming a SOURCE path that is
+    UTF-8 or not UTF-8 at all): pyfuse3 encodes each option with ``.encode("us-ascii")``,
+    which this answers with the raw bytes."""
+
+    def __new__(cls, raw: bytes):
+        option = super().__new__(cls, raw.decode("ascii", "backslashreplace"))
+        option.raw = raw
+        return option
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return self.raw
 
 
 def parse_timeout(value: str) -> float:
@@ -485,8 +500,11 @@ def _syslog_handler() -> logging.Handler | None:
 
 def _file_handler(path: str) -> logging.Handler:
     """Append to ``path``: created 0600, never through a symlink, only a regular file of ours."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except OSError as exc:
+        raise MountError(f"cannot open the log file {path}: {exc.strerror}") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
         os.close(fd)
@@ -516,7 +534,9 @@ def start_logging(config: MountConfig, location, foreground: bool) -> None:
             handlers.append(syslog)
             places.append("syslog (/dev/log)")
         else:
-            path = os.path.join(os.path.dirname(os.path.abspath(location.tree_path)), LOG_FILE_NAME)
+            directory = os.path.dirname(os.path.abspath(location.tree_path))
+            os.makedirs(directory, mode=0o700, exist_ok=True)  # gvfs's may not exist yet
+            path = os.path.join(directory, LOG_FILE_NAME)
             handlers.append(_file_handler(path))
             places.append(path)
     for handler in handlers:
