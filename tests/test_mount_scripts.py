@@ -223,6 +223,8 @@ def test_example_fstab_line(staged, tree, tmp_path):
     # the example's own options, with its paths replaced by the test's
     src, mnt, store = tree
     fields = _example_fstab_line()
+    readme_lines = [line.split() for line in (REPO / "README.md").read_text().splitlines()]
+    assert fields in readme_lines  # the README shows the tested line
     options = ",".join(f"store={store}" if o.startswith("store=") else o
                        for o in fields[3].split(","))
     fstab = tmp_path / "fstab"
