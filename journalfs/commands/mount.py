@@ -15,7 +15,8 @@ import time
 
 # fs.main imports no pyfuse3/trio at module level: every CLI command loads this module.
 from ..fs.main import (DEFAULT_READAHEAD_KIB, DEFAULT_TIMEOUT, MountConfig, MountError,
-                       OptionError, mount_entry, pidfile_for, preflight, resolved_mountpoint)
+                       SYNC_MODES, OptionError, mount_entry, pidfile_for, preflight,
+                       resolved_mountpoint)
 from . import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from .parsing import examples
 
@@ -90,7 +91,7 @@ def add_parser(sub) -> None:
     p.add_argument("--gvfs", action="store_true",
                    help="share the running gvfsd-metadata of the user's session (Nautilus and "
                         "gio see the same metadata, live)")
-    p.add_argument("--sync", choices=("always", "batch", "none"),
+    p.add_argument("--sync", choices=SYNC_MODES,
                    help="metadata durability: always = fdatasync before each call returns, "
                         "batch = within 1 s (default), none = at rotation and unmount")
     p.add_argument("--foreground", "-f", action="store_true",
