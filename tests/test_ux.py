@@ -528,3 +528,41 @@ def test_settings_show_and_change_through_xattrs(open_tree, tmp_path):
     text = (tmp_path / "log").read_text()
     assert "setting sync changed to always by uid 0" in text
     assert "DEBUG" in text  # the log level took effect
+
+
+def test_daemon_logs_to_the_system_log_when_there_is_one(tmp_path):
+    """A private mount namespace gets a /dev of its own whose /dev/log is a datagram socket
+    this test listens on, as journald's or rsyslog's is: the daemon logs there and says so."""
+    import socket
+
+    sock_path = tmp_path / "log.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(sock_path))
+    listener.settimeout(30)
+    src, mnt, old_dev = tmp_path / "src", tmp_path / "mnt", tmp_path / "olddev"
+    for d in (src, mnt, old_dev):
+        d.mkdir()
+    cli = " ".join(JOURNALFS)
+    script = f"""
+mount --bind /dev {old_dev}
+mount -t tmpfs -o mode=0755 devtmp /dev
+for n in fuse null zero random urandom; do touch /dev/$n; mount --bind {old_dev}/$n /dev/$n; done
+ln -s {sock_path} /dev/log
+{cli} mount {src} {mnt}
+cat {mnt}/.journalfs/status.json
+{cli} umount {mnt}
+"""
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    try:
+        proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-euc",
+                               script], capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 0, proc.stderr
+        status = json.loads(proc.stdout)
+        assert status["options"]["log"] == "syslog (/dev/log)"
+        messages = []
+        while not any("serving" in m for m in messages):
+            messages.append(listener.recv(4096).decode())
+        assert any(f"serving {src} on {mnt}" in m and "journalfs[" in m for m in messages)
+    finally:
+        listener.close()
+    assert not list((tmp_path / "xdg").rglob("journalfs.log"))  # no file besides

@@ -18,6 +18,7 @@ import logging
 import os
 
 import pyfuse3
+import trio
 
 from ..metastore.store import SYNC_MODES
 from .main import OptionError, parse_timeout
@@ -47,11 +48,15 @@ class Control:
             values[b"rotate"] = str((status or {}).get("rotations", 0))
         return values
 
-    def listxattr(self) -> list[bytes]:
-        return [PREFIX + name for name in self._values()]
+    async def _current(self) -> dict[bytes, str]:
+        # the store's status may wait for its lock (a rotation): not on the trio thread
+        return await trio.to_thread.run_sync(self._values)
 
-    def getxattr(self, name: bytes) -> bytes:
-        value = self._values().get(self._setting(name))
+    async def listxattr(self) -> list[bytes]:
+        return [PREFIX + name for name in await self._current()]
+
+    async def getxattr(self, name: bytes) -> bytes:
+        value = (await self._current()).get(self._setting(name))
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return value.encode()
@@ -63,7 +68,7 @@ class Control:
     # -- changing --------------------------------------------------------------------------
     async def setxattr(self, name: bytes, value: bytes, ctx) -> None:
         setting = self._setting(name)
-        if setting not in self._values():
+        if setting not in await self._current():
             raise pyfuse3.FUSEError(errno.ENOTSUP if setting is None else pyfuse3.ENOATTR)
         if ctx.uid not in (self.owner_uid, 0):
             raise pyfuse3.FUSEError(errno.EPERM)

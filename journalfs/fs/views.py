@@ -731,7 +731,7 @@ class Views:
     async def getxattr(self, ino: int, name: bytes) -> bytes:
         node = self._get(ino)
         if node.kind == ROOT and self.control is not None:
-            return self.control.getxattr(name)
+            return await self.control.getxattr(name)
         if node.kind != RECORD or not name.startswith(RECORD_XATTR_PREFIX):
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         fields = await trio.to_thread.run_sync(self._record_fields, node)
@@ -743,7 +743,7 @@ class Views:
     async def listxattr(self, ino: int) -> list[bytes]:
         node = self._get(ino)
         if node.kind == ROOT and self.control is not None:
-            return self.control.listxattr()
+            return await self.control.listxattr()
         return list(await trio.to_thread.run_sync(self._record_fields, node))
 
     async def setxattr(self, ino: int, name: bytes, value: bytes, ctx) -> None:
