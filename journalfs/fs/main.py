@@ -28,7 +28,7 @@ log = logging.getLogger("journalfs.fs")
 #: fstab / mount(8) options that mount(8) itself acts on (or that only name the entry):
 #: accepted and ignored.
 IGNORED_OPTIONS = {"defaults", "auto", "noauto", "user", "users", "nouser", "owner", "group",
-                   "nofail", "_netdev", "relatime"}
+                   "nofail", "_netdev"}
 IGNORED_PREFIXES = ("x-systemd.", "comment=", "x-")
 #: Kernel mount flags that libfuse passes on (option -> the opposite one it replaces). They
 #: show in /proc/self/mountinfo as on any other filesystem; "sync" alone is the kernel's
@@ -140,7 +140,10 @@ class MountConfig:
             return
         if name in REFUSED_OPTIONS:
             raise OptionError(f"option {opt!r} is not supported: {REFUSED_OPTIONS[name]}")
-        if opt in MOUNT_FLAGS:
+        if opt == "relatime":  # the kernel's default: undo atime/noatime given before
+            self.flags.pop("atime", None)
+            self.flags.pop("noatime", None)
+        elif opt in MOUNT_FLAGS:
             if opt in ROOT_ONLY_FLAGS and os.geteuid() != 0:
                 raise OptionError(f"option {opt!r} needs root (FUSE mounts of other users "
                                   "are always nodev,nosuid)")
