@@ -213,6 +213,7 @@ def test_kernel_mount_flags_take_effect(tree):
     ("strictatime", "libfuse"), ("nodiratime", "noatime works"), ("lazytime", "lazytime"),
     ("max_read=65536", "pyfuse3"), ("uid=1000", "bindfs"), ("direct_io", "page cache"),
     ("subtype=other", "fuse.journalfs"), ("allow_other,allow_root", "exclude each other"),
+    ("nosymfollow", "libfuse"), ("silent", "libfuse"),
     ("auto_unmount,suid", "fusermount3"), ("frobnicate", "unknown mount option")])
 def test_options_that_cannot_work_are_refused_with_a_reason(tree, option, reason):
     src, mnt = tree
@@ -220,6 +221,18 @@ def test_options_that_cannot_work_are_refused_with_a_reason(tree, option, reason
     assert p.returncode == 2
     assert reason in one_line(p.stderr)
     assert mount_entry(mnt) is None
+
+
+def test_allow_root_lets_root_in_and_keeps_others_out(open_tree):
+    src, mnt = open_tree
+    user = ux_user()
+    with mounted(src, mnt, "-o", "allow_root"):
+        assert "allow_other" in mount_entry(mnt)["super"]  # libfuse itself turns others away
+        assert (mnt / "a.txt").read_text() == "a\n"
+        p = _as(user, ["cat", str(mnt / "a.txt")])
+        assert p.returncode == 1 and "Permission denied" in p.stderr
+    with mounted(src, mnt, "-o", "allow_other"):
+        assert _as(user, ["cat", str(mnt / "a.txt")]).stdout == "a\n"
 
 
 def test_auto_unmount_removes_the_mount_when_the_daemon_is_killed(tree, daemon_mount):
