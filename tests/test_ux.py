@@ -240,7 +240,7 @@ def test_auto_unmount_removes_the_mount_when_the_daemon_is_killed(tree, daemon_m
     daemon_mount("-o", "auto_unmount")
     assert mount_entry(mnt)["fstype"] == "fuse.journalfs"
     os.kill(daemon_pid(mnt), signal.SIGKILL)
-    wait_for(lambda: mount_entry(mnt) is None, what="auto_unmount")
+    wait_for(lambda: mount_entry(mnt) is None, timeout=120, what="auto_unmount")
 
 
 # -- unmounting ---------------------------------------------------------------------------------

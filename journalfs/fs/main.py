@@ -421,8 +421,10 @@ def _open_metadata(config: MountConfig):
     from ..metastore.store import MetaStore, StoreLocked
     try:
         store = MetaStore.open(location.tree_path, sync=config.sync, readonly=config.ro)
-    except StoreLocked:
-        raise MountError(store_in_use_message(location.tree_path, config.source)) from None
+    except (StoreLocked, OSError) as exc:  # the lock is taken: StoreLocked / EBUSY
+        if isinstance(exc, StoreLocked) or exc.errno == errno.EBUSY:
+            raise MountError(store_in_use_message(location.tree_path, config.source)) from None
+        raise
     return MetaService(store, sync=config.sync), location
 
 
