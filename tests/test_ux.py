@@ -579,3 +579,21 @@ cat {mnt}/.journalfs/status.json
     finally:
         listener.close()
     assert not list((tmp_path / "xdg").rglob("journalfs.log"))  # no file besides
+
+
+def test_every_argument_and_option_has_help():
+    import argparse
+
+    from journalfs.cli import build_parser
+
+    missing = []
+
+    def walk(parser):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    walk(child)
+            elif not action.help:
+                missing.append(f"{parser.prog} {action.metavar or action.dest}")
+    walk(build_parser())
+    assert missing == []

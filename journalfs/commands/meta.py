@@ -79,8 +79,8 @@ def add_parser(sub) -> None:
              "journalfs meta set /srv/meta/home /docs/a.txt tags red green",
              "journalfs meta set --create /srv/new-store/home /x rating 5"], writes=True)
     s.add_argument("path", metavar="PATH", help="the store path, e.g. /docs/a.txt")
-    s.add_argument("key", metavar="KEY")
-    s.add_argument("values", nargs="+", metavar="VALUE")
+    s.add_argument("key", metavar="KEY", help="the key (gvfs's metadata::KEY)")
+    s.add_argument("values", nargs="+", metavar="VALUE", help="the value, or the list's elements")
     s.add_argument("--list", action="store_true", help="store a list even for one value")
     s.add_argument("--create", action="store_true",
                    help="create the store (tree file and journal) if TREE does not exist")
@@ -88,21 +88,21 @@ def add_parser(sub) -> None:
     u = cmd("unset", run_unset, "remove one key of a path",
             "Remove KEY from PATH. A key that is not set is an error (exit 1).",
             ["journalfs meta unset /srv/meta/home /docs/a.txt comment"], writes=True)
-    u.add_argument("path", metavar="PATH")
-    u.add_argument("key", metavar="KEY")
+    u.add_argument("path", metavar="PATH", help="the store path, e.g. /docs/a.txt")
+    u.add_argument("key", metavar="KEY", help="the key to remove")
 
     r = cmd("rm", run_rm, "remove the metadata of a path and of everything below it",
             "Remove every key of PATH and of every path below it, as gvfs does when a file or "
             "directory is deleted.",
             ["journalfs meta rm /srv/meta/home /docs/old"], writes=True)
-    r.add_argument("path", metavar="PATH")
+    r.add_argument("path", metavar="PATH", help="the store path, e.g. /docs/old")
 
     m = cmd("mv", run_mv, "move the metadata of a path (and below it) to another path",
             "Move the metadata of SRC and of every path below it to DST, as gvfs does when a "
             "file or directory is renamed. SRC without any metadata is an error (exit 1).",
             ["journalfs meta mv /srv/meta/home /docs/draft.txt /docs/final.txt"], writes=True)
-    m.add_argument("src", metavar="SRC")
-    m.add_argument("dst", metavar="DST")
+    m.add_argument("src", metavar="SRC", help="the store path whose metadata moves")
+    m.add_argument("dst", metavar="DST", help="its new store path")
 
     cmd("compact", run_compact, "rotate the store: merge its journal into a new tree file",
         "Write a new tree file holding the merged state and start an empty journal (gvfs "

@@ -110,7 +110,7 @@ def add_parser(sub) -> None:
                        epilog=examples("journalfs umount /mnt/data",
                                        "journalfs umount -z /mnt/data     # busy: detach now",
                                        "fuser -vm /mnt/data               # who keeps it busy"))
-    u.add_argument("mountpoint", metavar="MOUNTPOINT")
+    u.add_argument("mountpoint", metavar="MOUNTPOINT", help="where the journalfs mount is")
     u.add_argument("--lazy", "-z", action="store_true",
                    help="detach now even if busy; the daemon exits when the last open file "
                         "is closed")
