@@ -102,13 +102,11 @@ def _group_commands(parser: argparse.ArgumentParser, sub) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    if argv is None:
-        argv = sys.argv[1:]
-    if "--man" in argv[:1]:  # before the command check: `journalfs --man` has none
+    args = parser.parse_args(argv)
+    if args.man:  # needs no command
         from .manpage import render
         sys.stdout.write(render(parser))
         return 0
-    args = parser.parse_args(argv)
     debug = args.debug or getattr(args, "trace", False)
     try:
         return int(args.run(args) or 0)

@@ -132,6 +132,8 @@ def test_shim_passes_subcommands_to_the_cli(staged):
     proc = subprocess.run([str(shim), "umount", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "usage: journalfs umount" in proc.stdout
+    typo = subprocess.run([str(shim), "recrds", "x"], capture_output=True, text=True)
+    assert typo.returncode == 2 and "invalid choice: 'recrds'" in typo.stderr
 
 
 def test_helper_rejects_bad_usage(staged):
