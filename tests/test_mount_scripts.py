@@ -278,9 +278,11 @@ def test_example_unit_settings_run_the_unit_command(staged, tree, tmp_path):
 
 
 def _bootstrap_demo(demo_dir: Path) -> subprocess.CompletedProcess:
-    # the demo job alone (bootstrap.sh defines its functions when sourced); no installing
-    return subprocess.run(["bash", "-c", f'source "{REPO}/bootstrap.sh" && demo'],
-                          env={**os.environ, "JOURNALFS_DEMO_DIR": str(demo_dir)},
+    # the demo job alone (bootstrap.sh defines its functions when sourced); no installing.
+    # Its default store goes under the test's directory, not root's home.
+    env = {**os.environ, "JOURNALFS_DEMO_DIR": str(demo_dir),
+           "XDG_DATA_HOME": str(demo_dir.parent / "xdg")}
+    return subprocess.run(["bash", "-c", f'source "{REPO}/bootstrap.sh" && demo'], env=env,
                           capture_output=True, text=True, timeout=300, cwd=REPO)
 
 
