@@ -423,9 +423,9 @@ def test_mounting_the_same_source_twice_is_one_clean_line(tree, daemon_mount, tm
     assert f"journalfs umount {mnt}" in p.stderr
 
 
-def test_gvfs_without_a_session_bus_is_a_clear_line(tree):
+def test_gvfs_without_a_session_bus_is_a_clear_line(tree, private_data):
     src, mnt = tree
-    env = {k: v for k, v in os.environ.items() if k != "DBUS_SESSION_BUS_ADDRESS"}
+    env = {k: v for k, v in private_data.items() if k != "DBUS_SESSION_BUS_ADDRESS"}
     p = jfs("mount", "--gvfs", src, mnt, env=env)
     assert p.returncode == 1
     line = one_line(p.stderr)

@@ -661,7 +661,8 @@ def run(config: MountConfig, ready: Callable[[], None] = lambda: None,
         raise MountError(str(exc)) from None
     except* Exception as group:
         exc = _first(group)
-        log.error("journalfs stopped", exc_info=exc)
         if type(exc).__module__.startswith("journalfs."):  # our errors speak to the user
+            log.error("journalfs stopped: %s", exc)
             raise MountError(str(exc)) from None
+        log.error("journalfs stopped", exc_info=exc)
         raise MountError(f"{type(exc).__name__}: {exc}") from None
