@@ -63,8 +63,9 @@ def tree(tmp_path):
 
 @pytest.fixture
 def private_data(tmp_path):
-    """Environment whose default stores live under tmp_path."""
-    return {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    """Environment whose default stores and pid files live under tmp_path."""
+    return {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg"),
+            "JOURNALFS_RUNTIME_DIR": str(tmp_path / "run")}
 
 
 @pytest.fixture
