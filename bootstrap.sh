@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# One-step set-up for a fresh Debian 12 machine (run as root), then one job:
+# One-step set-up for a fresh Debian 12 machine (run as root, or with sudo), then one job:
 #   bash bootstrap.sh demo   install everything, mount the bundled demo journals, show them
+#                            (in /tmp/journalfs-demo, or $JOURNALFS_DEMO_DIR)
 #   bash bootstrap.sh test   install everything, run the whole test suite
 #   bash bootstrap.sh install
+# As root, "install" also puts journalfs on PATH (/usr/local/bin), mount.fuse.journalfs in
+# /sbin, the systemd unit template and the man page journalfs(1) (mount_scripts/install.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
@@ -14,7 +17,8 @@ APT_PACKAGES=(
   bindfs                                                # C FUSE passthrough, the benchmark anchor
   gvfs gvfs-daemons dbus python3-gi gir1.2-glib-2.0 libglib2.0-bin  # real gvfs + gio for interop
   openjdk-17-jre-headless                               # Spark
-  util-linux procps psmisc
+  util-linux procps psmisc                              # mount(8), fuser for the tests
+  groff-base                                            # renders journalfs.1 in its test
 )
 
 install() {
@@ -35,14 +39,35 @@ install() {
   .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,spark]"
 }
 
+install_commands() {
+  # As root: `journalfs` on PATH (/usr/local/bin), mount.fuse.journalfs for mount(8) and
+  # /etc/fstab, the systemd unit template and the man page, all pointing at this .venv.
+  if [ "$(id -u)" = 0 ]; then
+    JOURNALFS_BIN="$here/.venv/bin/journalfs" sh mount_scripts/install.sh >/dev/null
+  fi
+}
+
+#: The demo owns a directory only if it carries this file (written when the demo made it).
+DEMO_MARKER=.journalfs-demo
+
 demo() {
   base=${JOURNALFS_DEMO_DIR:-/tmp/journalfs-demo}
   src=$base/source; mnt=$base/mnt
-  if mountpoint -q "$mnt" 2>/dev/null; then .venv/bin/journalfs umount "$mnt"; fi
+  jfs=.venv/bin/journalfs
+  if [ -e "$base" ] && [ ! -e "$base/$DEMO_MARKER" ]; then
+    echo "bootstrap.sh demo: $base exists and was not made by the demo; leaving it alone" \
+         "(set JOURNALFS_DEMO_DIR to another directory)" >&2
+    return 1
+  fi
+  echo "== demo directory: $base (set JOURNALFS_DEMO_DIR to change it)"
+  if mountpoint -q "$mnt" 2>/dev/null || grep -q " $mnt fuse.journalfs " /proc/self/mounts; then
+    "$jfs" umount "$mnt"
+  fi
   rm -rf "$src"; mkdir -p "$src" "$mnt"
+  touch "$base/$DEMO_MARKER"
   cp -a demo/. "$src/"
   # the embedded default store for $src lives under ~/.local/share/journalfs/stores/
-  .venv/bin/journalfs mount "$src" "$mnt"
+  "$jfs" mount "$src" "$mnt"
   echo "== mounted $src on $mnt"
   set -x
   ls -l "$mnt"
@@ -59,9 +84,11 @@ demo() {
   cat "$mnt/.journalfs/records/jrnl/db.jrnl/00000000.transaction"
   head -n 3 "$mnt/.journalfs/records/wallaby/events.log/records.jsonl"
   ls "$mnt/.journalfs/metadata/journal/"
+  getfattr -d "$mnt/.journalfs"                           # the mount's runtime settings
   cat "$mnt/.journalfs/status.json"; echo
   { set +x; } 2>/dev/null
-  echo "== the demo stays mounted on $mnt; unmount with: .venv/bin/journalfs umount $mnt"
+  echo "== the demo stays mounted on $mnt; unmount it with: journalfs umount $mnt"
+  echo "== (journalfs is $here/.venv/bin/journalfs; as root bootstrap also put it on PATH)"
 }
 
 run_tests() {
@@ -70,9 +97,12 @@ run_tests() {
   .venv/bin/python -m pytest -q -ra --durations=20 -p no:cacheprovider "$@"
 }
 
-case "$job" in
-  install) install ;;
-  demo) install; demo ;;
-  test) shift || true; install; run_tests "$@" ;;
-  *) echo "usage: bash bootstrap.sh demo|test|install" >&2; exit 2 ;;
-esac
+# Sourcing the script (tests do) defines the functions without running a job.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  case "$job" in
+    install) install; install_commands ;;
+    demo) install; install_commands; demo ;;
+    test) shift || true; install; install_commands; run_tests "$@" ;;
+    *) echo "usage: bash bootstrap.sh demo|test|install" >&2; exit 2 ;;
+  esac
+fi

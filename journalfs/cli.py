@@ -1,34 +1,113 @@
-"""The `journalfs` command: argument parsing and dispatch only; each command lives in
-:mod:`journalfs.commands`."""
+"""The ``journalfs`` command: the top-level parser, its help, and the one-line error policy.
+Each command lives in :mod:`journalfs.commands`."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from .commands import COMMANDS
+from . import __version__
+from .commands import COMMAND_GROUPS, COMMANDS, EXIT_DAMAGED, EXIT_ERROR
+from .commands.parsing import Parser, add_commands, examples
 from .formats import FormatError
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DAMAGED = 0, 1, 2, 3
+DESCRIPTION = """\
+journalfs mirrors a directory through FUSE and adds two things to it: key/value metadata on
+every file and directory, as user.metadata.* extended attributes kept in a store that GNOME's
+gvfs reads and writes too; and a read-only view of every journal file inside
+(MOUNTPOINT/.journalfs/records/), one file per record.
 
+Nine journal formats are understood, found by their content: gvfs metadata tree and journal,
+Kestrel queue writer and reader files, akka-persistence file journals, Wallaby LOG and IDX, and
+JRNL transaction journals. The same decoding works without a mount (records, fsck) and on Apache
+Spark (pipeline)."""
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # usage errors exit 2 with one line
-        self.print_usage(sys.stderr)
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
+EPILOG = examples(
+    "journalfs mount ~/queues /mnt/q          # returns once the mount is usable",
+    "setfattr -n user.metadata.comment -v checked /mnt/q/jobs.1700000000000",
+    "ls /mnt/q/.journalfs/records/jobs.1700000000000/",
+    "journalfs umount /mnt/q",
+    "journalfs records db.jrnl --json         # one JSON object per record",
+    "journalfs meta dump ~/.local/share/gvfs-metadata/home",
+) + """
+
+Exit status: 0 success, 1 error, 2 usage error, 3 damaged input. Errors are one line on
+stderr; --debug shows the traceback. Each command has its own --help; the manual page is
+journalfs(1) (journalfs --man prints it)."""
+
+#: What the commands of journalfs.commands.records/fsck/pipeline do for the user, with examples
+#: (their modules' docstrings are written for developers).
+OTHER_COMMAND_TEXTS = {
+    "records": (
+        "Decode a journal file of any supported format (found by its content) and print its "
+        "records: a table by default, or with --json one JSON object per record and line (the "
+        "fields are listed in docs/contract.md). On damage the valid records are printed "
+        "first, then one line on stderr names the file, the byte offset and the reason, and "
+        "the exit status is 3.",
+        examples("journalfs records /data/queues/jobs.1700000000000",
+                 "journalfs records db.jrnl --json | jq -r .status")),
+    "fsck": (
+        "Check journal files and gvfs metadata stores: PATH is one file, a store's tree file, "
+        "or a directory (every journal file below it). Nothing is written unless --repair is "
+        "given; then each format's own recovery rule rewrites a damaged file, only if every "
+        "record that was valid is kept, after a backup FILE.journalfs-backup-TIME is written. "
+        "Exit status 0 when everything is clean or repaired, 3 when damage remains.",
+        examples("journalfs fsck /data/journals                 # report only",
+                 "journalfs fsck /data/wallaby/events.log --repair")),
+    "pipeline": (
+        "Read every journal file under INPUT with Apache Spark and write Parquet tables "
+        "under OUTPUT: records, metadata, queues, persistence, transactions (and _damage). "
+        "Spark runs locally (local[*]) unless --master names a cluster.",
+        examples("journalfs pipeline /data/journals /data/tables",
+                 "journalfs pipeline /data/journals /data/tables --master spark://127.0.0.1:7077")),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="journalfs", description=__doc__)
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="journalfs", description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"journalfs {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an error (for bug reports)")
+    parser.add_argument("--man", action="store_true",
+                        help="print the manual page (roff) and exit")
+    sub = add_commands(parser, "command", listed=False)  # listed by group instead
     for module in COMMANDS:
         module.add_parser(sub)
+    for name, (description, epilog) in OTHER_COMMAND_TEXTS.items():
+        if name in sub.choices:
+            sub.choices[name].description = description
+            sub.choices[name].epilog = sub.choices[name].epilog or epilog
+    _group_commands(parser, sub)
     return parser
 
 
+def _group_commands(parser: argparse.ArgumentParser, sub) -> None:
+    """List the commands in COMMAND_GROUPS' sections, before the options."""
+    by_name = {choice.dest: choice for choice in sub._choices_actions}
+    grouped = set()
+    groups = []
+    for title, names in COMMAND_GROUPS:
+        group = argparse._ArgumentGroup(parser, title=title)
+        group._group_actions.extend(by_name[n] for n in names if n in by_name)
+        grouped.update(names)
+        groups.append(group)
+    rest = [a for n, a in by_name.items() if n not in grouped]
+    if rest:  # a command added without a group still shows
+        group = argparse._ArgumentGroup(parser, title="Other commands")
+        group._group_actions.extend(rest)
+        groups.append(group)
+    positionals, optionals, *others = parser._action_groups
+    parser._action_groups = [positionals, *groups, optionals, *others]
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.man:  # needs no command
+        from .manpage import render
+        sys.stdout.write(render(parser))
+        return 0
+    debug = args.debug or getattr(args, "trace", False)
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
@@ -36,11 +115,20 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as exc:  # one clear line unless --debug
-        if args.debug:
+        if debug:
             raise
         code = EXIT_DAMAGED if isinstance(exc, FormatError) else EXIT_ERROR
-        print(f"journalfs: {exc}", file=sys.stderr)
+        print(f"journalfs: {error_line(exc)}", file=sys.stderr)
         return code
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line shown for an error: an OSError as "FILE: reason" (no "[Errno N]")."""
+    if isinstance(exc, OSError) and exc.strerror:
+        if exc.filename is not None:
+            return f"{os.fsdecode(exc.filename)}: {exc.strerror}"
+        return exc.strerror
+    return str(exc)
 
 
 if __name__ == "__main__":

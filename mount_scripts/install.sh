@@ -7,12 +7,14 @@
 #   PREFIX         where the "journalfs" command shim goes, PREFIX/bin  (default: /usr/local)
 #   SBINDIR        mount.fuse.journalfs; mount(8) only searches /sbin  (default: /sbin)
 #   UNITDIR        systemd unit directory            (default: /etc/systemd/system)
+#   MANDIR         manual pages; journalfs.1 goes to MANDIR/man1  (default: PREFIX/share/man)
 set -eu
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 PREFIX=${PREFIX:-/usr/local}
 SBINDIR=${SBINDIR:-/sbin}
 UNITDIR=${UNITDIR:-/etc/systemd/system}
+MANDIR=${MANDIR:-$PREFIX/share/man}
 DESTDIR=${DESTDIR:-}
 
 die() {
@@ -48,6 +50,13 @@ case $JOURNALFS in *'|'*) die "unsupported character in path $JOURNALFS" ;; esac
 install_file "$HERE/mount.fuse.journalfs" "$DESTDIR$SBINDIR/mount.fuse.journalfs" 755
 install_file "$HERE/mount.fuse.journalfs" "$DESTDIR$PREFIX/bin/journalfs" 755
 install_file "$HERE/journalfs@.service" "$DESTDIR$UNITDIR/journalfs@.service" 644
+# the manual page is written by the journalfs being installed, from its own argument parsers
+page="$DESTDIR$MANDIR/man1/journalfs.1"
+mkdir -p "$(dirname "$page")"
+"$JOURNALFS" --man > "$page.tmp.$$" || die "$JOURNALFS --man failed"
+chmod 644 "$page.tmp.$$"
+mv -f "$page.tmp.$$" "$page"
+echo "installed $page"
 if [ -z "$DESTDIR" ] && command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
     systemctl daemon-reload || true
 fi

@@ -32,7 +32,7 @@ def test_dump_json_of_every_real_snapshot_equals_gio(gvfs_snapshots):
 
 def test_write_commands_round_trip(tmp_path):
     tree = tmp_path / "store" / "home"
-    jfs("meta", "set", tree, "/a/b", "comment", "hello wörld")
+    jfs("meta", "set", "--create", tree, "/a/b", "comment", "hello wörld")
     jfs("meta", "set", tree, "/a/b", "tags", "x", "y")
     jfs("meta", "set", tree, "/a/c", "tags", "only", "--list")
     jfs("meta", "set", tree, "/a/c", "rating", "5", "--sync", "none")

@@ -132,6 +132,8 @@ def test_shim_passes_subcommands_to_the_cli(staged):
     proc = subprocess.run([str(shim), "umount", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "usage: journalfs umount" in proc.stdout
+    typo = subprocess.run([str(shim), "recrds", "x"], capture_output=True, text=True)
+    assert typo.returncode == 2 and "invalid choice: 'recrds'" in typo.stderr
 
 
 def test_helper_rejects_bad_usage(staged):
@@ -179,3 +181,128 @@ def test_systemd_unit_verifies(staged, tmp_path):
     proc = subprocess.run([analyze, "verify", str(instance)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "ExecStart" not in proc.stderr, proc.stderr
+
+
+# -- help, man page, examples/ and the bootstrap demo ------------------------------------------
+
+EXAMPLES = REPO / "examples"
+
+
+def test_helper_help_is_real_help(staged):
+    helper = staged / "sbin" / "mount.fuse.journalfs"
+    proc = subprocess.run([str(helper), "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("usage: mount.fuse.journalfs SOURCE MOUNTPOINT")
+    assert "fuse.journalfs" in out and "/etc/fstab" in out
+    # the option list comes from `journalfs mount --help` itself
+    mount_help = subprocess.run([str(JOURNALFS), "mount", "--help"], capture_output=True,
+                                text=True, check=True).stdout
+    options = mount_help[mount_help.index("Mount options"):mount_help.index("Caching:")].strip()
+    assert options in out
+
+
+def test_installer_installs_the_generated_man_page(staged):
+    page = staged / "usr" / "local" / "share" / "man" / "man1" / "journalfs.1"
+    assert page.stat().st_mode & 0o777 == 0o644
+    generated = subprocess.run([str(JOURNALFS), "--man"], capture_output=True, text=True,
+                               check=True).stdout
+    assert page.read_text() == generated
+    rendered = subprocess.run(["man", "-l", str(page)], capture_output=True, text=True,
+                              env={**os.environ, "MANPAGER": "cat", "COLUMNS": "100"})
+    assert rendered.returncode == 0, rendered.stderr
+    assert "journalfs umount" in rendered.stdout and "EXIT STATUS" in rendered.stdout
+
+
+def _example_fstab_line() -> list[str]:
+    lines = [line.split() for line in (EXAMPLES / "fstab").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert len(lines) == 1 and len(lines[0]) == 6 and lines[0][2] == "fuse.journalfs"
+    return lines[0]
+
+
+def test_example_fstab_line(staged, tree, tmp_path):
+    # the example's own options, with its paths replaced by the test's
+    src, mnt, store = tree
+    fields = _example_fstab_line()
+    readme_lines = [line.split() for line in (REPO / "README.md").read_text().splitlines()]
+    assert fields in readme_lines  # the README shows the tested line
+    options = ",".join(f"store={store}" if o.startswith("store=") else o
+                       for o in fields[3].split(","))
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"{src} {mnt} fuse.journalfs {options} {fields[4]} {fields[5]}\n")
+    script = check_mounted_script(f"mount --fstab {fstab} {mnt}", mnt).replace(
+        f"umount {mnt}", f"grep ' {mnt} ' /proc/self/mountinfo\numount {mnt}")
+    out = run_in_namespace({"/usr/sbin": staged / "sbin"}, script)
+    assert_mounted_output(out, src, mnt, store)
+    (mountinfo,) = [line for line in out.splitlines() if f" {mnt} " in line]
+    assert "noatime" in mountinfo.split(" - ")[0]          # the example's kernel flag
+    assert "allow_other" in mountinfo.split(" - ")[1]
+
+
+def test_example_unit_settings_run_the_unit_command(staged, tree, tmp_path):
+    """Run the unit's ExecStart/ExecStop as systemd would, with examples/srv-meta.conf's
+    settings (paths replaced by the test's): the mount comes up in the foreground and the
+    stop command ends it."""
+    src, mnt, store = tree
+    settings = dict(line.split("=", 1) for line in (EXAMPLES / "srv-meta.conf").read_text()
+                    .splitlines() if line and not line.startswith("#"))
+    assert settings["JOURNALFS_SOURCE"] == "/srv/data"
+    args = settings["JOURNALFS_ARGS"].replace("/var/lib/journalfs", str(store)).split()
+    unit = (staged / "etc" / "systemd" / "system" / "journalfs@.service").read_text()
+    start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    stop = next(line for line in unit.splitlines() if line.startswith("ExecStop="))
+    start_argv = start.removeprefix("ExecStart=").split()
+    assert start_argv[-3:] == ["${JOURNALFS_SOURCE}", "${JOURNALFS_MOUNTPOINT}", "$JOURNALFS_ARGS"]
+    start_argv = start_argv[:-3] + [str(src), str(mnt)] + args
+    daemon = subprocess.Popen(start_argv, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "JOURNAL_STREAM": "8:1"})
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(mnt):
+            assert daemon.poll() is None, daemon.stderr.read()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        status = json.loads((mnt / ".journalfs" / "status.json").read_text())
+        assert status["options"]["allow_other"] and status["options"]["sync"] == "batch"
+        assert status["options"]["log"] == "stderr (systemd journal)"
+        assert status["store"]["tree"] == str(store / "root")
+        stop_argv = stop.removeprefix("ExecStop=").replace("${JOURNALFS_MOUNTPOINT}", str(mnt))
+        subprocess.run(stop_argv.split(), check=True)
+        assert daemon.wait(timeout=30) == 0
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+        if os.path.ismount(mnt):
+            subprocess.run(["fusermount3", "-uz", str(mnt)], check=False)
+
+
+def _bootstrap_demo(demo_dir: Path) -> subprocess.CompletedProcess:
+    # the demo job alone (bootstrap.sh defines its functions when sourced); no installing.
+    # Its default store goes under the test's directory, not root's home.
+    env = {**os.environ, "JOURNALFS_DEMO_DIR": str(demo_dir),
+           "XDG_DATA_HOME": str(demo_dir.parent / "xdg")}
+    return subprocess.run(["bash", "-c", f'source "{REPO}/bootstrap.sh" && demo'], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+def test_bootstrap_demo_keeps_to_its_own_directory(tmp_path):
+    foreign = tmp_path / "precious"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("mine\n")
+    proc = _bootstrap_demo(foreign)
+    assert proc.returncode != 0
+    assert f"{foreign} exists and was not made by the demo" in proc.stderr
+    assert (foreign / "keep.txt").read_text() == "mine\n" and len(list(foreign.iterdir())) == 1
+
+    demo_dir = tmp_path / "demo"
+    try:
+        for _ in range(2):  # a rerun replaces its own earlier demo
+            proc = _bootstrap_demo(demo_dir)
+            assert proc.returncode == 0, proc.stderr
+            assert f"== demo directory: {demo_dir}" in proc.stdout
+            assert (demo_dir / ".journalfs-demo").exists()
+            assert '"rotate"' not in proc.stdout and "user.journalfs.sync=" in proc.stdout
+    finally:
+        if os.path.ismount(demo_dir / "mnt"):
+            subprocess.run([str(JOURNALFS), "umount", str(demo_dir / "mnt")], check=False)

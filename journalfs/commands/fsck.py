@@ -23,7 +23,7 @@ from ..formats.base import Record, record_to_json
 from ..journals import (is_backup, mapped, related_files, replace_atomically, sniff_file,
                         write_backup)
 
-EXIT_OK, EXIT_ERROR, EXIT_DAMAGED = 0, 1, 3
+from . import EXIT_DAMAGED, EXIT_ERROR, EXIT_OK  # defined once, for every command
 #: Fields a recovery rule may legitimately rewrite (links, completion state, derived offsets);
 #: the no-loss check compares records without them.
 MUTABLE_FIELDS = frozenset({"format", "seq", "offset", "prev", "next", "self", "complete",

@@ -4,53 +4,163 @@ TREE is the tree file (e.g. ~/.local/share/gvfs-metadata/home); its journal is f
 Reads open the store read-only (no lock); writes take the store's writer lock, so they fail
 with a clear message while a mount (or another `meta` command) is writing it -- except
 `compact`, which asks a mount holding the store to rotate it (SIGUSR1) and waits for that.
+Only `set --create` makes a new store: a mistyped TREE is an error, not a new store.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
 import sys
 import time
 
+from ..fs.main import journalfs_mount_of
 from ..metastore.store import SYNC_MODES, MetaStore, StoreLocked, lock_holder
+from . import EXIT_ERROR, EXIT_OK
+from .parsing import add_commands, examples
+
+DESCRIPTION = """\
+Read and write a gvfs-format metadata store without a mount: the tree file TREE (for example
+~/.local/share/gvfs-metadata/home, or a journalfs store's home/root file) and its journal.
+Paths are the store's own paths ("/docs/a.txt"); values are strings or lists of strings.
+
+Reading never locks the store. Writing takes the store's lock, so it is refused while a
+journalfs mount or gvfsd-metadata holds it: then change metadata through the mount with
+setfattr instead (compact alone works through the mount)."""
+
+TREE_HELP = "the store's tree file (e.g. ~/.local/share/gvfs-metadata/home)"
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("meta", help="read and write a gvfs metadata store",
-                       description=__doc__.split("\n\n")[0])
-    msub = p.add_subparsers(dest="meta_command", required=True, parser_class=type(p))
+    p = sub.add_parser("meta", help="read and write a gvfs metadata store without a mount",
+                       description=DESCRIPTION,
+                       epilog=examples("journalfs meta dump ~/.local/share/gvfs-metadata/home --json",
+                                       "journalfs meta set --create /srv/meta/home /docs/a.txt "
+                                       "comment 'checked'",
+                                       "journalfs meta get /srv/meta/home /docs/a.txt"))
+    msub = add_commands(p, "meta_command")
 
-    def cmd(name, fn, help, *args):
-        c = msub.add_parser(name, help=help)
-        c.add_argument("tree", help="the store's tree file")
-        for a in args:
-            c.add_argument(a)
-        c.add_argument("--sync", choices=SYNC_MODES, default="always",
-                       help="durability of writes (default: always)")
+    def cmd(name, fn, help, description, example, *, writes=False):
+        c = msub.add_parser(name, help=help, description=description,
+                            epilog=examples(*example))
+        c.add_argument("tree", metavar="TREE", help=TREE_HELP)
+        if writes:
+            c.add_argument("--sync", choices=SYNC_MODES, default="always",
+                           help="durability before the command returns: always = fdatasync "
+                                "(default), batch/none = written to the kernel only")
         c.set_defaults(run=fn)
         return c
 
-    cmd("dump", run_dump, "print every path with metadata").add_argument(
-        "--json", action="store_true", help="one JSON object {path: {key: value}}")
-    g = cmd("get", run_get, "print a path's keys (or one key)", "path")
-    g.add_argument("key", nargs="?")
-    g.add_argument("--json", action="store_true")
-    s = cmd("set", run_set, "set a key (several values or --list: a list)", "path", "key")
-    s.add_argument("values", nargs="+", metavar="VALUE")
+    d = cmd("dump", run_dump, "print every path that has metadata, with its keys",
+            "Print the merged state of the store (tree plus journal): every path that has at "
+            "least one key, with its keys and values. With --json: one JSON object "
+            "{path: {key: string or [strings]}}, the same as gio info -a 'metadata::*' reports.",
+            ["journalfs meta dump ~/.local/share/gvfs-metadata/home",
+             "journalfs meta dump /srv/meta/root --json | jq 'keys'"])
+    d.add_argument("--json", action="store_true", help="one JSON object {path: {key: value}}")
+
+    g = cmd("get", run_get, "print the keys of one path, or one key's value",
+            "Print every key of PATH (key: value lines), or only KEY's value (a list: one "
+            "element per line). A path without metadata or a missing key is an error (exit 1), "
+            "as with getfattr.",
+            ["journalfs meta get /srv/meta/home /docs/a.txt",
+             "journalfs meta get /srv/meta/home /docs/a.txt comment",
+             "journalfs meta get /srv/meta/home /docs/a.txt --json"])
+    g.add_argument("path", metavar="PATH", help="the store path, e.g. /docs/a.txt")
+    g.add_argument("key", metavar="KEY", nargs="?", help="one key (default: all of them)")
+    g.add_argument("--json", action="store_true",
+                   help="JSON: {key: value} for the path, or the key's value")
+
+    s = cmd("set", run_set, "set a key of a path (several values: a list)",
+            "Set KEY of PATH to VALUE; several values (or --list) store a list. The store must "
+            "exist, unless --create is given.",
+            ["journalfs meta set /srv/meta/home /docs/a.txt comment 'checked by ops'",
+             "journalfs meta set /srv/meta/home /docs/a.txt tags red green",
+             "journalfs meta set --create /srv/new-store/home /x rating 5"], writes=True)
+    s.add_argument("path", metavar="PATH", help="the store path, e.g. /docs/a.txt")
+    s.add_argument("key", metavar="KEY", help="the key (gvfs's metadata::KEY)")
+    s.add_argument("values", nargs="+", metavar="VALUE", help="the value, or the list's elements")
     s.add_argument("--list", action="store_true", help="store a list even for one value")
-    cmd("unset", run_unset, "remove a key", "path", "key")
-    cmd("rm", run_rm, "remove a path's metadata and its subtree's", "path")
-    cmd("mv", run_mv, "move a path's metadata (subtree included)", "src", "dst")
-    cmd("compact", run_compact, "rotate: merge the journal into a new tree")
+    s.add_argument("--create", action="store_true",
+                   help="create the store (tree file and journal) if TREE does not exist")
+
+    u = cmd("unset", run_unset, "remove one key of a path",
+            "Remove KEY from PATH. A key that is not set is an error (exit 1).",
+            ["journalfs meta unset /srv/meta/home /docs/a.txt comment"], writes=True)
+    u.add_argument("path", metavar="PATH", help="the store path, e.g. /docs/a.txt")
+    u.add_argument("key", metavar="KEY", help="the key to remove")
+
+    r = cmd("rm", run_rm, "remove the metadata of a path and of everything below it",
+            "Remove every key of PATH and of every path below it, as gvfs does when a file or "
+            "directory is deleted.",
+            ["journalfs meta rm /srv/meta/home /docs/old"], writes=True)
+    r.add_argument("path", metavar="PATH", help="the store path, e.g. /docs/old")
+
+    m = cmd("mv", run_mv, "move the metadata of a path (and below it) to another path",
+            "Move the metadata of SRC and of every path below it to DST, as gvfs does when a "
+            "file or directory is renamed. SRC without any metadata is an error (exit 1).",
+            ["journalfs meta mv /srv/meta/home /docs/draft.txt /docs/final.txt"], writes=True)
+    m.add_argument("src", metavar="SRC", help="the store path whose metadata moves")
+    m.add_argument("dst", metavar="DST", help="its new store path")
+
+    cmd("compact", run_compact, "rotate the store: merge its journal into a new tree file",
+        "Write a new tree file holding the merged state and start an empty journal (gvfs "
+        "calls this rotation). When a journalfs mount holds the store, the mount is asked to "
+        "rotate it and the command waits for that.",
+        ["journalfs meta compact ~/.local/share/journalfs/stores/data-0123456789ab/home"])
 
 
 def _reader(args) -> MetaStore:
     return MetaStore.open(args.tree, readonly=True, create=False)
 
 
-def _writer(args) -> MetaStore:
-    return MetaStore.open(args.tree, sync=args.sync)
+def _writer(args, create: bool = False) -> MetaStore:
+    if not create and not os.path.exists(args.tree):
+        raise FileNotFoundError(errno.ENOENT, f"no metadata store at {args.tree} "
+                                "(meta set --create makes a new one)")
+    try:
+        return MetaStore.open(args.tree, sync=args.sync, create=create)
+    except (StoreLocked, OSError) as exc:
+        if isinstance(exc, StoreLocked) or exc.errno == errno.EBUSY:
+            raise StoreInUse(args.tree, getattr(args, "path", None), exc) from None
+        raise
+
+
+class StoreInUse(Exception):
+    """The store's writer lock is held: name the holder and, for a journalfs mount, the way
+    to change the metadata through it."""
+
+    def __init__(self, tree: str, path: str | None, locked: Exception):
+        pid = lock_holder(tree)
+        text = str(locked)
+        mount = journalfs_mount_of(pid) if pid is not None else None
+        if mount is not None:
+            target = mount_path_for(mount, tree, path)
+            text += (f"; it is served by the journalfs mount on {mount[1]}: change metadata "
+                     f"through it, e.g. setfattr -n user.metadata.KEY -v VALUE {target}")
+        super().__init__(text)
+
+
+def mount_path_for(mount: tuple[str, str, dict], tree: str, path: str | None) -> str:
+    """Where store path ``path`` of ``tree`` shows in the mount (the mountpoint itself when
+    the mapping cannot be worked out)."""
+    from ..metastore.location import resolve_store
+
+    source, mountpoint, options = mount
+    if path is None:
+        return mountpoint
+    store = options.get("--store")
+    try:
+        location = resolve_store(source, store, gvfs=bool(options.get("--gvfs")))
+    except Exception:
+        return mountpoint
+    if os.path.realpath(location.tree_path) != os.path.realpath(tree):
+        return mountpoint
+    prefix = location.prefix.rstrip("/")
+    if prefix and not (path == prefix or path.startswith(prefix + "/")):
+        return mountpoint
+    return mountpoint.rstrip("/") + "/" + path[len(prefix):].lstrip("/")
 
 
 def _warn_damage(store: MetaStore) -> None:
@@ -74,13 +184,13 @@ def run_dump(args) -> int:
         store.close()
     if args.json:
         print(json.dumps(state, ensure_ascii=False, sort_keys=True, indent=1))
-        return 0
+        return EXIT_OK
     for path in sorted(state):
         print(path)
         for key, value in sorted(state[path].items()):
             kind = "list" if isinstance(value, list) else "string"
             print(f"  {key} ({kind}): {_show(value)}")
-    return 0
+    return EXIT_OK
 
 
 def run_get(args) -> int:
@@ -91,9 +201,12 @@ def run_get(args) -> int:
         store.close()
     if args.key is not None:
         if args.key not in meta:
-            print(f"journalfs: {args.path}: no key {args.key!r}", file=sys.stderr)
-            return 1
+            print(f"journalfs: {args.path}: no key {args.key!r} in {args.tree}", file=sys.stderr)
+            return EXIT_ERROR
         meta = {args.key: meta[args.key]}
+    elif not meta:
+        print(f"journalfs: {args.path}: no metadata in {args.tree}", file=sys.stderr)
+        return EXIT_ERROR
     if args.json:
         print(json.dumps(meta if args.key is None else meta[args.key], ensure_ascii=False))
     elif args.key is not None:
@@ -102,60 +215,76 @@ def run_get(args) -> int:
     else:
         for key, value in meta.items():
             print(f"{key}: {_show(value)}")
-    return 0
+    return EXIT_OK
 
 
-def _write(args, op) -> int:
-    store = _writer(args)
+def _write(args, op, create: bool = False) -> int:
+    store = _writer(args, create)
     try:
         op(store)
     finally:
         store.close(compact=False)  # no full rewrite per command; `meta compact` does that
-    return 0
+    return EXIT_OK
+
+
+class NothingThere(Exception):
+    """The path named by a write command has nothing to change (exit 1, as getfattr/mv do)."""
+
+
+def _has_subtree(store: MetaStore, path: str) -> bool:
+    """Does ``path`` or any path below it have metadata?"""
+    if store.get_all(path):
+        return True
+    below = path.rstrip("/") + "/"
+    return any(p.startswith(below) for p in store.dump())
 
 
 def run_set(args) -> int:
     value = list(args.values) if (args.list or len(args.values) > 1) else args.values[0]
-    return _write(args, lambda s: s.set(args.path, args.key, value))
+    return _write(args, lambda s: s.set(args.path, args.key, value), create=args.create)
 
 
 def run_unset(args) -> int:
-    return _write(args, lambda s: s.unset(args.path, args.key))
+    def unset(store):
+        if args.key not in store.get_all(args.path):
+            raise NothingThere(f"{args.path}: no key {args.key!r} in {args.tree}")
+        store.unset(args.path, args.key)
+    return _write(args, unset)
 
 
 def run_rm(args) -> int:
-    return _write(args, lambda s: s.remove(args.path))
+    def remove(store):
+        if not _has_subtree(store, args.path):
+            raise NothingThere(f"{args.path}: no metadata in {args.tree}")
+        store.remove(args.path)
+    return _write(args, remove)
 
 
 def run_mv(args) -> int:
-    return _write(args, lambda s: s.move(args.src, args.dst))
+    def move(store):
+        if not _has_subtree(store, args.src):
+            raise NothingThere(f"{args.src}: no metadata in {args.tree} (nothing to move)")
+        store.move(args.src, args.dst)
+    return _write(args, move)
 
 
 def run_compact(args) -> int:
+    args.sync = "always"
     try:
         store = _writer(args)
-    except StoreLocked:
+    except StoreInUse:
         pid = lock_holder(args.tree)
-        if pid is None or not _is_journalfs_mount(pid):
+        if pid is None or journalfs_mount_of(pid) is None:
             raise
         return _compact_in_mount(args.tree, pid)
     with store:
         store.rotate()
         print(f"compacted {store.tree_path}: new journal {store.journal_path}")
-    return 0
+    return EXIT_OK
 
 
 #: How long `meta compact` waits for a mount holding the store to finish its rotation.
 MOUNT_COMPACT_TIMEOUT = 300.0
-
-
-def _is_journalfs_mount(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-    except OSError:
-        return False
-    return b"mount" in argv and any(os.path.basename(a) in (b"journalfs", b"journalfs.cli") for a in argv)
 
 
 def _compact_in_mount(tree: str, pid: int) -> int:
@@ -170,4 +299,4 @@ def _compact_in_mount(tree: str, pid: int) -> int:
                                f"within {MOUNT_COMPACT_TIMEOUT:g} s")
         time.sleep(0.05)
     print(f"compacted {tree} through the mount holding it (pid {pid})")
-    return 0
+    return EXIT_OK

@@ -2,61 +2,123 @@
 
 ``mount`` daemonizes by default and returns only once the mount is usable (exit 0), or with
 the daemon's one-line error (exit 1). ``--foreground`` stays attached and logs to stderr.
-``umount`` runs ``fusermount3 -u`` and waits (bounded) until the daemon has flushed and exited.
+``umount`` unmounts only journalfs mounts (by their type in /proc/self/mountinfo), runs
+``fusermount3 -u`` and waits (bounded) until the daemon has flushed and exited.
 """
 from __future__ import annotations
 
 import contextlib
-import logging
-import logging.handlers
 import os
 import subprocess
 import sys
 import time
 
 # fs.main imports no pyfuse3/trio at module level: every CLI command loads this module.
-from ..fs.main import (DEFAULT_READAHEAD_KIB, DEFAULT_TIMEOUT, MountConfig, MountError, OptionError, pidfile_for,
-                       preflight)
+from ..fs.main import (DEFAULT_READAHEAD_KIB, DEFAULT_TIMEOUT, MountConfig, MountError,
+                       SYNC_MODES, OptionError, mount_entry, pidfile_for, preflight,
+                       resolved_mountpoint)
+from . import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from .parsing import examples
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 UMOUNT_WAIT_SECONDS = 30.0
+#: After a lazy unmount the daemon serves files still open; wait this long, then report.
+LAZY_WAIT_SECONDS = 2.0
 READY = b"OK\n"
+
+MOUNT_DESCRIPTION = """\
+Mirror SOURCE at MOUNTPOINT. Every file operation lands in SOURCE; every file and directory
+also carries key/value metadata as user.metadata.KEY extended attributes, kept in a gvfs-format
+metadata store (by default one of its own per SOURCE under ~/.local/share/journalfs/stores/).
+Every journal file in SOURCE shows, read-only, as one file per record under
+MOUNTPOINT/.journalfs/records/; MOUNTPOINT/.journalfs/status.json describes the mount.
+
+The command returns once the mount is usable (the daemon stays in the background) or prints
+why it could not mount. Logs go to the system log (journald/syslog) when there is one, else to
+journalfs.log in the store directory; status.json names the place ("log")."""
+
+MOUNT_EPILOG = """\
+Mount options (-o; also in /etc/fstab lines of type fuse.journalfs):
+  store=DIR, sync=MODE, gvfs   as --store, --sync, --gvfs
+  log_file=PATH                as --log-file
+  ro, rw                       read-only mount (metadata too), or read-write (default)
+  allow_other                  let other users in (the kernel checks their permissions)
+  allow_root                   let root in besides the owner
+  auto_unmount                 unmount by itself when the daemon dies
+  nonempty                     mount over a non-empty MOUNTPOINT
+  dev, suid (root only), exec, noexec, nodev, nosuid, atime, noatime,
+  sync, async, dirsync         kernel mount flags, as on any filesystem (default:
+                               nodev,nosuid,relatime); plain "sync" is the kernel's
+                               synchronous writes, "sync=MODE" the metadata durability
+  timeout=SECONDS              kernel cache of names and attributes (default %(timeout)s;
+                               also entry_timeout=, attr_timeout=)
+  readahead=KIB                kernel readahead (as root; default %(readahead)s, 0: the kernel's)
+  fsname=NAME                  the source column of mount(8) and df (default: SOURCE)
+  debug                        as --debug
+
+Options journalfs cannot honour (strictatime, lazytime, max_read=, uid=, direct_io, ...) are refused with
+the reason; fstab-only options (noauto, nofail, user, _netdev, x-systemd.*) are ignored.
+
+Caching: everything changed through the mount is seen at once (journalfs invalidates it); a
+change made directly in SOURCE behind the mount may stay unseen for up to the timeout. Use
+-o timeout=0 when SOURCE is also changed by others and must be seen immediately (slower).
+
+Runtime settings: getfattr -d MOUNTPOINT/.journalfs shows them; the mount's owner changes
+them with setfattr: user.journalfs.timeout, user.journalfs.sync, user.journalfs.log_level,
+and user.journalfs.rotate (write 1 to rotate the store now).
+
+""" % {"timeout": f"{DEFAULT_TIMEOUT:g}", "readahead": DEFAULT_READAHEAD_KIB} + examples(
+    "journalfs mount /data /mnt/data",
+    "journalfs mount /data /mnt/data -o allow_other,noatime,sync=always",
+    "journalfs mount --gvfs ~/Documents ~/mnt/docs     # share GNOME's metadata, live",
+    "journalfs mount -f -d /data /mnt/data              # stay attached, trace requests",
+    "getfattr -d MOUNTPOINT/.journalfs")
+
+UMOUNT_DESCRIPTION = """\
+Unmount a journalfs mount (other filesystems are left alone), then wait until its daemon has
+made the metadata durable and exited. A busy mount (a process has a file open or its working
+directory there) is not unmounted: find the processes with fuser -vm MOUNTPOINT, or detach
+it at once with -z; the daemon then exits when the last file is closed."""
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("mount", help="mount SOURCE at MOUNTPOINT (journals + metadata xattrs)",
-                       description="Mirror SOURCE at MOUNTPOINT: metadata as user.metadata.* "
-                       "xattrs, journals as records under MOUNTPOINT/.journalfs. Returns once "
-                       "the mount is usable (or stays attached with --foreground).",
-                       epilog="Caching: the kernel keeps names and attributes for "
-                       f"timeout={DEFAULT_TIMEOUT:g} seconds by default. Everything changed "
-                       "through the mount is seen at once (journalfs invalidates it); a change "
-                       "made directly in SOURCE behind the mount may stay unseen for up to the "
-                       "timeout. Use -o timeout=0 when SOURCE is also changed by others and "
-                       "must be seen immediately (slower: every stat asks journalfs).")
-    p.add_argument("source", help="directory to mirror")
-    p.add_argument("mountpoint", help="empty directory to mount on")
-    p.add_argument("--store", metavar="DIR", help="gvfs-style metadata directory (home/root trees)")
-    p.add_argument("--gvfs", action="store_true", help="share the user's running gvfsd-metadata")
-    p.add_argument("--foreground", "-f", action="store_true", help="stay attached; log to stderr")
-    p.add_argument("--sync", choices=("always", "batch", "none"), help="metadata durability")
-    p.add_argument("-o", dest="options", action="append", default=[], metavar="OPTS",
-                   help="comma list: store=DIR, sync=MODE, gvfs, allow_other, "
-                        "default_permissions, ro, debug, fsname=NAME, nonempty, timeout=SECONDS "
-                        f"(kernel cache of names/attributes, default {DEFAULT_TIMEOUT:g}), "
-                        f"readahead=KIB (as root; default {DEFAULT_READAHEAD_KIB}, 0: the "
-                        "kernel's)")
+    p = sub.add_parser("mount", help="mirror SOURCE at MOUNTPOINT with metadata xattrs and "
+                       "journal views", description=MOUNT_DESCRIPTION, epilog=MOUNT_EPILOG)
+    p.add_argument("source", metavar="SOURCE", help="directory to mirror")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="empty directory to mount on")
+    p.add_argument("--store", metavar="DIR",
+                   help="gvfs-style metadata directory to use (its home/root trees; a "
+                        "~/.local/share/gvfs-metadata works)")
+    p.add_argument("--gvfs", action="store_true",
+                   help="share the running gvfsd-metadata of the user's session (Nautilus and "
+                        "gio see the same metadata, live)")
+    p.add_argument("--sync", choices=SYNC_MODES,
+                   help="metadata durability: always = fdatasync before each call returns, "
+                        "batch = within 1 s (default), none = at rotation and unmount")
+    p.add_argument("--foreground", "-f", action="store_true",
+                   help="stay attached to the terminal and log to it")
+    p.add_argument("--debug", "-d", dest="trace", action="store_true",
+                   help="log every FUSE request and its answer (debug level; use with -f to "
+                        "see them), and show tracebacks")
+    p.add_argument("--log-file", metavar="PATH",
+                   help="write the log to PATH instead of the system log")
+    p.add_argument("-o", dest="options", action="append", default=[], metavar="OPTIONS",
+                   help="comma-separated mount options (listed below)")
     p.set_defaults(run=run_mount)
 
     u = sub.add_parser("umount", help="unmount a journalfs mount and wait for its daemon",
-                       description="fusermount3 -u MOUNTPOINT, then wait until the daemon has "
-                       "flushed its metadata and exited.")
-    u.add_argument("mountpoint")
-    u.add_argument("--lazy", "-z", action="store_true", help="detach even if busy")
+                       description=UMOUNT_DESCRIPTION,
+                       epilog=examples("journalfs umount /mnt/data",
+                                       "journalfs umount -z /mnt/data     # busy: detach now",
+                                       "fuser -vm /mnt/data               # who keeps it busy"))
+    u.add_argument("mountpoint", metavar="MOUNTPOINT", help="where the journalfs mount is")
+    u.add_argument("--lazy", "-z", action="store_true",
+                   help="detach now even if busy; the daemon exits when the last open file "
+                        "is closed")
     u.set_defaults(run=run_umount)
 
 
 def build_config(args) -> MountConfig:
+    # argv paths are str decoded with surrogateescape: abspath keeps any bytes as they are
     config = MountConfig(os.path.abspath(args.source), os.path.abspath(args.mountpoint))
     for text in args.options:
         config.apply_options(text)
@@ -66,16 +128,13 @@ def build_config(args) -> MountConfig:
         config.gvfs = True
     if args.sync:
         config.sync = args.sync
+    if args.trace:
+        config.debug = True
+    if args.log_file:
+        config.log_file = args.log_file
     if config.store:
         config.store = os.path.abspath(config.store)
     return config
-
-
-def _log_to(handler: logging.Handler, debug: bool) -> None:
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if debug else logging.INFO)
-    handler.setFormatter(logging.Formatter("journalfs[%(process)d]: %(levelname)s %(message)s"))
 
 
 def run_mount(args) -> int:
@@ -84,12 +143,12 @@ def run_mount(args) -> int:
     except OptionError as exc:
         print(f"journalfs mount: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    preflight(config)  # MountError -> one line, exit 1 (cli.main)
+    for warning in preflight(config):  # MountError -> one line, exit 1 (cli.main)
+        print(f"journalfs: warning: {warning}", file=sys.stderr)
     if args.foreground:
-        _log_to(logging.StreamHandler(sys.stderr), config.debug)
         from ..fs.main import run
         with _pidfile(config.mountpoint):
-            run(config)
+            run(config, foreground=True)
         return EXIT_OK
     return _daemonize(config)
 
@@ -113,10 +172,11 @@ def _daemonize(config: MountConfig) -> int:
 
 
 def _daemon_main(config: MountConfig, report_fd: int) -> int:
+    import logging
+
     from ..fs.main import run
 
     os.setsid()
-    _log_to(_syslog_handler(), config.debug)
     reported = False
 
     def ready() -> None:  # the mount is live: release the waiting parent, detach from the tty
@@ -131,21 +191,15 @@ def _daemon_main(config: MountConfig, report_fd: int) -> int:
 
     try:
         with _pidfile(config.mountpoint):
-            run(config, ready)
+            run(config, ready, foreground=False)
         return EXIT_OK
     except BaseException as exc:  # the daemon has no terminal: report through the pipe
         message = str(exc) if isinstance(exc, MountError) else f"{type(exc).__name__}: {exc}"
-        if not reported:
-            os.write(report_fd, message.encode("utf-8", "replace") + b"\n")
-        logging.getLogger("journalfs").error("%s", message)
+        if not reported:  # the waiting `journalfs mount` prints it
+            os.write(report_fd, message.encode("utf-8", "backslashreplace") + b"\n")
+        else:
+            logging.getLogger("journalfs").error("%s", message)
         return EXIT_ERROR
-
-
-def _syslog_handler() -> logging.Handler:
-    if os.path.exists("/dev/log"):
-        with contextlib.suppress(OSError):
-            return logging.handlers.SysLogHandler(address="/dev/log")
-    return logging.NullHandler()
 
 
 @contextlib.contextmanager
@@ -185,20 +239,35 @@ def _alive(pid: int) -> bool:
 
 
 def run_umount(args) -> int:
-    mnt = os.path.abspath(args.mountpoint)
-    if not os.path.ismount(mnt):
+    mnt = resolved_mountpoint(args.mountpoint)
+    entry = mount_entry(mnt)
+    if entry is None:
         print(f"journalfs: {mnt} is not mounted", file=sys.stderr)
         return EXIT_ERROR
+    if not entry.is_journalfs:
+        print(f"journalfs: {mnt} is not a journalfs mount (it is {entry.fstype}); "
+              "journalfs umount leaves it alone", file=sys.stderr)
+        return EXIT_USAGE
     pid = _daemon_pid(mnt)
     cmd = ["fusermount3", "-u"] + (["-z"] if args.lazy else []) + [mnt]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         reason = (done.stderr.strip().splitlines() or ["fusermount3 failed"])[-1]
-        print(f"journalfs: cannot unmount {mnt}: {reason}", file=sys.stderr)
+        if "busy" in reason.lower():
+            print(f"journalfs: {mnt} is busy (a process has a file open or its working "
+                  f"directory there): see fuser -vm {mnt}, or detach it now with "
+                  f"journalfs umount -z {mnt}", file=sys.stderr)
+        else:
+            print(f"journalfs: cannot unmount {mnt}: {reason}", file=sys.stderr)
         return EXIT_ERROR
-    deadline = time.monotonic() + UMOUNT_WAIT_SECONDS
+    wait = LAZY_WAIT_SECONDS if args.lazy else UMOUNT_WAIT_SECONDS
+    deadline = time.monotonic() + wait
     while pid is not None and _alive(pid):  # let the daemon flush its metadata and exit
         if time.monotonic() > deadline:
+            if args.lazy:
+                print(f"journalfs: detached {mnt}; its daemon (pid {pid}) still serves the "
+                      "files open there and exits when the last one is closed", file=sys.stderr)
+                return EXIT_OK
             print(f"journalfs: unmounted {mnt}, but daemon {pid} is still running", file=sys.stderr)
             return EXIT_ERROR
         time.sleep(0.05)

@@ -17,7 +17,7 @@ from ..formats import FormatError
 from ..formats.base import Record, record_json_line
 from ..journals import mapped, sniff_file
 
-EXIT_OK, EXIT_DAMAGED = 0, 3
+from . import EXIT_DAMAGED, EXIT_OK  # defined once, for every command
 #: Lines written (and flushed) per batch: large enough to be cheap, small enough to stream.
 BATCH = 2048
 #: Fields every record has; the table shows them as fixed columns.

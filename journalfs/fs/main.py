@@ -12,20 +12,84 @@ import logging
 import os
 import re
 import signal
+import stat
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
 # pyfuse3 and trio are imported where a mount is actually served: every other `journalfs`
 # command imports this module (through commands/mount.py) and should start fast.
 
+from ..metastore.store import SYNC_MODES
+
 log = logging.getLogger("journalfs.fs")
 
-SYNC_MODES = ("always", "batch", "none")
-#: fstab / mount(8) options that mean nothing to a FUSE filesystem: accepted and ignored.
-IGNORED_OPTIONS = {"rw", "defaults", "auto", "noauto", "user", "users", "nofail", "_netdev",
-                   "dev", "suid", "exec", "nodev", "nosuid", "noexec", "async", "atime",
-                   "noatime", "relatime", "nouser"}
+#: fstab / mount(8) options that mount(8) itself acts on (or that only name the entry):
+#: accepted and ignored.
+IGNORED_OPTIONS = {"defaults", "auto", "noauto", "user", "users", "nouser", "owner", "group",
+                   "nofail", "_netdev"}
 IGNORED_PREFIXES = ("x-systemd.", "comment=", "x-")
+#: Kernel mount flags that libfuse passes on (option -> the opposite one it replaces). They
+#: show in /proc/self/mountinfo as on any other filesystem; "sync" alone is the kernel's
+#: synchronous-writes flag, "sync=MODE" journalfs's metadata durability.
+MOUNT_FLAGS = {"dev": "nodev", "nodev": "dev", "suid": "nosuid", "nosuid": "suid",
+               "exec": "noexec", "noexec": "exec", "atime": "noatime", "noatime": "atime",
+               "sync": "async", "async": "sync", "dirsync": None}
+#: Flags only root may clear (libfuse's fusermount3 forces nodev,nosuid for everyone else).
+ROOT_ONLY_FLAGS = {"dev", "suid"}
+#: Standard options journalfs cannot honour, each with the reason shown to the user.
+REFUSED_OPTIONS = {
+    "strictatime": "libfuse 3.14 cannot set strictatime on a FUSE mount (atime, noatime work)",
+    "nostrictatime": "libfuse 3.14 cannot set strictatime on a FUSE mount (atime, noatime work)",
+    "norelatime": "libfuse 3.14 cannot clear relatime on a FUSE mount (noatime works)",
+    "diratime": "libfuse 3.14 cannot set diratime flags on a FUSE mount (noatime works)",
+    "nodiratime": "libfuse 3.14 cannot set diratime flags on a FUSE mount (noatime works)",
+    "lazytime": "libfuse 3.14 cannot set lazytime on a FUSE mount",
+    "nolazytime": "libfuse 3.14 cannot set lazytime on a FUSE mount",
+    "silent": "libfuse 3.14 cannot set it on a FUSE mount",
+    "loud": "libfuse 3.14 cannot set it on a FUSE mount",
+    "iversion": "libfuse 3.14 cannot set it on a FUSE mount",
+    "noiversion": "libfuse 3.14 cannot set it on a FUSE mount",
+    "nosymfollow": "libfuse 3.14 cannot set it on a FUSE mount",
+    "symfollow": "libfuse 3.14 cannot set it on a FUSE mount",
+    "mand": "mandatory locks are gone from Linux",
+    "nomand": "mandatory locks are gone from Linux",
+    "blkdev": "journalfs is not a block-device filesystem",
+    "blksize": "only block-device FUSE filesystems (blkdev) have a block size",
+    "subtype": "a journalfs mount's type is always fuse.journalfs (umount and mount(8) rely on it)",
+    "uid": "journalfs shows SOURCE's owners as they are (no remapping; bindfs does that)",
+    "gid": "journalfs shows SOURCE's owners as they are (no remapping; bindfs does that)",
+    "umask": "journalfs shows SOURCE's modes as they are (no remapping; bindfs does that)",
+    "user_id": "set by the FUSE library itself",
+    "group_id": "set by the FUSE library itself",
+    "rootmode": "set by the FUSE library itself",
+    "fd": "set by the FUSE library itself",
+    "context": "SELinux mount contexts are not supported",
+    "fscontext": "SELinux mount contexts are not supported",
+    "defcontext": "SELinux mount contexts are not supported",
+    "rootcontext": "SELinux mount contexts are not supported",
+    "kernel_cache": "a high-level libfuse option; journalfs keeps file contents cached already "
+                    "and invalidates what changes (see timeout=)",
+    "auto_cache": "a high-level libfuse option; journalfs keeps file contents cached already "
+                  "and invalidates what changes (see timeout=)",
+    "direct_io": "a high-level libfuse option; journalfs reads through the page cache",
+    "negative_timeout": "journalfs does not cache missing names (a new file in SOURCE shows "
+                        "at once)",
+    "use_ino": "journalfs numbers its own inodes (they stay stable while a file is in use)",
+    "readdir_ino": "journalfs numbers its own inodes (they stay stable while a file is in use)",
+    "hard_remove": "a high-level libfuse option; unlinked open files keep working in journalfs",
+    "noforget": "a high-level libfuse option",
+    "remember": "a high-level libfuse option",
+    "intr": "a high-level libfuse option; journalfs requests are not interruptible",
+    "writeback_cache": "journalfs writes through to SOURCE (metadata must follow each write)",
+    "large_read": "a FUSE 2 option with no effect on Linux 2.6 and later",
+    "big_writes": "a FUSE 2 option; large writes are always on",
+    "max_read": "pyfuse3 does not hand max_read to the kernel's INIT reply, so libfuse "
+                "would refuse the session",
+}
+#: libfuse's own name for the high-level cache timeouts: both are journalfs's timeout=.
+TIMEOUT_ALIASES = ("entry_timeout", "attr_timeout")
 #: Seconds the kernel may cache names and attributes (-o timeout=). Long, because journalfs
 #: invalidates precisely whatever it changes itself; only changes made directly in SOURCE
 #: behind the mount wait for the timeout to become visible.
@@ -34,8 +98,6 @@ DEFAULT_TIMEOUT = 120.0
 #: are read front to back: 1 MiB readahead means 8x fewer READ requests, each a worker-thread
 #: round trip, than the kernel's default.
 DEFAULT_READAHEAD_KIB = 1024
-
-
 class MountError(Exception):
     """A mount that cannot be made; the message is the one line shown to the user."""
 
@@ -56,6 +118,8 @@ class MountConfig:
     gvfs: bool = False
     sync: str = "batch"
     allow_other: bool = False
+    allow_root: bool = False
+    auto_unmount: bool = False
     default_permissions: bool = True  # always on: the kernel checks permissions for us
     ro: bool = False
     debug: bool = False
@@ -63,89 +127,261 @@ class MountConfig:
     fsname: str | None = None
     timeout: float = DEFAULT_TIMEOUT
     readahead: int = DEFAULT_READAHEAD_KIB
+    log_file: str | None = None
+    #: where the daemon's log goes (status.json "log"), filled in when logging starts
+    log: str = "stderr"
+    #: kernel mount flags asked for (dev/nodev, suid/nosuid, exec/noexec, atime/noatime,
+    #: sync/async, dirsync), in the order given; see MOUNT_FLAGS
+    flags: dict[str, None] = field(default_factory=dict)
     extra: list[str] = field(default_factory=list)
 
     def apply_options(self, text: str) -> None:
         """Apply one ``-o a,b=c`` list (later options win)."""
         for opt in filter(None, (o.strip() for o in text.split(","))):
-            name, eq, value = opt.partition("=")
-            if opt in IGNORED_OPTIONS or opt.startswith(IGNORED_PREFIXES):
-                continue
-            if name == "store" and value:
-                self.store = value
-            elif name == "sync" and eq:
-                if value not in SYNC_MODES:
-                    raise OptionError(f"sync must be one of {', '.join(SYNC_MODES)}, not {value!r}")
-                self.sync = value
-            elif name == "fsname" and value:
-                self.fsname = value
-            elif name == "timeout" and value:
-                try:
-                    self.timeout = float(value)
-                except ValueError:
-                    raise OptionError(f"timeout must be a number of seconds, not {value!r}") from None
-                if not 0 <= self.timeout < 1e9:  # also rejects nan
-                    raise OptionError(f"timeout must be 0 or more seconds, not {value!r}")
-            elif name == "readahead" and value:
-                if not value.isdigit() or int(value) > 1 << 20:
-                    raise OptionError(f"readahead must be 0..1048576 KiB, not {value!r}")
-                self.readahead = int(value)
-            elif opt == "gvfs":
-                self.gvfs = True
-            elif opt in ("allow_other", "default_permissions", "ro", "debug", "nonempty"):
-                setattr(self, opt, True)
-            else:
-                raise OptionError(f"unknown mount option {opt!r}")
+            self._apply_option(opt)
+
+    def _apply_option(self, opt: str) -> None:
+        name, eq, value = opt.partition("=")
+        if opt in IGNORED_OPTIONS or opt.startswith(IGNORED_PREFIXES):
+            return
+        if name in REFUSED_OPTIONS:
+            raise OptionError(f"option {opt!r} is not supported: {REFUSED_OPTIONS[name]}")
+        if opt == "relatime":  # the kernel's default: undo atime/noatime given before
+            self.flags.pop("atime", None)
+            self.flags.pop("noatime", None)
+        elif opt in MOUNT_FLAGS:
+            if opt in ROOT_ONLY_FLAGS and os.geteuid() != 0:
+                raise OptionError(f"option {opt!r} needs root (FUSE mounts of other users "
+                                  "are always nodev,nosuid)")
+            self.flags.pop(MOUNT_FLAGS[opt], None)
+            self.flags.pop(opt, None)
+            self.flags[opt] = None
+        elif name == "store" and value:
+            self.store = value
+        elif name == "sync" and eq:
+            if value not in SYNC_MODES:
+                raise OptionError(f"sync must be one of {', '.join(SYNC_MODES)}, not {value!r}")
+            self.sync = value
+        elif name == "fsname" and value:
+            self.fsname = value
+        elif name in ("timeout", *TIMEOUT_ALIASES) and value:
+            self.timeout = parse_timeout(value)
+        elif name == "readahead" and value:
+            if not value.isdigit() or int(value) > 1 << 20:
+                raise OptionError(f"readahead must be 0..1048576 KiB, not {value!r}")
+            self.readahead = int(value)
+        elif name == "log_file" and value:
+            self.log_file = value
+        elif opt == "gvfs":
+            self.gvfs = True
+        elif opt in ("rw", "ro"):
+            self.ro = opt == "ro"
+        elif opt in ("allow_other", "allow_root", "auto_unmount", "default_permissions",
+                     "debug", "nonempty"):
+            setattr(self, opt, True)
+        else:
+            raise OptionError(f"unknown mount option {opt!r} (journalfs mount --help lists them)")
+        if self.allow_other and self.allow_root:
+            raise OptionError("allow_other and allow_root exclude each other")
+        if self.auto_unmount and ROOT_ONLY_FLAGS & self.flags.keys():
+            raise OptionError("auto_unmount mounts through fusermount3, which always sets "
+                              "nodev,nosuid: drop dev/suid or auto_unmount")
 
     def summary(self) -> dict:
         """The options as status.json shows them."""
         return {"source": self.source, "mountpoint": self.mountpoint, "store": self.store,
                 "gvfs": self.gvfs, "sync": self.sync, "allow_other": self.allow_other,
+                "allow_root": self.allow_root, "auto_unmount": self.auto_unmount,
                 "default_permissions": True, "ro": self.ro, "debug": self.debug,
                 "fsname": self.fs_name, "entry_timeout": self.timeout,
-                "attr_timeout": self.timeout, "readahead_kib": self.readahead}
+                "attr_timeout": self.timeout, "readahead_kib": self.readahead,
+                "mount_flags": list(self.flags), "log": self.log}
 
     @property
     def fs_name(self) -> str:
         return self.fsname or self.source
 
     def fuse_options(self) -> set[str]:
-        opts = {"default_permissions", f"fsname={self.fs_name}", "subtype=journalfs"}
-        for flag in ("allow_other", "ro", "debug"):
+        # libfuse splits options at commas: escape them (and backslashes) in the name
+        fsname = os.fsencode(self.fs_name).replace(b"\\", b"\\\\").replace(b",", b"\\,")
+        opts = {"default_permissions", FuseOption(b"fsname=" + fsname), "subtype=journalfs",
+                *self.flags}
+        for flag in ("allow_other", "allow_root", "auto_unmount", "ro"):
             if getattr(self, flag):
                 opts.add(flag)
         return opts
 
 
-def preflight(config: MountConfig) -> None:
-    """Refuse, with one clear line, what would fail or misbehave once mounted."""
+class FuseOption(str):
+    """A libfuse option whose bytes need not be ASCII (an fsname naming a SOURCE path that is
+    UTF-8 or not UTF-8 at all): pyfuse3 encodes each option with ``.encode("us-ascii")``,
+    which this answers with the raw bytes."""
+
+    def __new__(cls, raw: bytes):
+        option = super().__new__(cls, raw.decode("ascii", "backslashreplace"))
+        option.raw = raw
+        return option
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return self.raw
+
+
+def parse_timeout(value: str) -> float:
+    """Seconds of the kernel's name/attribute cache (``timeout=``)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise OptionError(f"timeout must be a number of seconds, not {value!r}") from None
+    if not 0 <= seconds < 1e9:  # also rejects nan
+        raise OptionError(f"timeout must be 0 or more seconds, not {value!r}")
+    return seconds
+
+
+def unescape_mountinfo(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+@dataclass(frozen=True)
+class MountEntry:
+    """One line of /proc/self/mountinfo."""
+
+    device: str        # major:minor
+    mountpoint: str
+    fstype: str
+    source: str
+    flags: tuple[str, ...]       # per-mount flags (rw, nosuid, noatime, ...)
+    super_options: tuple[str, ...]
+
+    @property
+    def is_journalfs(self) -> bool:
+        return self.fstype == "fuse.journalfs"
+
+
+def mount_entries() -> list[MountEntry]:
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+        lines = f.read().splitlines()
+    entries = []
+    for line in lines:
+        fields = line.split(" ")
+        sep = fields.index("-")
+        entries.append(MountEntry(fields[2], unescape_mountinfo(fields[4]), fields[sep + 1],
+                                  unescape_mountinfo(fields[sep + 2]),
+                                  tuple(fields[5].split(",")), tuple(fields[sep + 3].split(","))))
+    return entries
+
+
+def mount_entry(target: str) -> MountEntry | None:
+    """The newest mount on ``target`` (a resolved path), or None."""
+    found = None
+    for entry in mount_entries():
+        if entry.mountpoint == target:
+            found = entry
+    return found
+
+
+def resolved_mountpoint(path: str) -> str:
+    """``path`` made absolute and resolved without stat-ing the last component (a dead or
+    hung FUSE mount there would fail or block)."""
+    path = os.path.abspath(path)
+    if path == "/":
+        return path
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+
+
+def is_dead_mount(path: str) -> bool:
+    """A FUSE mount whose daemon is gone answers every request with ENOTCONN (statfs: a
+    stat could be answered from the kernel's attribute cache)."""
+    try:
+        os.statvfs(path)
+    except OSError as exc:
+        return exc.errno == errno.ENOTCONN
+    return False
+
+
+def journalfs_mount_of(pid: int) -> tuple[str, str, dict] | None:
+    """(source, mountpoint, options) of the ``journalfs mount`` process ``pid``, from its
+    command line, or None when ``pid`` is not one."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [os.fsdecode(a) for a in f.read().split(b"\0")[:-1]]
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
+    if "mount" not in argv or not any("journalfs" in a for a in argv[:3]):
+        return None
+    rest = argv[argv.index("mount") + 1:]
+    with_value = {"--store", "--sync", "-o", "--log-file"}
+    positional, options, i = [], {}, 0
+    while i < len(rest):
+        arg = rest[i]
+        if arg in with_value and i + 1 < len(rest):
+            options[arg] = rest[i + 1]
+            i += 2
+            continue
+        if not arg.startswith("-"):
+            positional.append(os.path.join(cwd, arg))
+        elif arg == "--gvfs":
+            options[arg] = True
+        i += 1
+    if len(positional) < 2:
+        return None
+    return positional[0], positional[1], options
+
+
+def preflight(config: MountConfig) -> list[str]:
+    """Refuse, with one clear line, what would fail or misbehave once mounted; return the
+    warnings to show (the mount goes ahead). A dead journalfs mount left on the mountpoint
+    (its daemon was killed) is cleaned up here."""
     src, mnt = config.source, config.mountpoint
+    warnings = []
     if not os.path.exists(src):
         raise MountError(f"source {src} does not exist")
     if not os.path.isdir(src):
         raise MountError(f"source {src} is not a directory")
+    target = resolved_mountpoint(mnt)
+    entry = mount_entry(target)
+    if entry is not None and entry.is_journalfs and is_dead_mount(target):
+        done = subprocess.run(["fusermount3", "-u", "-z", target], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise MountError(f"{mnt} holds a dead journalfs mount (its daemon is gone) that "
+                             f"cannot be removed: {_last_line(done.stderr)}; "
+                             f"try: journalfs umount {mnt}")
+        warnings.append(f"removed the dead journalfs mount left on {mnt} (its daemon had died)")
+        entry = mount_entry(target)
     if not os.path.exists(mnt):
         raise MountError(f"mountpoint {mnt} does not exist")
     if not os.path.isdir(mnt):
         raise MountError(f"mountpoint {mnt} is not a directory")
-    if os.path.ismount(mnt):
-        raise MountError(f"mountpoint {mnt} is busy (something is already mounted there)")
+    if entry is not None or os.path.ismount(mnt):
+        if entry is not None and entry.is_journalfs:
+            raise MountError(f"{mnt} is already a journalfs mount (of {entry.source}); "
+                             f"unmount it first: journalfs umount {mnt}")
+        kind = f" ({entry.fstype})" if entry is not None else ""
+        raise MountError(f"mountpoint {mnt} is busy: something is already mounted there{kind}")
     if not config.nonempty and os.listdir(mnt):
         raise MountError(f"mountpoint {mnt} is not empty (use -o nonempty to mount over it)")
+    if config.gvfs and not config.store and not os.environ.get("DBUS_SESSION_BUS_ADDRESS"):
+        raise MountError("--gvfs needs the D-Bus session bus of the user's desktop session "
+                         "(DBUS_SESSION_BUS_ADDRESS is not set); run it there, or use "
+                         "--store DIR for a store of its own")
+    own = os.path.join(src, ".journalfs")
+    if os.path.lexists(own):
+        warnings.append(f"{own} exists in SOURCE but the mount shows its own .journalfs "
+                        "there instead: reach the real one in SOURCE directly")
+    return warnings
+
+
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else "no reason given"
 
 
 def _mounted_device(target: str) -> str | None:
     """``major:minor`` of the newest mount on ``target`` (a resolved path), from
     /proc/self/mountinfo: a stat of the mountpoint would ask this very process, which is not
     serving yet."""
-    device = None
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-        for line in f:
-            fields = line.split(" ")
-            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-            if point == target:
-                device = fields[2]
-    return device
+    entry = mount_entry(target)
+    return entry.device if entry is not None else None
 
 
 def set_readahead(mountpoint: str, kib: int) -> bool:
@@ -185,10 +421,27 @@ def _open_metadata(config: MountConfig):
     from ..metastore.store import MetaStore, StoreLocked
     try:
         store = MetaStore.open(location.tree_path, sync=config.sync, readonly=config.ro)
-    except StoreLocked as exc:
-        raise MountError(f"metadata store {location.tree_path} is locked by another process "
-                         f"({exc})") from None
+    except (StoreLocked, OSError) as exc:  # the lock is taken: StoreLocked / EBUSY
+        if isinstance(exc, StoreLocked) or exc.errno == errno.EBUSY:
+            raise MountError(store_in_use_message(location.tree_path, config.source)) from None
+        raise
     return MetaService(store, sync=config.sync), location
+
+
+def store_in_use_message(tree_path: str, source: str) -> str:
+    """One line for a store whose writer lock another process holds: which one, and for a
+    journalfs mount, where it is mounted."""
+    from ..metastore.store import lock_holder
+
+    pid = lock_holder(tree_path)
+    holder = journalfs_mount_of(pid) if pid is not None else None
+    if holder is not None:
+        if os.path.realpath(holder[0]) == os.path.realpath(source):
+            return f"{source} is already mounted by journalfs on {holder[1]} (pid {pid})"
+        return (f"metadata store {tree_path} is in use by the journalfs mount on "
+                f"{holder[1]} (pid {pid})")
+    who = f"pid {pid}" if pid is not None else "another process"
+    return f"metadata store {tree_path} is in use by {who}"
 
 
 async def _handle_signals(meta, task_status) -> None:
@@ -230,29 +483,142 @@ async def _when_served(mountpoint: str, readahead: int, ready: Callable[[], None
     def settle() -> None:
         try:
             os.stat(mountpoint)
-        except OSError as exc:
-            log.warning("mount %s does not answer: %s", mountpoint, exc)
-            return
+        except OSError as exc:  # e.g. libfuse refused the kernel's INIT
+            raise MountError(f"the new mount on {mountpoint} does not answer: "
+                             f"{exc.strerror}") from None
         if readahead:
             set_readahead(mountpoint, readahead)
     await trio.to_thread.run_sync(settle)
     ready()
 
 
-async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None) -> None:
+# -- logs ------------------------------------------------------------------------------------
+LOG_FORMAT = "journalfs[%(process)d]: %(levelname)s %(message)s"
+LOG_FILE_NAME = "journalfs.log"
+
+
+def _syslog_handler() -> logging.Handler | None:
+    """The system log (journald or a syslog daemon) when something listens on /dev/log."""
+    import logging.handlers
+
+    if not os.path.exists("/dev/log"):
+        return None
+    try:
+        return logging.handlers.SysLogHandler(address="/dev/log")
+    except OSError:
+        return None
+
+
+def _file_handler(path: str) -> logging.Handler:
+    """Append to ``path``: created 0600, never through a symlink, only a regular file of ours."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except OSError as exc:
+        raise MountError(f"cannot open the log file {path}: {exc.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise MountError(f"log file {path} is not a regular file owned by uid {os.geteuid()}")
+    handler = logging.StreamHandler(os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace"))
+    handler.setFormatter(logging.Formatter("%(asctime)s " + LOG_FORMAT))
+    return handler
+
+
+def start_logging(config: MountConfig, location, foreground: bool) -> None:
+    """Log where the user will look and note where in ``config.log`` (status.json "log"):
+    --log-file PATH if given; else the terminal with --foreground; else the system log
+    (journald/syslog through /dev/log) when there is one; else a file in the store directory."""
+    handlers: list[logging.Handler] = []
+    places = []
+    if foreground:
+        handlers.append(logging.StreamHandler(sys.stderr))
+        # under systemd (journalfs@.service) stderr is the journal
+        places.append("stderr (systemd journal)" if os.environ.get("JOURNAL_STREAM") else "stderr")
+    if config.log_file:
+        path = os.path.abspath(config.log_file)
+        handlers.append(_file_handler(path))
+        places.append(path)
+    elif not foreground:
+        syslog = _syslog_handler()
+        if syslog is not None:
+            handlers.append(syslog)
+            places.append("syslog (/dev/log)")
+        else:
+            directory = os.path.dirname(os.path.abspath(location.tree_path))
+            os.makedirs(directory, mode=0o700, exist_ok=True)  # gvfs's may not exist yet
+            path = os.path.join(directory, LOG_FILE_NAME)
+            handlers.append(_file_handler(path))
+            places.append(path)
+    for handler in handlers:
+        if handler.formatter is None:
+            handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = handlers
+    root.setLevel(logging.DEBUG if config.debug else logging.INFO)
+    config.log = ", ".join(places)
+
+
+def trace_requests(ops) -> None:
+    """Log every FUSE request and its answer at debug level (``-d``): each operation of
+    ``ops`` is wrapped on the instance, so nothing is paid without ``-d``."""
+    import functools
+    import inspect
+
+    import pyfuse3
+
+    trace = logging.getLogger("journalfs.requests")
+    names = [n for n, f in inspect.getmembers(pyfuse3.Operations, inspect.iscoroutinefunction)
+             if not n.startswith("_")]
+    for name in names:
+        handler = getattr(ops, name)
+
+        @functools.wraps(handler)
+        async def traced(*args, _name=name, _handler=handler):
+            shown = ", ".join(_short(a) for a in args if not isinstance(a, pyfuse3.RequestContext))
+            trace.debug("%s(%s)", _name, shown)
+            try:
+                result = await _handler(*args)
+            except pyfuse3.FUSEError as exc:
+                trace.debug("%s -> %s", _name, errno.errorcode.get(exc.errno, exc.errno))
+                raise
+            trace.debug("%s -> %s", _name, _short(result))
+            return result
+        setattr(ops, name, traced)
+
+
+def _short(value) -> str:
+    if isinstance(value, (bytes, bytearray, memoryview)) and len(value) > 64:
+        return f"<{len(value)} bytes>"
+    if isinstance(value, (list, tuple)) and len(value) > 8:
+        return f"<{len(value)} items>"
+    if hasattr(value, "st_ino") and hasattr(value, "st_mode"):
+        return f"<attrs ino={value.st_ino} mode={value.st_mode:o} size={value.st_size}>"
+    return repr(value)
+
+
+async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
+                foreground: bool = True) -> None:
     """Mount, serve until unmounted or signalled, then flush metadata and unmount."""
     import pyfuse3
     import trio
 
+    from .control import Control
     from .passthrough import JournalFS
 
     meta, location = _open_metadata(config)
+    start_logging(config, location, foreground)
     # Reach SOURCE through a directory fd opened before mounting: that keeps working when
     # the mount covers SOURCE itself (mountpoint == source) or SOURCE is renamed.
     source_fd = os.open(config.source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         ops = JournalFS(f"/proc/self/fd/{source_fd}", meta, location, timeout=config.timeout,
                         options=config.summary())
+        ops.views.control = Control(ops)
+        if config.debug:
+            trace_requests(ops)
+        log.info("serving %s on %s (store %s, sync %s)", config.source, config.mountpoint,
+                 location.tree_path, config.sync)
         mountpoint = os.path.realpath(config.mountpoint)  # now, while it is not ours yet
         async with trio.open_nursery() as nursery:
             await nursery.start(meta.run)
@@ -278,13 +644,14 @@ def _first(group: BaseExceptionGroup) -> BaseException:
     return exc
 
 
-def run(config: MountConfig, ready: Callable[[], None] = lambda: None) -> None:
+def run(config: MountConfig, ready: Callable[[], None] = lambda: None,
+        foreground: bool = True) -> None:
     """Serve ``config`` on a fresh trio loop; a MountError carries the user-facing line."""
     import trio
 
     os.umask(0)  # the kernel already applied the caller's umask to every mode we receive
     try:
-        trio.run(serve, config, ready)
+        trio.run(serve, config, ready, foreground)
     except* MountError as group:
         raise _first(group) from None
     except* OSError as group:
@@ -294,5 +661,8 @@ def run(config: MountConfig, ready: Callable[[], None] = lambda: None) -> None:
         raise MountError(str(exc)) from None
     except* Exception as group:
         exc = _first(group)
+        if type(exc).__module__.startswith("journalfs."):  # our errors speak to the user
+            log.error("journalfs stopped: %s", exc)
+            raise MountError(str(exc)) from None
         log.error("journalfs stopped", exc_info=exc)
         raise MountError(f"{type(exc).__name__}: {exc}") from None

@@ -181,6 +181,7 @@ class Views:
     def __init__(self, fs, options: dict):
         self.fs = fs                      # the JournalFS: source paths, allocators, metadata
         self.options = options
+        self.control = None               # fs.control.Control: settings as xattrs of the root
         self.started_ns = time.time_ns()
         self.by_ino: dict[int, VNode] = {}
         self.by_key: dict[tuple, VNode] = {}
@@ -729,6 +730,8 @@ class Views:
 
     async def getxattr(self, ino: int, name: bytes) -> bytes:
         node = self._get(ino)
+        if node.kind == ROOT and self.control is not None:
+            return await self.control.getxattr(name)
         if node.kind != RECORD or not name.startswith(RECORD_XATTR_PREFIX):
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         fields = await trio.to_thread.run_sync(self._record_fields, node)
@@ -739,4 +742,12 @@ class Views:
 
     async def listxattr(self, ino: int) -> list[bytes]:
         node = self._get(ino)
+        if node.kind == ROOT and self.control is not None:
+            return await self.control.listxattr()
         return list(await trio.to_thread.run_sync(self._record_fields, node))
+
+    async def setxattr(self, ino: int, name: bytes, value: bytes, ctx) -> None:
+        """Only the mount's settings on ``.journalfs`` itself change; the rest is read-only."""
+        if self._get(ino).kind != ROOT or self.control is None:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        await self.control.setxattr(name, value, ctx)

@@ -1,0 +1,125 @@
+"""Runtime settings of a mount as extended attributes of ``MNT/.journalfs`` (as mergerfs
+does on its control file)::
+
+    getfattr -d MNT/.journalfs                               # show them
+    setfattr -n user.journalfs.timeout -v 5 MNT/.journalfs   # kernel cache timeout, seconds
+    setfattr -n user.journalfs.sync -v always MNT/.journalfs # metadata durability
+    setfattr -n user.journalfs.log_level -v debug MNT/.journalfs
+    setfattr -n user.journalfs.rotate -v 1 MNT/.journalfs    # rotate the store now
+
+Anyone who can see the mount may read them; only the mount's owner (the user the daemon runs
+as) and root may change them, others get EPERM. ``user.journalfs.rotate`` reads as the number
+of rotations done so far; writing any value rotates the store and returns when it is done.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+import pyfuse3
+import trio
+
+from ..metastore.store import SYNC_MODES
+from .main import OptionError, parse_timeout
+from .passthrough import SNAPSHOT_TTL
+
+log = logging.getLogger("journalfs.fs.control")
+
+PREFIX = b"user.journalfs."
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class Control:
+    """Reads and changes the settings of one running mount (``ops``: its JournalFS)."""
+
+    def __init__(self, ops, owner_uid: int | None = None):
+        self.ops = ops
+        self.owner_uid = os.geteuid() if owner_uid is None else owner_uid
+
+    # -- reading ---------------------------------------------------------------------------
+    def _values(self) -> dict[bytes, str]:
+        meta = self.ops.meta
+        values = {b"timeout": f"{self.ops.timeout:g}",
+                  b"log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()}
+        if hasattr(meta, "compact"):  # journalfs's own store (not gvfsd's)
+            values[b"sync"] = str(getattr(meta, "sync", ""))
+            status = meta.status() if callable(getattr(meta, "status", None)) else {}
+            values[b"rotate"] = str((status or {}).get("rotations", 0))
+        return values
+
+    async def _current(self) -> dict[bytes, str]:
+        # the store's status may wait for its lock (a rotation): not on the trio thread
+        return await trio.to_thread.run_sync(self._values)
+
+    async def listxattr(self) -> list[bytes]:
+        return [PREFIX + name for name in await self._current()]
+
+    async def getxattr(self, name: bytes) -> bytes:
+        value = (await self._current()).get(self._setting(name))
+        if value is None:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        return value.encode()
+
+    @staticmethod
+    def _setting(name: bytes) -> bytes | None:
+        return name[len(PREFIX):] if name.startswith(PREFIX) else None
+
+    # -- changing --------------------------------------------------------------------------
+    async def setxattr(self, name: bytes, value: bytes, ctx) -> None:
+        setting = self._setting(name)
+        if setting not in await self._current():
+            raise pyfuse3.FUSEError(errno.ENOTSUP if setting is None else pyfuse3.ENOATTR)
+        if ctx.uid not in (self.owner_uid, 0):
+            raise pyfuse3.FUSEError(errno.EPERM)
+        text = value.decode("utf-8", "replace").strip()
+        if setting == b"timeout":
+            self._set_timeout(text)
+        elif setting == b"sync":
+            self._set_sync(text)
+        elif setting == b"log_level":
+            self._set_log_level(text)
+        elif setting == b"rotate":
+            log.info("rotation requested through %s", name.decode())
+            await self.ops.meta.compact()
+            return
+        log.info("setting %s changed to %s by uid %d", setting.decode(), text, ctx.uid)
+
+    def _set_timeout(self, text: str) -> None:
+        try:
+            seconds = parse_timeout(text)
+        except OptionError:
+            raise pyfuse3.FUSEError(errno.EINVAL) from None
+        ops = self.ops
+        ops.timeout = seconds  # entry/attr timeouts of every later reply
+        # the daemon's own short-lived caches never outlive the kernel's (as when mounting)
+        cap = min(seconds, SNAPSHOT_TTL)
+        if hasattr(ops, "stat_ttl"):
+            ops.stat_ttl = cap
+        snapshots = getattr(ops, "snapshots", None)
+        if snapshots is not None and hasattr(snapshots, "ttl"):
+            snapshots.ttl = cap
+        options = getattr(getattr(ops, "views", None), "options", None)
+        if isinstance(options, dict):
+            options["entry_timeout"] = options["attr_timeout"] = seconds
+
+    def _set_sync(self, mode: str) -> None:
+        if mode not in SYNC_MODES:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        meta = self.ops.meta
+        set_sync = getattr(meta, "set_sync", None)
+        if set_sync is not None:
+            set_sync(mode)
+        else:  # the service decides per commit, the store per append
+            meta.sync = mode
+            store = getattr(meta, "store", None)
+            if store is not None and hasattr(store, "sync"):
+                store.sync = mode
+        options = getattr(getattr(self.ops, "views", None), "options", None)
+        if isinstance(options, dict):
+            options["sync"] = mode
+
+    def _set_log_level(self, text: str) -> None:
+        if text.lower() not in LOG_LEVELS:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        logging.getLogger().setLevel(text.upper())
