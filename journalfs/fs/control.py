@@ -43,7 +43,7 @@ class Control:
         values = {b"timeout": f"{self.ops.timeout:g}",
                   b"log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()}
         if hasattr(meta, "compact"):  # journalfs's own store (not gvfsd's)
-            values[b"sync"] = str(getattr(meta, "sync", ""))
+            values[b"sync"] = str(getattr(meta, "sync_mode", ""))
             status = meta.status() if callable(getattr(meta, "status", None)) else {}
             values[b"rotate"] = str((status or {}).get("rotations", 0))
         return values
@@ -108,13 +108,9 @@ class Control:
             raise pyfuse3.FUSEError(errno.EINVAL)
         meta = self.ops.meta
         set_sync = getattr(meta, "set_sync", None)
-        if set_sync is not None:
-            set_sync(mode)
-        else:  # the service decides per commit, the store per append
-            meta.sync = mode
-            store = getattr(meta, "store", None)
-            if store is not None and hasattr(store, "sync"):
-                store.sync = mode
+        if set_sync is None:  # gvfsd-metadata owns durability of the stores it writes
+            raise pyfuse3.FUSEError(errno.ENOTSUP)
+        set_sync(mode)
         options = getattr(getattr(self.ops, "views", None), "options", None)
         if isinstance(options, dict):
             options["sync"] = mode

@@ -77,14 +77,19 @@ class MetaService:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._commit_task)
                 nursery.start_soon(self._rotation_task)
-                if self.sync_mode == "batch":
-                    nursery.start_soon(self._flush_task)
+                nursery.start_soon(self._flush_task)  # idle unless batch writes wake it
                 task_status.started()
                 await trio.sleep_forever()
         finally:
             with trio.CancelScope(shield=True):
                 await self._commit_queued()  # writers still waiting get their answer
                 await trio.to_thread.run_sync(self.store.close)  # flushes; rotates if dirty
+
+    def set_sync(self, mode: str) -> None:
+        """Switch the durability mode at run time (the mount's `user.journalfs.sync`)."""
+        if mode not in SYNC_MODES:
+            raise ValueError(f"unknown sync mode {mode!r}")
+        self.sync_mode = self.store.sync = mode
 
     def _background_failure(self, task: str, exc: BaseException) -> None:
         """Log and record a failure of background work; the caller retries later."""
