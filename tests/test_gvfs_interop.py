@@ -299,37 +299,45 @@ def test_gvfsd_backend_writes_through_daemon(gvfs_session):
     assert session.gio_store_metadata(["/m/dir2/b.txt", "/m/dir/b.txt"]) == {"/m/dir2/b.txt": {"rating": "1"}}
 
 
-def test_gvfsd_client_blocking(gvfs_session, monkeypatch):
-    from journalfs.metastore.gvfsd import GvfsdClient
+def test_gvfsd_backend_copy_from_blocking_code(gvfs_session, monkeypatch):
+    """One backend for the mount and for blocking callers (under trio.run); the bus comes
+    from DBUS_SESSION_BUS_ADDRESS, as for the user's own session."""
+    from journalfs.metastore.gvfsd import GvfsdBackend
     session = gvfs_session
     session.create_files(["/c/src/a", "/c/src/b", "/c/dst/z"])
-    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", session.address)  # the user's session bus
-    with GvfsdClient(session.home_tree) as client:
-        client.set("/c/src/a", "comment", "A")
-        client.set("/c/src/b", "tags", ["1", "2"])
-        client.set("/c/dst/z", "comment", "old")
-        client.copy("/c/src", "/c/dst")
-        assert client.dump() == {
-            "/c/src/a": {"comment": "A"}, "/c/src/b": {"tags": ["1", "2"]},
-            "/c/dst/a": {"comment": "A"}, "/c/dst/b": {"tags": ["1", "2"]},
-        }
+    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", session.address)
+    backend = GvfsdBackend(session.home_tree)
+
+    async def scenario():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(backend.run)
+            await backend.set("/c/src/a", "comment", "A")
+            await backend.set("/c/src/b", "tags", ["1", "2"])
+            await backend.set("/c/dst/z", "comment", "old")
+            await backend.copy("/c/src", "/c/dst")
+            await backend.sync()
+            got = {p: await backend.get_all(p) for p in ("/c/src/a", "/c/src/b", "/c/dst/a", "/c/dst/b", "/c/dst/z")}
+            nursery.cancel_scope.cancel()
+        return got
+
+    assert trio.run(scenario) == {
+        "/c/src/a": {"comment": "A"}, "/c/src/b": {"tags": ["1", "2"]},
+        "/c/dst/a": {"comment": "A"}, "/c/dst/b": {"tags": ["1", "2"]}, "/c/dst/z": {},
+    }
     session.create_files(["/c/dst/a", "/c/dst/b"])
     assert session.gio_store_metadata(["/c/dst/a", "/c/dst/b", "/c/dst/z"]) == {
         "/c/dst/a": {"comment": "A"}, "/c/dst/b": {"tags": ["1", "2"]}}
 
 
 def test_gvfsd_unreachable_is_a_clear_error(gvfs_session, tmp_path):
-    from journalfs.metastore.gvfsd import GvfsdBackend, GvfsdClient, GvfsdUnavailable
+    from journalfs.metastore.gvfsd import GvfsdBackend, GvfsdUnavailable
     gvfs_session.stop_daemon()  # the private bus has no service files: nothing can start it
-    with pytest.raises(GvfsdUnavailable, match="no gvfsd-metadata"):
-        GvfsdClient(gvfs_session.home_tree, bus=gvfs_session.address)
-    with pytest.raises(GvfsdUnavailable, match="no gvfsd-metadata"):
-        GvfsdClient(gvfs_session.home_tree, bus=f"unix:path={tmp_path}/no-bus")
 
-    async def start():
+    async def start(bus):
         async with trio.open_nursery() as nursery:
-            await nursery.start(GvfsdBackend(gvfs_session.home_tree, bus=gvfs_session.address).run)
+            await nursery.start(GvfsdBackend(gvfs_session.home_tree, bus=bus).run)
 
-    with pytest.RaisesGroup(pytest.RaisesExc(GvfsdUnavailable, match="no gvfsd-metadata"),
-                            allow_unwrapped=True, flatten_subgroups=True):
-        trio.run(start)
+    for bus in (gvfs_session.address, f"unix:path={tmp_path}/no-bus"):
+        with pytest.RaisesGroup(pytest.RaisesExc(GvfsdUnavailable, match="no gvfsd-metadata"),
+                                allow_unwrapped=True, flatten_subgroups=True):
+            trio.run(start, bus)

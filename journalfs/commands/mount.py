@@ -38,10 +38,13 @@ def add_parser(sub) -> None:
     p.add_argument("mountpoint", help="empty directory to mount on")
     p.add_argument("--store", metavar="DIR", help="gvfs-style metadata directory (home/root trees)")
     p.add_argument("--gvfs", action="store_true", help="share the user's running gvfsd-metadata")
+    p.add_argument("--exclusive-store", action="store_true",
+                   help="refuse a gvfs --store directory when no session bus of its owner is "
+                        "reachable (a gvfsd-metadata starting later could write it too)")
     p.add_argument("--foreground", "-f", action="store_true", help="stay attached; log to stderr")
     p.add_argument("--sync", choices=("always", "batch", "none"), help="metadata durability")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPTS",
-                   help="comma list: store=DIR, sync=MODE, gvfs, allow_other, "
+                   help="comma list: store=DIR, sync=MODE, gvfs, exclusive_store, allow_other, "
                         "default_permissions, ro, debug, fsname=NAME, nonempty, timeout=SECONDS "
                         f"(kernel cache of names/attributes, default {DEFAULT_TIMEOUT:g}), "
                         f"readahead=KIB (as root; default {DEFAULT_READAHEAD_KIB}, 0: the "
@@ -64,6 +67,8 @@ def build_config(args) -> MountConfig:
         config.store = args.store
     if args.gvfs:
         config.gvfs = True
+    if args.exclusive_store:
+        config.exclusive_store = True
     if args.sync:
         config.sync = args.sync
     if config.store:

@@ -54,6 +54,7 @@ class MountConfig:
     mountpoint: str
     store: str | None = None
     gvfs: bool = False
+    exclusive_store: bool = False  # refuse a gvfs store no session bus can guard
     sync: str = "batch"
     allow_other: bool = False
     default_permissions: bool = True  # always on: the kernel checks permissions for us
@@ -92,6 +93,8 @@ class MountConfig:
                 self.readahead = int(value)
             elif opt == "gvfs":
                 self.gvfs = True
+            elif opt == "exclusive_store":
+                self.exclusive_store = True
             elif opt in ("allow_other", "default_permissions", "ro", "debug", "nonempty"):
                 setattr(self, opt, True)
             else:
@@ -100,7 +103,7 @@ class MountConfig:
     def summary(self) -> dict:
         """The options as status.json shows them."""
         return {"source": self.source, "mountpoint": self.mountpoint, "store": self.store,
-                "gvfs": self.gvfs, "sync": self.sync, "allow_other": self.allow_other,
+                "gvfs": self.gvfs, "exclusive_store": self.exclusive_store, "sync": self.sync, "allow_other": self.allow_other,
                 "default_permissions": True, "ro": self.ro, "debug": self.debug,
                 "fsname": self.fs_name, "entry_timeout": self.timeout,
                 "attr_timeout": self.timeout, "readahead_kib": self.readahead}
@@ -174,21 +177,20 @@ def pidfile_for(mountpoint: str) -> str:
 
 
 def _open_metadata(config: MountConfig):
-    """(service, location): the metadata backend the mount serves xattrs from."""
+    """(service, location): the metadata backend the mount serves xattrs from. Who may write
+    a shared (--store) gvfs directory is the metastore's decision (gvfs_service)."""
+    from ..metastore.gvfs_service import open_metadata_backend
     from ..metastore.location import resolve_store
+    from ..metastore.store import StoreLocked
 
     location = resolve_store(config.source, config.store, gvfs=config.gvfs)
-    if config.gvfs:
-        from ..metastore.gvfsd import GvfsdBackend
-        return GvfsdBackend(location.tree_path), location
-    from ..metastore.service import MetaService
-    from ..metastore.store import MetaStore, StoreLocked
     try:
-        store = MetaStore.open(location.tree_path, sync=config.sync, readonly=config.ro)
+        return open_metadata_backend(location.tree_path, shared_dir=config.store is not None,
+                                     gvfs=config.gvfs, sync=config.sync, readonly=config.ro,
+                                     exclusive=config.exclusive_store), location
     except StoreLocked as exc:
         raise MountError(f"metadata store {location.tree_path} is locked by another process "
                          f"({exc})") from None
-    return MetaService(store, sync=config.sync), location
 
 
 async def _handle_signals(meta, task_status) -> None:
