@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -341,3 +342,67 @@ def test_gvfsd_unreachable_is_a_clear_error(gvfs_session, tmp_path):
         with pytest.RaisesGroup(pytest.RaisesExc(GvfsdUnavailable, match="no gvfsd-metadata"),
                                 allow_unwrapped=True, flatten_subgroups=True):
             trio.run(start, bus)
+
+
+# ---- fsck: two writers on one journal ------------------------------------------------
+def _copy_store(tree: Path, into: Path) -> Path:
+    into.mkdir()
+    for f in tree.parent.glob(tree.name + "*"):
+        if f.name == tree.name or f.name.endswith(".log"):
+            shutil.copyfile(f, into / f.name)
+    return into / tree.name
+
+
+def test_fsck_finds_a_second_writers_entries_and_repair_keeps_them(gvfs_session, tmp_path):
+    """What issue 14 saw: journalfs and gvfsd-metadata appending to one journal, each at
+    its own idea of its end. fsck finds the valid entries gvfs no longer reads; --repair
+    keeps every one of them."""
+    from journalfs.metastore.fsck import check_store
+    session = gvfs_session
+    session.create_files(["/w/a", "/w/b"])
+    session.gio_set(session.file_of("/w/a"), "first", "gvfsd")  # gvfsd-metadata maps the store
+    second = MetaStore.open(str(session.home_tree), sync="always")  # the second writer
+    try:
+        for i in range(3):
+            second.set("/w/b", f"long{i}", "x" * 150)
+    finally:
+        second._release()  # as a killed writer: its entries stay where it put them
+    session.gio_set(session.file_of("/w/a"), "then", "gvfsd again")  # writes over long0
+    copy = _copy_store(session.home_tree, tmp_path / "copy")
+    problems = check_store(str(copy))
+    strays = [f for f in problems if "outside" in f.reason]
+    assert len(strays) == 2 and all(f.severity == "error" for f in strays), problems
+    assert "set /w/b long1" in strays[0].reason
+    check = check_store(str(copy), repair=True)
+    assert any("kept 2 more valid entries" in a for a in check.actions), check.actions
+    assert check_store(str(copy)) == []
+    assert journalfs_dump(copy) == {"/w/a": {"first": "gvfsd", "then": "gvfsd again"},
+                                    "/w/b": {"long1": "x" * 150, "long2": "x" * 150}}
+    # and gvfs reads the repaired store the same way
+    session.install_store(copy)
+    assert session.gio_store_metadata(["/w/a", "/w/b"]) == journalfs_dump(copy)
+
+
+def test_fsck_reports_overlapping_entries_and_keeps_the_valid_one(tmp_path):
+    from journalfs.formats.gvfs_journal import encode_entry
+    from journalfs.metastore.fsck import check_store
+    tree = tmp_path / "home"
+    with MetaStore.open(str(tree), sync="none", journal_size=32768) as store:
+        store.set("/kept", "k", "tree")
+    with MetaStore.open(str(tree), readonly=True) as reader:
+        journal = Path(reader.journal_path)
+    data = bytearray(journal.read_bytes())
+    first = encode_entry("set", 1, "/a", "k", "a" * 80)
+    inner = encode_entry("set", 2, "/b", "k", "b" * 40)
+    after = encode_entry("set", 3, "/c", "k", "c")
+    data[20:20 + len(first)] = first
+    data[60:60 + len(inner)] = inner  # a second writer's entry over the middle of the first
+    data[60 + len(inner):60 + len(inner) + len(after)] = after
+    data[16:20] = (1).to_bytes(4, "big")
+    journal.write_bytes(bytes(data))
+    problems = check_store(str(tree))
+    assert any(f.offset == 60 and "overlaps the entry at byte 20" in f.reason for f in problems), problems
+    assert any("trailing entry size" in f.reason and f.offset == 124 for f in problems)  # gvfs: "wrong sized"
+    check_store(str(tree), repair=True)
+    assert check_store(str(tree)) == []
+    assert journalfs_dump(tree) == {"/kept": {"k": "tree"}, "/b": {"k": "b" * 40}, "/c": {"k": "c"}}

@@ -215,8 +215,7 @@ def iter_entries(buf, source: str, start: int = FIRST_ENTRY, first_index: int = 
             rec, size = decode_entry(buf, offset, source, end)
         except FormatError as exc:
             if cut is not None and len(buf) < header.file_size and _runs_past(buf, offset, end):
-                raise FormatError(source, offset, f"entry cut off by the end of the file "
-                                                  f"(truncated journal: {cut.reason})") from None
+                raise FormatError(source, offset, f"entry cut off: {cut.reason}") from None
             raise exc from None
         yield offset, rec, size
         offset += size
