@@ -316,3 +316,28 @@ def test_without_a_bus_the_store_is_taken_with_a_warning_or_refused_if_exclusive
         assert "desktop session" in status["store_warning"]
         os.setxattr(mnt, "user.metadata.k", b"v")
         assert "desktop session" in m.stderr()  # and in the log
+
+
+def meta_cli(session: GvfsSession, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "journalfs.cli", "meta", *map(str, args)],
+                          env={**os.environ, **session.env()}, capture_output=True, text=True, timeout=120)
+
+
+def test_meta_commands_write_through_the_stores_one_writer(gvfs_desktop, tmp_path, monkeypatch):  # noqa: F811
+    """`journalfs meta set` next to a mount serving the store, and next to gvfsd-metadata:
+    the write goes to whoever owns org.gtk.vfs.Metadata, never into the files beside it."""
+    session = gvfs_desktop
+    src, mnt = desktop_source(session, tmp_path, monkeypatch)
+    tree = session.home_tree
+    with mounted(src, mnt, "--store", str(session.metadata_dir)):
+        done = meta_cli(session, "set", tree, "/files/F", "cli", "via mount")
+        assert done.returncode == 0, done.stderr
+        assert os.getxattr(mnt / "F", "user.metadata.cli") == b"via mount"
+        assert status_of(mnt)["service"]["gvfs_calls"] >= 1
+    session.gio_set(src / "F", "gio", "v")  # gvfsd-metadata runs now
+    assert session.activated_daemon_pid() is not None
+    for args in (("set", tree, "/files/F", "cli", "a", "b", "--list"), ("unset", tree, "/files/F", "gio")):
+        done = meta_cli(session, *args)
+        assert done.returncode == 0, done.stderr
+    assert session.gio_metadata([src / "F"])[str(src / "F")] == {"cli": ["a", "b"]}
+    assert new_session_reads(session, src / "F") == {"cli": ["a", "b"]}

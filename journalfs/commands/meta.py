@@ -105,10 +105,13 @@ def run_get(args) -> int:
     return 0
 
 
-def _write(args, op) -> int:
+def _write(args, method: str, *call) -> int:
+    from ..metastore.gvfs_service import write_through_owner
+    if write_through_owner(args.tree, method, *call):  # gvfsd-metadata (or a mount) writes it
+        return 0
     store = _writer(args)
     try:
-        op(store)
+        getattr(store, method)(*call)
     finally:
         store.close(compact=False)  # no full rewrite per command; `meta compact` does that
     return 0
@@ -116,19 +119,19 @@ def _write(args, op) -> int:
 
 def run_set(args) -> int:
     value = list(args.values) if (args.list or len(args.values) > 1) else args.values[0]
-    return _write(args, lambda s: s.set(args.path, args.key, value))
+    return _write(args, "set", args.path, args.key, value)
 
 
 def run_unset(args) -> int:
-    return _write(args, lambda s: s.unset(args.path, args.key))
+    return _write(args, "unset", args.path, args.key)
 
 
 def run_rm(args) -> int:
-    return _write(args, lambda s: s.remove(args.path))
+    return _write(args, "remove", args.path)
 
 
 def run_mv(args) -> int:
-    return _write(args, lambda s: s.move(args.src, args.dst))
+    return _write(args, "move", args.src, args.dst)
 
 
 def run_compact(args) -> int:

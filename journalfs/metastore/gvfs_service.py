@@ -246,7 +246,7 @@ class StoreGuard:
         return out
 
 
-def decide(store_dir: str, *, exclusive: bool = False) -> StoreGuard:
+def decide(store_dir: str, *, exclusive: bool = False, quiet: bool = False) -> StoreGuard:
     """Who writes ``store_dir`` while we mount it (see the module doc); raises StoreRefused."""
     uid = store_owner(store_dir)
     pids = gvfsd_metadata_processes(store_dir)
@@ -279,7 +279,8 @@ def decide(store_dir: str, *, exclusive: bool = False) -> StoreGuard:
     warning = (f"{why}: journalfs takes {store_dir} alone, but a desktop session of uid {uid} "
                "starting meanwhile would write it too (gvfsd-metadata); use --exclusive-store "
                "to refuse instead")
-    log.warning("%s", warning)
+    if not quiet:
+        log.warning("%s", warning)
     return StoreGuard("unguarded", warning=warning)
 
 
@@ -300,6 +301,35 @@ def open_metadata_backend(tree_path: str, *, shared_dir: bool, gvfs: bool, sync:
             return SessionStoreBackend(tree_path, guard.bus, sync=sync)
     store = MetaStore.open(tree_path, sync=sync, readonly=readonly)
     return GuardedMetaService(store, guard, sync=sync)
+
+
+def write_through_owner(tree_path: str, method: str, *args) -> bool:
+    """For a command writing a store outside any mount (``journalfs meta set``...): when a
+    process on the owner's session bus owns org.gtk.vfs.Metadata (gvfsd-metadata, or a
+    journalfs mount serving it), make the write through it and return True. False: nobody
+    else writes the store; open it directly. Raises StoreRefused when a gvfsd-metadata
+    writes it and cannot be reached."""
+    store_dir = os.path.dirname(os.path.abspath(tree_path))
+    guard = decide(store_dir, quiet=True)
+    if guard.mode != "join":
+        return False
+    backend = GvfsdBackend(tree_path, bus=guard.bus)
+
+    async def write() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(backend.run)
+            await getattr(backend, method)(*args)
+            await backend.sync()
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(write)
+    except BaseExceptionGroup as group:  # one error, as the command's one line
+        first = group
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
+    return True
 
 
 class GuardedMetaService(MetaService):
