@@ -341,3 +341,40 @@ def test_meta_commands_write_through_the_stores_one_writer(gvfs_desktop, tmp_pat
         assert done.returncode == 0, done.stderr
     assert session.gio_metadata([src / "F"])[str(src / "F")] == {"cli": ["a", "b"]}
     assert new_session_reads(session, src / "F") == {"cli": ["a", "b"]}
+
+
+def test_journalfs_as_gvfsd_answers_every_call_gio_makes_and_signals_changes(gvfs_desktop, tmp_path, monkeypatch):  # noqa: F811
+    from jeepney import DBusAddress, MessageType, new_method_call
+    from jeepney.bus_messages import MatchRule, message_bus
+    from jeepney.io.blocking import open_dbus_connection
+    session = gvfs_desktop
+    src, mnt = desktop_source(session, tmp_path, monkeypatch)
+    outside = tmp_path / "outside.txt"  # not under HOME: GIO keeps it in the "root" tree
+    outside.write_text("o")
+    metadata = DBusAddress("/org/gtk/vfs/metadata", bus_name="org.gtk.vfs.Metadata",
+                           interface="org.gtk.vfs.Metadata")
+    with mounted(src, mnt, "--store", str(session.metadata_dir)), \
+            open_dbus_connection(session.address) as conn:
+        rule = MatchRule(type="signal", interface="org.gtk.vfs.Metadata", member="AttributeChanged")
+        conn.send_and_get_reply(message_bus.AddMatch(rule), timeout=5)
+        with conn.filter(rule, bufsize=100) as signals:
+            os.setxattr(mnt / "F", "user.metadata.k", b"v")  # a write through the mount ...
+            session.gio_set(src / "F", "g", "w")  # ... and one through GIO: one signal per path
+            got = conn.recv_until_filtered(signals, timeout=10)
+            assert got.body == (str(session.home_tree), "/files/F")
+        session.gio_set(outside, "o", "root tree")  # a second tree of the directory
+        assert session.gio_metadata([outside]) == {str(outside): {"o": "root tree"}}
+        assert status_of(mnt)["service"]["gvfs_trees"] == ["home", "root"]
+        reply = conn.send_and_get_reply(new_method_call(metadata, "GetTreeFromDevice", "uu", (0, 0)), timeout=5)
+        assert reply.header.message_type == MessageType.method_return and reply.body == ("",)
+        intro = DBusAddress("/org/gtk/vfs/metadata", bus_name="org.gtk.vfs.Metadata",
+                            interface="org.freedesktop.DBus.Introspectable")
+        xml = conn.send_and_get_reply(new_method_call(intro, "Introspect"), timeout=5).body[0]
+        assert '<method name="Move">' in xml and '<signal name="AttributeChanged">' in xml
+        outside_tree = str(session.metadata_dir / ".." / "elsewhere" / "home").encode() + b"\0"
+        refused = conn.send_and_get_reply(new_method_call(metadata, "Remove", "ayay", (outside_tree, b"/\0")), timeout=5)
+        assert refused.header.message_type == MessageType.error  # only trees of its directory
+    assert (session.metadata_dir / "root").exists()
+    session.start_daemon()  # and gvfsd-metadata carries on with both trees
+    assert session.gio_metadata([outside, src / "F"]) == {str(outside): {"o": "root tree"},
+                                                         str(src / "F"): {"k": "v", "g": "w"}}
