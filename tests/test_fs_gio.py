@@ -340,6 +340,8 @@ def test_meta_commands_write_through_the_stores_one_writer(gvfs_desktop, tmp_pat
         done = meta_cli(session, *args)
         assert done.returncode == 0, done.stderr
     assert session.gio_metadata([src / "F"])[str(src / "F")] == {"cli": ["a", "b"]}
+    refused = meta_cli(session, "compact", tree)  # gvfsd-metadata compacts its own store
+    assert refused.returncode == 1 and "gvfsd-metadata (pid" in refused.stderr
     assert new_session_reads(session, src / "F") == {"cli": ["a", "b"]}
 
 

@@ -135,6 +135,8 @@ def run_mv(args) -> int:
 
 
 def run_compact(args) -> int:
+    from ..metastore.gvfs_service import refuse_if_gvfsd_writes
+    refuse_if_gvfsd_writes(args.tree)
     try:
         store = _writer(args)
     except StoreLocked:

@@ -190,11 +190,7 @@ def gvfsd_metadata_processes(store_dir: str) -> list[int]:
         if not entry.name.isdigit():
             continue
         base = f"/proc/{entry.name}"
-        try:
-            with open(f"{base}/comm", "rb") as f:
-                if f.read().strip() != b"gvfsd-metadata":
-                    continue
-        except OSError:
+        if _comm(int(entry.name)) != "gvfsd-metadata":
             continue
         if _process_uses(base, directory):
             pids.append(int(entry.name))
@@ -301,6 +297,27 @@ def open_metadata_backend(tree_path: str, *, shared_dir: bool, gvfs: bool, sync:
             return SessionStoreBackend(tree_path, guard.bus, sync=sync)
     store = MetaStore.open(tree_path, sync=sync, readonly=readonly)
     return GuardedMetaService(store, guard, sync=sync)
+
+
+def refuse_if_gvfsd_writes(tree_path: str) -> None:
+    """Raise StoreRefused when a gvfsd-metadata writes this store (owning the name on the
+    owner's session bus, or found under /proc): a command must not rewrite it beside it. A
+    journalfs mount serving the name is not refused here: it holds the store's lock."""
+    store_dir = os.path.dirname(os.path.abspath(tree_path))
+    guard = decide(store_dir, quiet=True)
+    if guard.mode == "join":
+        _, pid = _name_owner_pid(guard.bus)
+        if pid is not None and _comm(pid) == "gvfsd-metadata":
+            raise StoreRefused(f"gvfsd-metadata (pid {pid}) writes {tree_path} and compacts it "
+                               "itself (60 s after changes, and when it exits)")
+
+
+def _comm(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().strip().decode("utf-8", "replace")
+    except OSError:
+        return None
 
 
 def write_through_owner(tree_path: str, method: str, *args) -> bool:
