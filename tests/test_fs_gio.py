@@ -376,6 +376,15 @@ def test_journalfs_as_gvfsd_answers_every_call_gio_makes_and_signals_changes(gvf
         outside_tree = str(session.metadata_dir / ".." / "elsewhere" / "home").encode() + b"\0"
         refused = conn.send_and_get_reply(new_method_call(metadata, "Remove", "ayay", (outside_tree, b"/\0")), timeout=5)
         assert refused.header.message_type == MessageType.error  # only trees of its directory
+        home = str(session.home_tree).encode() + b"\0"
+        for hostile in (new_method_call(metadata, "Set", "ayay", (home, b"/x\0")),  # wrong signature
+                        new_method_call(metadata, "Remove", "ayay", (home, b"/a\0b\0")),  # NUL inside
+                        new_method_call(metadata, "Move", "ayayay", (home, b"", b"/y\0")),  # empty path
+                        new_method_call(metadata, "Set", "ayaya{sv}", (home, b"/x\0", {"": ("s", "v")})),
+                        new_method_call(metadata, "Explode", "s", ("now",))):
+            answer = conn.send_and_get_reply(hostile, timeout=5)
+            assert answer.header.message_type == MessageType.error, hostile.header.fields
+        assert os.getxattr(mnt / "F", "user.metadata.k") == b"v"  # and the mount serves on
     assert (session.metadata_dir / "root").exists()
     session.start_daemon()  # and gvfsd-metadata carries on with both trees
     assert session.gio_metadata([outside, src / "F"]) == {str(outside): {"o": "root tree"},

@@ -437,8 +437,7 @@ class MetadataServer:
                 while True:
                     try:
                         message = await conn.receive()
-                    except (trio.EndOfChannel, trio.ClosedResourceError, trio.BrokenResourceError,
-                            OSError) as exc:
+                    except Exception as exc:  # noqa: BLE001 -- closed, reset or garbled: stop serving
                         self.bus_lost = f"session bus connection lost: {exc or 'closed'}"
                         log.warning("gvfs metadata service: %s; the mount keeps the store", self.bus_lost)
                         break
@@ -467,7 +466,7 @@ class MetadataServer:
             if handler is None:
                 raise _CallFailed(_UNKNOWN_METHOD, f"no method {interface}.{member} here")
             if fields.get(HeaderFields.path) != METADATA.object_path and \
-                    interface == "org.gtk.vfs.Metadata":
+                    (interface or "org.gtk.vfs.Metadata") == "org.gtk.vfs.Metadata":
                 raise _CallFailed(_UNKNOWN_METHOD, f"no object {fields.get(HeaderFields.path)}")
             self.calls += 1
             signature, body = await handler(message)
@@ -476,6 +475,9 @@ class MetadataServer:
             reply = new_error(message, exc.name, "s", (exc.text,))
         except (ValueError, TypeError, IndexError) as exc:
             reply = new_error(message, _INVALID_ARGS, "s", (f"bad arguments: {exc}",))
+        except Exception as exc:  # noqa: BLE001 -- a failed call must never end the mount
+            log.exception("gvfs metadata service: %s failed", member)
+            reply = new_error(message, _GIO_ERROR.format(_IO_FAILED), "s", (f"{member} failed: {exc}",))
         if message.header.flags & MessageFlag.no_reply_expected or self._conn is None:
             return
         try:
