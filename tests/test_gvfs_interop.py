@@ -6,6 +6,7 @@ through GIO (python3-gi), i.e. exactly what GNOME applications see.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -406,3 +407,32 @@ def test_fsck_reports_overlapping_entries_and_keeps_the_valid_one(tmp_path):
     check_store(str(tree), repair=True)
     assert check_store(str(tree)) == []
     assert journalfs_dump(tree) == {"/kept": {"k": "tree"}, "/b": {"k": "b" * 40}, "/c": {"k": "c"}}
+
+
+# ---- who writes a store: the decision, without a mount -------------------------------
+def test_store_guard_decision(gvfs_session, tmp_path, monkeypatch):
+    from journalfs.metastore import gvfs_service as gs
+    session = gvfs_session
+    private = tmp_path / "private-store"
+    assert gs.decide(str(private)).mode == "private"  # not a gvfs directory, nothing maps it
+    # the session's own directory, its bus in the environment: the running daemon is joined
+    for key, value in session.env().items():
+        monkeypatch.setenv(key, value)
+    session.gio_set(session.home, "k", "v")
+    guard = gs.decide(str(session.metadata_dir))
+    assert (guard.mode, guard.bus) == ("join", session.address)
+    assert gs.gvfsd_metadata_processes(str(session.metadata_dir)) == [session.daemon_pid]
+    session.stop_daemon()
+    assert gs.decide(str(session.metadata_dir)).mode == "serve"
+    # no bus: a gvfs-named directory is taken with a warning, or refused when exclusive
+    monkeypatch.delenv("DBUS_SESSION_BUS_ADDRESS")
+    if not os.path.exists(f"/run/user/{os.geteuid()}/bus"):
+        guard = gs.decide(str(session.metadata_dir))
+        assert guard.mode == "unguarded" and "desktop session" in guard.warning
+        assert guard.status()["store_warning"] == guard.warning
+        with pytest.raises(gs.StoreRefused, match="--exclusive-store"):
+            gs.decide(str(session.metadata_dir), exclusive=True)
+    # a bus that belongs to someone else is not the store owner's bus
+    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", session.address)
+    assert gs.session_bus_candidates(os.geteuid() + 4242) == []
+    assert gs.session_bus_candidates(os.geteuid())[0] == session.address
