@@ -1,7 +1,9 @@
-"""`--gvfs` mode: share the user's running gvfsd-metadata instead of owning the store.
+"""Joining the store's writer: share the user's running gvfsd-metadata instead of owning
+the store (``--gvfs``, and ``--store`` on a gvfs directory whose bus name someone owns, see
+:mod:`.gvfs_service`).
 
-gvfs allows exactly one writer per store: gvfsd-metadata. So in this mode every write
-goes to it over D-Bus (`org.gtk.vfs.Metadata`, see specs/gvfs-metadata.md "How gvfs users
+gvfs allows exactly one writer per store: whoever owns `org.gtk.vfs.Metadata`. So in this
+mode every write goes to it over D-Bus (`org.gtk.vfs.Metadata`, see specs/gvfs-metadata.md "How gvfs users
 reach it"), exactly as GIO does, and reads map the store files read-only
 (`MetaStore.open(tree, readonly=True)` + `refresh()`), exactly as GIO clients do. We never
 take the store lock or write a store file here.
