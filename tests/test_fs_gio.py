@@ -389,3 +389,19 @@ def test_journalfs_as_gvfsd_answers_every_call_gio_makes_and_signals_changes(gvf
     session.start_daemon()  # and gvfsd-metadata carries on with both trees
     assert session.gio_metadata([outside, src / "F"]) == {str(outside): {"o": "root tree"},
                                                          str(src / "F"): {"k": "v", "g": "w"}}
+
+
+def test_a_killed_serving_mount_hands_the_store_to_gvfsd_with_every_acknowledged_write(gvfs_desktop, tmp_path, monkeypatch):  # noqa: F811
+    session = gvfs_desktop
+    src, mnt = desktop_source(session, tmp_path, monkeypatch)
+    with mounted(src, mnt, "--store", str(session.metadata_dir), "--sync", "always", check_exit=False) as m:
+        os.setxattr(mnt / "F", "user.metadata.fuse", b"acknowledged")
+        session.gio_set(src / "F", "gio", "acknowledged too")
+        os.kill(m.pid, signal.SIGKILL)  # no unmount, no rotation, no ReleaseName
+        m.process.wait(timeout=30)
+        subprocess.run(["fusermount3", "-uz", str(mnt)], check=False, capture_output=True)
+    eventually(session.daemon_on_bus, False, "the bus drops a dead owner's name")
+    session.gio_set(src / "F", "after", "crash")  # activates gvfsd-metadata on the same store
+    want = {"fuse": "acknowledged", "gio": "acknowledged too", "after": "crash"}
+    assert session.gio_metadata([src / "F"])[str(src / "F")] == want
+    assert new_session_reads(session, src / "F") == want
