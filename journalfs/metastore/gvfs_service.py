@@ -32,7 +32,7 @@ from jeepney import DBusAddress, HeaderFields, MessageFlag, MessageType
 from jeepney.bus_messages import message_bus
 from jeepney.wrappers import new_error, new_method_return, new_signal
 
-from .gvfsd import BUS_NAME, METADATA, GvfsdBackend, GvfsdUnavailable
+from .gvfsd import BUS_NAME, METADATA, REPLY_TIMEOUT, GvfsdBackend, GvfsdUnavailable
 from .service import MetaService
 
 log = logging.getLogger("journalfs.metastore")
@@ -161,8 +161,8 @@ def session_bus_candidates(uid: int) -> list[str]:
     return found
 
 
-def _name_owner_pid(address: str) -> tuple[bool, int | None]:
-    """(bus answers, pid owning org.gtk.vfs.Metadata or None); raises OSError if unreachable."""
+def _name_owner_pid(address: str) -> int | None:
+    """pid owning org.gtk.vfs.Metadata on the bus (None: nobody); OSError if unreachable."""
     from jeepney.io.blocking import open_dbus_connection
     try:
         conn = open_dbus_connection(address)
@@ -171,9 +171,9 @@ def _name_owner_pid(address: str) -> tuple[bool, int | None]:
     with conn:
         reply = conn.send_and_get_reply(message_bus.NameHasOwner(BUS_NAME), timeout=10)
         if not reply.body[0]:
-            return True, None
+            return None
         reply = conn.send_and_get_reply(message_bus.GetConnectionUnixProcessID(BUS_NAME), timeout=10)
-        return True, (reply.body[0] if reply.header.message_type == MessageType.method_return else None)
+        return reply.body[0] if reply.header.message_type == MessageType.method_return else None
 
 
 # ---- gvfsd-metadata processes --------------------------------------------------------
@@ -255,7 +255,7 @@ def decide(store_dir: str, *, exclusive: bool = False, quiet: bool = False) -> S
     failures = []
     for address in session_bus_candidates(uid) if reachable else []:
         try:
-            _, owner_pid = _name_owner_pid(address)
+            owner_pid = _name_owner_pid(address)
         except OSError as exc:
             failures.append(str(exc))
             continue
@@ -268,7 +268,10 @@ def decide(store_dir: str, *, exclusive: bool = False, quiet: bool = False) -> S
         raise StoreRefused(f"gvfsd-metadata (pid {pids[0]}) writes {store_dir} and its session "
                            "bus is not reachable from here: mount from that session (it "
                            "joins gvfsd-metadata) or stop it first")
-    why = "; ".join(failures) or f"no D-Bus session bus of uid {uid} is reachable"
+    if not reachable:
+        why = f"{store_dir} is not where uid {uid}'s desktop session keeps its metadata"
+    else:
+        why = "; ".join(failures) or f"no D-Bus session bus of uid {uid} is reachable"
     if exclusive:
         raise StoreRefused(f"cannot make sure no gvfsd-metadata writes {store_dir} meanwhile "
                            f"({why}); drop --exclusive-store to take it anyway")
@@ -306,7 +309,7 @@ def refuse_if_gvfsd_writes(tree_path: str) -> None:
     store_dir = os.path.dirname(os.path.abspath(tree_path))
     guard = decide(store_dir, quiet=True)
     if guard.mode == "join":
-        _, pid = _name_owner_pid(guard.bus)
+        pid = _name_owner_pid(guard.bus)
         if pid is not None and _comm(pid) == "gvfsd-metadata":
             raise StoreRefused(f"gvfsd-metadata (pid {pid}) writes {tree_path} and compacts it "
                                "itself (60 s after changes, and when it exits)")
@@ -619,7 +622,7 @@ async def _request_name(conn) -> bool:
     """Claim org.gtk.vfs.Metadata on ``conn`` without queueing: True if it is ours now."""
     request = message_bus.RequestName(BUS_NAME, _DO_NOT_QUEUE)
     serial = next(conn.outgoing_serial)
-    with trio.fail_after(30):
+    with trio.fail_after(REPLY_TIMEOUT):
         await conn.send(request, serial=serial)
         while True:  # nothing else is addressed to us before we own the name but signals
             reply = await conn.receive()
@@ -652,9 +655,11 @@ class SessionStoreBackend:
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         from jeepney.io.trio import open_dbus_connection
         try:
-            conn = await open_dbus_connection(self.bus)
-        except (OSError, StopIteration, ValueError) as exc:
-            raise GvfsdUnavailable(f"cannot connect to the session bus {self.bus}: {exc}") from None
+            with trio.fail_after(REPLY_TIMEOUT):
+                conn = await open_dbus_connection(self.bus)
+        except (OSError, StopIteration, ValueError, trio.TooSlowError) as exc:
+            raise GvfsdUnavailable(f"cannot connect to the session bus {self.bus}: "
+                                   f"{exc or 'no answer'}") from None
         try:
             if await _request_name(conn):
                 try:
