@@ -103,7 +103,8 @@ class MountConfig:
     def summary(self) -> dict:
         """The options as status.json shows them."""
         return {"source": self.source, "mountpoint": self.mountpoint, "store": self.store,
-                "gvfs": self.gvfs, "exclusive_store": self.exclusive_store, "sync": self.sync, "allow_other": self.allow_other,
+                "gvfs": self.gvfs, "exclusive_store": self.exclusive_store, "sync": self.sync,
+                "allow_other": self.allow_other,
                 "default_permissions": True, "ro": self.ro, "debug": self.debug,
                 "fsname": self.fs_name, "entry_timeout": self.timeout,
                 "attr_timeout": self.timeout, "readahead_kib": self.readahead}

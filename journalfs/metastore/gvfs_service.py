@@ -622,12 +622,15 @@ async def _request_name(conn) -> bool:
     """Claim org.gtk.vfs.Metadata on ``conn`` without queueing: True if it is ours now."""
     request = message_bus.RequestName(BUS_NAME, _DO_NOT_QUEUE)
     serial = next(conn.outgoing_serial)
-    with trio.fail_after(REPLY_TIMEOUT):
-        await conn.send(request, serial=serial)
-        while True:  # nothing else is addressed to us before we own the name but signals
-            reply = await conn.receive()
-            if reply.header.fields.get(HeaderFields.reply_serial) == serial:
-                break
+    try:
+        with trio.fail_after(REPLY_TIMEOUT):
+            await conn.send(request, serial=serial)
+            while True:  # nothing else is addressed to us before we own the name but signals
+                reply = await conn.receive()
+                if reply.header.fields.get(HeaderFields.reply_serial) == serial:
+                    break
+    except trio.TooSlowError:
+        raise GvfsdUnavailable(f"the session bus does not answer RequestName({BUS_NAME})") from None
     if reply.header.message_type != MessageType.method_return:
         raise GvfsdUnavailable(f"the session bus refused {BUS_NAME} to journalfs: {reply.body}")
     return reply.body[0] in (_PRIMARY_OWNER, _ALREADY_OWNER)
