@@ -32,7 +32,7 @@ from jeepney import DBusAddress, HeaderFields, MessageFlag, MessageType
 from jeepney.bus_messages import message_bus
 from jeepney.wrappers import new_error, new_method_return, new_signal
 
-from .gvfsd import BUS_NAME, METADATA, REPLY_TIMEOUT, GvfsdBackend, GvfsdUnavailable
+from .gvfsd import BUS_NAME, METADATA, REPLY_TIMEOUT, GvfsdBackend, GvfsdUnavailable, StoreBusError
 from .service import MetaService
 
 log = logging.getLogger("journalfs.metastore")
@@ -79,15 +79,11 @@ INTROSPECTION = """<!DOCTYPE node PUBLIC "-//freedesktop//DTD D-BUS Object Intro
 """
 
 
-class StoreRefused(OSError):
+class StoreRefused(StoreBusError):
     """The store may be written by a gvfsd-metadata journalfs cannot coordinate with (EBUSY).
     Its text is the one line shown to the user."""
 
-    def __init__(self, message: str):
-        super().__init__(errno.EBUSY, message)
-
-    def __str__(self) -> str:
-        return self.strerror
+    errno_code = errno.EBUSY
 
 
 # ---- whose store, which session ------------------------------------------------------

@@ -15,6 +15,7 @@ open with success, so the reply alone proves nothing.
 """
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from pathlib import Path
@@ -35,12 +36,28 @@ VISIBLE_TIMEOUT = 5.0  # how long a confirmed write may take to show up in the f
 _POLL = 0.005
 
 
-class GvfsdUnavailable(RuntimeError):
+class StoreBusError(OSError):
+    """A store error whose text is the one line a user sees (errno per subclass)."""
+
+    errno_code = errno.EIO
+
+    def __init__(self, message: str):
+        super().__init__(self.errno_code, message)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+class GvfsdUnavailable(StoreBusError):
     """No session bus, or no gvfsd-metadata on it."""
 
+    errno_code = errno.ENOTCONN
 
-class GvfsdError(RuntimeError):
+
+class GvfsdError(StoreBusError):
     """gvfsd-metadata refused a request, or accepted it without storing it."""
+
+    errno_code = errno.EIO
 
 
 # ---- messages ------------------------------------------------------------------------
