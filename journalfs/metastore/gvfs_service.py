@@ -491,7 +491,8 @@ class MetadataServer:
         return message.body
 
     async def _service_for(self, treefile) -> tuple[str, object]:
-        """(tree file path, its MetaService) of a tree in our directory."""
+        """(the tree file as the caller named it, its MetaService) of a tree in our directory;
+        AttributeChanged carries the caller's name, as gvfsd-metadata's does."""
         path = _bytestring_arg(treefile)
         name = os.path.basename(path)
         if _real(os.path.dirname(os.path.abspath(path))) != self.store_dir or \
@@ -501,7 +502,7 @@ class MetadataServer:
         if service is None:
             async with self._opening:
                 service = self.services.get(name) or await self._open_tree(name, path)
-        return os.path.join(self.store_dir, name), service
+        return path, service
 
     async def _open_tree(self, name: str, path: str):
         from .store import MetaStore
