@@ -1,6 +1,11 @@
 """The mount and real GNOME gvfs share one metadata store: what setfattr writes through the
 mount, `gio info` reads; what `gio set` writes via gvfsd-metadata, getfattr reads through the
-mount.  SOURCE lives under the gvfs session's scratch HOME, so store paths are HOME-relative."""
+mount.  SOURCE lives under the gvfs session's scratch HOME, so store paths are HOME-relative.
+
+One writer per store (issue 14): next to a running gvfsd-metadata the mount joins it; with no
+one on the bus journalfs serves org.gtk.vfs.Metadata itself (GIO writes through it, and
+gvfsd-metadata, D-Bus-activated after unmount, carries on); without a bus it refuses next to
+a running gvfsd-metadata, else takes the store and says so."""
 from __future__ import annotations
 
 import json

@@ -28,7 +28,7 @@ import stat
 from dataclasses import dataclass
 
 import trio
-from jeepney import DBusAddress, HeaderFields, MessageFlag, MessageType
+from jeepney import HeaderFields, MessageFlag, MessageType
 from jeepney.bus_messages import message_bus
 from jeepney.wrappers import new_error, new_method_return, new_signal
 
