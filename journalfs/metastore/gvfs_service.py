@@ -25,6 +25,7 @@ import os
 import pwd
 import re
 import stat
+import time
 from dataclasses import dataclass
 
 import trio
@@ -41,6 +42,9 @@ GVFS_DIR_NAME = "gvfs-metadata"
 # RequestName flags and answers (D-Bus specification)
 _DO_NOT_QUEUE = 4
 _PRIMARY_OWNER, _EXISTS, _ALREADY_OWNER = 1, 3, 4
+#: A gvfsd-metadata found under /proc that does not own the bus name yet may be starting:
+#: checks, and seconds between them, before it counts as another session's.
+STARTING_CHECKS, STARTING_WAIT = 10, 0.2
 #: gvfsd-metadata tells GIO listeners about a changed path at most once a second
 SIGNAL_DELAY = 1.0
 # GError domain G_IO_ERROR as GDBus names it on the wire, so GIO clients get their own codes
@@ -252,10 +256,17 @@ def decide(store_dir: str, *, exclusive: bool = False, quiet: bool = False) -> S
     for address in session_bus_candidates(uid) if reachable else []:
         try:
             owner_pid = _name_owner_pid(address)
+            strangers = [p for p in pids if p != owner_pid]
+            for _ in range(STARTING_CHECKS):  # one may be starting up (activated) right now
+                if not strangers:
+                    break
+                time.sleep(STARTING_WAIT)
+                pids = gvfsd_metadata_processes(store_dir)
+                owner_pid = _name_owner_pid(address)
+                strangers = [p for p in pids if p != owner_pid]
         except OSError as exc:
             failures.append(str(exc))
             continue
-        strangers = [p for p in pids if p != owner_pid]
         if strangers:
             raise StoreRefused(f"gvfsd-metadata (pid {strangers[0]}) of another session writes "
                                f"{store_dir}: two writers would corrupt it")
