@@ -436,3 +436,17 @@ def test_store_guard_decision(gvfs_session, tmp_path, monkeypatch):
     monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", session.address)
     assert gs.session_bus_candidates(os.geteuid() + 4242) == []
     assert gs.session_bus_candidates(os.geteuid())[0] == session.address
+
+
+def test_a_gvfsd_of_another_session_on_the_same_directory_is_refused(gvfs_session, monkeypatch):
+    """Two sessions of one user (same HOME): the one on our bus has no gvfsd-metadata, the
+    other's writes the directory. Claiming the name on our bus would make two writers."""
+    from journalfs.metastore import gvfs_service as gs
+    monkeypatch.setattr(gs, "STARTING_WAIT", 0.01)
+    other = GvfsSession(gvfs_session.scratch, start_metadata_daemon=False)  # same HOME
+    with other:
+        for key, value in other.env().items():
+            monkeypatch.setenv(key, value)
+        assert not other.daemon_on_bus() and gvfs_session.daemon_pid
+        with pytest.raises(gs.StoreRefused, match=f"pid {gvfs_session.daemon_pid}.*another session"):
+            gs.decide(str(other.metadata_dir))
