@@ -410,3 +410,21 @@ def test_a_killed_serving_mount_hands_the_store_to_gvfsd_with_every_acknowledged
     want = {"fuse": "acknowledged", "gio": "acknowledged too", "after": "crash"}
     assert session.gio_metadata([src / "F"])[str(src / "F")] == want
     assert new_session_reads(session, src / "F") == want
+
+
+def test_a_gvfsd_started_with_replace_cannot_take_the_store_from_journalfs(gvfs_desktop, tmp_path, monkeypatch):  # noqa: F811
+    """journalfs holds the name without allowing replacement: a `gvfsd-metadata --replace`
+    started meanwhile (as a session manager may) does not get it, writes nothing and leaves;
+    journalfs keeps serving GIO."""
+    from gvfsd import GVFSD_METADATA
+    session = gvfs_desktop
+    src, mnt = desktop_source(session, tmp_path, monkeypatch)
+    with mounted(src, mnt, "--store", str(session.metadata_dir)) as m:
+        rival = subprocess.run([GVFSD_METADATA, "--replace"], env=session.env(), cwd=session.scratch,
+                               stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+        assert rival.returncode == 0  # it lost the name at once and quit
+        assert session.name_owner_pid() == m.pid
+        session.gio_set(src / "F", "after", "rival")
+        assert os.getxattr(mnt / "F", "user.metadata.after") == b"rival"
+    session.gio_set(src / "F", "then", "gvfsd")  # activated once journalfs let go
+    assert session.gio_metadata([src / "F"])[str(src / "F")] == {"after": "rival", "then": "gvfsd"}
