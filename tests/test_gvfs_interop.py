@@ -450,3 +450,29 @@ def test_a_gvfsd_of_another_session_on_the_same_directory_is_refused(gvfs_sessio
         assert not other.daemon_on_bus() and gvfs_session.daemon_pid
         with pytest.raises(gs.StoreRefused, match=f"pid {gvfs_session.daemon_pid}.*another session"):
             gs.decide(str(other.metadata_dir))
+
+
+def test_fsck_calls_an_uncounted_tail_a_warning_and_a_gap_an_error(tmp_path):
+    """Entries right after the counted ones are what a writer killed between writing an entry
+    and counting it leaves (never acknowledged): a warning. A valid entry past a gap is a
+    second writer's: an error, and --repair keeps it."""
+    from journalfs.formats.gvfs_journal import encode_entry
+    from journalfs.metastore.fsck import check_store
+    tree = tmp_path / "home"
+    with MetaStore.open(str(tree), sync="none", journal_size=32768):
+        pass
+    with MetaStore.open(str(tree), readonly=True) as reader:
+        journal = Path(reader.journal_path)
+    counted, tail = encode_entry("set", 1, "/a", "k", "1"), encode_entry("set", 2, "/b", "k", "2")
+    data = bytearray(journal.read_bytes())
+    data[20:20 + len(counted) + len(tail)] = counted + tail
+    data[16:20] = (1).to_bytes(4, "big")
+    journal.write_bytes(bytes(data))
+    (finding,) = check_store(str(tree))
+    assert finding.severity == "warning" and "never counted" in finding.reason
+    gap = 20 + len(counted) + len(tail) + 64
+    data[gap:gap + len(tail)] = encode_entry("set", 3, "/c", "k", "3")
+    journal.write_bytes(bytes(data))
+    assert [f.severity for f in check_store(str(tree))] == ["error", "error"]
+    check_store(str(tree), repair=True)
+    assert journalfs_dump(tree) == {"/a": {"k": "1"}, "/b": {"k": "2"}, "/c": {"k": "3"}}
