@@ -55,7 +55,7 @@ _BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Confi
   <type>session</type>
   <listen>unix:path={socket}</listen>
   <auth>EXTERNAL</auth>
-  <policy context="default">
+{servicedir}  <policy context="default">
     <allow send_destination="*" eavesdrop="true"/>
     <allow eavesdrop="true"/>
     <allow own="*"/>
@@ -130,7 +130,14 @@ class GvfsSessionError(RuntimeError):
 class GvfsSession:
     """A private D-Bus session bus + gvfsd-metadata with a scratch HOME."""
 
-    def __init__(self, scratch: Path | str | None = None):
+    def __init__(self, scratch: Path | str | None = None, *, activatable: bool = False,
+                 start_metadata_daemon: bool = True):
+        """``activatable``: the bus starts gvfsd-metadata when a GIO program first asks for
+        it (D-Bus activation, as on a desktop); ``start_metadata_daemon=False``: do not start
+        it up front."""
+        self.activatable = activatable
+        self.start_metadata_daemon = start_metadata_daemon
+        self._activated: set[int] = set()  # pids of gvfsd-metadata the bus started
         # unix socket paths are limited to 108 bytes: keep the bus in a short /tmp dir
         self._bus_dir = Path(tempfile.mkdtemp(prefix="jfs-bus-", dir="/tmp"))
         self._own_scratch = scratch is None
@@ -178,7 +185,8 @@ class GvfsSession:
         try:
             self._start_bus()
             self._gvfsd = self._start_on_bus([GVFSD, "--no-fuse"], GVFSD_BUS_NAME)
-            self.start_daemon()
+            if self.start_metadata_daemon:
+                self.start_daemon()
         except BaseException:
             self.stop()
             raise
@@ -186,10 +194,20 @@ class GvfsSession:
 
     def _start_bus(self) -> None:
         config = self._bus_dir / "bus.conf"
-        config.write_text(_BUS_CONFIG.format(socket=self._bus_dir / "bus"))
+        servicedir = ""
+        if self.activatable:
+            services = self._bus_dir / "services"
+            services.mkdir()
+            (services / f"{METADATA_BUS_NAME}.service").write_text(
+                f"[D-BUS Service]\nName={METADATA_BUS_NAME}\nExec={GVFSD_METADATA}\n")
+            servicedir = f"  <servicedir>{services}</servicedir>\n"
+        config.write_text(_BUS_CONFIG.format(socket=self._bus_dir / "bus", servicedir=servicedir))
+        # activated services inherit the bus's environment: the scratch HOME, not ours
+        env = {k: v for k, v in self.env().items() if k != "DBUS_SESSION_BUS_ADDRESS"}
         self._bus = subprocess.Popen(
             [DBUS_DAEMON, f"--config-file={config}", "--nofork", "--nopidfile", "--print-address=1"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env,
+            cwd=self.scratch,
         )
         line = self._bus.stdout.readline().decode().strip()  # printed once it listens
         if not line.startswith("unix:"):
@@ -228,6 +246,33 @@ class GvfsSession:
     def daemon_on_bus(self) -> bool:
         return self.name_on_bus(METADATA_BUS_NAME)
 
+    def name_owner_pid(self, bus_name: str = METADATA_BUS_NAME) -> int | None:
+        """pid of the process owning ``bus_name`` on this bus (None: nobody)."""
+        from jeepney import DBusAddress, new_method_call
+        from jeepney.io.blocking import open_dbus_connection
+        bus = DBusAddress("/org/freedesktop/DBus", bus_name="org.freedesktop.DBus",
+                          interface="org.freedesktop.DBus")
+        with open_dbus_connection(self.address) as conn:
+            reply = conn.send_and_get_reply(
+                new_method_call(bus, "GetConnectionUnixProcessID", "s", (bus_name,)), timeout=5)
+        return reply.body[0] if reply.body and isinstance(reply.body[0], int) else None
+
+    def activated_daemon_pid(self) -> int | None:
+        """pid of a gvfsd-metadata the bus started on demand (None if journalfs or nobody
+        owns the name); remembered, so stop() ends it by pid."""
+        pid = self.name_owner_pid()
+        if pid is None or _comm(pid) != "gvfsd-metadata" or (self._daemon and pid == self._daemon.pid):
+            return None
+        self._activated.add(pid)
+        return pid
+
+    def stop_activated_daemon(self) -> None:
+        """SIGTERM (gvfsd-metadata writes its trees out) the daemons the bus started; wait."""
+        self.activated_daemon_pid()
+        for pid in sorted(self._activated):
+            _stop_pid(pid, signal.SIGTERM)
+        self._activated.clear()
+
     def name_on_bus(self, bus_name: str) -> bool:
         from jeepney import DBusAddress, new_method_call
         from jeepney.io.blocking import open_dbus_connection
@@ -245,6 +290,11 @@ class GvfsSession:
 
     def stop(self) -> None:
         self.stop_daemon()
+        if self._bus is not None and self._bus.poll() is None and self.address:
+            try:
+                self.stop_activated_daemon()
+            except Exception:  # noqa: BLE001 -- the bus may be gone; the daemon then exits too
+                pass
         gvfsd, self._gvfsd = self._gvfsd, None
         _stop(gvfsd, signal.SIGTERM)
         bus, self._bus = self._bus, None
@@ -421,6 +471,29 @@ def _make_dirs(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
 
 
+def _comm(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _stop_pid(pid: int, sig: int, timeout: float = 10.0) -> None:
+    """Signal a process we did not fork (bus-activated) by pid and wait for it to go."""
+    if _comm(pid) != "gvfsd-metadata":
+        return
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while _comm(pid) == "gvfsd-metadata" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if _comm(pid) == "gvfsd-metadata":
+        os.kill(pid, signal.SIGKILL)
+
+
 def _stop(proc: subprocess.Popen | None, sig: int) -> int | None:
     if proc is None:
         return None
@@ -440,6 +513,16 @@ def _stop(proc: subprocess.Popen | None, sig: int) -> int | None:
 def gvfs_session(tmp_path):
     """A running private gvfsd-metadata; HOME is `tmp_path/gvfs/home`."""
     session = GvfsSession(tmp_path / "gvfs")
+    session.scratch.mkdir()
+    with session:
+        yield session
+
+
+@pytest.fixture
+def gvfs_desktop(tmp_path):
+    """A private session as a desktop has it: no gvfsd-metadata running, the bus starts it
+    when a GIO program first asks (D-Bus activation). HOME is `tmp_path/gvfs/home`."""
+    session = GvfsSession(tmp_path / "gvfs", activatable=True, start_metadata_daemon=False)
     session.scratch.mkdir()
     with session:
         yield session

@@ -199,10 +199,26 @@ def _read_all(codec, data: bytes) -> None:
 def test_truncated_real_files_raise_format_error_after_the_valid_prefix(gvfs_snapshots):
     tree, _, journal = store_files(gvfs_snapshots[-1])
     full = list(JOURNAL.read(journal, "j"))
-    for cut in (0, 5, 19, 20, 21, 64, 1000, len(journal) - 1):
+    ends = [r["offset"] + struct.unpack_from(">I", journal, r["offset"])[0] for r in full]
+    for cut in (0, 5, 19, 20, 21, 64, 1000, ends[len(ends) // 2], ends[-1] - 3, ends[-1],
+                ends[-1] + 8, len(journal) - 1):
         _read_all(TREE, tree[:cut])
-        with pytest.raises(FormatError):  # the header's file_size no longer matches
-            list(JOURNAL.read(journal[:cut], "j"))
+        got, error = [], None
+        try:  # a truncated journal: every entry before the cut, then the damage
+            for r in JOURNAL.read(journal[:cut], "j"):
+                got.append(r)
+        except FormatError as exc:
+            error = exc
+        whole = [r for r, end in zip(full, ends) if end <= cut]
+        assert got == whole and error is not None, cut
+        if cut < 20:
+            assert error.offset == 0
+        elif len(whole) == len(full):  # cut in the zero padding after the last entry
+            assert error.offset == cut and "truncated" in error.reason
+        else:  # cut inside the first missing entry
+            assert error.offset == full[len(whole)]["offset"] and "truncated" in error.reason
+    findings = JOURNAL.validate(journal[:ends[-1] - 3], "j")
+    assert [f.offset for f in findings] == [full[-1]["offset"]]
     last = full[-1]["offset"]
     data = bytearray(journal)
     data[last + 30] ^= 0x40  # flip a bit inside the last entry: its CRC fails

@@ -1,9 +1,19 @@
 """The mount and real GNOME gvfs share one metadata store: what setfattr writes through the
 mount, `gio info` reads; what `gio set` writes via gvfsd-metadata, getfattr reads through the
-mount.  SOURCE lives under the gvfs session's scratch HOME, so store paths are HOME-relative."""
+mount.  SOURCE lives under the gvfs session's scratch HOME, so store paths are HOME-relative.
+
+One writer per store (issue 14): next to a running gvfsd-metadata the mount joins it; with no
+one on the bus journalfs serves org.gtk.vfs.Metadata itself (GIO writes through it, and
+gvfsd-metadata, D-Bus-activated after unmount, carries on); without a bus it refuses next to
+a running gvfsd-metadata, else takes the store and says so."""
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -105,3 +115,316 @@ def test_gvfs_mode_shares_the_running_daemon(gvfs_session, home_source):  # noqa
         str(src / "a.txt"): {"before": "mount"},
         str(src / "sub" / "b.txt"): {"tags": ["x", "y"], "note": "via setfattr"},
     }
+
+
+# ---- one writer per gvfs store (issue 14) ------------------------------------------------
+from gvfsd import GvfsSession, gvfs_desktop  # noqa: E402,F401  (fixture)
+
+
+def status_of(mnt: Path) -> dict:
+    return json.loads((mnt / ".journalfs" / "status.json").read_text())
+
+
+def desktop_source(session: GvfsSession, tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    src = session.home / "files"
+    src.mkdir()
+    (src / "F").write_text("f\n")
+    for key, value in session.env().items():
+        monkeypatch.setenv(key, value)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    return src, mnt
+
+
+def new_session_reads(session: GvfsSession, path: Path) -> dict:
+    """What a fresh desktop session reads: every gvfsd-metadata ended (it writes its trees
+    out), a new one started, GIO asked."""
+    session.stop_daemon()
+    session.stop_activated_daemon()
+    session.start_daemon()
+    try:
+        return session.gio_metadata([path]).get(str(path), {})
+    finally:
+        session.stop_daemon()
+
+
+def test_store_next_to_a_running_gvfsd_joins_it_and_loses_nothing(gvfs_desktop, tmp_path, monkeypatch):  # noqa: F811
+    """The first loss of issue 14: `gio set` made gvfsd-metadata run, then a mount with
+    --store on the same directory; a `gio set` while mounted was lost at unmount."""
+    session = gvfs_desktop
+    src, mnt = desktop_source(session, tmp_path, monkeypatch)
+    session.gio_set(src / "F", "k0", "v0")  # D-Bus activation starts gvfsd-metadata
+    daemon = session.activated_daemon_pid()
+    assert daemon is not None, "gio set did not start gvfsd-metadata"
+    with mounted(src, mnt, "--store", str(session.metadata_dir)):
+        assert status_of(mnt)["service"]["store_mode"] == "join"
+        os.setxattr(mnt / "F", "user.metadata.k1", b"v1")
+        session.gio_set(src / "F", "k2", "v2")
+        eventually(lambda: xattr_or_none(mnt / "F", "k2"), b"v2", "gio set seen through the mount")
+        os.setxattr(mnt / "F", "user.metadata.k3", b"v3")
+    assert session.activated_daemon_pid() == daemon, "the mount must leave gvfsd-metadata running"
+    want = {"k0": "v0", "k1": "v1", "k2": "v2", "k3": "v3"}
+    assert session.gio_metadata([src / "F"])[str(src / "F")] == want
+    assert new_session_reads(session, src / "F") == want
+    assert "wrong sized entry" not in session.daemon_log()
+
+
+def test_store_with_no_gvfsd_is_served_by_journalfs_and_loses_nothing(gvfs_desktop, tmp_path, monkeypatch):  # noqa: F811
+    """The second loss of issue 14: setfattr through the mount, unmount, a later `gio set`
+    in the same session, then a new session. journalfs now owns org.gtk.vfs.Metadata while
+    mounted (GIO writes through it), releases it at unmount, and gvfsd-metadata, activated
+    afterwards, continues the same store."""
+    session = gvfs_desktop
+    src, mnt = desktop_source(session, tmp_path, monkeypatch)
+    with mounted(src, mnt, "--store", str(session.metadata_dir)) as m:
+        status = status_of(mnt)["service"]
+        assert status["store_mode"] == "serve"
+        assert session.name_owner_pid() == m.pid  # journalfs is the store's gvfsd-metadata
+        os.setxattr(mnt / "F", "user.metadata.k1", b"v1")
+        session.gio_set(src / "F", "k2", "v2")  # Set over D-Bus, answered by journalfs
+        assert os.getxattr(mnt / "F", "user.metadata.k2") == b"v2"  # one store: seen at once
+        assert "metadata::k1: v1" in session.gio("info", "-a", "metadata::*", src / "F")
+        session.gio_set(src / "F", "k1", None)
+        assert xattr_or_none(mnt / "F", "k1") is None
+        os.setxattr(mnt / "F", "user.metadata.k1", b"v1")
+        assert session.activated_daemon_pid() is None  # no gvfsd-metadata was started
+        assert status_of(mnt)["service"]["gvfs_calls"] >= 2
+    assert not session.daemon_on_bus()  # released at unmount
+    session.gio_set(src / "F", "k4", "v4")  # activates gvfsd-metadata on the same store
+    assert session.activated_daemon_pid() is not None
+    want = {"k1": "v1", "k2": "v2", "k4": "v4"}
+    assert session.gio_metadata([src / "F"])[str(src / "F")] == want
+    assert new_session_reads(session, src / "F") == want
+    assert "wrong sized entry" not in session.daemon_log()
+
+
+def test_gio_programs_write_through_journalfs_while_the_mount_writes(gvfs_desktop, tmp_path, monkeypatch):  # noqa: F811
+    session = gvfs_desktop
+    src, mnt = desktop_source(session, tmp_path, monkeypatch)
+    files = [src / f"f{i}" for i in range(20)]
+    for f in files:
+        f.write_text("x")
+    (src / "dir").mkdir()
+    (src / "dir" / "inner").write_text("x")
+    with mounted(src, mnt, "--store", str(session.metadata_dir), "--sync", "batch"):
+        assert status_of(mnt)["service"]["store_mode"] == "serve"
+        gio_ops = [("set", f, "gio", f"g{i}-{n}") for n in range(5) for i, f in enumerate(files)]
+        gio_ops += [("set", files[0], "list", ["a", "b c"]), ("set", src / "dir", "d", "dir"),
+                    ("set", src / "dir" / "inner", "i", "inner"),
+                    ("move", src / "dir", src / "moved"), ("remove", files[19])]
+        writer = threading.Thread(target=session.gio_apply, args=(gio_ops,))
+        writer.start()
+        for n in range(5):  # meanwhile, the mount writes other keys of the same files
+            for i, f in enumerate(files[:19]):
+                os.setxattr(mnt / f.name, "user.metadata.fuse", f"s{i}-{n}".encode())
+        writer.join(timeout=300)
+        assert not writer.is_alive()
+        for i, f in enumerate(files[:19]):
+            assert os.getxattr(mnt / f.name, "user.metadata.gio") == f"g{i}-4".encode()
+            assert os.getxattr(mnt / f.name, "user.metadata.fuse") == f"s{i}-4".encode()
+        assert os.getxattr(mnt / "f0", "user.metadata.list") == b"a\0b c\0"
+        assert os.getxattr(mnt / "moved" / "inner", "user.metadata.i") == b"inner"
+        assert os.getxattr(mnt / "moved", "user.metadata.d") == b"dir"
+        assert not (mnt / "dir").exists() and not (mnt / "f19").exists()
+        assert sorted(status_of(mnt)["service"]["gvfs_trees"]) == ["home"]
+    seen = session.gio_metadata([*files, src / "moved", src / "moved" / "inner"])
+    assert seen[str(files[3])] == {"gio": "g3-4", "fuse": "s3-4"}
+    assert seen[str(files[0])] == {"gio": "g0-4", "fuse": "s0-4", "list": ["a", "b c"]}
+    assert seen[str(src / "moved" / "inner")] == {"i": "inner"}
+    assert str(files[19]) not in seen
+
+
+_GIO_READER = r"""
+import json, sys
+import gi
+gi.require_version("Gio", "2.0")
+from gi.repository import Gio
+f = Gio.File.new_for_path(sys.argv[1])   # one GFile, one process: GIO keeps its tree mapped
+for _ in sys.stdin:
+    info = f.query_info("metadata::*", Gio.FileQueryInfoFlags.NOFOLLOW_SYMLINKS, None)
+    print(json.dumps({a[10:]: info.get_attribute_string(a)
+                      for a in info.list_attributes("metadata") or []}), flush=True)
+"""
+
+
+def test_a_running_gio_reader_follows_journalfs_rotations(gvfs_desktop, tmp_path, monkeypatch):  # noqa: F811
+    session = gvfs_desktop
+    src, mnt = desktop_source(session, tmp_path, monkeypatch)
+    reader = subprocess.Popen(["/usr/bin/python3", "-c", _GIO_READER, str(src / "F")], env=session.env(),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def gio_reads() -> dict:
+        reader.stdin.write("\n")
+        reader.stdin.flush()
+        return json.loads(reader.stdout.readline())
+
+    try:
+        with mounted(src, mnt, "--store", str(session.metadata_dir)) as m:
+            os.setxattr(mnt / "F", "user.metadata.k", b"before")
+            os.setxattr(mnt / "F", "user.metadata.kept", b"yes")
+            assert gio_reads() == {"k": "before", "kept": "yes"}
+            for round_ in range(3):
+                rotations = status_of(mnt)["rotations"]
+                tree_ino = (session.metadata_dir / "home").stat().st_ino
+                os.kill(m.pid, signal.SIGUSR1)  # rotate now (what `journalfs meta compact` asks)
+                eventually(lambda: status_of(mnt)["rotations"], rotations + 1, "rotation")
+                assert (session.metadata_dir / "home").stat().st_ino != tree_ino
+                # the old tree + journal the reader maps say "before": only the new ones say this
+                os.setxattr(mnt / "F", "user.metadata.k", f"after {round_}".encode())
+                assert gio_reads() == {"k": f"after {round_}", "kept": "yes"}
+                session.gio_set(src / "F", "k", f"gio {round_}")  # and GIO writes keep landing
+                assert gio_reads() == {"k": f"gio {round_}", "kept": "yes"}
+    finally:
+        reader.stdin.close()
+        reader.wait(timeout=30)
+    assert session.gio_metadata([src / "F"])[str(src / "F")] == {"k": "gio 2", "kept": "yes"}
+
+
+# ---- no session bus: refuse next to a running gvfsd-metadata, else take it and say so ------
+def no_bus_env(session: GvfsSession) -> dict:
+    env = {k: v for k, v in session.env().items() if k != "DBUS_SESSION_BUS_ADDRESS"}
+    return {**os.environ, **env, "DBUS_SESSION_BUS_ADDRESS": ""}
+
+
+def journalfs_mount(args: list, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "journalfs.cli", "mount", *map(str, args)],
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(os.path.exists(f"/run/user/{os.geteuid()}/bus"), reason="a real session bus is reachable")
+def test_without_a_bus_a_running_gvfsd_for_the_directory_refuses_the_mount(gvfs_session, tmp_path):  # noqa: F811
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    gvfs_session.gio_set(gvfs_session.home, "k", "v")  # the daemon maps the store now
+    pid = gvfs_session.daemon_pid
+    done = journalfs_mount([src, mnt, "--store", gvfs_session.metadata_dir], no_bus_env(gvfs_session))
+    assert done.returncode == 1 and not os.path.ismount(mnt)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"gvfsd-metadata (pid {pid})" in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.skipif(os.path.exists(f"/run/user/{os.geteuid()}/bus"), reason="a real session bus is reachable")
+def test_without_a_bus_the_store_is_taken_with_a_warning_or_refused_if_exclusive(gvfs_session, tmp_path):  # noqa: F811
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    gvfs_session.stop_daemon()
+    env = no_bus_env(gvfs_session)
+    refused = journalfs_mount([src, mnt, "--store", gvfs_session.metadata_dir, "--exclusive-store"], env)
+    assert refused.returncode == 1 and "--exclusive-store" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    with mounted(src, mnt, "--store", str(gvfs_session.metadata_dir), env=env) as m:
+        status = status_of(mnt)["service"]
+        assert status["store_mode"] == "unguarded"
+        assert "desktop session" in status["store_warning"]
+        os.setxattr(mnt, "user.metadata.k", b"v")
+        assert "desktop session" in m.stderr()  # and in the log
+
+
+def meta_cli(session: GvfsSession, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "journalfs.cli", "meta", *map(str, args)],
+                          env={**os.environ, **session.env()}, capture_output=True, text=True, timeout=120)
+
+
+def test_meta_commands_write_through_the_stores_one_writer(gvfs_desktop, tmp_path, monkeypatch):  # noqa: F811
+    """`journalfs meta set` next to a mount serving the store, and next to gvfsd-metadata:
+    the write goes to whoever owns org.gtk.vfs.Metadata, never into the files beside it."""
+    session = gvfs_desktop
+    src, mnt = desktop_source(session, tmp_path, monkeypatch)
+    tree = session.home_tree
+    with mounted(src, mnt, "--store", str(session.metadata_dir)):
+        done = meta_cli(session, "set", tree, "/files/F", "cli", "via mount")
+        assert done.returncode == 0, done.stderr
+        assert os.getxattr(mnt / "F", "user.metadata.cli") == b"via mount"
+        assert status_of(mnt)["service"]["gvfs_calls"] >= 1
+    session.gio_set(src / "F", "gio", "v")  # gvfsd-metadata runs now
+    assert session.activated_daemon_pid() is not None
+    for args in (("set", tree, "/files/F", "cli", "a", "b", "--list"), ("unset", tree, "/files/F", "gio")):
+        done = meta_cli(session, *args)
+        assert done.returncode == 0, done.stderr
+    assert session.gio_metadata([src / "F"])[str(src / "F")] == {"cli": ["a", "b"]}
+    refused = meta_cli(session, "compact", tree)  # gvfsd-metadata compacts its own store
+    assert refused.returncode == 1 and "gvfsd-metadata (pid" in refused.stderr
+    assert new_session_reads(session, src / "F") == {"cli": ["a", "b"]}
+
+
+def test_journalfs_as_gvfsd_answers_every_call_gio_makes_and_signals_changes(gvfs_desktop, tmp_path, monkeypatch):  # noqa: F811
+    from jeepney import DBusAddress, MessageType, new_method_call
+    from jeepney.bus_messages import MatchRule, message_bus
+    from jeepney.io.blocking import open_dbus_connection
+    session = gvfs_desktop
+    src, mnt = desktop_source(session, tmp_path, monkeypatch)
+    outside = tmp_path / "outside.txt"  # not under HOME: GIO keeps it in the "root" tree
+    outside.write_text("o")
+    metadata = DBusAddress("/org/gtk/vfs/metadata", bus_name="org.gtk.vfs.Metadata",
+                           interface="org.gtk.vfs.Metadata")
+    with mounted(src, mnt, "--store", str(session.metadata_dir)), \
+            open_dbus_connection(session.address) as conn:
+        rule = MatchRule(type="signal", interface="org.gtk.vfs.Metadata", member="AttributeChanged")
+        conn.send_and_get_reply(message_bus.AddMatch(rule), timeout=5)
+        with conn.filter(rule, bufsize=100) as signals:
+            os.setxattr(mnt / "F", "user.metadata.k", b"v")  # a write through the mount ...
+            session.gio_set(src / "F", "g", "w")  # ... and one through GIO: one signal per path
+            got = conn.recv_until_filtered(signals, timeout=10)
+            assert got.body == (str(session.home_tree), "/files/F")
+        session.gio_set(outside, "o", "root tree")  # a second tree of the directory
+        assert session.gio_metadata([outside]) == {str(outside): {"o": "root tree"}}
+        assert status_of(mnt)["service"]["gvfs_trees"] == ["home", "root"]
+        reply = conn.send_and_get_reply(new_method_call(metadata, "GetTreeFromDevice", "uu", (0, 0)), timeout=5)
+        assert reply.header.message_type == MessageType.method_return and reply.body == ("",)
+        intro = DBusAddress("/org/gtk/vfs/metadata", bus_name="org.gtk.vfs.Metadata",
+                            interface="org.freedesktop.DBus.Introspectable")
+        xml = conn.send_and_get_reply(new_method_call(intro, "Introspect"), timeout=5).body[0]
+        assert '<method name="Move">' in xml and '<signal name="AttributeChanged">' in xml
+        outside_tree = str(session.metadata_dir / ".." / "elsewhere" / "home").encode() + b"\0"
+        refused = conn.send_and_get_reply(new_method_call(metadata, "Remove", "ayay", (outside_tree, b"/\0")), timeout=5)
+        assert refused.header.message_type == MessageType.error  # only trees of its directory
+        home = str(session.home_tree).encode() + b"\0"
+        for hostile in (new_method_call(metadata, "Set", "ayay", (home, b"/x\0")),  # wrong signature
+                        new_method_call(metadata, "Remove", "ayay", (home, b"/a\0b\0")),  # NUL inside
+                        new_method_call(metadata, "Move", "ayayay", (home, b"", b"/y\0")),  # empty path
+                        new_method_call(metadata, "Set", "ayaya{sv}", (home, b"/x\0", {"": ("s", "v")})),
+                        new_method_call(metadata, "Explode", "s", ("now",))):
+            answer = conn.send_and_get_reply(hostile, timeout=5)
+            assert answer.header.message_type == MessageType.error, hostile.header.fields
+        assert os.getxattr(mnt / "F", "user.metadata.k") == b"v"  # and the mount serves on
+    assert (session.metadata_dir / "root").exists()
+    session.start_daemon()  # and gvfsd-metadata carries on with both trees
+    assert session.gio_metadata([outside, src / "F"]) == {str(outside): {"o": "root tree"},
+                                                         str(src / "F"): {"k": "v", "g": "w"}}
+
+
+def test_a_killed_serving_mount_hands_the_store_to_gvfsd_with_every_acknowledged_write(gvfs_desktop, tmp_path, monkeypatch):  # noqa: F811
+    session = gvfs_desktop
+    src, mnt = desktop_source(session, tmp_path, monkeypatch)
+    with mounted(src, mnt, "--store", str(session.metadata_dir), "--sync", "always", check_exit=False) as m:
+        os.setxattr(mnt / "F", "user.metadata.fuse", b"acknowledged")
+        session.gio_set(src / "F", "gio", "acknowledged too")
+        os.kill(m.pid, signal.SIGKILL)  # no unmount, no rotation, no ReleaseName
+        m.process.wait(timeout=30)
+        subprocess.run(["fusermount3", "-uz", str(mnt)], check=False, capture_output=True)
+    eventually(session.daemon_on_bus, False, "the bus drops a dead owner's name")
+    session.gio_set(src / "F", "after", "crash")  # activates gvfsd-metadata on the same store
+    want = {"fuse": "acknowledged", "gio": "acknowledged too", "after": "crash"}
+    assert session.gio_metadata([src / "F"])[str(src / "F")] == want
+    assert new_session_reads(session, src / "F") == want
+
+
+def test_a_gvfsd_started_with_replace_cannot_take_the_store_from_journalfs(gvfs_desktop, tmp_path, monkeypatch):  # noqa: F811
+    """journalfs holds the name without allowing replacement: a `gvfsd-metadata --replace`
+    started meanwhile (as a session manager may) does not get it, writes nothing and leaves;
+    journalfs keeps serving GIO."""
+    from gvfsd import GVFSD_METADATA
+    session = gvfs_desktop
+    src, mnt = desktop_source(session, tmp_path, monkeypatch)
+    with mounted(src, mnt, "--store", str(session.metadata_dir)) as m:
+        rival = subprocess.run([GVFSD_METADATA, "--replace"], env=session.env(), cwd=session.scratch,
+                               stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+        assert rival.returncode == 0  # it lost the name at once and quit
+        assert session.name_owner_pid() == m.pid
+        session.gio_set(src / "F", "after", "rival")
+        assert os.getxattr(mnt / "F", "user.metadata.after") == b"rival"
+    session.gio_set(src / "F", "then", "gvfsd")  # activated once journalfs let go
+    assert session.gio_metadata([src / "F"])[str(src / "F")] == {"after": "rival", "then": "gvfsd"}

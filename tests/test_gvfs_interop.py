@@ -6,7 +6,9 @@ through GIO (python3-gi), i.e. exactly what GNOME applications see.
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -299,37 +301,178 @@ def test_gvfsd_backend_writes_through_daemon(gvfs_session):
     assert session.gio_store_metadata(["/m/dir2/b.txt", "/m/dir/b.txt"]) == {"/m/dir2/b.txt": {"rating": "1"}}
 
 
-def test_gvfsd_client_blocking(gvfs_session, monkeypatch):
-    from journalfs.metastore.gvfsd import GvfsdClient
+def test_gvfsd_backend_copy_from_blocking_code(gvfs_session, monkeypatch):
+    """One backend for the mount and for blocking callers (under trio.run); the bus comes
+    from DBUS_SESSION_BUS_ADDRESS, as for the user's own session."""
+    from journalfs.metastore.gvfsd import GvfsdBackend
     session = gvfs_session
     session.create_files(["/c/src/a", "/c/src/b", "/c/dst/z"])
-    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", session.address)  # the user's session bus
-    with GvfsdClient(session.home_tree) as client:
-        client.set("/c/src/a", "comment", "A")
-        client.set("/c/src/b", "tags", ["1", "2"])
-        client.set("/c/dst/z", "comment", "old")
-        client.copy("/c/src", "/c/dst")
-        assert client.dump() == {
-            "/c/src/a": {"comment": "A"}, "/c/src/b": {"tags": ["1", "2"]},
-            "/c/dst/a": {"comment": "A"}, "/c/dst/b": {"tags": ["1", "2"]},
-        }
+    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", session.address)
+    backend = GvfsdBackend(session.home_tree)
+
+    async def scenario():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(backend.run)
+            await backend.set("/c/src/a", "comment", "A")
+            await backend.set("/c/src/b", "tags", ["1", "2"])
+            await backend.set("/c/dst/z", "comment", "old")
+            await backend.copy("/c/src", "/c/dst")
+            await backend.sync()
+            got = {p: await backend.get_all(p) for p in ("/c/src/a", "/c/src/b", "/c/dst/a", "/c/dst/b", "/c/dst/z")}
+            nursery.cancel_scope.cancel()
+        return got
+
+    assert trio.run(scenario) == {
+        "/c/src/a": {"comment": "A"}, "/c/src/b": {"tags": ["1", "2"]},
+        "/c/dst/a": {"comment": "A"}, "/c/dst/b": {"tags": ["1", "2"]}, "/c/dst/z": {},
+    }
     session.create_files(["/c/dst/a", "/c/dst/b"])
     assert session.gio_store_metadata(["/c/dst/a", "/c/dst/b", "/c/dst/z"]) == {
         "/c/dst/a": {"comment": "A"}, "/c/dst/b": {"tags": ["1", "2"]}}
 
 
 def test_gvfsd_unreachable_is_a_clear_error(gvfs_session, tmp_path):
-    from journalfs.metastore.gvfsd import GvfsdBackend, GvfsdClient, GvfsdUnavailable
+    from journalfs.metastore.gvfsd import GvfsdBackend, GvfsdUnavailable
     gvfs_session.stop_daemon()  # the private bus has no service files: nothing can start it
-    with pytest.raises(GvfsdUnavailable, match="no gvfsd-metadata"):
-        GvfsdClient(gvfs_session.home_tree, bus=gvfs_session.address)
-    with pytest.raises(GvfsdUnavailable, match="no gvfsd-metadata"):
-        GvfsdClient(gvfs_session.home_tree, bus=f"unix:path={tmp_path}/no-bus")
 
-    async def start():
+    async def start(bus):
         async with trio.open_nursery() as nursery:
-            await nursery.start(GvfsdBackend(gvfs_session.home_tree, bus=gvfs_session.address).run)
+            await nursery.start(GvfsdBackend(gvfs_session.home_tree, bus=bus).run)
 
-    with pytest.RaisesGroup(pytest.RaisesExc(GvfsdUnavailable, match="no gvfsd-metadata"),
-                            allow_unwrapped=True, flatten_subgroups=True):
-        trio.run(start)
+    for bus in (gvfs_session.address, f"unix:path={tmp_path}/no-bus"):
+        with pytest.RaisesGroup(pytest.RaisesExc(GvfsdUnavailable, match="no gvfsd-metadata"),
+                                allow_unwrapped=True, flatten_subgroups=True):
+            trio.run(start, bus)
+
+
+# ---- fsck: two writers on one journal ------------------------------------------------
+def _copy_store(tree: Path, into: Path) -> Path:
+    into.mkdir()
+    for f in tree.parent.glob(tree.name + "*"):
+        if f.name == tree.name or f.name.endswith(".log"):
+            shutil.copyfile(f, into / f.name)
+    return into / tree.name
+
+
+def test_fsck_finds_a_second_writers_entries_and_repair_keeps_them(gvfs_session, tmp_path):
+    """What issue 14 saw: journalfs and gvfsd-metadata appending to one journal, each at
+    its own idea of its end. fsck finds the valid entries gvfs no longer reads; --repair
+    keeps every one of them."""
+    from journalfs.metastore.fsck import check_store
+    session = gvfs_session
+    session.create_files(["/w/a", "/w/b"])
+    session.gio_set(session.file_of("/w/a"), "first", "gvfsd")  # gvfsd-metadata maps the store
+    second = MetaStore.open(str(session.home_tree), sync="always")  # the second writer
+    try:
+        for i in range(3):
+            second.set("/w/b", f"long{i}", "x" * 150)
+    finally:
+        second._release()  # as a killed writer: its entries stay where it put them
+    session.gio_set(session.file_of("/w/a"), "then", "gvfsd again")  # writes over long0
+    copy = _copy_store(session.home_tree, tmp_path / "copy")
+    problems = check_store(str(copy))
+    strays = [f for f in problems if "outside" in f.reason]
+    assert len(strays) == 2 and all(f.severity == "error" for f in strays), problems
+    assert "set /w/b long1" in strays[0].reason
+    check = check_store(str(copy), repair=True)
+    assert any("kept 2 more valid entries" in a for a in check.actions), check.actions
+    assert check_store(str(copy)) == []
+    assert journalfs_dump(copy) == {"/w/a": {"first": "gvfsd", "then": "gvfsd again"},
+                                    "/w/b": {"long1": "x" * 150, "long2": "x" * 150}}
+    # and gvfs reads the repaired store the same way
+    session.install_store(copy)
+    assert session.gio_store_metadata(["/w/a", "/w/b"]) == journalfs_dump(copy)
+
+
+def test_fsck_reports_overlapping_entries_and_keeps_the_valid_one(tmp_path):
+    from journalfs.formats.gvfs_journal import encode_entry
+    from journalfs.metastore.fsck import check_store
+    tree = tmp_path / "home"
+    with MetaStore.open(str(tree), sync="none", journal_size=32768) as store:
+        store.set("/kept", "k", "tree")
+    with MetaStore.open(str(tree), readonly=True) as reader:
+        journal = Path(reader.journal_path)
+    data = bytearray(journal.read_bytes())
+    first = encode_entry("set", 1, "/a", "k", "a" * 80)
+    inner = encode_entry("set", 2, "/b", "k", "b" * 40)
+    after = encode_entry("set", 3, "/c", "k", "c")
+    data[20:20 + len(first)] = first
+    data[60:60 + len(inner)] = inner  # a second writer's entry over the middle of the first
+    data[60 + len(inner):60 + len(inner) + len(after)] = after
+    data[16:20] = (1).to_bytes(4, "big")
+    journal.write_bytes(bytes(data))
+    problems = check_store(str(tree))
+    assert any(f.offset == 60 and "overlaps the entry at byte 20" in f.reason for f in problems), problems
+    assert any("trailing entry size" in f.reason and f.offset == 124 for f in problems)  # gvfs: "wrong sized"
+    check_store(str(tree), repair=True)
+    assert check_store(str(tree)) == []
+    assert journalfs_dump(tree) == {"/kept": {"k": "tree"}, "/b": {"k": "b" * 40}, "/c": {"k": "c"}}
+
+
+# ---- who writes a store: the decision, without a mount -------------------------------
+def test_store_guard_decision(gvfs_session, tmp_path, monkeypatch):
+    from journalfs.metastore import gvfs_service as gs
+    session = gvfs_session
+    private = tmp_path / "private-store"
+    assert gs.decide(str(private)).mode == "private"  # not a gvfs directory, nothing maps it
+    # the session's own directory, its bus in the environment: the running daemon is joined
+    for key, value in session.env().items():
+        monkeypatch.setenv(key, value)
+    session.gio_set(session.home, "k", "v")
+    guard = gs.decide(str(session.metadata_dir))
+    assert (guard.mode, guard.bus) == ("join", session.address)
+    assert gs.gvfsd_metadata_processes(str(session.metadata_dir)) == [session.daemon_pid]
+    session.stop_daemon()
+    assert gs.decide(str(session.metadata_dir)).mode == "serve"
+    # no bus: a gvfs-named directory is taken with a warning, or refused when exclusive
+    monkeypatch.delenv("DBUS_SESSION_BUS_ADDRESS")
+    if not os.path.exists(f"/run/user/{os.geteuid()}/bus"):
+        guard = gs.decide(str(session.metadata_dir))
+        assert guard.mode == "unguarded" and "desktop session" in guard.warning
+        assert guard.status()["store_warning"] == guard.warning
+        with pytest.raises(gs.StoreRefused, match="--exclusive-store"):
+            gs.decide(str(session.metadata_dir), exclusive=True)
+    # a bus that belongs to someone else is not the store owner's bus
+    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", session.address)
+    assert gs.session_bus_candidates(os.geteuid() + 4242) == []
+    assert gs.session_bus_candidates(os.geteuid())[0] == session.address
+
+
+def test_a_gvfsd_of_another_session_on_the_same_directory_is_refused(gvfs_session, monkeypatch):
+    """Two sessions of one user (same HOME): the one on our bus has no gvfsd-metadata, the
+    other's writes the directory. Claiming the name on our bus would make two writers."""
+    from journalfs.metastore import gvfs_service as gs
+    monkeypatch.setattr(gs, "STARTING_WAIT", 0.01)
+    other = GvfsSession(gvfs_session.scratch, start_metadata_daemon=False)  # same HOME
+    with other:
+        for key, value in other.env().items():
+            monkeypatch.setenv(key, value)
+        assert not other.daemon_on_bus() and gvfs_session.daemon_pid
+        with pytest.raises(gs.StoreRefused, match=f"pid {gvfs_session.daemon_pid}.*another session"):
+            gs.decide(str(other.metadata_dir))
+
+
+def test_fsck_calls_an_uncounted_tail_a_warning_and_a_gap_an_error(tmp_path):
+    """Entries right after the counted ones are what a writer killed between writing an entry
+    and counting it leaves (never acknowledged): a warning. A valid entry past a gap is a
+    second writer's: an error, and --repair keeps it."""
+    from journalfs.formats.gvfs_journal import encode_entry
+    from journalfs.metastore.fsck import check_store
+    tree = tmp_path / "home"
+    with MetaStore.open(str(tree), sync="none", journal_size=32768):
+        pass
+    with MetaStore.open(str(tree), readonly=True) as reader:
+        journal = Path(reader.journal_path)
+    counted, tail = encode_entry("set", 1, "/a", "k", "1"), encode_entry("set", 2, "/b", "k", "2")
+    data = bytearray(journal.read_bytes())
+    data[20:20 + len(counted) + len(tail)] = counted + tail
+    data[16:20] = (1).to_bytes(4, "big")
+    journal.write_bytes(bytes(data))
+    (finding,) = check_store(str(tree))
+    assert finding.severity == "warning" and "never counted" in finding.reason
+    gap = 20 + len(counted) + len(tail) + 64
+    data[gap:gap + len(tail)] = encode_entry("set", 3, "/c", "k", "3")
+    journal.write_bytes(bytes(data))
+    assert [f.severity for f in check_store(str(tree))] == ["error", "error"]
+    check_store(str(tree), repair=True)
+    assert journalfs_dump(tree) == {"/a": {"k": "1"}, "/b": {"k": "2"}, "/c": {"k": "3"}}

@@ -218,7 +218,12 @@ def run_get(args) -> int:
     return EXIT_OK
 
 
-def _write(args, op, create: bool = False) -> int:
+def _write(args, op, create: bool = False, owner_call: tuple = ()) -> int:
+    """Apply ``op`` to the store, unless the store's owner on the session bus (gvfsd-metadata
+    or a serving mount) takes the write as ``owner_call`` (method, *arguments)."""
+    from ..metastore.gvfs_service import write_through_owner
+    if owner_call and write_through_owner(args.tree, *owner_call):
+        return EXIT_OK
     store = _writer(args, create)
     try:
         op(store)
@@ -241,7 +246,8 @@ def _has_subtree(store: MetaStore, path: str) -> bool:
 
 def run_set(args) -> int:
     value = list(args.values) if (args.list or len(args.values) > 1) else args.values[0]
-    return _write(args, lambda s: s.set(args.path, args.key, value), create=args.create)
+    return _write(args, lambda s: s.set(args.path, args.key, value), create=args.create,
+                  owner_call=("set", args.path, args.key, value))
 
 
 def run_unset(args) -> int:
@@ -249,7 +255,7 @@ def run_unset(args) -> int:
         if args.key not in store.get_all(args.path):
             raise NothingThere(f"{args.path}: no key {args.key!r} in {args.tree}")
         store.unset(args.path, args.key)
-    return _write(args, unset)
+    return _write(args, unset, owner_call=("unset", args.path, args.key))
 
 
 def run_rm(args) -> int:
@@ -257,7 +263,7 @@ def run_rm(args) -> int:
         if not _has_subtree(store, args.path):
             raise NothingThere(f"{args.path}: no metadata in {args.tree}")
         store.remove(args.path)
-    return _write(args, remove)
+    return _write(args, remove, owner_call=("remove", args.path))
 
 
 def run_mv(args) -> int:
@@ -265,10 +271,12 @@ def run_mv(args) -> int:
         if not _has_subtree(store, args.src):
             raise NothingThere(f"{args.src}: no metadata in {args.tree} (nothing to move)")
         store.move(args.src, args.dst)
-    return _write(args, move)
+    return _write(args, move, owner_call=("move", args.src, args.dst))
 
 
 def run_compact(args) -> int:
+    from ..metastore.gvfs_service import refuse_if_gvfsd_writes
+    refuse_if_gvfsd_writes(args.tree)
     args.sync = "always"
     try:
         store = _writer(args)

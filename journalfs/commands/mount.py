@@ -39,6 +39,7 @@ journalfs.log in the store directory; status.json names the place ("log")."""
 MOUNT_EPILOG = """\
 Mount options (-o; also in /etc/fstab lines of type fuse.journalfs):
   store=DIR, sync=MODE, gvfs   as --store, --sync, --gvfs
+  exclusive_store              as --exclusive-store
   log_file=PATH                as --log-file
   ro, rw                       read-only mount (metadata too), or read-write (default)
   allow_other                  let other users in (the kernel checks their permissions)
@@ -94,6 +95,9 @@ def add_parser(sub) -> None:
     p.add_argument("--sync", choices=SYNC_MODES,
                    help="metadata durability: always = fdatasync before each call returns, "
                         "batch = within 1 s (default), none = at rotation and unmount")
+    p.add_argument("--exclusive-store", action="store_true",
+                   help="refuse a gvfs --store directory when no session bus of its owner is "
+                        "reachable (a gvfsd-metadata starting later could write it too)")
     p.add_argument("--foreground", "-f", action="store_true",
                    help="stay attached to the terminal and log to it")
     p.add_argument("--debug", "-d", dest="trace", action="store_true",
@@ -126,6 +130,8 @@ def build_config(args) -> MountConfig:
         config.store = args.store
     if args.gvfs:
         config.gvfs = True
+    if args.exclusive_store:
+        config.exclusive_store = True
     if args.sync:
         config.sync = args.sync
     if args.trace:

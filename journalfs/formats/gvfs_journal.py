@@ -50,7 +50,10 @@ class JournalHeader:
     num_entries: int
 
 
-def parse_header(buf, source: str) -> JournalHeader:
+def parse_header(buf, source: str, *, exact_size: bool = True) -> JournalHeader:
+    """The journal's header. gvfs ignores a journal whose file_size is not the real size
+    (``exact_size``, what a store does); a reader of a damaged file passes False and reads
+    the entries that are there (see :func:`size_damage`)."""
     if len(buf) < HEADER_SIZE:
         raise FormatError(source, 0, f"journal header needs {HEADER_SIZE} bytes, file has {len(buf)}")
     magic, major, _minor, tag, file_size, num = _HEADER.unpack_from(buf, 0)
@@ -58,9 +61,23 @@ def parse_header(buf, source: str) -> JournalHeader:
         raise FormatError(source, 0, "not a gvfs metadata journal (bad magic)")
     if major != 1:
         raise FormatError(source, 6, f"unsupported journal major version {major}")
-    if file_size != len(buf):
+    if exact_size and file_size != len(buf):
         raise FormatError(source, 12, f"header file_size {file_size} != real size {len(buf)}")
+    if file_size < HEADER_SIZE:
+        raise FormatError(source, 12, f"header file_size {file_size} is smaller than the header")
     return JournalHeader(tag, file_size, num)
+
+
+def size_damage(header: JournalHeader, real_size: int, source: str) -> FormatError | None:
+    """The damage a file of ``real_size`` bytes has when its header says otherwise: where it
+    was cut (a truncated journal), or where its extra bytes start."""
+    if real_size < header.file_size:
+        return FormatError(source, real_size, f"journal truncated: the file ends at byte {real_size}, "
+                                              f"its header says {header.file_size}")
+    if real_size > header.file_size:
+        return FormatError(source, header.file_size, f"{real_size - header.file_size} bytes past "
+                                                     f"the header's file_size {header.file_size}")
+    return None
 
 
 def new_journal(tag: int, file_size: int = GVFS_JOURNAL_SIZE) -> bytearray:
@@ -88,10 +105,6 @@ def journal_image(entries: Sequence[bytes], tag: int, size: int | None = None,
         pos += len(e)
     _U32.pack_into(out, 16, len(entries))
     return out
-
-
-def _pad4(out: bytearray) -> None:
-    out += b"\0" * (-len(out) % 4)
 
 
 _PADDING = (b"", b"\0\0\0", b"\0\0", b"\0")  # by length % 4: up to the next multiple of 4
@@ -187,17 +200,35 @@ def decode_entry(buf, offset: int, source: str, limit: int | None = None) -> tup
 
 
 def iter_entries(buf, source: str, start: int = FIRST_ENTRY, first_index: int = 0,
-                 count: int | None = None) -> Iterator[tuple[int, dict, int]]:
+                 count: int | None = None, *, exact_size: bool = True) -> Iterator[tuple[int, dict, int]]:
     """(offset, fields, size) of valid entries from ``start`` (entry number ``first_index``) up
-    to the header's num_entries (or ``count`` more); FormatError at the first invalid one."""
-    header = parse_header(buf, source)
+    to the header's num_entries (or ``count`` more); FormatError at the first invalid one.
+    With ``exact_size=False`` a truncated (or overlong) file yields the entries it holds, then
+    a FormatError at the damage: where the file was cut, or the entry the cut runs through."""
+    header = parse_header(buf, source, exact_size=exact_size)
+    end = min(header.file_size, len(buf))
+    cut = size_damage(header, len(buf), source)
     remaining = header.num_entries - first_index if count is None else count
     offset = start
     while remaining > 0:
-        rec, size = decode_entry(buf, offset, source, header.file_size)
+        try:
+            rec, size = decode_entry(buf, offset, source, end)
+        except FormatError as exc:
+            if cut is not None and len(buf) < header.file_size and _runs_past(buf, offset, end):
+                raise FormatError(source, offset, f"entry cut off: {cut.reason}") from None
+            raise exc from None
         yield offset, rec, size
         offset += size
         remaining -= 1
+    if cut is not None:
+        raise cut
+
+
+def _runs_past(buf, offset: int, end: int) -> bool:
+    """The entry at ``offset`` would end beyond ``end`` (or its sizes cannot be read there)."""
+    if offset + 4 > end:
+        return True
+    return offset + _U32.unpack_from(buf, offset)[0] > end
 
 
 class GvfsJournal(Codec):
@@ -210,7 +241,7 @@ class GvfsJournal(Codec):
 
     def read(self, buf, source, start=None, seq=0, stop=None) -> Iterator[Record]:
         start = FIRST_ENTRY if start is None else start
-        for offset, fields, _size in iter_entries(buf, source, start, seq):
+        for offset, fields, _size in iter_entries(buf, source, start, seq, exact_size=False):
             if stop is not None and offset >= stop:
                 return
             yield {"format": self.name, "seq": seq, "offset": offset, **fields}
@@ -226,14 +257,14 @@ class GvfsJournal(Codec):
         from .base import Finding
         findings = []
         try:
-            header = parse_header(buf, source)
+            header = parse_header(buf, source, exact_size=False)
         except FormatError as exc:
             return [Finding(exc.offset, exc.reason)]
         tree_tag = context.get("tree_tag")
         if tree_tag is not None and tree_tag != header.tag:
             findings.append(Finding(8, f"journal tag {header.tag:08x} != tree tag {tree_tag:08x}"))
         try:
-            for _ in iter_entries(buf, source):
+            for _ in iter_entries(buf, source, exact_size=False):
                 pass
         except FormatError as exc:
             findings.append(Finding(exc.offset, exc.reason))

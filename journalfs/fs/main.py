@@ -116,6 +116,7 @@ class MountConfig:
     mountpoint: str
     store: str | None = None
     gvfs: bool = False
+    exclusive_store: bool = False  # refuse a gvfs store no session bus can guard
     sync: str = "batch"
     allow_other: bool = False
     allow_root: bool = False
@@ -174,6 +175,8 @@ class MountConfig:
             self.log_file = value
         elif opt == "gvfs":
             self.gvfs = True
+        elif opt == "exclusive_store":
+            self.exclusive_store = True
         elif opt in ("rw", "ro"):
             self.ro = opt == "ro"
         elif opt in ("allow_other", "allow_root", "auto_unmount", "default_permissions",
@@ -190,7 +193,7 @@ class MountConfig:
     def summary(self) -> dict:
         """The options as status.json shows them."""
         return {"source": self.source, "mountpoint": self.mountpoint, "store": self.store,
-                "gvfs": self.gvfs, "sync": self.sync, "allow_other": self.allow_other,
+                "gvfs": self.gvfs, "exclusive_store": self.exclusive_store, "sync": self.sync, "allow_other": self.allow_other,
                 "allow_root": self.allow_root, "auto_unmount": self.auto_unmount,
                 "default_permissions": True, "ro": self.ro, "debug": self.debug,
                 "fsname": self.fs_name, "entry_timeout": self.timeout,
@@ -410,22 +413,22 @@ def pidfile_for(mountpoint: str) -> str:
 
 
 def _open_metadata(config: MountConfig):
-    """(service, location): the metadata backend the mount serves xattrs from."""
+    """(service, location): the metadata backend the mount serves xattrs from. Who may write
+    a shared (--store) gvfs directory is the metastore's decision (gvfs_service)."""
+    from ..metastore.gvfs_service import open_metadata_backend
+    from ..metastore.gvfsd import StoreBusError
     from ..metastore.location import resolve_store
+    from ..metastore.store import StoreLocked
 
     location = resolve_store(config.source, config.store, gvfs=config.gvfs)
-    if config.gvfs:
-        from ..metastore.gvfsd import GvfsdBackend
-        return GvfsdBackend(location.tree_path), location
-    from ..metastore.service import MetaService
-    from ..metastore.store import MetaStore, StoreLocked
     try:
-        store = MetaStore.open(location.tree_path, sync=config.sync, readonly=config.ro)
-    except (StoreLocked, OSError) as exc:  # the lock is taken: StoreLocked / EBUSY
-        if isinstance(exc, StoreLocked) or exc.errno == errno.EBUSY:
-            raise MountError(store_in_use_message(location.tree_path, config.source)) from None
-        raise
-    return MetaService(store, sync=config.sync), location
+        return open_metadata_backend(location.tree_path, shared_dir=config.store is not None,
+                                     gvfs=config.gvfs, sync=config.sync, readonly=config.ro,
+                                     exclusive=config.exclusive_store), location
+    except StoreBusError as exc:  # gvfs_service's own one-line refusal
+        raise MountError(exc.strerror) from None
+    except StoreLocked:
+        raise MountError(store_in_use_message(location.tree_path, config.source)) from None
 
 
 def store_in_use_message(tree_path: str, source: str) -> str:

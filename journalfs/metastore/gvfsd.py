@@ -1,21 +1,23 @@
-"""`--gvfs` mode: share the user's running gvfsd-metadata instead of owning the store.
+"""Joining the store's writer: share the user's running gvfsd-metadata instead of owning
+the store (``--gvfs``, and ``--store`` on a gvfs directory whose bus name someone owns, see
+:mod:`.gvfs_service`).
 
-gvfs allows exactly one writer per store: gvfsd-metadata. So in this mode every write
-goes to it over D-Bus (`org.gtk.vfs.Metadata`, see specs/gvfs-metadata.md "How gvfs users
+gvfs allows exactly one writer per store: whoever owns `org.gtk.vfs.Metadata`. So in this
+mode every write goes to it over D-Bus (`org.gtk.vfs.Metadata`, see specs/gvfs-metadata.md "How gvfs users
 reach it"), exactly as GIO does, and reads map the store files read-only
 (`MetaStore.open(tree, readonly=True)` + `refresh()`), exactly as GIO clients do. We never
 take the store lock or write a store file here.
 
-`GvfsdBackend` has the async method names of `MetaService` (for the FUSE layer, on trio);
-`GvfsdClient` is the blocking twin for command-line use. Both confirm each write by
-re-reading the store until it shows the write (bounded wait): gvfsd-metadata answers a
-`Set` for a tree it cannot open with success, so the reply alone proves nothing.
+`GvfsdBackend` has the async method names of `MetaService` (for the FUSE layer, on trio;
+blocking callers run it under ``trio.run``). It confirms each write by re-reading the store
+until it shows the write (bounded wait): gvfsd-metadata answers a `Set` for a tree it cannot
+open with success, so the reply alone proves nothing.
 """
 from __future__ import annotations
 
+import errno
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -34,12 +36,28 @@ VISIBLE_TIMEOUT = 5.0  # how long a confirmed write may take to show up in the f
 _POLL = 0.005
 
 
-class GvfsdUnavailable(RuntimeError):
+class StoreBusError(OSError):
+    """A store error whose text is the one line a user sees (errno per subclass)."""
+
+    errno_code = errno.EIO
+
+    def __init__(self, message: str):
+        super().__init__(self.errno_code, message)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+class GvfsdUnavailable(StoreBusError):
     """No session bus, or no gvfsd-metadata on it."""
 
+    errno_code = errno.ENOTCONN
 
-class GvfsdError(RuntimeError):
+
+class GvfsdError(StoreBusError):
     """gvfsd-metadata refused a request, or accepted it without storing it."""
+
+    errno_code = errno.EIO
 
 
 # ---- messages ------------------------------------------------------------------------
@@ -153,6 +171,20 @@ class _StoreView:
             if rest is not None and keys:
                 found[rest] = dict(keys)
         return found
+
+    def sync(self) -> None:
+        store = self._current()
+        journal = store.journal_path if store is not None else None
+        if not journal:
+            return
+        try:
+            fd = os.open(journal, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:  # rotated meanwhile: the rotation synced it
+            return
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     def status(self) -> dict:
         store = self._current()
@@ -315,6 +347,11 @@ class GvfsdBackend:
     async def flush(self) -> None:
         """Writes are in gvfsd's journal once confirmed; nothing is pending here."""
 
+    async def sync(self) -> None:
+        """Make every confirmed write durable: gvfsd-metadata never syncs its journal, so
+        fdatasync it here (a read-only descriptor is enough)."""
+        await self._read(lambda view: view.sync())
+
     def status(self) -> dict:
         """The store's status (tree_path, journal_path, fill, entries, ... as MetaService
         gives them), read fresh -- gvfsd may have rotated -- plus ours. Synchronous and
@@ -328,97 +365,3 @@ class GvfsdBackend:
         store_status.setdefault("journal_path", None)
         return {**store_status, "mode": "gvfs", "tree": str(self.tree), "bus": self._address,
                 "connected": self._router is not None, "writes": self._writes}
-
-
-# ---- blocking client (command line) --------------------------------------------------
-class GvfsdClient:
-    """Blocking twin of GvfsdBackend: `with GvfsdClient(tree) as meta: meta.set(...)`."""
-
-    def __init__(self, tree_path: str | os.PathLike, *, bus: str | None = None,
-                 visible_timeout: float = VISIBLE_TIMEOUT):
-        from jeepney.io.blocking import open_dbus_connection
-        self.tree = Path(os.path.abspath(tree_path))
-        self._address = bus_address(bus)
-        self._visible_timeout = visible_timeout
-        self._view = _StoreView(self.tree)
-        try:
-            self._conn = open_dbus_connection(self._address)
-        except (OSError, StopIteration) as exc:
-            raise _unreachable(self._address, exc) from None
-        try:
-            self._ensure_daemon()
-        except BaseException:
-            self._conn.close()
-            raise
-
-    def _ensure_daemon(self) -> None:
-        (owned,) = _check_reply(self._conn.send_and_get_reply(_name_has_owner(), timeout=REPLY_TIMEOUT),
-                                "NameHasOwner")
-        if not owned:
-            reply = self._conn.send_and_get_reply(_start_service(), timeout=REPLY_TIMEOUT)
-            if reply.header.message_type == MessageType.error:
-                raise _unreachable(self._address, reply.body[0] if reply.body else "cannot start it")
-
-    def _call(self, message: Message, what: str) -> tuple:
-        try:
-            reply = self._conn.send_and_get_reply(message, timeout=REPLY_TIMEOUT)
-        except TimeoutError:
-            raise GvfsdError(f"gvfsd-metadata did not answer {what} within {REPLY_TIMEOUT:.0f} s") from None
-        return _check_reply(reply, what)
-
-    def _until_visible(self, seen: Callable[[_StoreView], bool], what: str) -> None:
-        deadline = time.monotonic() + self._visible_timeout
-        while not seen(self._view):
-            if time.monotonic() > deadline:
-                raise GvfsdError(f"gvfsd-metadata accepted {what} but {self.tree} does not show it")
-            time.sleep(_POLL)
-
-    def get(self, path: str, key: str) -> Value | None:
-        return self._view.get(path, key)
-
-    def get_all(self, path: str) -> dict[str, Value]:
-        return self._view.get_all(path)
-
-    def dump(self) -> dict[str, dict[str, Value]]:
-        return {_join("/", rest): keys for rest, keys in self._view.subtree("/").items()}
-
-    def set_many(self, path: str, changes: Mapping[str, Value | None]) -> None:
-        what = f"Set {path}"
-        self._call(set_message(self.tree, path, changes), what)
-        self._until_visible(_expect_set(path, changes), what)
-
-    def set(self, path: str, key: str, value: Value) -> None:
-        self.set_many(path, {key: value})
-
-    def unset(self, path: str, key: str) -> None:
-        self.set_many(path, {key: None})
-
-    def remove(self, path: str) -> None:
-        self._call(remove_message(self.tree, path), f"Remove {path}")
-        self._until_visible(_expect_gone(path), f"Remove {path}")
-
-    def move(self, src: str, dst: str) -> None:
-        keys = self.get_all(src)
-        what = f"Move {src} -> {dst}"
-        self._call(move_message(self.tree, src, dst), what)
-        self._until_visible(_expect_moved(src, dst, keys), what)
-
-    def copy(self, src: str, dst: str) -> None:
-        plan = _copy_plan(self._view, src, dst)
-        self.remove(dst)
-        for path, keys in plan:
-            self.set_many(path, keys)
-
-    def status(self) -> dict:
-        return {"mode": "gvfs", "tree": str(self.tree), "bus": self._address, "store": self._view.status()}
-
-    def close(self) -> None:
-        self._view.close()
-        self._conn.close()
-
-    def __enter__(self) -> "GvfsdClient":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
