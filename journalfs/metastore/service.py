@@ -31,6 +31,7 @@ import time
 import trio
 
 from .backend import CopyOp, MoveOp, RemoveOp, SetOp, UnsetOp, WriteOp
+from .files import SYNC_MODES
 from .store import MetaStore
 
 log = logging.getLogger(__name__)
