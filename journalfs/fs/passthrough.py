@@ -193,6 +193,9 @@ class JournalFS(pyfuse3.Operations):
     """SOURCE passthrough + ``user.metadata.*`` xattrs backed by a metadata service."""
 
     enable_writeback_cache = False
+    # The kernel reads system.posix_acl_* through getxattr and enforces them itself, as on
+    # SOURCE (with default_permissions, which the POSIX_ACL flag implies anyway).
+    enable_acl = True
 
     def __init__(self, source: str, meta, location, *, timeout: float = 1.0,
                  options: dict | None = None):
@@ -822,7 +825,8 @@ class JournalFS(pyfuse3.Operations):
 
     @staticmethod
     def _reopen(path_fd: int, node: Inode, flags: int) -> tuple[int, os.stat_result]:
-        flags = (flags & ~(os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW)) | os.O_CLOEXEC
+        # O_DIRECT is the kernel's business: its requests reach us in unaligned buffers
+        flags = (flags & ~(os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_DIRECT)) | os.O_CLOEXEC
         fd = os.open(proc_path(path_fd), flags)
         try:
             st = os.fstat(fd)
@@ -843,7 +847,7 @@ class JournalFS(pyfuse3.Operations):
 
     def _create(self, parent: Inode, name: bytes, mode: int, flags: int, ctx):
         dir_fd = self.table.fd(parent)
-        flags = (flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC) & ~os.O_NOCTTY
+        flags = (flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC) & ~(os.O_NOCTTY | os.O_DIRECT)
         fd = self.caller.run(ctx, functools.partial(os.open, name, flags, mode, dir_fd=dir_fd))
         try:
             path_fd = os.open(proc_path(fd), os.O_PATH | os.O_CLOEXEC)
