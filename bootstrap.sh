@@ -15,6 +15,7 @@ APT_PACKAGES=(
   gvfs gvfs-daemons dbus python3-gi gir1.2-glib-2.0 libglib2.0-bin  # real gvfs + gio for interop
   openjdk-17-jre-headless                               # Spark
   util-linux procps psmisc
+  acl libcap2-bin                                       # setfacl/getfacl, setcap/getcap (xattr namespace tests)
 )
 
 install() {
