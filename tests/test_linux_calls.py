@@ -467,3 +467,27 @@ def test_hard_links_share_metadata_on_every_name(tmp_path):
             assert os.getxattr(mnt / name, "user.metadata.k") == b"set-via-h2"
     stored = {os.path.basename(p): v for p, v in _dump(store).items()}
     assert stored == {"h2": {"k": "set-via-h2"}, "h3": {"k": "set-via-h2"}}
+
+
+def test_inode_numbers_with_another_filesystem_below_source(tmp_path):
+    """Objects of a filesystem mounted inside SOURCE get numbers of their own (their st_ino
+    may equal one of SOURCE's), unique and stable across drop_caches."""
+    src, mnt, store = tmp_path / "src", tmp_path / "mnt", tmp_path / "store"
+    (src / "sub").mkdir(parents=True)
+    store.mkdir(mode=0o700)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "jfs-test-tmpfs", str(src / "sub")],
+                   check=True)
+    try:
+        for i in range(5):
+            (src / "sub" / f"t{i}").write_text("")
+            (src / f"s{i}").write_text("")
+        names = ["sub"] + [f"sub/t{i}" for i in range(5)] + [f"s{i}" for i in range(5)]
+        with mounted(src, mnt, "--store", str(store)):
+            before = {n: os.lstat(mnt / n).st_ino for n in names}
+            assert len(set(before.values())) == len(names)
+            for i in range(5):  # SOURCE's own filesystem: SOURCE's numbers
+                assert before[f"s{i}"] == os.lstat(src / f"s{i}").st_ino
+            drop_caches()
+            assert {n: os.lstat(mnt / n).st_ino for n in names} == before
+    finally:
+        subprocess.run(["umount", "-l", str(src / "sub")], capture_output=True)
