@@ -489,5 +489,9 @@ def test_inode_numbers_with_another_filesystem_below_source(tmp_path):
                 assert before[f"s{i}"] == os.lstat(src / f"s{i}").st_ino
             drop_caches()
             assert {n: os.lstat(mnt / n).st_ino for n in names} == before
+            # the mount does not pin the filesystem below SOURCE: it can still be unmounted
+            umount = subprocess.run(["umount", str(src / "sub")], capture_output=True, text=True)
+            assert umount.returncode == 0, umount.stderr
+            assert os.listdir(mnt / "sub") == []
     finally:
         subprocess.run(["umount", "-l", str(src / "sub")], capture_output=True)

@@ -55,7 +55,10 @@ class Inode:
     parent: int = 0
     name: bytes = b""
     fd: int | None = None  # O_PATH|O_NOFOLLOW fd of the object, once needed
-    busy: int = 0  # worker threads using ``fd`` right now
+    busy: int = 0  # requests using ``fd`` right now
+    # On another filesystem mounted below SOURCE: the fd is kept only while a request uses
+    # it (and for unlinked files), so that filesystem can still be unmounted.
+    transient: bool = False
     dropped: bool = False
     # The newest lstat/fstat seen and when (monotonic); ``changes`` counts finished changes
     # through the mount, so a stat taken while another change finished is not kept.
@@ -141,7 +144,10 @@ class InodeTable:
         parent = self.by_ino.get(node.parent)
         if parent is None or parent is node:
             raise stale()
-        fd = os.open(node.name, O_PATH_FLAGS, dir_fd=self.fd(parent))
+        try:
+            fd = os.open(node.name, O_PATH_FLAGS, dir_fd=self.fd(parent))
+        finally:
+            self.let_go(parent)
         try:
             if not same_object(os.fstat(fd), node):
                 raise stale()  # the name now means another object
@@ -159,7 +165,12 @@ class InodeTable:
 
     def unhold(self, node: Inode) -> None:
         node.busy -= 1
-        if node.dropped and node.busy == 0:
+        if (node.dropped or node.transient) and node.busy == 0:
+            self._close(node)
+
+    def let_go(self, node: Inode) -> None:
+        """Done with ``fd(node)`` outside :meth:`hold`: a transient fd is closed now."""
+        if node.transient and node.busy == 0:
             self._close(node)
 
     @staticmethod
@@ -193,10 +204,11 @@ class InodeTable:
                 number = self._next_foreign
                 self._next_foreign += 1
             node = Inode(number, key, file_type=stat.S_IFMT(st.st_mode))
+            node.transient = st.st_dev != self.root_dev
             self.by_ino[node.ino] = node
             self.by_key[key] = node
         if fd is not None:
-            if node.fd is None:
+            if node.fd is None and not node.transient:
                 node.fd = fd
             else:
                 os.close(fd)

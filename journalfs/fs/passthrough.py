@@ -36,6 +36,11 @@ from .caches import UNKNOWN, DirSnapshots, Listing, MetaCache
 from .inodes import VIEW_INO_BASE, Inode, InodeTable, O_PATH_FLAGS, join, same_object, stale
 from .views import VIEWS_NAME, Views
 
+try:  # the SOURCE watcher (branch h/speed, fs/watch.py); without it changes show after the timeout
+    from .watch import SourceWatcher
+except ImportError:
+    SourceWatcher = None
+
 log = logging.getLogger("journalfs.fs")
 
 #: File handles at or above this are the views' (listings, virtual files); below are ours.
@@ -228,6 +233,8 @@ class JournalFS(pyfuse3.Operations):
         store = getattr(meta, "store", None)
         exclusive = store is not None and getattr(store, "readonly", True) is False
         self.meta_cache = MetaCache() if exclusive else None
+        # changes made behind the mount: the watcher asks source_changed what to invalidate
+        self.watch = SourceWatcher(self.source_changed) if SourceWatcher is not None else None
 
     # -- helpers ---------------------------------------------------------------------------
     def next_inode(self) -> int:
@@ -276,7 +283,29 @@ class JournalFS(pyfuse3.Operations):
         a.st_atime_ns = st.st_atime_ns
         a.st_mtime_ns = st.st_mtime_ns
         a.st_ctime_ns = st.st_ctime_ns
+        if self.watch is not None and stat.S_ISDIR(st.st_mode) and node.key is not None:
+            self._watch_directory(node)  # the kernel will know it
         return a
+
+    def _watch_directory(self, node: Inode) -> None:
+        try:
+            self.watch.directory_known(node.ino, fd=self.table.fd(node))
+        except (OSError, pyfuse3.FUSEError):
+            pass  # gone meanwhile: nothing to watch
+        finally:
+            self.table.let_go(node)
+
+    async def source_changed(self, dir_ino: int, name: bytes | None) -> int | None:
+        """SOURCE changed behind the mount at ``name`` in directory ``dir_ino`` (None: the
+        directory itself): drop our caches of it; the kernel's number for it, or None."""
+        directory = self.table.by_ino.get(dir_ino)
+        if directory is None or directory.path is None:
+            return None
+        rel = directory.path if name is None else join(directory.path, name)
+        self._namespace_changed(rel)
+        await self.views.source_changed(rel)
+        child = self.table.root if rel == b"" else self.table.by_path.get(rel)
+        return None if child is None else child.ino
 
     def _dot_attrs(self, number: int, st: os.stat_result) -> pyfuse3.EntryAttributes:
         a = self.attrs(Inode(number, None), st)
@@ -296,9 +325,6 @@ class JournalFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
         parent = self.table.get(parent_inode)
         return parent, (None if parent.path is None else join(parent.path, name))
-
-    def _fstat(self, node: Inode) -> os.stat_result:
-        return os.fstat(self.table.fd(node))
 
     def _stat_of(self, fd: int) -> os.stat_result:
         return os.fstat(fd)
@@ -446,6 +472,8 @@ class JournalFS(pyfuse3.Operations):
                 self.views.forget(ino, count)
             else:
                 self.table.forget(ino, count)
+                if self.watch is not None and ino not in self.table.by_ino:
+                    self.watch.directory_forgotten(ino)
 
     @_guarded
     async def getattr(self, inode, ctx=None):
