@@ -301,3 +301,29 @@ def test_non_utf8_names_keys_and_values(tmp_path):
         assert os.getxattr(path, b"user.native\xff") == b"\xff\x00\x01"
         os.rename(path, os.fsencode(mnt) + b"/\xfdmoved")
         assert os.getxattr(os.fsencode(mnt) + b"/\xfdmoved", key) == value
+
+
+# -- point 3: FIFOs and devices never block the mount -----------------------------------------
+def test_blocked_fifo_opens_never_block_the_mount(tmp_path):
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    (src / "plain").write_text("still here\n")
+    for i in range(60):
+        os.mkfifo(src / f"fifo{i}")
+    with mounted(src, mnt):
+        readers = [subprocess.Popen([sys.executable, "-c", f"open({str(mnt / f'fifo{i}')!r}).read()"])
+                   for i in range(60)]  # each blocks until a writer shows up
+        try:
+            probe = subprocess.run(
+                [sys.executable, "-c", f"import os; os.stat({str(mnt)!r}); "
+                 f"print(open({str(mnt / 'plain')!r}).read(), end=''); "
+                 f"os.setxattr({str(mnt / 'plain')!r}, 'user.metadata.k', b'v'); "
+                 f"os.fsync(os.open({str(mnt / 'plain')!r}, os.O_RDONLY))"],
+                capture_output=True, text=True, timeout=20)
+            assert probe.returncode == 0, probe.stderr
+            assert probe.stdout == "still here\n"
+            assert all(r.poll() is None for r in readers)  # really blocked
+        finally:
+            for r in readers:
+                r.kill()
+                r.wait()

@@ -1064,7 +1064,9 @@ class JournalFS(pyfuse3.Operations):
         key = xattrs.metadata_key(name)
         if key is None:
             return await self._on(node, self._native_getxattr, name)
-        value = await self._meta_get(self.store_path(self._path(node)), key)
+        if node.path is None:  # unlinked: its metadata went with its last name
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        value = await self._meta_get(self.store_path(node.path), key)
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return xattrs.encode_value(value)
@@ -1124,7 +1126,8 @@ class JournalFS(pyfuse3.Operations):
             return await self.views.listxattr(inode)
         node = self.table.get(inode)
         native = await self._on(node, lambda fd: os.listxattr(proc_path(fd)))
-        hide_trusted = not self.caller.capable(ctx, _CAP_SYS_ADMIN)
+        hide_trusted = any(n.startswith("trusted.") for n in native) \
+            and not self.caller.capable(ctx, _CAP_SYS_ADMIN)
         names = []
         for n in native:
             raw = os.fsencode(n)
