@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from gvfsd import gvfs_session  # noqa: F401  (fixture)
 from mountutil import mounted
 from test_fs_permissions import ensure_test_user
 from test_fs_security import run_as
@@ -495,3 +496,24 @@ def test_inode_numbers_with_another_filesystem_below_source(tmp_path):
             assert os.listdir(mnt / "sub") == []
     finally:
         subprocess.run(["umount", "-l", str(src / "sub")], capture_output=True)
+
+
+@pytest.mark.gvfs
+def test_hard_link_metadata_is_seen_by_gio_on_every_name(gvfs_session, tmp_path,  # noqa: F811
+                                                         monkeypatch):
+    src = gvfs_session.home / "links"
+    src.mkdir()
+    (src / "h1").write_text("x")
+    for key, value in gvfs_session.env().items():
+        monkeypatch.setenv(key, value)
+    mnt = tmp_path / "mnt"
+    gvfs_session.stop_daemon()  # store mode: journalfs is the only writer
+    with mounted(src, mnt, "--store", str(gvfs_session.metadata_dir), "--sync", "always"):
+        os.setxattr(mnt / "h1", "user.metadata.comment", b"old")
+        os.link(mnt / "h1", mnt / "h2")
+        drop_caches()
+        os.setxattr(mnt / "h2", "user.metadata.comment", b"new")
+        assert gvfs_session.gio_metadata([src / "h1", src / "h2"]) == {
+            str(src / "h1"): {"comment": "new"}, str(src / "h2"): {"comment": "new"}}
+        os.unlink(mnt / "h1")
+        assert gvfs_session.gio_metadata([src / "h2"]) == {str(src / "h2"): {"comment": "new"}}

@@ -219,7 +219,8 @@ class InodeTable:
         if self.by_path.get(rel) is not node:
             self._add_path(node, rel)
         if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
-            self._linked(key, rel)
+            for name_seen in node.paths:  # including those seen while it had one link
+                self._linked(key, name_seen)
         node.lookups += lookups
         return node
 
