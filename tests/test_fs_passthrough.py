@@ -469,3 +469,30 @@ def test_inode_fd_refuses_another_object(tmp_path):
     with pytest.raises(pyfuse3.FUSEError) as err:
         table.fd(d)
     assert err.value.errno == errno.ESTALE
+
+
+def test_fsync_and_fsyncdir_make_metadata_durable(tmp_path):
+    """CONTRACT: fsync/fdatasync of any file or directory in the mount makes every earlier
+    metadata write durable (the store journal is fdatasynced) even with --sync none."""
+    src, mnt, store = tmp_path / "src", tmp_path / "mnt", tmp_path / "store"
+    src.mkdir()
+    store.mkdir(mode=0o700)
+    (src / "f").write_text("x")
+
+    def last_fsync():
+        return json.loads((mnt / ".journalfs" / "status.json").read_text())["last_fsync"]
+
+    with mounted(src, mnt, "--store", str(store), "--sync", "none"):
+        for i, sync in enumerate((os.fsync, os.fdatasync, "dir")):
+            os.setxattr(mnt / "f", "user.metadata.k", b"v%d" % i)
+            before = last_fsync()
+            time.sleep(0.05)
+            if sync == "dir":
+                fd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
+                os.fsync(fd)
+            else:
+                fd = os.open(mnt / "f", os.O_RDONLY)
+                sync(fd)
+            os.close(fd)
+            after = last_fsync()
+            assert after is not None and after != before, (sync, before, after)

@@ -270,6 +270,10 @@ def test_trusted_hidden_from_users_security_and_acls_pass_through(tmp_path, user
         native = run_as(user, [("l", f"os.listxattr({str(f)!r})")])["l"]
         mounted_ = run_as(user, [("l", f"os.listxattr({str(mf)!r})")])["l"]
         assert "trusted.t" not in native and mounted_ == native
+        refused = [run_as(user, [("get", f"os.getxattr({str(p)!r}, 'trusted.t')"),
+                                 ("set", f"os.setxattr({str(p)!r}, 'trusted.u', b'1')")])
+                   for p in (f, mf)]
+        assert refused[0] == refused[1] == {"get": "ENODATA", "set": "EPERM"}
         # security.*: setcap through the mount, getcap on both sides
         subprocess.run(["setcap", "cap_net_raw+ep", str(mf)], check=True)
         for p in (f, mf):
