@@ -449,8 +449,13 @@ class JournalFS(pyfuse3.Operations):
             st = await self._stat(parent)
             parent.lookups += 1
             return self.attrs(parent, st)
-        if name == b"..":  # only asked for by NFS exports
-            raise pyfuse3.FUSEError(errno.ENOENT)
+        if name == b"..":  # asked by NFS exports; the directory it was found in
+            up = parent if parent is self.table.root else self.table.by_ino.get(parent.parent)
+            if up is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            st = await self._stat(up)
+            up.lookups += 1
+            return self.attrs(up, st)
         listing = await self._listing(parent)
         if listing is not None:  # answered from memory: `ls -l`, find, stat of many files
             st = listing.stats.get(name, _ABSENT)
