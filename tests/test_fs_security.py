@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mountutil import mounted
-from test_fs_permissions import SYSTEM_PYTHON, as_user, ensure_test_user
+from test_fs_permissions import SYSTEM_PYTHON, ensure_test_user
 
 pytestmark = pytest.mark.fuse
 
