@@ -496,3 +496,25 @@ def test_fsync_and_fsyncdir_make_metadata_durable(tmp_path):
             os.close(fd)
             after = last_fsync()
             assert after is not None and after != before, (sync, before, after)
+
+
+def test_inode_fds_beyond_the_budget_are_opened_per_request(tmp_path):
+    """More inodes than the fd budget: the extra ones keep no fd between requests."""
+    from journalfs.fs.inodes import O_PATH_FLAGS, InodeTable
+    table = InodeTable(os.open(tmp_path, os.O_PATH | os.O_DIRECTORY), max_fds=2)
+    nodes = []
+    for i in range(4):
+        (tmp_path / f"f{i}").write_text("")
+        fd = os.open(tmp_path / f"f{i}", O_PATH_FLAGS)
+        nodes.append(table.remember(f"f{i}".encode(), os.fstat(fd), 1, f"f{i}".encode(), fd=fd))
+    assert [n.fd is not None for n in nodes] == [True, True, False, False]
+    assert table.kept_fds == 2
+    fd = table.hold(nodes[3])  # opened for the request ...
+    assert os.fstat(fd).st_ino == nodes[3].ino
+    table.unhold(nodes[3])
+    assert nodes[3].fd is None  # ... and closed after it
+    table.forget(nodes[0].ino, 1)
+    assert table.kept_fds == 1
+    table.hold(nodes[3])
+    table.unhold(nodes[3])
+    assert nodes[3].fd is None

@@ -96,8 +96,15 @@ def same_object(st: os.stat_result, node: Inode) -> bool:
 class InodeTable:
     """Numbers, fds, lookup counting and path bookkeeping (renames, unlinks)."""
 
-    def __init__(self, root_fd: int):
+    def __init__(self, root_fd: int, max_fds: int | None = None):
         st = os.fstat(root_fd)
+        # fds kept between requests, at most ``max_fds`` (3/4 of the process's limit: open
+        # files and the store need theirs); beyond that, fds are opened per request.
+        if max_fds is None:
+            import resource
+            max_fds = resource.getrlimit(resource.RLIMIT_NOFILE)[0] * 3 // 4
+        self.max_fds = max_fds
+        self.kept_fds = 0
         self.root_dev = st.st_dev
         self.by_ino: dict[int, Inode] = {}
         self.by_key: dict[tuple[int, int], Inode] = {}
@@ -155,7 +162,17 @@ class InodeTable:
             os.close(fd)
             raise
         node.fd = fd
+        self._keep(node)
         return fd
+
+    def _keep(self, node: Inode) -> None:
+        """Count ``node``'s new fd, or make it per-request when the budget is spent."""
+        if node.transient:
+            return
+        if self.kept_fds >= self.max_fds:
+            node.transient = True
+        else:
+            self.kept_fds += 1
 
     def hold(self, node: Inode) -> int:
         """``fd(node)`` for a worker thread: not closed until :meth:`unhold`."""
@@ -173,10 +190,11 @@ class InodeTable:
         if node.transient and node.busy == 0:
             self._close(node)
 
-    @staticmethod
-    def _close(node: Inode) -> None:
+    def _close(self, node: Inode) -> None:
         if node.fd is not None and node.ino != pyfuse3.ROOT_INODE:
             fd, node.fd = node.fd, None
+            if not node.transient:
+                self.kept_fds -= 1
             os.close(fd)
 
     # -- finding --------------------------------------------------------------------------
@@ -208,8 +226,9 @@ class InodeTable:
             self.by_ino[node.ino] = node
             self.by_key[key] = node
         if fd is not None:
-            if node.fd is None and not node.transient:
+            if node.fd is None and not node.transient and self.kept_fds < self.max_fds:
                 node.fd = fd
+                self.kept_fds += 1
             else:
                 os.close(fd)
         node.parent, node.name = parent, name
