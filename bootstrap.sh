@@ -19,6 +19,7 @@ APT_PACKAGES=(
   openjdk-17-jre-headless                               # Spark
   util-linux procps psmisc                              # mount(8), fuser for the tests
   groff-base                                            # renders journalfs.1 in its test
+  acl libcap2-bin                                       # setfacl/getfacl, setcap/getcap (xattr namespace tests)
 )
 
 install() {

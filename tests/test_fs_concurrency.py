@@ -6,6 +6,7 @@ import json
 import multiprocessing
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from mountutil import mounted
 pytestmark = pytest.mark.fuse
 
 REPO = Path(__file__).resolve().parents[1]
-JOURNALFS = REPO / ".venv" / "bin" / "journalfs"
+JOURNALFS = [sys.executable, "-m", "journalfs.cli"]
 WORKERS = 4
 ROUNDS = 250
 FILES_PER_WORKER = 8
@@ -131,7 +132,7 @@ def test_parallel_file_and_metadata_ops_lose_nothing(tmp_path):
         assert rotations - rotations_before >= 2, f"only {rotations - rotations_before} rotations: test too small"
 
     # after a clean unmount the store alone holds exactly the same (SOURCE is outside $HOME)
-    dump = subprocess.run([str(JOURNALFS), "meta", "dump", str(store / "root"), "--json"],
+    dump = subprocess.run([*JOURNALFS, "meta", "dump", str(store / "root"), "--json"],
                           capture_output=True, text=True, check=True)
     stored = {os.path.relpath(p, src): keys for p, keys in json.loads(dump.stdout).items()
               if p.startswith(f"{src}/")}

@@ -426,25 +426,95 @@ def test_signal_unmounts_cleanly(tmp_path, signum):
 # -- the inode table, without a mount ----------------------------------------------------------
 def test_inode_table_bookkeeping(tmp_path):
     from journalfs.fs.inodes import InodeTable
-    numbers = iter(range(2, 1000))
-    table = InodeTable(lambda: next(numbers))
+    root_fd = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
+    table = InodeTable(root_fd)
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "f").write_text("")
     os.link(tmp_path / "d" / "f", tmp_path / "g")
-    f = table.remember(b"d/f", os.lstat(tmp_path / "d" / "f"))
-    g = table.remember(b"g", os.lstat(tmp_path / "g"))
+    d = table.remember(b"d", os.lstat(tmp_path / "d"), 1, b"d")
+    f = table.remember(b"d/f", os.lstat(tmp_path / "d" / "f"), d.ino, b"f")
+    g = table.remember(b"g", os.lstat(tmp_path / "g"), 1, b"g")
     assert f is g and f.paths == [b"d/f", b"g"] and f.lookups == 2  # hard links: one inode
-    d = table.remember(b"d", os.lstat(tmp_path / "d"))
+    assert f.ino == os.lstat(tmp_path / "g").st_ino  # SOURCE's own inode number
+    assert table.names_of(f) == [b"d/f", b"g"]
     table.renamed([(b"d", b"e")])
     assert d.path == b"e" and f.paths == [b"e/f", b"g"]
     table.unlinked(b"g", is_dir=False)  # a file's name: found by index, no full pass
     assert f.path == b"e/f" and b"g" not in table.by_path and table.by_path[b"e/f"] is f
+    assert table.names_of(f) == [b"e/f"]
+    f.parent, f.name = d.ino, b"f"
+    fd = table.fd(f)  # opened from the parent's fd, checked to be the same object
+    assert os.fstat(fd).st_ino == f.ino
     f.handles.add(99)
     table.forget(f.ino, 2)
     assert f.ino in table  # still open
     table.release_handle(f, 99)
-    assert f.ino not in table
+    assert f.ino not in table and f.fd is None  # its O_PATH fd is closed with it
     os.unlink(tmp_path / "d" / "f")
     os.rmdir(tmp_path / "d")
     table.forget(d.ino, 1)
     assert d.ino not in table
+
+
+def test_inode_fd_refuses_another_object(tmp_path):
+    """A name that now means another object gives ESTALE, never that object."""
+    import pyfuse3
+    from journalfs.fs.inodes import InodeTable
+    table = InodeTable(os.open(tmp_path, os.O_PATH | os.O_DIRECTORY))
+    (tmp_path / "d").mkdir()
+    d = table.remember(b"d", os.lstat(tmp_path / "d"), 1, b"d")
+    os.rename(tmp_path / "d", tmp_path / "d.old")
+    (tmp_path / "other").mkdir(mode=0o700)
+    os.symlink("other", tmp_path / "d")
+    with pytest.raises(pyfuse3.FUSEError) as err:
+        table.fd(d)
+    assert err.value.errno == errno.ESTALE
+
+
+def test_fsync_and_fsyncdir_make_metadata_durable(tmp_path):
+    """CONTRACT: fsync/fdatasync of any file or directory in the mount makes every earlier
+    metadata write durable (the store journal is fdatasynced) even with --sync none."""
+    src, mnt, store = tmp_path / "src", tmp_path / "mnt", tmp_path / "store"
+    src.mkdir()
+    store.mkdir(mode=0o700)
+    (src / "f").write_text("x")
+
+    def last_fsync():
+        return json.loads((mnt / ".journalfs" / "status.json").read_text())["last_fsync"]
+
+    with mounted(src, mnt, "--store", str(store), "--sync", "none"):
+        for i, sync in enumerate((os.fsync, os.fdatasync, "dir")):
+            os.setxattr(mnt / "f", "user.metadata.k", b"v%d" % i)
+            before = last_fsync()
+            time.sleep(0.05)
+            if sync == "dir":
+                fd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
+                os.fsync(fd)
+            else:
+                fd = os.open(mnt / "f", os.O_RDONLY)
+                sync(fd)
+            os.close(fd)
+            after = last_fsync()
+            assert after is not None and after != before, (sync, before, after)
+
+
+def test_inode_fds_beyond_the_budget_are_opened_per_request(tmp_path):
+    """More inodes than the fd budget: the extra ones keep no fd between requests."""
+    from journalfs.fs.inodes import O_PATH_FLAGS, InodeTable
+    table = InodeTable(os.open(tmp_path, os.O_PATH | os.O_DIRECTORY), max_fds=2)
+    nodes = []
+    for i in range(4):
+        (tmp_path / f"f{i}").write_text("")
+        fd = os.open(tmp_path / f"f{i}", O_PATH_FLAGS)
+        nodes.append(table.remember(f"f{i}".encode(), os.fstat(fd), 1, f"f{i}".encode(), fd=fd))
+    assert [n.fd is not None for n in nodes] == [True, True, False, False]
+    assert table.kept_fds == 2
+    fd = table.hold(nodes[3])  # opened for the request ...
+    assert os.fstat(fd).st_ino == nodes[3].ino
+    table.unhold(nodes[3])
+    assert nodes[3].fd is None  # ... and closed after it
+    table.forget(nodes[0].ino, 1)
+    assert table.kept_fds == 1
+    table.hold(nodes[3])
+    table.unhold(nodes[3])
+    assert nodes[3].fd is None

@@ -104,19 +104,25 @@ class DirSnapshots:
         while len(self._listings) > self.max_dirs:
             self._listings.popitem(last=False)
 
-    def scan(self, path: bytes, skip: bytes | None = None, limit: bool = True) -> Listing | None:
-        """The listing of SOURCE directory ``path`` (thread only); None when too big."""
+    def scan(self, dir_fd: int, skip: bytes | None = None, limit: bool = True) -> Listing | None:
+        """The listing of the SOURCE directory ``dir_fd`` (an O_PATH fd of it: opened again
+        for reading, no path walk); None when too big."""
         listing = {}
-        with os.scandir(path) as it:
-            for entry in it:
-                if entry.name == skip:
-                    continue
-                try:
-                    listing[entry.name] = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue  # vanished while listing
-                if limit and len(listing) > self.max_entries:
-                    return None
+        fd = os.open(b".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            with os.scandir(fd) as it:
+                for entry in it:
+                    name = os.fsencode(entry.name)
+                    if name == skip:
+                        continue
+                    try:
+                        listing[name] = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # vanished while listing
+                    if limit and len(listing) > self.max_entries:
+                        return None
+        finally:
+            os.close(fd)
         return Listing(listing)
 
     def attrs_changed(self, *rels: bytes) -> None:

@@ -1,13 +1,19 @@
 """The pyfuse3 Operations: SOURCE mirrored through, metadata as xattrs, views under /.journalfs.
 
-One small async handler per request. Every syscall on SOURCE runs in a worker thread
-(``trio.to_thread.run_sync``) so a slow disk never stalls the single trio thread; answers
-that need no syscall are given inline: lookups from a listing of a busy directory, getattr
-from the stat the last change through the mount took, metadata from a cache (see caches.py).
-Related syscalls share one thread call (open+fstat, write+fstat, change+lstat of the
-directory, fstat+close). The kernel caches names and attributes for the mount's timeout,
-so everything journalfs changes is invalidated precisely, right after the change. SOURCE paths are never followed through a final
-symlink (``lstat``, ``O_NOFOLLOW``, ``follow_symlinks=False``).
+Every request acts on the SOURCE object the kernel's inode stands for, never on a path
+string: each inode holds an ``O_PATH|O_NOFOLLOW`` fd of its object (see inodes.py), names
+are resolved one component at a time relative to the parent's fd with the ``*at()`` calls
+and no symlink following, and calls that need a real fd on the object itself go through
+``/proc/self/fd/N`` (the kernel's link to that exact object, no path walk). So a directory
+swapped for a symlink in SOURCE, a long path or a reused fd number can never make the daemon
+act on anything but what the caller reached.
+
+Objects are created with the caller's fsuid/fsgid/groups (per thread, restored at once), so
+ownership, setgid inheritance and the permission checks of SOURCE itself are native.
+
+On a local SOURCE filesystem (by statfs f_type) syscalls run inline on the trio thread: a
+thread hop costs more than the syscall. fsync, anything on a network/FUSE SOURCE and opens
+of anything but regular files and directories run in worker threads.
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import logging
 import os
 import stat
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import pyfuse3
@@ -26,23 +33,31 @@ import trio
 
 from . import xattrs
 from .caches import UNKNOWN, DirSnapshots, Listing, MetaCache
-from .inodes import Inode, InodeTable, join
+from .inodes import VIEW_INO_BASE, Inode, InodeTable, O_PATH_FLAGS, join, same_object, stale
 from .views import VIEWS_NAME, Views
+
+try:  # the SOURCE watcher (branch h/speed, fs/watch.py); without it changes show after the timeout
+    from .watch import SourceWatcher
+except ImportError:
+    SourceWatcher = None
 
 log = logging.getLogger("journalfs.fs")
 
-#: File handles at or above this are ours (directory listings, virtual files); below are fds.
+#: File handles at or above this are the views' (listings, virtual files); below are ours.
 HANDLE_BASE = 1 << 32
 _libc = ctypes.CDLL(None, use_errno=True)
-_AT_FDCWD = -100
+_AT_EMPTY_PATH = 0x1000
+_AT_SYMLINK_NOFOLLOW = 0x100
+_SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}.get(os.uname().machine)
 _IS_ROOT = os.geteuid() == 0
 _ABSENT = object()
+_CAP_SYS_ADMIN = 21
 #: Longest a directory listing or a remembered stat answers lookups/getattr from memory
 #: (never longer than the kernel's own timeout; anything changed through the mount is
 #: forgotten at once).
 SNAPSHOT_TTL = 2.0
-#: statfs f_type of filesystems whose close(2) flushes nothing (no deferred write errors):
-#: ext2/3/4, xfs, btrfs, tmpfs, f2fs. Elsewhere (NFS, CIFS, FUSE...) flush re-closes a dup.
+#: statfs f_type of local filesystems: syscalls there are cheaper inline than a thread hop,
+#: and close(2) flushes nothing (no deferred write errors): ext2/3/4, xfs, btrfs, tmpfs, f2fs.
 LOCAL_FS_TYPES = {0xEF53, 0x58465342, 0x9123683E, 0x01021994, 0xF2F52010}
 
 
@@ -50,17 +65,41 @@ class _Statfs(ctypes.Structure):
     _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 112)]
 
 
-def _fs_type(path: bytes) -> int | None:
+def _fs_type(fd: int) -> int | None:
     buf = _Statfs()
-    if _libc.statfs(path, ctypes.byref(buf)) != 0:
+    if _libc.fstatfs(fd, ctypes.byref(buf)) != 0:
         return None
     return buf.f_type & 0xFFFFFFFF
 
 
-def _renameat2(old: bytes, new: bytes, flags: int) -> None:
-    if _libc.renameat2(_AT_FDCWD, old, _AT_FDCWD, new, ctypes.c_uint(flags)) != 0:
+def _check(result: int) -> None:
+    if result != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
+
+
+def _renameat2(old_dir: int, old: bytes, new_dir: int, new: bytes, flags: int) -> None:
+    _check(_libc.renameat2(old_dir, old, new_dir, new, ctypes.c_uint(flags)))
+
+
+def _chown_fd(fd: int, uid: int, gid: int) -> None:
+    """chown of the object an O_PATH fd stands for (a symlink itself, too)."""
+    _check(_libc.fchownat(fd, b"", uid, gid, _AT_EMPTY_PATH | _AT_SYMLINK_NOFOLLOW))
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _utime_fd(fd: int, atime_ns: int, mtime_ns: int) -> None:
+    times = (_Timespec * 2)(_Timespec(*divmod(atime_ns, 10**9)),
+                            _Timespec(*divmod(mtime_ns, 10**9)))
+    _check(_libc.utimensat(fd, b"", times, _AT_EMPTY_PATH | _AT_SYMLINK_NOFOLLOW))
+
+
+def proc_path(fd: int) -> bytes:
+    """The kernel's link to exactly the object ``fd`` stands for (no path walk)."""
+    return b"/proc/self/fd/%d" % fd
 
 
 def _guarded(fn: Callable) -> Callable:
@@ -79,14 +118,89 @@ def _guarded(fn: Callable) -> Callable:
     return handler
 
 
-async def _in_thread(fn: Callable, *args: Any) -> Any:
-    return await trio.to_thread.run_sync(functools.partial(fn, *args))
+async def _in_thread(fn: Callable, *args: Any, limiter=None) -> Any:
+    return await trio.to_thread.run_sync(functools.partial(fn, *args), limiter=limiter)
+
+
+@dataclass(eq=False)
+class Handle:
+    """One open file: its own fd, the inode, and whether it was written since opened.
+    ``busy`` counts worker threads using ``fd``: release closes it only when none is."""
+    fd: int
+    node: Inode
+    written: bool = False
+    busy: int = 0
+    released: bool = False
+
+
+class Caller:
+    """Acts with a request's credentials: fsuid/fsgid and supplementary groups are
+    per thread on Linux (raw syscalls; glibc's setgroups would change every thread)."""
+
+    def __init__(self):
+        self._groups: dict[int, tuple[float, list[int]]] = {}
+        self._own_groups = os.getgroups()
+
+    def groups(self, pid: int) -> list[int]:
+        now = time.monotonic()
+        cached = self._groups.get(pid)
+        if cached is not None and now - cached[0] < 1.0:
+            return cached[1]
+        groups: list[int] = []
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"Groups:"):
+                        groups = [int(g) for g in line.split()[1:]]
+                        break
+        except (OSError, ValueError):
+            pass
+        if len(self._groups) > 1024:
+            self._groups.clear()
+        self._groups[pid] = (now, groups)
+        return groups
+
+    def run(self, ctx, fn: Callable, *args: Any) -> Any:
+        """``fn(*args)`` as the caller (as ourselves when we are not root or it is root)."""
+        if not _IS_ROOT or ctx is None or (ctx.uid == 0 and ctx.gid == 0) or _SYS_SETGROUPS is None:
+            return fn(*args)
+        groups = self.groups(ctx.pid) if ctx.pid else []
+        self._setgroups(groups)
+        _libc.setfsgid(ctx.gid)
+        _libc.setfsuid(ctx.uid)
+        try:
+            return fn(*args)
+        finally:
+            _libc.setfsuid(0)
+            _libc.setfsgid(0)
+            self._setgroups(self._own_groups)
+
+    @staticmethod
+    def _setgroups(groups: list[int]) -> None:
+        arr = (ctypes.c_uint * max(1, len(groups)))(*groups)
+        _check(_libc.syscall(_SYS_SETGROUPS, len(groups), arr))
+
+    def capable(self, ctx, cap: int) -> bool:
+        """Whether the calling process holds capability ``cap`` (effective set)."""
+        if ctx is None or not ctx.pid:
+            return ctx is not None and ctx.uid == 0
+        try:
+            with open(f"/proc/{ctx.pid}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"CapEff:"):
+                        return bool(int(line.split()[1], 16) >> cap & 1)
+        except (OSError, ValueError):
+            pass
+        return ctx.uid == 0
 
 
 class JournalFS(pyfuse3.Operations):
     """SOURCE passthrough + ``user.metadata.*`` xattrs backed by a metadata service."""
 
     enable_writeback_cache = False
+    # The kernel reads system.posix_acl_* through getxattr and enforces them itself, as on
+    # SOURCE (with default_permissions, which the POSIX_ACL flag implies anyway).
+    enable_acl = True
 
     def __init__(self, source: str, meta, location, *, timeout: float = 1.0,
                  options: dict | None = None):
@@ -95,36 +209,62 @@ class JournalFS(pyfuse3.Operations):
         self.meta = meta            # MetaService or GvfsdBackend (same async API)
         self.location = location    # StoreLocation: store paths for mount-relative paths
         self.timeout = timeout
-        self._numbers = itertools.count(pyfuse3.ROOT_INODE + 1)
-        self._handles = itertools.count(HANDLE_BASE)
-        self.table = InodeTable(lambda: next(self._numbers))
-        self.files: dict[int, Inode] = {}                       # fd -> inode
-        self.written: set[int] = set()                          # fds written since opened
-        self.dirs: dict[int, tuple[Inode, Listing]] = {}       # handle -> (dir, its listing)
+        self._view_numbers = itertools.count(VIEW_INO_BASE)
+        self._view_handles = itertools.count(HANDLE_BASE)
+        self._file_handles = itertools.count(1)
+        _raise_fd_limit()
+        root_fd = os.open(self.src, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.table = InodeTable(root_fd)
+        self.files: dict[int, Handle] = {}                     # file handle -> open file
+        self.dirs: dict[int, tuple[Inode, Listing, list]] = {}  # handle -> (dir, listing, dots)
         self.views = Views(self, options or {})
         self._exchange_tmp = itertools.count()
         self.snapshots = DirSnapshots(min(timeout, SNAPSHOT_TTL))
         self.stat_ttl = min(timeout, SNAPSHOT_TTL)
-        root = os.stat(self.src + b"/")
-        self.local_dev = root.st_dev if _fs_type(self.src + b"/") in LOCAL_FS_TYPES else None
+        root = os.fstat(root_fd)
+        self.local = _fs_type(root_fd) in LOCAL_FS_TYPES
+        self.local_dev = root.st_dev if self.local else None
+        self.name_max = os.fstatvfs(root_fd).f_namemax or 255
+        self.caller = Caller()
+        # Opens of FIFOs/devices may block until a peer shows up: their own thread pool,
+        # so they can never take the threads fsync and the others need.
+        self.special_limiter = trio.CapacityLimiter(64)
         # Metadata values are cached only for a store this mount alone writes.
         store = getattr(meta, "store", None)
         exclusive = store is not None and getattr(store, "readonly", True) is False
         self.meta_cache = MetaCache() if exclusive else None
+        # changes made behind the mount: the watcher asks source_changed what to invalidate
+        self.watch = SourceWatcher(self.source_changed) if SourceWatcher is not None else None
 
     # -- helpers ---------------------------------------------------------------------------
     def next_inode(self) -> int:
-        return next(self._numbers)
+        """A number for a view inode (a range SOURCE's numbers never reach)."""
+        return next(self._view_numbers)
 
     def next_handle(self) -> int:
-        return next(self._handles)
+        return next(self._view_handles)
 
     def abs(self, rel: bytes) -> bytes:
-        # The trailing "/" makes lstat follow SOURCE itself (it may be a /proc/self/fd link).
+        """A path string into SOURCE, for the views only (they open journals safely
+        themselves); the passthrough never acts on one."""
         return self.src + b"/" + rel
 
     def store_path(self, rel: bytes) -> str:
         return self.location.store_path("/" + os.fsdecode(rel))
+
+    async def _io(self, fn: Callable, *args: Any) -> Any:
+        """Run a SOURCE syscall: inline on a local filesystem, else in a worker thread."""
+        if self.local:
+            return fn(*args)
+        return await _in_thread(fn, *args)
+
+    async def _on(self, node: Inode, fn: Callable, *args: Any) -> Any:
+        """``fn(fd, *args)`` with ``node``'s O_PATH fd, kept open for the whole call."""
+        fd = self.table.hold(node)
+        try:
+            return await self._io(fn, fd, *args)
+        finally:
+            self.table.unhold(node)
 
     def attrs(self, node: Inode, st: os.stat_result) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
@@ -143,6 +283,32 @@ class JournalFS(pyfuse3.Operations):
         a.st_atime_ns = st.st_atime_ns
         a.st_mtime_ns = st.st_mtime_ns
         a.st_ctime_ns = st.st_ctime_ns
+        if self.watch is not None and stat.S_ISDIR(st.st_mode) and node.key is not None:
+            self._watch_directory(node)  # the kernel will know it
+        return a
+
+    def _watch_directory(self, node: Inode) -> None:
+        try:
+            self.watch.directory_known(node.ino, fd=self.table.fd(node))
+        except (OSError, pyfuse3.FUSEError):
+            pass  # gone meanwhile: nothing to watch
+        finally:
+            self.table.let_go(node)
+
+    async def source_changed(self, dir_ino: int, name: bytes | None) -> int | None:
+        """SOURCE changed behind the mount at ``name`` in directory ``dir_ino`` (None: the
+        directory itself): drop our caches of it; the kernel's number for it, or None."""
+        directory = self.table.by_ino.get(dir_ino)
+        if directory is None or directory.path is None:
+            return None
+        rel = directory.path if name is None else join(directory.path, name)
+        self._namespace_changed(rel)
+        await self.views.source_changed(rel)
+        child = self.table.root if rel == b"" else self.table.by_path.get(rel)
+        return None if child is None else child.ino
+
+    def _dot_attrs(self, number: int, st: os.stat_result) -> pyfuse3.EntryAttributes:
+        a = self.attrs(Inode(number, None), st)
         return a
 
     def _path(self, node: Inode) -> bytes:
@@ -150,63 +316,54 @@ class JournalFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)
         return node.path
 
-    def _child(self, parent_ino: int, name: bytes) -> bytes:
-        """SOURCE-relative path of ``name`` in a passthrough directory (EROFS in the views)."""
-        if self.views.owns(parent_ino) or (parent_ino == pyfuse3.ROOT_INODE and name == VIEWS_NAME):
+    def _dir(self, parent_inode: int, name: bytes) -> tuple[Inode, bytes | None]:
+        """The passthrough directory ``parent_inode`` a change of ``name`` happens in, and
+        the SOURCE-relative path of ``name`` (None when the directory has none left)."""
+        if self.views.owns(parent_inode) or (parent_inode == pyfuse3.ROOT_INODE and name == VIEWS_NAME):
             raise pyfuse3.FUSEError(errno.EROFS)
-        return join(self._path(self.table.get(parent_ino)), name)
+        if len(name) > self.name_max:
+            raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
+        parent = self.table.get(parent_inode)
+        return parent, (None if parent.path is None else join(parent.path, name))
+
+    def _stat_of(self, fd: int) -> os.stat_result:
+        return os.fstat(fd)
 
     async def _stat(self, node: Inode) -> os.stat_result:
-        return await _in_thread(self._stat_any, list(node.paths), list(node.handles))
+        return await self._on(node, self._stat_of)
 
-    def _stat_any(self, paths: list[bytes], handles: list[int]) -> os.stat_result:
-        """lstat of the newest path that exists; an unlinked but open file answers by fd."""
-        for rel in reversed(paths):
-            try:
-                return os.lstat(self.abs(rel))
-            except FileNotFoundError:
-                continue
-        for fd in handles:
-            return os.fstat(fd)
-        raise FileNotFoundError(errno.ENOENT, "gone")
+    async def _created(self, parent: Inode, rel: bytes | None, name: bytes, fd: int,
+                       st: os.stat_result) -> tuple[Inode, pyfuse3.EntryAttributes]:
+        node = self.table.remember(rel, st, parent.ino, name, fd=fd)
+        node.changes += 1
+        self._remember_stat(node, st)
+        if rel is not None:
+            await self.views.source_changed(rel)
+        return node, self.attrs(node, st)
 
-    def _own(self, path: bytes, ctx, fd: int | None = None) -> None:
-        """New objects belong to the caller, as on a native filesystem (we run as root)."""
-        if not _IS_ROOT or (ctx.uid == 0 and ctx.gid == 0):
-            return
-        parent = os.lstat(os.path.dirname(path))
-        gid = -1 if parent.st_mode & stat.S_ISGID else ctx.gid  # setgid dirs pass their group
-        if fd is not None:
-            os.fchown(fd, ctx.uid, gid)
-        else:
-            os.chown(path, ctx.uid, gid, follow_symlinks=False)
-
-    async def _created(self, rel: bytes, st: os.stat_result) -> pyfuse3.EntryAttributes:
-        node = self.table.remember(rel, st)
-        await self.views.source_changed(rel)
-        return self.attrs(node, st)
-
-    async def _change_names(self, rels: tuple[bytes, ...], fn: Callable, *args: Any) -> Any:
-        """Run the namespace change ``fn(*args)`` in a thread, then forget what it made stale.
-        The same thread call lstats the directory of ``rels[0]``: the kernel asks for its
-        new mtime right away, and that answer then costs no second hop."""
-        dir_rel = os.path.dirname(rels[0])
-        directory = self.table.root if dir_rel == b"" else self.table.by_path.get(dir_rel)
-        changes = directory.changes if directory is not None else -1
+    async def _change_names(self, parent: Inode, rels: tuple, fn: Callable, *args: Any) -> Any:
+        """Run the namespace change ``fn(*args)``, then forget what it made stale. The same
+        call fstats ``parent`` (the directory of ``rels[0]``): the kernel asks for its new
+        mtime right away, and that answer then costs nothing more."""
+        changes = parent.changes
         dir_st = None
+        fd = self.table.hold(parent)
         try:
-            result, dir_st = await _in_thread(self._then_lstat, fn, args, self.abs(dir_rel))
+            result, dir_st = await self._io(self._then_fstat, fn, args, fd)
             return result
         finally:
-            self._namespace_changed(*rels)
-            if directory is not None and dir_st is not None and changes + 1 == directory.changes:
-                self._remember_stat(directory, dir_st)
+            self.table.unhold(parent)
+            self._namespace_changed(*(r for r in rels if r is not None))
+            parent.changes += 1
+            parent.stat = None
+            if dir_st is not None and changes + 1 == parent.changes:
+                self._remember_stat(parent, dir_st)
 
     @staticmethod
-    def _then_lstat(fn: Callable, args: tuple, path: bytes) -> tuple[Any, os.stat_result | None]:
+    def _then_fstat(fn: Callable, args: tuple, fd: int) -> tuple[Any, os.stat_result | None]:
         result = fn(*args)
         try:
-            return result, os.lstat(path)
+            return result, os.fstat(fd)
         except OSError:
             return result, None
 
@@ -243,27 +400,40 @@ class JournalFS(pyfuse3.Operations):
             return node.stat
         return None
 
-    def _listed(self, listing: Listing, dir_rel: bytes, name: bytes, st: os.stat_result):
+    def _listed(self, listing: Listing, parent: Inode, name: bytes, st: os.stat_result):
         """(inode, attributes) of ``name``, listed with ``st``: built once per stat and shared
         by lookups and readdir. Adds no kernel reference: the caller counts one once the
         kernel has the answer."""
         built_from, child, attrs = listing.attrs.get(name, (None, None, None))
         if built_from is not st or self.table.by_ino.get(child.ino) is not child:
-            child = self.table.remember(join(dir_rel, name), st, lookups=0)
+            rel = None if parent.path is None else join(parent.path, name)
+            child = self.table.remember(rel, st, parent.ino, name, lookups=0)
             attrs = self.attrs(child, st)
             listing.attrs[name] = (st, child, attrs)
         return child, attrs
 
-    async def _listing(self, dir_rel: bytes) -> Listing | None:
-        """A fresh listing of ``dir_rel`` to answer lookups from, when it is busy enough."""
+    async def _listing(self, parent: Inode) -> Listing | None:
+        """A fresh listing of ``parent`` to answer lookups from, when it is busy enough."""
+        dir_rel = parent.path
+        if dir_rel is None:
+            return None
         listing = self.snapshots.listing(dir_rel)
         if listing is None and self.snapshots.worth_scanning(dir_rel):
             generation = self.snapshots.generation
-            skip = VIEWS_NAME if dir_rel == b"" else None
-            scanned = await _in_thread(self.snapshots.scan, self.abs(dir_rel), skip)
+            skip = VIEWS_NAME if parent is self.table.root else None
+            scanned = await self._on(parent, self.snapshots.scan, skip)
             self.snapshots.store(dir_rel, generation, scanned)
             listing = self.snapshots.listing(dir_rel)
         return listing
+
+    @staticmethod
+    def _open_path(dir_fd: int, name: bytes) -> tuple[int, os.stat_result]:
+        fd = os.open(name, O_PATH_FLAGS, dir_fd=dir_fd)
+        try:
+            return fd, os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            raise
 
     # -- lookup / attributes ---------------------------------------------------------------
     @_guarded
@@ -272,25 +442,33 @@ class JournalFS(pyfuse3.Operations):
             return self.views.lookup_root()
         if self.views.owns(parent_inode):
             return await self.views.lookup(parent_inode, name)
+        if len(name) > self.name_max:  # before any cached answer
+            raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
         parent = self.table.get(parent_inode)
-        parent_rel = self._path(parent)
         if name == b".":
-            rel = parent_rel
-        elif name == b"..":
-            rel = os.path.dirname(parent_rel)
-        else:
-            rel = join(parent_rel, name)
-            listing = await self._listing(parent_rel)
-            if listing is not None:  # answered from memory: `ls -l`, find, stat of many files
-                st = listing.stats.get(name, _ABSENT)
-                if st is _ABSENT:
-                    raise pyfuse3.FUSEError(errno.ENOENT)
-                if st is not UNKNOWN:
-                    child, attrs = self._listed(listing, parent_rel, name, st)
-                    child.lookups += 1
-                    return attrs
-        st = await _in_thread(os.lstat, self.abs(rel))
-        return self.attrs(self.table.remember(rel, st), st)
+            st = await self._stat(parent)
+            parent.lookups += 1
+            return self.attrs(parent, st)
+        if name == b"..":  # asked by NFS exports; the directory it was found in
+            up = parent if parent is self.table.root else self.table.by_ino.get(parent.parent)
+            if up is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            st = await self._stat(up)
+            up.lookups += 1
+            return self.attrs(up, st)
+        listing = await self._listing(parent)
+        if listing is not None:  # answered from memory: `ls -l`, find, stat of many files
+            st = listing.stats.get(name, _ABSENT)
+            if st is _ABSENT:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            if st is not UNKNOWN:
+                child, attrs = self._listed(listing, parent, name, st)
+                child.lookups += 1
+                return attrs
+        fd, st = await self._on(parent, self._open_path, name)
+        rel = None if parent.path is None else join(parent.path, name)
+        node = self.table.remember(rel, st, parent.ino, name, fd=fd)
+        return self.attrs(node, st)
 
     @_guarded
     async def forget(self, inode_list):
@@ -299,6 +477,8 @@ class JournalFS(pyfuse3.Operations):
                 self.views.forget(ino, count)
             else:
                 self.table.forget(ino, count)
+                if self.watch is not None and ino not in self.table.by_ino:
+                    self.watch.directory_forgotten(ino)
 
     @_guarded
     async def getattr(self, inode, ctx=None):
@@ -318,65 +498,65 @@ class JournalFS(pyfuse3.Operations):
         if self.views.owns(inode):
             raise pyfuse3.FUSEError(errno.EROFS)
         node = self.table.get(inode)
+        handle = self.files.get(fh) if fh is not None else None
         changes, st = node.changes, None
         try:
-            st = await _in_thread(self._apply_setattr, node.path, list(node.handles), attr,
-                                  fields, fh)
+            st = await self._with_handle(handle, node, self._apply_setattr, attr, fields)
         finally:
             self._attrs_changed(node, st, changes)
         if fields.update_size and node.path is not None:
             await self.views.source_changed(node.path)
         return self.attrs(node, st)
 
-    def _apply_setattr(self, rel: bytes | None, handles: list[int], attr, fields,
-                       fh: int | None) -> os.stat_result:
-        fd = fh if fh is not None and fh < HANDLE_BASE else None
-        path = None
-        if fd is None:
-            if rel is not None and os.path.lexists(self.abs(rel)):
-                path = self.abs(rel)
-            elif handles:
-                fd = handles[0]
-            else:
-                raise FileNotFoundError(errno.ENOENT, "gone")
-        current = os.fstat(fd) if fd is not None else os.lstat(path)
+    async def _with_handle(self, handle: Handle | None, node: Inode, fn: Callable, *args):
+        """``fn(path_fd, open_fd or None, *args)``, both fds kept open for the call."""
+        if handle is not None and handle.node is not node:
+            handle = None
+        if handle is not None:
+            handle.busy += 1
+        try:
+            return await self._on(node, fn, handle.fd if handle else None, *args)
+        finally:
+            if handle is not None:
+                self._handle_done(handle)
+
+    @staticmethod
+    def _apply_setattr(fd: int, open_fd: int | None, attr, fields) -> os.stat_result:
+        current = os.fstat(fd)
         if fields.update_uid or fields.update_gid:  # before chmod: chown clears set-id bits
             uid = attr.st_uid if fields.update_uid else -1
             gid = attr.st_gid if fields.update_gid else -1
-            if fd is not None:
-                os.fchown(fd, uid, gid)
-            else:
-                os.chown(path, uid, gid, follow_symlinks=False)
-        if fields.update_mode:
+            _chown_fd(fd, uid, gid)
+        if fields.update_mode and not stat.S_ISLNK(current.st_mode):  # symlinks have no mode
             mode = stat.S_IMODE(attr.st_mode)
-            if fd is not None:
-                os.fchmod(fd, mode)
-            elif not stat.S_ISLNK(current.st_mode):  # Linux symlinks have no mode of their own
-                os.chmod(path, mode)
+            if open_fd is not None:
+                os.fchmod(open_fd, mode)
+            else:
+                os.chmod(proc_path(fd), mode)
         if fields.update_size:
-            if fd is not None:
-                os.ftruncate(fd, attr.st_size)
+            if open_fd is not None:
+                os.ftruncate(open_fd, attr.st_size)
+            elif stat.S_ISDIR(current.st_mode):
+                raise IsADirectoryError(errno.EISDIR, "directory")
+            elif not stat.S_ISREG(current.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
             else:
-                tfd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-                try:
-                    os.ftruncate(tfd, attr.st_size)
-                finally:
-                    os.close(tfd)
+                os.truncate(proc_path(fd), attr.st_size)
         if fields.update_atime or fields.update_mtime:
-            now = os.fstat(fd) if fd is not None else os.lstat(path)
-            times = (attr.st_atime_ns if fields.update_atime else now.st_atime_ns,
-                     attr.st_mtime_ns if fields.update_mtime else now.st_mtime_ns)
-            if fd is not None:
-                os.utime(fd, ns=times)
-            else:
-                os.utime(path, ns=times, follow_symlinks=False)
-        return os.fstat(fd) if fd is not None else os.lstat(path)
+            now = os.fstat(fd)
+            _utime_fd(fd, attr.st_atime_ns if fields.update_atime else now.st_atime_ns,
+                      attr.st_mtime_ns if fields.update_mtime else now.st_mtime_ns)
+        return os.fstat(fd)
 
     @_guarded
     async def readlink(self, inode, ctx=None):
         if self.views.owns(inode):
             raise pyfuse3.FUSEError(errno.EINVAL)
-        return await _in_thread(os.readlink, self.abs(self._path(self.table.get(inode))))
+        return await self._on(self.table.get(inode), self._readlink)
+
+    @staticmethod
+    def _readlink(fd: int) -> bytes:
+        return os.readlink(b"", dir_fd=fd)  # readlinkat(fd, ""): the O_PATH symlink itself
 
     @_guarded
     async def access(self, inode, mode, ctx):
@@ -387,7 +567,7 @@ class JournalFS(pyfuse3.Operations):
 
     @_guarded
     async def statfs(self, ctx):
-        sv = await _in_thread(os.statvfs, self.src)
+        sv = await self._on(self.table.root, os.fstatvfs)
         out = pyfuse3.StatvfsData()
         for name in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files",
                      "f_ffree", "f_favail", "f_namemax"):
@@ -400,33 +580,45 @@ class JournalFS(pyfuse3.Operations):
         if self.views.owns(inode):
             return await self.views.opendir(inode)
         node = self.table.get(inode)
-        rel = self._path(node)
-        listing = self.snapshots.listing(rel)  # listed moments ago and unchanged since
+        rel = node.path
+        listing = self.snapshots.listing(rel) if rel is not None else None
+        skip = VIEWS_NAME if node is self.table.root else None  # shadowed by the virtual tree
         if listing is None or listing.unknown:
             generation = self.snapshots.generation
-            skip = VIEWS_NAME if rel == b"" else None  # shadowed by the virtual tree
-            listing = await _in_thread(self._scan_sorted, self.abs(rel), skip)
-            if len(listing.stats) <= self.snapshots.max_entries:
+            listing = await self._on(node, self._scan_sorted, skip)
+            if rel is not None and len(listing.stats) <= self.snapshots.max_entries:
                 self.snapshots.store(rel, generation, listing)
+        dots = await self._on(node, self._dots, node is self.table.root)
         handle = self.next_handle()
-        self.dirs[handle] = (node, listing.frozen())
+        self.dirs[handle] = (node, listing.frozen(), dots)
         return handle
 
-    def _scan_sorted(self, path: bytes, skip: bytes | None) -> Listing:
-        listing = self.snapshots.scan(path, skip, limit=False)
+    def _scan_sorted(self, fd: int, skip: bytes | None) -> Listing:
+        listing = self.snapshots.scan(fd, skip, limit=False)
         listing.names  # sort in the thread
         return listing
+
+    def _dots(self, fd: int, is_root: bool) -> list:
+        """``.`` and ``..`` as readdir reports them (``..`` of the root is the root)."""
+        here = os.fstat(fd)
+        up = here if is_root else os.stat(b"..", dir_fd=fd, follow_symlinks=False)
+        number = pyfuse3.ROOT_INODE if is_root else self.table.number((here.st_dev, here.st_ino))
+        up_number = pyfuse3.ROOT_INODE if is_root or (up.st_dev, up.st_ino) == self.table.root.key \
+            else self.table.number((up.st_dev, up.st_ino))
+        return [(b".", self._dot_attrs(number, here)), (b"..", self._dot_attrs(up_number, up))]
 
     @_guarded
     async def readdir(self, fh, start_id, token):
         if fh not in self.dirs:
             return await self.views.readdir(fh, start_id, token)
-        node, listing = self.dirs[fh]
-        base = self._path(node)
+        node, listing, dots = self.dirs[fh]
+        for i in range(start_id, len(dots)):  # no lookup reference for these two
+            if not pyfuse3.readdir_reply(token, dots[i][0], dots[i][1], i + 1):
+                return
         names = listing.names
-        for i in range(start_id, len(names)):
-            child, attrs = self._listed(listing, base, names[i], listing.stats[names[i]])
-            if not pyfuse3.readdir_reply(token, names[i], attrs, i + 1):
+        for i in range(max(0, start_id - len(dots)), len(names)):
+            child, attrs = self._listed(listing, node, names[i], listing.stats[names[i]])
+            if not pyfuse3.readdir_reply(token, names[i], attrs, i + len(dots) + 1):
                 self.table.drop_if_unused(child)
                 return
             child.lookups += 1
@@ -439,52 +631,99 @@ class JournalFS(pyfuse3.Operations):
     @_guarded
     async def fsyncdir(self, fh, datasync):
         if fh in self.dirs:
-            await _in_thread(self._fsync_path, self.abs(self._path(self.dirs[fh][0])))
+            node = self.dirs[fh][0]
+            fd = self.table.hold(node)
+            try:
+                await _in_thread(self._fsync_dir, fd)
+            finally:
+                self.table.unhold(node)
+        await self._meta_sync()
 
     @staticmethod
-    def _fsync_path(path: bytes) -> None:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    def _fsync_dir(fd: int) -> None:
+        dir_fd = os.open(b".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
         try:
-            os.fsync(fd)
+            os.fsync(dir_fd)
         finally:
-            os.close(fd)
+            os.close(dir_fd)
+
+    async def _meta_sync(self) -> None:
+        """Make every acknowledged metadata write durable (CONTRACT: fsync of any file)."""
+        await self._meta_call_fn(self.meta.sync)
 
     @_guarded
     async def mkdir(self, parent_inode, name, mode, ctx):
-        rel = self._child(parent_inode, name)
-        path = self.abs(rel)
-        make = functools.partial(os.mkdir, mode=stat.S_IMODE(mode))
-        st = await self._change_names((rel,), self._make_owned, make, path, ctx)
-        return await self._created(rel, st)
+        parent, rel = self._dir(parent_inode, name)
+        fd, st = await self._change_names(parent, (rel,), self._make, parent, ctx,
+                                          self._mkdir, name, stat.S_IMODE(mode))
+        return (await self._created(parent, rel, name, fd, st))[1]
 
-    def _make_owned(self, make, path: bytes, ctx) -> os.stat_result:
-        """Create ``path`` with ``make(path)``, give it to the caller, return its stat."""
-        make(path)
-        self._own(path, ctx)
-        return os.lstat(path)
+    @staticmethod
+    def _mkdir(dir_fd: int, name: bytes, mode: int) -> None:
+        os.mkdir(name, mode, dir_fd=dir_fd)
+
+    def _make(self, parent: Inode, ctx, make: Callable, name: bytes, *args) -> tuple:
+        """Create ``name`` in ``parent`` with ``make(dir_fd, name, *args)`` as the caller,
+        then an O_PATH fd of what was created and its stat."""
+        dir_fd = self.table.fd(parent)
+        self.caller.run(ctx, make, dir_fd, name, *args)
+        return self._open_path(dir_fd, name)
 
     @_guarded
     async def rmdir(self, parent_inode, name, ctx):
-        await self._remove(parent_inode, name, os.rmdir, is_dir=True)
+        await self._remove(parent_inode, name, is_dir=True)
 
     # -- names -----------------------------------------------------------------------------
     @_guarded
     async def unlink(self, parent_inode, name, ctx):
-        await self._remove(parent_inode, name, os.unlink, is_dir=False)
+        await self._remove(parent_inode, name, is_dir=False)
 
-    async def _remove(self, parent_inode, name, remove, is_dir: bool) -> None:
+    async def _remove(self, parent_inode, name, is_dir: bool) -> None:
         """rmdir/unlink in SOURCE, then drop the name, its views and its metadata (subtree)."""
-        rel = self._child(parent_inode, name)
-        await self._change_names((rel,), remove, self.abs(rel))
+        parent, rel = self._dir(parent_inode, name)
+        self._pin(parent, rel, name)
+        remove = functools.partial(os.rmdir if is_dir else os.unlink, name)
+        await self._change_names(parent, (rel,), self._remove_at, remove, parent)
+        if rel is None:
+            return
         self.table.unlinked(rel, is_dir=is_dir)
         await self.views.source_changed(rel)
         await self._meta_restructure("remove", self.store_path(rel))
 
+    def _pin(self, parent: Inode, rel: bytes | None, name: bytes) -> None:
+        """Open the fd of the object about to lose the name ``rel``, so that it stays
+        reachable by inode (open-but-unlinked files, other hard links)."""
+        victim = self.table.by_path.get(rel) if rel is not None else None
+        if victim is not None and victim.fd is None and victim.parent == parent.ino \
+                and victim.name == name:
+            try:
+                self.table.fd(victim)
+            except (OSError, pyfuse3.FUSEError):
+                pass
+
+    def _remove_at(self, remove: Callable, parent: Inode) -> None:
+        remove(dir_fd=self.table.fd(parent))
+
     @_guarded
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
-        old = self._child(parent_inode_old, name_old)
-        new = self._child(parent_inode_new, name_new)
-        replaced = await self._change_names((old, new), self._rename, old, new, flags)
+        old_parent, old = self._dir(parent_inode_old, name_old)
+        new_parent, new = self._dir(parent_inode_new, name_new)
+        self._pin(new_parent, new, name_new)  # a replaced file may still be open
+        self.table.hold(new_parent)
+        try:
+            replaced, moved, other = await self._change_names(
+                old_parent, (old, new), self._rename, old_parent, name_old, new_parent,
+                name_new, flags)
+        finally:
+            self.table.unhold(new_parent)
+        self._forget_stat_node(new_parent)
+        # The objects now live under their new names: their fds are opened from there.
+        for key, parent, name in ((moved, new_parent, name_new), (other, old_parent, name_old)):
+            node = self.table.by_key.get(key) if key is not None else None
+            if node is not None:
+                node.parent, node.name = parent.ino, name
+        if old is None or new is None:
+            return
         await self.views.source_changed(old)
         await self.views.source_changed(new)
         if flags & pyfuse3.RENAME_EXCHANGE:
@@ -500,53 +739,82 @@ class JournalFS(pyfuse3.Operations):
         self.table.renamed([(old, new)])
         await self._meta_restructure("move", self.store_path(old), self.store_path(new))
 
-    def _rename(self, old: bytes, new: bytes, flags: int) -> bool:
-        """Rename in SOURCE; True when an existing, different object at ``new`` was replaced."""
-        src, dst = os.lstat(self.abs(old)), None
+    def _forget_stat_node(self, node: Inode) -> None:
+        node.changes += 1
+        node.stat = None
+
+    def _rename(self, old_parent: Inode, old: bytes, new_parent: Inode, new: bytes,
+                flags: int) -> tuple[bool, tuple | None, tuple | None]:
+        """Rename in SOURCE: (whether an existing, different object at ``new`` was
+        replaced, key of the moved object, key of the object exchanged with it)."""
+        old_fd, new_fd = self.table.fd(old_parent), self.table.fd(new_parent)
+        src = os.stat(old, dir_fd=old_fd, follow_symlinks=False)
+        dst = None
         try:
-            dst = os.lstat(self.abs(new))
+            dst = os.stat(new, dir_fd=new_fd, follow_symlinks=False)
         except FileNotFoundError:
             pass
         if flags:
-            _renameat2(self.abs(old), self.abs(new), flags)
+            _renameat2(old_fd, old, new_fd, new, flags)
         else:
-            os.rename(self.abs(old), self.abs(new))
-        return dst is not None and (dst.st_dev, dst.st_ino) != (src.st_dev, src.st_ino)
+            os.rename(old, new, src_dir_fd=old_fd, dst_dir_fd=new_fd)
+        src_key = (src.st_dev, src.st_ino)
+        dst_key = None if dst is None else (dst.st_dev, dst.st_ino)
+        replaced = dst_key is not None and dst_key != src_key
+        exchanged = dst_key if flags & pyfuse3.RENAME_EXCHANGE else None
+        return replaced, src_key, exchanged
 
     @_guarded
     async def symlink(self, parent_inode, name, target, ctx):
-        rel = self._child(parent_inode, name)
-        make = functools.partial(os.symlink, bytes(target))
-        st = await self._change_names((rel,), self._make_owned, make, self.abs(rel), ctx)
-        return await self._created(rel, st)
+        parent, rel = self._dir(parent_inode, name)
+        fd, st = await self._change_names(parent, (rel,), self._make, parent, ctx,
+                                          self._symlink, name, bytes(target))
+        return (await self._created(parent, rel, name, fd, st))[1]
+
+    @staticmethod
+    def _symlink(dir_fd: int, name: bytes, target: bytes) -> None:
+        os.symlink(target, name, dir_fd=dir_fd)
 
     @_guarded
     async def link(self, inode, new_parent_inode, new_name, ctx):
         if self.views.owns(inode):
             raise pyfuse3.FUSEError(errno.EROFS)
-        rel = self._child(new_parent_inode, new_name)
-        src = self.abs(self._path(self.table.get(inode)))
+        node = self.table.get(inode)
+        parent, rel = self._dir(new_parent_inode, new_name)
+        fd = self.table.hold(node)
         try:
-            st = await self._change_names((rel,), self._link, src, self.abs(rel))
+            new_fd, st = await self._change_names(parent, (rel,), self._link, fd, parent,
+                                                  new_name)
         finally:
-            self._attrs_changed(self.table.get(inode))  # nlink
-        return await self._created(rel, st)
+            self.table.unhold(node)
+            self._attrs_changed(node)  # nlink
+        sources = [p for p in self.table.names_of(node) if p != rel]
+        linked, attrs = await self._created(parent, rel, new_name, new_fd, st)
+        self.snapshots.attrs_changed(*self.table.names_of(linked))
+        if rel is not None and sources:
+            # metadata belongs to the file: the new name shows what the others show
+            await self._meta_restructure("copy", self.store_path(sources[-1]),
+                                         self.store_path(rel))
+        return attrs
 
-    @staticmethod
-    def _link(src: bytes, dst: bytes) -> os.stat_result:
-        os.link(src, dst, follow_symlinks=False)
-        return os.lstat(dst)
+    def _link(self, fd: int, parent: Inode, name: bytes) -> tuple[int, os.stat_result]:
+        dir_fd = self.table.fd(parent)
+        if _IS_ROOT:  # linkat(AT_EMPTY_PATH) needs CAP_DAC_READ_SEARCH
+            _check(_libc.linkat(fd, b"", dir_fd, name, _AT_EMPTY_PATH))
+        else:  # the proc link leads to the same object
+            _check(_libc.linkat(-100, proc_path(fd), dir_fd, name, 0x400))  # AT_SYMLINK_FOLLOW
+        return self._open_path(dir_fd, name)
 
     @_guarded
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
-        rel = self._child(parent_inode, name)
-        st = await self._change_names((rel,), self._mknod, self.abs(rel), mode, rdev, ctx)
-        return await self._created(rel, st)
+        parent, rel = self._dir(parent_inode, name)
+        fd, st = await self._change_names(parent, (rel,), self._make, parent, ctx,
+                                          self._mknod, name, mode, rdev)
+        return (await self._created(parent, rel, name, fd, st))[1]
 
-    def _mknod(self, path: bytes, mode: int, rdev: int, ctx) -> os.stat_result:
-        os.mknod(path, mode, rdev)
-        self._own(path, ctx)
-        return os.lstat(path)
+    @staticmethod
+    def _mknod(dir_fd: int, name: bytes, mode: int, rdev: int) -> None:
+        os.mknod(name, mode, rdev, dir_fd=dir_fd)
 
     # -- files -----------------------------------------------------------------------------
     @_guarded
@@ -557,77 +825,105 @@ class JournalFS(pyfuse3.Operations):
             return await self.views.open(inode)
         node = self.table.get(inode)
         changes = node.changes
-        fd, st = await _in_thread(self._open, node.path, list(node.handles), flags)
+        path_fd = self.table.hold(node)
+        try:
+            if node.file_type in (stat.S_IFREG, stat.S_IFDIR):
+                fd, st = await self._io(self._reopen, path_fd, node, flags)
+            else:  # FIFOs/devices may block: only this request waits
+                fd, st = await _in_thread(self._reopen, path_fd, node, flags,
+                                          limiter=self.special_limiter)
+        finally:
+            self.table.unhold(node)
         if flags & os.O_TRUNC:
             self._attrs_changed(node)
         elif changes == node.changes:
             self._remember_stat(node, st)
         keep = node.cache_ident == (st.st_size, st.st_mtime_ns)  # unchanged since last close
-        node.handles.add(fd)
-        self.files[fd] = node
-        return pyfuse3.FileInfo(fh=fd, keep_cache=keep)
+        return pyfuse3.FileInfo(fh=self._new_handle(node, fd), keep_cache=keep)
 
-    def _open(self, rel: bytes | None, handles: list[int], flags: int):
-        flags = (flags & ~os.O_CREAT) | os.O_NOFOLLOW | os.O_CLOEXEC
-        if rel is not None and os.path.lexists(self.abs(rel)):
-            fd = os.open(self.abs(rel), flags)
-        elif handles:  # open-but-unlinked, reached through /proc/PID/fd
-            fd = os.open(f"/proc/self/fd/{handles[0]}", flags & ~os.O_NOFOLLOW)
-        else:
-            raise FileNotFoundError(errno.ENOENT, "gone")
-        return fd, os.fstat(fd)
+    def _new_handle(self, node: Inode, fd: int) -> int:
+        fh = next(self._file_handles)
+        node.handles.add(fh)
+        self.files[fh] = Handle(fd, node)
+        return fh
 
-    @_guarded
-    async def create(self, parent_inode, name, mode, flags, ctx):
-        rel = self._child(parent_inode, name)
-        fd, st = await self._change_names((rel,), self._create, self.abs(rel), mode, flags, ctx)
-        node = self.table.remember(rel, st)
-        node.changes += 1
-        self._remember_stat(node, st)
-        node.handles.add(fd)
-        self.files[fd] = node
-        await self.views.source_changed(rel)
-        return pyfuse3.FileInfo(fh=fd), self.attrs(node, st)
-
-    def _create(self, path: bytes, mode: int, flags: int, ctx) -> tuple[int, os.stat_result]:
-        flags |= os.O_NOFOLLOW | os.O_CLOEXEC
-        try:  # O_EXCL: only a file we really created is handed to the caller (chown)
-            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, stat.S_IMODE(mode))
-        except FileExistsError:
-            if flags & os.O_EXCL:
-                raise
-            return self._open_existing(path, flags & ~os.O_CREAT)  # lost a race: plain open
+    @staticmethod
+    def _reopen(path_fd: int, node: Inode, flags: int) -> tuple[int, os.stat_result]:
+        # O_DIRECT is the kernel's business: its requests reach us in unaligned buffers
+        flags = (flags & ~(os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_DIRECT)) | os.O_CLOEXEC
+        fd = os.open(proc_path(path_fd), flags)
         try:
-            self._own(path, ctx, fd)
-            return fd, os.fstat(fd)
+            st = os.fstat(fd)
+            if not same_object(st, node):
+                raise stale()
+            return fd, st
         except BaseException:
             os.close(fd)
             raise
 
-    @staticmethod
-    def _open_existing(path: bytes, flags: int) -> tuple[int, os.stat_result]:
-        fd = os.open(path, flags)
-        return fd, os.fstat(fd)
+    @_guarded
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        parent, rel = self._dir(parent_inode, name)
+        fd, path_fd, st = await self._change_names(parent, (rel,), self._create, parent,
+                                                   name, stat.S_IMODE(mode), flags, ctx)
+        node, attrs = await self._created(parent, rel, name, path_fd, st)
+        return pyfuse3.FileInfo(fh=self._new_handle(node, fd)), attrs
+
+    def _create(self, parent: Inode, name: bytes, mode: int, flags: int, ctx):
+        dir_fd = self.table.fd(parent)
+        flags = (flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC) & ~(os.O_NOCTTY | os.O_DIRECT)
+        fd = self.caller.run(ctx, functools.partial(os.open, name, flags, mode, dir_fd=dir_fd))
+        try:
+            path_fd = os.open(proc_path(fd), os.O_PATH | os.O_CLOEXEC)
+            return fd, path_fd, os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            raise
 
     @_guarded
     async def read(self, fh, off, size):
         if fh >= HANDLE_BASE:
             return await self.views.read(fh, off, size)
-        return await _in_thread(os.pread, fh, size, off)
+        handle = self._handle(fh)
+        if self.local:
+            return os.pread(handle.fd, size, off)
+        return await self._handle_call(handle, os.pread, size, off)
+
+    def _handle(self, fh: int) -> Handle:
+        handle = self.files.get(fh)
+        if handle is None or handle.released:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        return handle
+
+    async def _handle_call(self, handle: Handle, fn: Callable, *args) -> Any:
+        """``fn(handle.fd, *args)`` in a worker thread; the fd stays open until it returns."""
+        handle.busy += 1
+        try:
+            return await _in_thread(fn, handle.fd, *args)
+        finally:
+            self._handle_done(handle)
+
+    def _handle_done(self, handle: Handle) -> None:
+        handle.busy -= 1
+        if handle.released and handle.busy == 0:
+            os.close(handle.fd)
 
     @_guarded
     async def write(self, fh, off, buf):
         if fh >= HANDLE_BASE:
             raise pyfuse3.FUSEError(errno.EROFS)
-        self.written.add(fh)
-        node = self.files.get(fh)
-        changes, st = (node.changes if node is not None else 0), None
+        handle = self._handle(fh)
+        handle.written = True
+        node = handle.node
+        changes, st = node.changes, None
         try:
-            written, st = await _in_thread(self._write, fh, buf, off)
+            if self.local:
+                written, st = self._write(handle.fd, buf, off)
+            else:
+                written, st = await self._handle_call(handle, self._write, buf, off)
             return written
         finally:
-            if node is not None:
-                self._attrs_changed(node, st, changes)
+            self._attrs_changed(node, st, changes)
 
     @staticmethod
     def _write(fd: int, buf: bytes, off: int) -> tuple[int, os.stat_result]:
@@ -637,65 +933,67 @@ class JournalFS(pyfuse3.Operations):
     @_guarded
     async def flush(self, fh):
         # close(2) semantics of the underlying filesystem (e.g. NFS flushes on close): only
-        # a written file has anything to flush, so a read-only close costs no thread hop.
-        if fh < HANDLE_BASE and fh in self.written:
-            node = self.files.get(fh)
-            if node is None or node.key is None or node.key[0] != self.local_dev:
-                await _in_thread(lambda: os.close(os.dup(fh)))
-            await self._written_out(fh)
+        # a written file has anything to flush, so a read-only close costs nothing.
+        handle = self.files.get(fh) if fh < HANDLE_BASE else None
+        if handle is not None and handle.written:
+            if not self.local:
+                await self._handle_call(handle, lambda fd: os.close(os.dup(fd)))
+            await self._written_out(handle)
 
-    async def _written_out(self, fh: int) -> None:
+    async def _written_out(self, handle: Handle) -> None:
         """A written file is being closed (flush is synchronous with close(2), release is
         not): refresh the views of it before close returns."""
-        if fh in self.written:
-            self.written.discard(fh)
-            node = self.files.get(fh)
-            if node is not None and node.path is not None:
-                await self.views.source_changed(node.path)
+        if handle.written:
+            handle.written = False
+            if handle.node.path is not None:
+                await self.views.source_changed(handle.node.path)
 
     @_guarded
     async def fsync(self, fh, datasync):
-        if fh < HANDLE_BASE:
-            await _in_thread(os.fdatasync if datasync else os.fsync, fh)
+        handle = self.files.get(fh) if fh < HANDLE_BASE else None
+        if handle is not None:
+            await self._handle_call(handle, os.fdatasync if datasync else os.fsync)
+        await self._meta_sync()
 
     @_guarded
     async def release(self, fh):
         if fh >= HANDLE_BASE:
             self.views.release(fh)
             return
-        await self._written_out(fh)
-        node = self.files.pop(fh, None)
+        handle = self.files.pop(fh, None)
+        if handle is None:
+            return
+        await self._written_out(handle)
+        node = handle.node
+        handle.released = True
         try:
-            changes = node.changes if node is not None else 0
-            st = await _in_thread(self._close, fh)  # one hop for both
-            if node is not None:
-                node.cache_ident = (st.st_size, st.st_mtime_ns)
-                if changes == node.changes:
-                    self._remember_stat(node, st)
+            changes = node.changes
+            st = await self._io(os.fstat, handle.fd)
+            node.cache_ident = (st.st_size, st.st_mtime_ns)
+            if changes == node.changes:
+                self._remember_stat(node, st)
         finally:
-            if node is not None:
-                self.table.release_handle(node, fh)
-
-    @staticmethod
-    def _close(fd: int) -> os.stat_result:
-        try:
-            return os.fstat(fd)
-        finally:
-            os.close(fd)
+            if handle.busy == 0:
+                os.close(handle.fd)
+            self.table.release_handle(node, fh)
 
     # -- extended attributes ---------------------------------------------------------------
     async def _meta_call(self, method: str, *args):
+        return await self._meta_call_fn(getattr(self.meta, method), *args)
+
+    async def _meta_call_fn(self, fn: Callable, *args):
         """Call the metadata service, turning its errors into errnos."""
         try:
-            return await getattr(self.meta, method)(*args)
+            return await fn(*args)
         except pyfuse3.FUSEError:
             raise
-        except Exception as exc:
-            if type(exc).__name__ == "EntryTooLarge":
-                raise pyfuse3.FUSEError(errno.E2BIG) from None
-            if isinstance(exc, OSError) and exc.errno:
+        except OSError as exc:
+            if exc.errno:
                 raise pyfuse3.FUSEError(exc.errno) from None
-            log.exception("metadata %s%r failed", method, args)
+            log.exception("metadata %s%r failed", getattr(fn, "__name__", fn), args)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        except Exception:
+            log.exception("metadata %s%r failed", getattr(fn, "__name__", fn), args)
             raise pyfuse3.FUSEError(errno.EIO) from None
 
     async def _meta_values(self, store_path: str) -> dict:
@@ -726,42 +1024,52 @@ class JournalFS(pyfuse3.Operations):
             self.meta_cache.written(store_path, key, value)
 
     async def _meta_restructure(self, method: str, *paths: str) -> None:
-        """remove/move whole subtrees in the store; cached values are dropped afterwards."""
+        """remove/move/copy whole subtrees in the store; cached values are dropped after."""
         try:
             await self._meta_call(method, *paths)
         finally:
             if self.meta_cache is not None:
                 self.meta_cache.moved_or_removed()
 
-    def _xattr_target(self, node: Inode):
-        """Where SOURCE's own xattrs are read: the path, or an fd once unlinked."""
-        if node.path is not None:
-            return self.abs(node.path)
-        if node.handles:
-            return next(iter(node.handles))
-        raise pyfuse3.FUSEError(errno.ENOENT)
+    def _names_now(self, fd: int, node: Inode) -> list[bytes]:
+        """The names of ``node`` (O_PATH ``fd``) that still mean its object in SOURCE
+        (ENOENT if none: a file deleted behind the mount's back gets no metadata)."""
+        if node is self.table.root:
+            return [b""]
+        if os.fstat(fd).st_nlink == 0:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        names = []
+        for rel in self.table.names_of(node):
+            try:
+                st = os.stat(rel, dir_fd=self.table.root.fd, follow_symlinks=False)
+            except OSError as exc:
+                if exc.errno != errno.ENAMETOOLONG:
+                    continue
+                st = None  # too long to check in one call: trust what we saw
+            if st is None or same_object(st, node):
+                names.append(rel)
+        if not names:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return names
 
     @_guarded
     async def getxattr(self, inode, name, ctx=None):
         if self.views.owns(inode):
             return await self.views.getxattr(inode, name)
-        if name.startswith(xattrs.FAST_NODATA_PREFIXES):
-            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         node = self.table.get(inode)
         key = xattrs.metadata_key(name)
         if key is None:
-            target = self._xattr_target(node)
-            return await _in_thread(self._native_getxattr, target, name)
-        value = await self._meta_get(self.store_path(self._path(node)), key)
+            return await self._on(node, self._native_getxattr, name)
+        if node.path is None:  # unlinked: its metadata went with its last name
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        value = await self._meta_get(self.store_path(node.path), key)
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return xattrs.encode_value(value)
 
     @staticmethod
-    def _native_getxattr(target, name: bytes) -> bytes:
-        if isinstance(target, int):
-            return os.getxattr(target, name)
-        return os.getxattr(target, name, follow_symlinks=False)
+    def _native_getxattr(fd: int, name: bytes) -> bytes:
+        return os.getxattr(proc_path(fd), name)
 
     @_guarded
     async def setxattr(self, inode, name, value, ctx):
@@ -773,24 +1081,22 @@ class JournalFS(pyfuse3.Operations):
             await self._change_native_xattr(node, os.setxattr, name, value)
             return
         self._check_user_xattr_allowed(node)
-        await self._meta_write("set", self.store_path(self._path(node)), key,
-                               xattrs.decode_value(value))
+        decoded = xattrs.decode_value(value)
+        names = await self._on(node, self._names_now, node)
+        for rel in names:  # metadata belongs to the file: every name of it
+            await self._meta_write("set", self.store_path(rel), key, decoded)
 
     async def _change_native_xattr(self, node: Inode, change, *args) -> None:
-        """``os.setxattr``/``os.removexattr`` on the SOURCE object itself (through its open fd
-        when there is one, never following a symlink)."""
-        target = self._xattr_target(node)
-        follow = {} if isinstance(target, int) else {"follow_symlinks": False}
+        """``os.setxattr``/``os.removexattr`` on the SOURCE object itself."""
         try:
-            await _in_thread(functools.partial(change, target, *args, **follow))
+            await self._on(node, lambda fd: change(proc_path(fd), *args))
         finally:
             self._attrs_changed(node)  # ctime
 
     @staticmethod
     def _check_user_xattr_allowed(node: Inode) -> None:
-        # Natively only regular files and directories carry user.* attributes (the kernel
-        # checks this too; the root inode has no recorded type and is a directory).
-        if node.file_type not in (0, stat.S_IFREG, stat.S_IFDIR):
+        # Natively only regular files and directories carry user.* attributes.
+        if node.file_type not in (stat.S_IFREG, stat.S_IFDIR):
             raise pyfuse3.FUSEError(errno.EPERM)
 
     @_guarded
@@ -803,24 +1109,49 @@ class JournalFS(pyfuse3.Operations):
             await self._change_native_xattr(node, os.removexattr, name)
             return
         self._check_user_xattr_allowed(node)
+        names = await self._on(node, self._names_now, node)
         store_path = self.store_path(self._path(node))
         if await self._meta_get(store_path, key) is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-        await self._meta_write("unset", store_path, key)
+        for rel in names:
+            await self._meta_write("unset", self.store_path(rel), key)
 
     @_guarded
     async def listxattr(self, inode, ctx):
         if self.views.owns(inode):
             return await self.views.listxattr(inode)
         node = self.table.get(inode)
-        target = self._xattr_target(node)
-        if isinstance(target, int):
-            native = await _in_thread(os.listxattr, target)
-        else:
-            native = await _in_thread(functools.partial(os.listxattr, target,
-                                                        follow_symlinks=False))
-        names = [os.fsencode(n) for n in native if not os.fsencode(n).startswith(xattrs.METADATA_PREFIX)]
-        if node.path is not None:
+        native = await self._on(node, lambda fd: os.listxattr(proc_path(fd)))
+        hide_trusted = any(n.startswith("trusted.") for n in native) \
+            and not self.caller.capable(ctx, _CAP_SYS_ADMIN)
+        names = []
+        for n in native:
+            raw = os.fsencode(n)
+            if raw.startswith(xattrs.METADATA_PREFIX):
+                continue  # shadowed by the store's keys
+            if hide_trusted and raw.startswith(b"trusted."):
+                continue  # Linux lists these to CAP_SYS_ADMIN only
+            names.append(raw)
+        if node.path is not None and node.file_type in (stat.S_IFREG, stat.S_IFDIR):
             stored = await self._meta_values(self.store_path(node.path))
             names += xattrs.metadata_names(stored)
         return names
+
+
+def _raise_fd_limit() -> None:
+    """One O_PATH fd per inode the kernel holds: allow as many as the system does."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard
+    if _IS_ROOT:
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                want = max(hard, int(f.read()))
+        except (OSError, ValueError):
+            pass
+    for limit in ((want, want), (hard, hard)):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, limit)
+            return
+        except (ValueError, OSError):
+            continue

@@ -1,4 +1,7 @@
-"""How store metadata values look as extended attribute bytes (CONTRACT "The mount")."""
+"""How store metadata values look as extended attribute bytes (CONTRACT "The mount").
+
+Keys and values are bytes natively (gvfs keeps C strings: anything without a NUL). Inside
+Python they are ``str`` decoded with ``surrogateescape``, so every byte string round-trips."""
 from __future__ import annotations
 
 import errno
@@ -8,9 +11,6 @@ import pyfuse3
 METADATA_PREFIX = b"user.metadata."
 #: Linux's XATTR_SIZE_MAX: no native filesystem takes or returns a bigger value.
 XATTR_SIZE_MAX = 65536
-#: Names the kernel asks about constantly (security.capability before every write) and that
-#: we never store: answered at once without touching SOURCE.
-FAST_NODATA_PREFIXES = (b"security.", b"system.")
 
 
 def metadata_key(name: bytes) -> str | None:
@@ -20,27 +20,21 @@ def metadata_key(name: bytes) -> str | None:
     key = name[len(METADATA_PREFIX):]
     if not key:
         raise pyfuse3.FUSEError(errno.EINVAL)
-    try:
-        return key.decode("utf-8")
-    except UnicodeDecodeError:
-        raise pyfuse3.FUSEError(errno.EINVAL) from None
+    return key.decode("utf-8", "surrogateescape")
 
 
 def encode_value(value: str | list[str]) -> bytes:
     """A string is its UTF-8 bytes; a list is each element followed by one NUL."""
     if isinstance(value, str):
-        return value.encode("utf-8")
-    return b"".join(item.encode("utf-8") + b"\0" for item in value)
+        return value.encode("utf-8", "surrogateescape")
+    return b"".join(item.encode("utf-8", "surrogateescape") + b"\0" for item in value)
 
 
 def decode_value(raw: bytes) -> str | list[str]:
     """Inverse of :func:`encode_value`: any NUL makes a list; a trailing NUL ends the last item."""
     if len(raw) > XATTR_SIZE_MAX:
         raise pyfuse3.FUSEError(errno.E2BIG)
-    try:
-        text = bytes(raw).decode("utf-8")
-    except UnicodeDecodeError:
-        raise pyfuse3.FUSEError(errno.EINVAL) from None
+    text = bytes(raw).decode("utf-8", "surrogateescape")
     if "\0" not in text:
         return text
     if text.endswith("\0"):
@@ -49,4 +43,4 @@ def decode_value(raw: bytes) -> str | list[str]:
 
 
 def metadata_names(keys) -> list[bytes]:
-    return [METADATA_PREFIX + k.encode("utf-8") for k in keys]
+    return [METADATA_PREFIX + k.encode("utf-8", "surrogateescape") for k in keys]
