@@ -9,12 +9,14 @@ from __future__ import annotations
 import bisect
 import contextlib
 import datetime
+import errno
 import mmap
 import os
+import stat
 import tempfile
 import zlib
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from .formats import CODECS, SNIFF_BYTES, Codec, FormatError, detect
 from .formats.base import Record
@@ -26,30 +28,70 @@ CHECKPOINT_EVERY = 1024
 FINGERPRINT_BYTES = 4096
 
 
+#: Opens a journal for reading and returns a fd the caller closes (the views pass one that
+#: stays inside SOURCE; the default opens the path, not following a final symlink).
+Opener = Callable[[], int]
+
+
+def open_path(path: str, follow: bool = True) -> int:
+    """A read-only fd of the regular file ``path`` (``follow=False``: a final symlink is not
+    followed). FIFOs, devices and the like are refused before they are opened for reading,
+    so nothing here ever blocks on them."""
+    flags = os.O_PATH | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    path_fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(path_fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        return os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    finally:
+        os.close(path_fd)
+
+
+def sniff_fd(fd: int) -> Codec | None:
+    """The codec of the open file ``fd`` by its magic bytes; None when it is not a journal."""
+    try:
+        return detect(os.pread(fd, SNIFF_BYTES, 0))
+    except OSError:
+        return None
+
+
 def sniff_file(path: str) -> Codec | None:
     """The codec for ``path`` by its magic bytes; None for anything that is not a journal."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(SNIFF_BYTES)
+        fd = open_path(path)
     except OSError:
         return None
-    return detect(head)
+    try:
+        return sniff_fd(fd)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
-def mapped(path: str):
-    """A read-only mmap of ``path`` (``b""`` for an empty file); never a copy of the file."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            yield b""
-            return
-        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
-            yield m
-        finally:
-            with contextlib.suppress(BufferError):
-                m.close()
+def mapped_fd(fd: int):
+    """A read-only mmap of the open file ``fd`` (``b""`` when empty); never a copy."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        yield b""
+        return
+    m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    try:
+        yield m
+    finally:
+        with contextlib.suppress(BufferError):
+            m.close()
+
+
+@contextlib.contextmanager
+def mapped(path: str, opener: Opener | None = None):
+    """A read-only mmap of ``path`` (``b""`` for an empty file); never a copy of the file.
+    ``opener`` (when given) opens it instead of the path."""
+    fd = opener() if opener is not None else open_path(path)
+    try:
+        with mapped_fd(fd) as buf:
+            yield buf
+    finally:
+        os.close(fd)
 
 
 def _codec_of(path: str, codec: Codec | None) -> Codec:
@@ -89,33 +131,57 @@ class RecordIndex:
     #: the record number re-reading started at (records before it are exactly as there)
     grown_from: tuple | None = None
 
+    #: opens the file (a fd the caller closes); None: the path itself
+    opener: Opener | None = field(default=None, repr=False, compare=False)
+    #: the file's st_dev (with identity's inode: which file this is)
+    dev: int = 0
+    #: False while :meth:`build` is still adding records (a partial index serves those it has)
+    complete: bool = True
+
     @classmethod
     def build(cls, path: str, codec: Codec | None = None,
-              previous: "RecordIndex | None" = None) -> "RecordIndex":
+              previous: "RecordIndex | None" = None, opener: Opener | None = None,
+              progress: Callable[["RecordIndex"], None] | None = None) -> "RecordIndex":
         """Index ``path``. With ``previous`` (an index of the same file, taken earlier) and a
         file that only grew -- same inode, not smaller, the same bytes at its start and just
         before its last checkpoint -- indexing resumes at that checkpoint: a journal being
-        appended to costs the new records, not the whole file again."""
-        codec = _codec_of(path, codec)
-        st = os.stat(path)
-        idx = cls(path, codec, identity=(st.st_ino, st.st_size, st.st_mtime_ns))
+        appended to costs the new records, not the whole file again.
+
+        ``opener`` opens the file instead of its path (see :data:`Opener`). ``progress`` is
+        called with the index after every batch: records below ``count`` are served already."""
+        fd = opener() if opener is not None else open_path(path)
+        try:
+            codec = codec or sniff_fd(fd)
+            if codec is None:
+                raise FormatError(path, 0, "not a supported journal file (unknown magic bytes)")
+            st = os.fstat(fd)
+            idx = cls(path, codec, identity=(st.st_ino, st.st_size, st.st_mtime_ns),
+                      opener=opener, dev=st.st_dev, complete=False)
+            with mapped_fd(fd) as buf:
+                idx._index_buffer(buf, previous, progress)
+            idx.complete = True
+        finally:
+            os.close(fd)
+        return idx
+
+    def _index_buffer(self, buf, previous: "RecordIndex | None", progress) -> None:
+        path, codec = self.path, self.codec
         try:
             if codec.resumable:
-                with mapped(path) as buf:
-                    start, seq = idx._resume(previous, buf)
-                    try:
-                        for offsets in _offset_batches(codec, buf, path, start, seq):
-                            idx._add(offsets)
-                    finally:  # a torn tail too: it is often completed by the next append
-                        if idx.offsets:
-                            idx.fingerprint = _prefix_fingerprint(buf, idx.offsets[-1])
+                start, seq = self._resume(previous, buf)
+                try:
+                    for offsets in _offset_batches(codec, buf, path, start, seq):
+                        self._add(offsets)
+                        if progress is not None:
+                            progress(self)
+                finally:  # a torn tail too: it is often completed by the next append
+                    if self.offsets:
+                        self.fingerprint = _prefix_fingerprint(buf, self.offsets[-1])
             else:  # no resuming mid-file: only the count is worth keeping
-                with mapped(path) as buf:
-                    for _ in codec.read(buf, path):
-                        idx.count += 1
+                for _ in codec.read(buf, path):
+                    self.count += 1
         except FormatError as exc:
-            idx.error = exc
-        return idx
+            self.error = exc
 
     def _resume(self, previous: "RecordIndex | None", buf) -> tuple[int | None, int]:
         """(offset, record number) to index from: ``previous``'s last checkpoint when it
@@ -138,8 +204,10 @@ class RecordIndex:
         """Count the records starting at ``offsets`` (the next ones in file order), keeping
         the start of every ``CHECKPOINT_EVERY``-th record."""
         first = -self.count % CHECKPOINT_EVERY  # the batch's first checkpointed row
-        self.seqs.extend(range(self.count + first, self.count + len(offsets), CHECKPOINT_EVERY))
+        # offsets before seqs, count last: a reader of a partial index (another thread)
+        # never sees a checkpoint without its offset, nor a count past the checkpoints
         self.offsets.extend(int(o) for o in offsets[first::CHECKPOINT_EVERY])
+        self.seqs.extend(range(self.count + first, self.count + len(offsets), CHECKPOINT_EVERY))
         self.count += len(offsets)
 
     def records(self, first: int = 0, count: int | None = None) -> Iterator[Record]:
@@ -147,7 +215,7 @@ class RecordIndex:
         last = self.count if count is None else min(self.count, first + count)
         if first >= last:
             return
-        with mapped(self.path) as buf:
+        with mapped(self.path, self.opener) as buf:
             if self.codec.resumable and self.seqs:
                 i = bisect.bisect_right(self.seqs, first) - 1
                 seq, start = self.seqs[i], self.offsets[i]
@@ -293,8 +361,15 @@ def related_files(path: str, codec: Codec) -> dict[str, str]:
 BACKUP_MARK = ".journalfs-backup-"
 
 
-def is_backup(name: str) -> bool:
-    return BACKUP_MARK in os.path.basename(name)
+def is_backup_name(name: bytes | str) -> bool:
+    """True for a backup ``fsck --repair`` wrote (``X.journalfs-backup-<time>``): never a
+    journal, whatever its content (views, the CLI's directory walk and Spark skip it)."""
+    if isinstance(name, bytes):
+        return BACKUP_MARK.encode() in name.rpartition(b"/")[2]
+    return BACKUP_MARK in name.rpartition("/")[2]
+
+
+is_backup = is_backup_name  # the earlier name, kept for callers
 
 
 def fsync_dir(directory: str) -> None:
@@ -353,6 +428,7 @@ def replace_atomically(path: str, data: bytes) -> None:
     fsync_dir(directory)
 
 
-__all__ = ["BACKUP_MARK", "CHECKPOINT_EVERY", "CODECS", "RecordIndex", "fsync_dir", "is_backup",
-           "mapped", "read_file", "related_files", "replace_atomically", "sniff_file",
-           "write_backup"]
+__all__ = ["BACKUP_MARK", "CHECKPOINT_EVERY", "CODECS", "Opener", "RecordIndex", "fsync_dir",
+           "is_backup", "is_backup_name", "mapped", "mapped_fd", "open_path", "read_file",
+           "related_files", "replace_atomically", "sniff_file",
+           "sniff_fd", "write_backup"]
