@@ -395,6 +395,10 @@ class Views:
         self._jobs: dict[bytes, IndexJob] = {}  # trio thread only
         self._index_limiter = trio.CapacityLimiter(INDEX_THREADS)
         self.damaged: dict[bytes, tuple[int, str]] = {}
+        #: how indexes were obtained (status.json): loaded from the store directory as they
+        #: were, extended from a saved or earlier one, built from nothing; records decoded
+        self.counters = dict.fromkeys(("indexes_loaded", "indexes_extended", "indexes_built",
+                                       "indexes_saved", "records_indexed"), 0)
         self.root = self._node(ROOT, permanent=True)
         self.records = self._node(RECORDS_DIR, permanent=True)
         self.metadata = self._node(METADATA, permanent=True)
@@ -514,7 +518,11 @@ class Views:
         not a journal. Thread only."""
         if rel != LIVE and is_backup_name(rel):
             return None
-        st = st if st is not None else self._lstat(rel)
+        if st is None:
+            try:
+                st = self._lstat(rel)
+            except OSError:  # gone, or a component is no longer a directory: not a journal
+                return None
         if not stat.S_ISREG(st.st_mode):
             return None
         ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -652,6 +660,7 @@ class Views:
                     if saved_layout is not None:
                         info.layout = JsonlLayout.saved(saved, *saved_layout)
                     self._adopt(rel, info, saved)
+                    self._count(indexes_loaded=1)
                     return saved
                 if may_extend(header, info.codec.name, size, info.head) \
                         and (previous is None or previous.count < saved.count):
@@ -671,9 +680,17 @@ class Views:
                     and index.count <= SMALL_JOURNAL_RECORDS:
                 info.layout = JsonlLayout(index, prior)
         self._adopt(rel, info, index)
+        resumed = index.grown_from[1] if index.grown_from else 0
+        self._count(records_indexed=index.count - resumed,
+                    **{"indexes_extended" if index.grown_from else "indexes_built": 1})
         if rel != LIVE and index.identity[1] >= DISK_INDEX_MIN_BYTES:
             self._save(info, index)
         return index
+
+    def _count(self, **increments: int) -> None:
+        with self._ids_lock:
+            for name, n in increments.items():
+                self.counters[name] += n
 
     def _adopt(self, rel: bytes, info: JournalInfo, index: RecordIndex) -> None:
         info.index, info.previous = index, None
@@ -687,7 +704,8 @@ class Views:
         saved_layout = None
         if layout is not None and layout.size is not None and layout.fits(index):
             saved_layout = (list(layout.seqs), list(layout.offsets), layout.size)
-        self.index_dir.save(index, info.head, saved_layout)
+        if self.index_dir.save(index, info.head, saved_layout):
+            self._count(indexes_saved=1)
 
     def _note_damage(self, rel: bytes, index: RecordIndex) -> None:
         err = index.error
@@ -870,7 +888,8 @@ class Views:
             "views": {"indexing": [_rel_text(r) for r in sorted(self._jobs)],
                       "index_dir": (os.path.join(self.ctx.store_dir, "indexes")
                                     if self.index_dir.usable else None),
-                      "catalog_bytes": self.catalog.used, "catalog_entries": len(self.catalog)},
+                      "catalog_bytes": self.catalog.used, "catalog_entries": len(self.catalog),
+                      **self.counters},
         }
 
     async def _status_bytes(self) -> bytes:
