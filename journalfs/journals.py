@@ -6,10 +6,13 @@ journal of millions of records can be listed and read piecewise with bounded mem
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import bisect
 import contextlib
 import datetime
 import errno
+import json
 import mmap
 import os
 import stat
@@ -18,8 +21,10 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
+import numpy as np
+
 from .formats import CODECS, SNIFF_BYTES, Codec, FormatError, detect
-from .formats.base import Record
+from .formats.base import Record, record_json_line, record_to_json
 
 #: A checkpoint is kept every this many records (bounded memory for huge journals).
 CHECKPOINT_EVERY = 1024
@@ -240,6 +245,198 @@ class RecordIndex:
         raise IndexError(seq)
 
 
+    def json_lines(self, first: int, count: int) -> tuple[bytes, int]:
+        """(the JSON lines -- ``record_json_line`` + newline -- of records ``first ..
+        first+count-1``, how many records they are), clipped to the valid prefix. ``first``
+        must be a checkpointed record (or 0): decoding starts right there."""
+        chunk = self.json_chunk(first, count)
+        return chunk.data, chunk.rows
+
+    def json_chunk(self, first: int, count: int) -> "JsonChunk":
+        """Like :meth:`json_lines`, with each record's kind and payload size (listings)."""
+        last = min(self.count, first + count)
+        if first >= last:
+            return JsonChunk(b"", 0, [], None)
+        with mapped(self.path, self.opener) as buf:
+            start = None
+            if self.codec.resumable and self.seqs and first:
+                i = bisect.bisect_right(self.seqs, first) - 1
+                if self.seqs[i] != first:
+                    raise ValueError(f"record {first} is not at a checkpoint")
+                start = self.offsets[i]
+            elif first:
+                raise ValueError("only checkpointed records can start JSON lines")
+            return json_chunk(self.codec, buf, self.path, start, first, last - first)
+
+
+@dataclass
+class JsonChunk:
+    """JSON lines of consecutive records, with what a directory listing needs of each."""
+
+    data: bytes
+    rows: int
+    kinds: list[str]
+    #: per record: its payload's length (its record file holds the payload), or None when
+    #: it has no payload field (its record file holds its JSON line); None: no payloads at all
+    payload_sizes: list[int | None] | None
+
+    def line_lengths(self) -> np.ndarray:
+        ends = np.flatnonzero(np.frombuffer(self.data, dtype=np.uint8) == 10) + 1
+        return np.diff(ends, prepend=0)
+
+    def content_sizes(self) -> list[int]:
+        """The size of every record's file: payload length, else JSON line length."""
+        lines = self.line_lengths().tolist()
+        if self.payload_sizes is None:
+            return lines
+        return [line if p is None else p for line, p in zip(lines, self.payload_sizes)]
+
+
+def json_lines(codec: Codec, buf, path: str, start: int | None, seq: int,
+               count: int) -> tuple[bytes, int]:
+    """(JSON lines of up to ``count`` records of ``buf`` from record ``seq`` at ``start``,
+    their number); stops silently at damage (the caller knows it from the index)."""
+    chunk = json_chunk(codec, buf, path, start, seq, count)
+    return chunk.data, chunk.rows
+
+
+def json_chunk(codec: Codec, buf, path: str, start: int | None, seq: int,
+               count: int) -> JsonChunk:
+    """:func:`json_lines` with kinds and payload sizes.
+
+    Records whose columns all have a fixed JSON spelling per row (numbers, one shared string,
+    payloads) are written through one ``bytes`` template per batch; anything else (text that
+    varies, lists, floats, text that is not UTF-8) one record at a time, exactly the same."""
+    if type(codec).read_columns is not Codec.read_columns:
+        cols = codec.read_columns(buf, path, start, seq, None, count)
+        if cols.rows:
+            first = next(iter(codec.read(buf, path, start, seq)), None)
+            fast = None if first is None else _template_lines(cols, list(first))
+            if fast is not None:
+                kinds = cols.data["kind"]
+                kinds = [kinds] * cols.rows if isinstance(kinds, str) else list(kinds[:cols.rows])
+                payloads = cols.data.get("payload")
+                sizes = None if payloads is None else [
+                    0 if p is None else len(p) for p in payloads[:cols.rows]]
+                return JsonChunk(fast, cols.rows, kinds, sizes)
+    lines, kinds, sizes = [], [], []
+    it = codec.read(buf, path, start, seq)
+    try:
+        for rec in it:
+            if len(lines) == count:
+                break
+            lines.append(json_line(rec))
+            kinds.append(rec["kind"])
+            sizes.append(len(rec["payload"] or b"") if "payload" in rec else None)
+    except FormatError:
+        pass
+    finally:
+        it.close()
+    return JsonChunk(b"".join(lines), len(lines), kinds,
+                     sizes if any(v is not None for v in sizes) else None)
+
+
+def json_line(rec: Record) -> bytes:
+    """One line of `journalfs records --json` (with its newline) as UTF-8 bytes."""
+    line = record_json_line(rec)
+    try:
+        return (line + "\n").encode("utf-8")
+    except UnicodeEncodeError:  # text read from bytes (surrogateescape): INTERFACES point 1
+        safe = _b64_fields(record_to_json(rec))
+        return (json.dumps(safe, ensure_ascii=False, separators=(", ", ": ")) + "\n").encode()
+
+
+def _b64_fields(fields: dict) -> dict:
+    """INTERFACES point 1 for one record: text that is not UTF-8 goes as ``<field>_b64``
+    (the shared ``formats.base.json_safe`` does the same once record_json_line applies it)."""
+    def raw(text: str) -> str:
+        return base64.b64encode(text.encode("utf-8", "surrogateescape")).decode("ascii")
+
+    def bad(value) -> bool:
+        if not isinstance(value, str):
+            return False
+        try:
+            value.encode("utf-8")
+            return False
+        except UnicodeEncodeError:
+            return True
+    out = {}
+    for key, value in fields.items():
+        if isinstance(value, dict):
+            out[key] = _b64_fields(value)
+        elif bad(value):
+            out[f"{key}_b64"] = raw(value)
+        elif isinstance(value, list) and any(bad(v) for v in value):
+            out[f"{key}_b64"] = [raw(v) if isinstance(v, str) else v for v in value]
+        else:
+            out[key] = value
+    return out
+
+
+def _template_lines(cols, order: list[str]) -> bytes | None:
+    """Every row of ``cols`` as :func:`record_json_line` writes it, or None when some column
+    has no fixed per-row spelling (the caller then writes records one by one)."""
+    data, rows = cols.data, cols.rows
+    if set(data) != set(order):
+        return None
+    parts, values = [], []
+    for i, name in enumerate(order):
+        key = "payload_b64" if name == "payload" else name
+        parts.append(("{" if i == 0 else ", ") + json.dumps(key, ensure_ascii=False) + ": ")
+        column = data[name]
+        if name == "payload":
+            b2a = binascii.b2a_base64
+            parts.append("%s")
+            values.append([b"null" if p is None else b'"%s"' % b2a(bytes(p), newline=False)
+                           for p in column[:rows]])
+            continue
+        spelled = _column_spelling(column, rows)
+        if spelled is None:
+            return None
+        placeholder, per_row = spelled
+        if per_row is None:  # one value for every row: written into the template
+            parts.append(placeholder.replace("%", "%%"))
+        else:
+            parts.append(placeholder)
+            values.append(per_row)
+    parts.append("}\n")
+    try:
+        template = "".join(parts).encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    if not values:
+        return template * rows
+    return b"".join(map(template.__mod__, zip(*values)))
+
+
+def _column_spelling(column, rows: int) -> tuple[str, list | None] | None:
+    """How a column's values are written: (``"%d"``/``"%s"``, per-row values) or (the JSON
+    text shared by every row, None); None when a row needs general JSON encoding."""
+    if isinstance(column, np.ma.MaskedArray):
+        if column.dtype.kind not in "iu":
+            return None
+        mask = np.ma.getmaskarray(column)[:rows]
+        data = column.data[:rows].tolist()
+        if not mask.any():
+            return "%d", data
+        return "%s", [b"null" if m else b"%d" % v for v, m in zip(data, mask.tolist())]
+    if isinstance(column, np.ndarray) and column.dtype.kind in "iu":
+        return "%d", column[:rows].tolist()
+    if isinstance(column, np.ndarray) and column.dtype.kind == "b":
+        return "%s", [b"true" if v else b"false" for v in column[:rows].tolist()]
+    if isinstance(column, str):
+        column = [column] * rows
+    items = column[:rows].tolist() if isinstance(column, np.ndarray) else list(column[:rows])
+    if not items:
+        return None
+    head = items[0]
+    if isinstance(head, str) and all(v == head for v in items):  # text shared by every row
+        return json.dumps(head, ensure_ascii=False), None
+    if all(type(v) is int for v in items):
+        return "%d", items
+    return None
+
+
 #: Records per batch while indexing, and the bytes a batch aims to span: together they bound
 #: what one batch holds in memory (its offsets, and any payloads a codec decodes with them).
 INDEX_BATCH_ROWS = 1 << 16
@@ -429,6 +626,7 @@ def replace_atomically(path: str, data: bytes) -> None:
 
 
 __all__ = ["BACKUP_MARK", "CHECKPOINT_EVERY", "CODECS", "Opener", "RecordIndex", "fsync_dir",
-           "is_backup", "is_backup_name", "mapped", "mapped_fd", "open_path", "read_file",
+           "is_backup", "is_backup_name", "JsonChunk", "json_chunk", "json_line",
+           "json_lines", "mapped", "mapped_fd", "open_path", "read_file",
            "related_files", "replace_atomically", "sniff_file",
            "sniff_fd", "write_backup"]

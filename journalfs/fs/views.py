@@ -41,9 +41,8 @@ from typing import Any, Callable, Iterator
 import pyfuse3
 import trio
 
-from ..formats.base import record_json_line, record_to_json
 from ..journals import (CHECKPOINT_EVERY, FINGERPRINT_BYTES, RecordIndex, is_backup_name,
-                        sniff_fd)
+                        json_line, sniff_fd)
 from .catalog import Catalog
 from .indexfiles import IndexDir, matches, may_extend
 from .sourcefiles import SourceTree, open_regular_path
@@ -125,43 +124,7 @@ class ViewContext:
                    prefix=getattr(loc, "prefix", None), source_name=os.fsdecode(fs.src))
 
 
-def _json_safe(fields: dict) -> dict:
-    """INTERFACES point 1: a text field that is not valid UTF-8 becomes ``<field>_b64``."""
-    def bad(v) -> bool:
-        return isinstance(v, str) and not _utf8_ok(v)
-    out = {}
-    for key, value in fields.items():
-        if isinstance(value, dict):
-            out[key] = _json_safe(value)
-        elif bad(value):
-            out[f"{key}_b64"] = _b64(value)
-        elif isinstance(value, list) and any(bad(v) for v in value):
-            out[f"{key}_b64"] = [_b64(v) if isinstance(v, str) else v for v in value]
-        else:
-            out[key] = value
-    return out
-
-
-def _utf8_ok(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
-
-
-def _b64(text: str) -> str:
-    return base64.b64encode(text.encode("utf-8", "surrogateescape")).decode("ascii")
-
-
-def json_line_bytes(rec: dict) -> bytes:
-    """One records.jsonl line (with its newline), as `journalfs records --json` prints it."""
-    line = record_json_line(rec)
-    try:
-        return (line + "\n").encode("utf-8")
-    except UnicodeEncodeError:  # names read from bytes (surrogateescape): INTERFACES point 1
-        safe = _json_safe(record_to_json(rec))
-        return (json.dumps(safe, ensure_ascii=False, separators=(", ", ": ")) + "\n").encode()
+json_line_bytes = json_line  # one records.jsonl line, as `journalfs records --json` prints it
 
 
 def record_content(rec: dict) -> bytes:
@@ -229,11 +192,16 @@ class JsonlLayout:
             if keep < len(previous.seqs) and previous.seqs[keep] == resume:
                 self.seqs, self.offsets = previous.seqs[:keep], previous.offsets[:keep]
                 size, first = previous.offsets[keep], resume
-        for rec in index.records(first):
-            if rec["seq"] % CHECKPOINT_EVERY == 0:
-                self.seqs.append(rec["seq"])
+        step = CHECKPOINT_EVERY if index.codec.resumable else max(1, index.count)
+        while first < index.count:
+            data, rows = index.json_lines(first, step)
+            if not rows:
+                break
+            if first % CHECKPOINT_EVERY == 0:
+                self.seqs.append(first)
                 self.offsets.append(size)
-            size += len(json_line_bytes(rec))
+            size += len(data)
+            first += rows
         self.size = self.measured_bytes = size
         self.measured = index.count
 
@@ -262,17 +230,18 @@ class JsonlLayout:
             i = bisect.bisect_right(self.offsets, off) - 1
             return (self.seqs[i], self.offsets[i]) if i >= 0 else (0, 0)
 
-    def note(self, seq: int, start: int, length: int) -> bool:
-        """Line ``seq`` spans [start, start+length). True when this completed the layout."""
+    def note_chunk(self, seq: int, start: int, length: int, rows: int) -> bool:
+        """Lines ``seq .. seq+rows-1`` span [start, start+length). True when this completed
+        the layout."""
         with self.lock:
-            if seq != self.measured or self.size is not None:
+            if seq != self.measured or self.size is not None or not rows:
                 return False
             if seq % CHECKPOINT_EVERY == 0:
                 self.seqs.append(seq)
                 self.offsets.append(start)
-            self.measured += 1
+            self.measured += rows
             self.measured_bytes = start + length
-            if self.measured == self.count:
+            if self.measured >= self.count:
                 self.size = self.measured_bytes
                 return True
             return False
@@ -282,59 +251,69 @@ class JsonlLayout:
 
 
 class JsonlReader:
-    """Streams records.jsonl for one open handle: sequential reads continue one decoder.
-    While records.jsonl's size is unknown the stream ends where the records end, and every
-    line streamed extends the layout (``on_complete`` is called once it is whole)."""
+    """Streams records.jsonl for one open handle, a chunk of CHECKPOINT_EVERY lines at a time
+    (rendered from the codec's columns, :meth:`RecordIndex.json_lines`); sequential reads
+    continue from the chunk in hand. While records.jsonl's size is unknown the stream ends
+    where the records end, and every chunk rendered extends the layout (``on_complete`` is
+    called once it is whole)."""
 
     def __init__(self, index: RecordIndex, layout: JsonlLayout,
                  on_complete: Callable[[JsonlLayout], None] | None = None):
         self.index, self.layout = index, layout
         self.on_complete = on_complete
-        self._lines: Iterator[tuple[int, bytes]] | None = None
-        self._next = 0            # byte offset of the next line the decoder yields
-        self._window = b""        # decoded bytes starting at _window_start
-        self._window_start = 0
+        # a codec that cannot resume mid-file is rendered in one piece (gvfs trees: small)
+        self._step = CHECKPOINT_EVERY if index.codec.resumable else max(1, index.count)
+        self._seq = -1           # first record of the chunk in hand (-1: none)
+        self._start = 0          # its byte offset in records.jsonl
+        self._chunk = b""
+        self._rows = 0
+        self._completed = False
         self.lock = threading.Lock()
 
-    def _seek(self, off: int) -> None:
-        seq, start = self.layout.checkpoint_before(off)
-        self.close()
-        self._lines = ((r["seq"], json_line_bytes(r)) for r in self.index.records(seq))
-        self._next = self._window_start = start
-        self._window = b""
+    def _render(self, seq: int, start: int) -> tuple[bytes, int]:
+        data, rows = self.index.json_lines(seq, self._step)
+        self._completed |= self.layout.note_chunk(seq, start, len(data), rows)
+        return data, rows
+
+    def _chunk_at(self, pos: int) -> bool:
+        """Make the chunk in hand the one holding byte ``pos``; False past the end."""
+        if self._seq >= 0 and self._start <= pos < self._start + len(self._chunk):
+            return True
+        if self._seq >= 0 and pos >= self._start:  # onwards from the chunk in hand
+            seq, start, data, rows = self._seq, self._start, self._chunk, self._rows
+        else:
+            seq, start = self.layout.checkpoint_before(pos)
+            data, rows = self._render(seq, start)
+        while pos >= start + len(data):
+            if rows < self._step or seq + rows >= self.index.count:
+                return False
+            seq, start = seq + rows, start + len(data)
+            data, rows = self._render(seq, start)
+            if not rows:
+                return False
+        self._seq, self._start, self._chunk, self._rows = seq, start, data, rows
+        return True
 
     def read(self, off: int, size: int) -> bytes:
         total = self.layout.size
         end = off + size if total is None else min(off + size, total)
         if off >= end:
             return b""
-        completed = False
+        parts = []
         with self.lock:
-            if self._lines is None or not self._window_start <= off <= self._next:
-                self._seek(off)
-            # The window holds [_window_start, _next); keep what lies at or after `off`.
-            parts = [self._window[off - self._window_start:] if off < self._next else b""]
-            line_end = self._next
-            while line_end < end:
-                item = next(self._lines, None)
-                if item is None:
-                    break
-                seq, line = item
-                line_start, line_end = line_end, line_end + len(line)
-                completed |= self.layout.note(seq, line_start, len(line))
-                if line_end > off:
-                    parts.append(line[max(0, off - line_start):])
-            self._next = line_end
-            self._window, self._window_start = b"".join(parts), off
-            data = self._window[:end - off]
+            pos = off
+            while pos < end and self._chunk_at(pos):
+                inside = pos - self._start
+                piece = self._chunk[inside:inside + end - pos]
+                parts.append(piece)
+                pos += len(piece)
+            completed, self._completed = self._completed, False
         if completed and self.on_complete is not None:
             self.on_complete(self.layout)
-        return data
+        return b"".join(parts)
 
     def close(self) -> None:
-        if self._lines is not None:
-            self._lines.close()
-            self._lines = None
+        self._seq, self._chunk = -1, b""
 
 
 # -- what is known of one journal ---------------------------------------------------------------
@@ -1093,10 +1072,24 @@ class Views:
 
     @staticmethod
     def _list_batch(idx: RecordIndex, first: int) -> list[tuple[bytes, int]]:
-        # Exact sizes even though JSON-line records cost an encoding each: a listing's
-        # attributes update cached inodes, and a wrong size would cut short a concurrent read.
-        return [(record_file_name(r), len(record_content(r)))
-                for r in idx.records(first, LIST_BATCH)]
+        """(name, exact size) of records ``first`` on, about LIST_BATCH of them. Exact sizes,
+        though JSON-line records need their line rendered: a listing's attributes update
+        cached inodes, and a wrong size would cut short a concurrent read. Lines are
+        rendered a checkpoint's worth at a time from the columns (see json_chunk)."""
+        step = CHECKPOINT_EVERY if idx.codec.resumable else max(1, idx.count)
+        seq = first - first % step if idx.codec.resumable else 0
+        out: list[tuple[bytes, int]] = []
+        while seq < idx.count and len(out) < LIST_BATCH:
+            chunk = idx.json_chunk(seq, step)
+            if not chunk.rows:
+                break
+            skip = max(0, first - seq)
+            sizes = chunk.content_sizes()
+            for i in range(skip, chunk.rows):
+                out.append((b"%08d.%s" % (seq + i, chunk.kinds[i].encode("utf-8", "surrogateescape")),
+                            sizes[i]))
+            seq += chunk.rows
+        return out
 
     def releasedir(self, fh: int) -> None:
         self.dirs.pop(fh, None)
