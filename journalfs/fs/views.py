@@ -1045,6 +1045,13 @@ class Views:
         seq = start_id - 1
         owner, _, file_mode = self._journal_perms(node.rel, info)
         timeout = 0 if node.rel == LIVE else None
+        # Record inodes are computed, not stored (no VNode per entry), and one attribute
+        # object is reused: readdir_reply copies it into the reply.
+        if seq > SEQ_MASK or len(self._journal_rels) > JOURNAL_ID_MAX:
+            raise pyfuse3.FUSEError(errno.EOVERFLOW)
+        ino_base = RECORD_INO_BASE | (self._journal_id(node.rel) << SEQ_BITS)
+        attrs = self._attrs(node, file_mode, 0, info.ident[3], timeout, owner)
+        reply = pyfuse3.readdir_reply
         idx: RecordIndex | None = state["index"]
         while True:
             if idx is None or (seq >= idx.count and not idx.complete):
@@ -1061,14 +1068,13 @@ class Views:
                 first = seq
                 if not batch:
                     return
-            name, size = batch[seq - first]
-            child = self._node(RECORD, node.rel, seq)
-            attrs = self._attrs(child, file_mode, size, info.ident[3], timeout, owner)
-            if not pyfuse3.readdir_reply(token, name, attrs, seq + 2):
-                self.forget(child.ino, 0)
-                return
-            child.lookups += 1
-            seq += 1
+            for name, size in batch[seq - first:]:
+                attrs.st_ino = ino_base | seq
+                attrs.st_size = size
+                attrs.st_blocks = (size + 511) // 512
+                if not reply(token, name, attrs, seq + 2):
+                    return
+                seq += 1
 
     @staticmethod
     def _list_batch(idx: RecordIndex, first: int) -> list[tuple[bytes, int]]:
