@@ -311,7 +311,12 @@ def json_chunk(codec: Codec, buf, path: str, start: int | None, seq: int,
         cols = codec.read_columns(buf, path, start, seq, None, count)
         if cols.rows:
             first = next(iter(codec.read(buf, path, start, seq)), None)
-            fast = None if first is None else _template_lines(cols, list(first))
+            order = None if first is None else list(first)
+            fast = None
+            if order is not None and cols.rows >= ARROW_MIN_ROWS:
+                fast = _arrow_lines(cols, order)
+            if fast is None and order is not None:
+                fast = _template_lines(cols, order)
             if fast is not None:
                 kinds = cols.data["kind"]
                 kinds = [kinds] * cols.rows if isinstance(kinds, str) else list(kinds[:cols.rows])
@@ -373,6 +378,78 @@ def _b64_fields(fields: dict) -> dict:
     return out
 
 
+#: From this many records on, lines are joined by Arrow's vectorised kernels (their fixed
+#: cost per call only pays off on big batches); below it, by one Python bytes template.
+ARROW_MIN_ROWS = 2048
+
+
+def _arrow_lines(cols, order: list[str]) -> bytes | None:
+    """:func:`_template_lines` through pyarrow: numbers cast to text and every row's line
+    joined in C++ (no Python per row but for payloads' base64); None when some column has no
+    fixed spelling (the caller then tries the other ways)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    data, rows = cols.data, cols.rows
+    if set(data) != set(order):
+        return None
+    args: list = []
+    literal: list[str] = []
+    try:
+        for i, name in enumerate(order):
+            key = "payload_b64" if name == "payload" else name
+            literal.append(("{" if i == 0 else ", ") + json.dumps(key, ensure_ascii=False) + ": ")
+            column = data[name]
+            if name == "payload":
+                b2a = binascii.b2a_base64
+                texts = pa.array([None if p is None else b'"%s"' % b2a(bytes(p), newline=False)
+                                  for p in column[:rows]], pa.binary())
+                value = pc.fill_null(texts.cast(pa.string()), "null")
+            else:
+                value = _arrow_spelling(pa, pc, column, rows)
+                if value is None:
+                    return None
+            if isinstance(value, str):
+                literal.append(value)
+            else:
+                args.append("".join(literal))
+                literal.clear()
+                args.append(value)
+        literal.append("}\n")
+        args.append("".join(literal))
+        if not any(isinstance(a, pa.Array) for a in args):
+            return None
+        joined = pc.binary_join_element_wise(*args, "")
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        return None
+    if joined.null_count:
+        return None
+    offsets, values = joined.buffers()[1:3]
+    ends = np.frombuffer(offsets, dtype=np.int32, count=len(joined) + 1, offset=joined.offset * 4)
+    return memoryview(values)[int(ends[0]):int(ends[-1])].tobytes()
+
+
+def _arrow_spelling(pa, pc, column, rows: int):
+    """A column as an Arrow string array of JSON texts, or the one JSON text every row
+    shares (a ``str``); None when some value needs general JSON encoding."""
+    if isinstance(column, np.ma.MaskedArray):
+        if column.dtype.kind not in "iu":
+            return None
+        arr = pa.array(column.data[:rows], mask=np.ma.getmaskarray(column)[:rows])
+        return pc.fill_null(arr.cast(pa.string()), "null")
+    if isinstance(column, np.ndarray) and column.dtype.kind in "iub":
+        return pa.array(column[:rows]).cast(pa.string())
+    spelled = _column_spelling(column, rows)
+    if spelled is None:
+        return None
+    placeholder, per_row = spelled
+    if per_row is None:
+        return placeholder
+    if placeholder == "%d":
+        return pa.array(per_row, pa.int64()).cast(pa.string())
+    return None
+
+
 def _template_lines(cols, order: list[str]) -> bytes | None:
     """Every row of ``cols`` as :func:`record_json_line` writes it, or None when some column
     has no fixed per-row spelling (the caller then writes records one by one)."""
@@ -425,13 +502,17 @@ def _column_spelling(column, rows: int) -> tuple[str, list | None] | None:
     if isinstance(column, np.ndarray) and column.dtype.kind == "b":
         return "%s", [b"true" if v else b"false" for v in column[:rows].tolist()]
     if isinstance(column, str):
-        column = [column] * rows
-    items = column[:rows].tolist() if isinstance(column, np.ndarray) else list(column[:rows])
-    if not items:
+        return json.dumps(column, ensure_ascii=False), None
+    if rows == 0:
         return None
-    head = items[0]
-    if isinstance(head, str) and all(v == head for v in items):  # text shared by every row
-        return json.dumps(head, ensure_ascii=False), None
+    head = column[0]
+    if isinstance(head, str):  # text: written as is only when every row shares it
+        if isinstance(column, np.ndarray):
+            shared = bool((column[:rows] == head).all())
+        else:
+            shared = list(column[:rows]).count(head) == rows
+        return (json.dumps(head, ensure_ascii=False), None) if shared else None
+    items = column[:rows].tolist() if isinstance(column, np.ndarray) else list(column[:rows])
     if all(type(v) is int for v in items):
         return "%d", items
     return None

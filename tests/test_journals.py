@@ -248,11 +248,14 @@ def test_a_grown_file_is_indexed_from_its_last_checkpoint_only(big_journal, tmp_
 
 # -- JSON lines from columns, backups, safe opens, on-disk indexes -----------------------------
 
-def test_json_chunks_equal_record_json_lines(journal_files, monkeypatch):
-    """records.jsonl and listings are rendered a checkpoint at a time from the codecs' columns:
-    byte for byte what ``record_json_line`` writes, with each record's kind and file size."""
+@pytest.mark.parametrize("arrow_from", [1, 1 << 40], ids=["arrow", "template"])
+def test_json_chunks_equal_record_json_lines(journal_files, monkeypatch, arrow_from):
+    """records.jsonl and listings are rendered a checkpoint at a time from the codecs' columns
+    (Arrow kernels or one bytes template): byte for byte what ``record_json_line`` writes,
+    with each record's kind and file size."""
     from journalfs.fs.views import record_content
     monkeypatch.setattr(journals, "CHECKPOINT_EVERY", 4)  # many chunks even on small files
+    monkeypatch.setattr(journals, "ARROW_MIN_ROWS", arrow_from)
     for path in journal_files:
         index = RecordIndex.build(str(path))
         records = list(index.records())
