@@ -55,7 +55,7 @@ JSONL_NAME = b"records.jsonl"
 RECORD_XATTR_PREFIX = b"user.record."
 DAMAGE_XATTR = b"user.journal.damage"
 #: Records decoded per directory-listing batch (kept per open directory handle).
-LIST_BATCH = 2048
+LIST_BATCH = 16 * 1024
 #: Records decoded together for single-record requests; batches with more payload bytes
 #: than this are not remembered.
 RECORD_BATCH = 256
@@ -547,10 +547,10 @@ class Views:
     def _trusted_info(self, rel: bytes) -> JournalInfo | None:
         """The journal's info when it was checked moments ago (no syscall): lets the trio
         thread answer stat/lookup of records without a worker-thread hop."""
-        info = self.catalog.get(("journal", rel))
-        if info is None or info.codec is None:
+        if rel == LIVE:  # written in place and rotated: always looked at again
             return None
-        if rel != LIVE and time.monotonic() - info.checked >= TRUST_SECONDS:
+        info = self.catalog.get(("journal", rel))
+        if info is None or info.codec is None or time.monotonic() - info.checked >= TRUST_SECONDS:
             return None
         return info
 
@@ -598,7 +598,7 @@ class Views:
         """The journal's index: complete, or (``seq`` given) one that already covers record
         ``seq``, possibly still growing. Waits only for this journal's own indexing."""
         info = self._trusted_info(rel)
-        if info is not None and info.index is not None and rel != LIVE:
+        if info is not None and info.index is not None:
             return info.index
         job = self._jobs.get(rel)
         if job is None:
@@ -1096,18 +1096,23 @@ class Views:
         though JSON-line records need their line rendered: a listing's attributes update
         cached inodes, and a wrong size would cut short a concurrent read. Lines are
         rendered a checkpoint's worth at a time from the columns (see json_chunk)."""
-        step = CHECKPOINT_EVERY if idx.codec.resumable else max(1, idx.count)
-        seq = first - first % step if idx.codec.resumable else 0
+        step = READ_CHUNK_RECORDS if idx.codec.resumable else max(1, idx.count)
+        seq = first - first % CHECKPOINT_EVERY if idx.codec.resumable else 0
         out: list[tuple[bytes, int]] = []
         while seq < idx.count and len(out) < LIST_BATCH:
             chunk = idx.json_chunk(seq, step)
             if not chunk.rows:
                 break
             skip = max(0, first - seq)
-            sizes = chunk.content_sizes()
-            for i in range(skip, chunk.rows):
-                out.append((b"%08d.%s" % (seq + i, chunk.kinds[i].encode("utf-8", "surrogateescape")),
-                            sizes[i]))
+            kinds = chunk.kinds[skip:]
+            seqs = range(seq + skip, seq + chunk.rows)
+            if kinds and kinds.count(kinds[0]) == len(kinds):  # one kind: one name template
+                template = b"%08d." + kinds[0].encode("utf-8", "surrogateescape")
+                names = map(template.__mod__, seqs)
+            else:
+                names = (b"%08d.%s" % (n, k.encode("utf-8", "surrogateescape"))
+                         for n, k in zip(seqs, kinds))
+            out.extend(zip(names, chunk.content_sizes()[skip:]))
             seq += chunk.rows
         return out
 
