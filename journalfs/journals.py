@@ -279,8 +279,12 @@ class JsonChunk:
     #: per record: its payload's length (its record file holds the payload), or None when
     #: it has no payload field (its record file holds its JSON line); None: no payloads at all
     payload_sizes: list[int | None] | None
+    #: each line's length, when the renderer knew them already
+    lengths: np.ndarray | None = None
 
     def line_lengths(self) -> np.ndarray:
+        if self.lengths is not None:
+            return self.lengths
         ends = np.flatnonzero(np.frombuffer(self.data, dtype=np.uint8) == 10) + 1
         return np.diff(ends, prepend=0)
 
@@ -312,9 +316,9 @@ def json_chunk(codec: Codec, buf, path: str, start: int | None, seq: int,
         if cols.rows:
             first = next(iter(codec.read(buf, path, start, seq)), None)
             order = None if first is None else list(first)
-            fast = None
+            fast, lengths = None, None
             if order is not None and cols.rows >= ARROW_MIN_ROWS:
-                fast = _arrow_lines(cols, order)
+                fast, lengths = _arrow_lines(cols, order) or (None, None)
             if fast is None and order is not None:
                 fast = _template_lines(cols, order)
             if fast is not None:
@@ -323,7 +327,7 @@ def json_chunk(codec: Codec, buf, path: str, start: int | None, seq: int,
                 payloads = cols.data.get("payload")
                 sizes = None if payloads is None else [
                     0 if p is None else len(p) for p in payloads[:cols.rows]]
-                return JsonChunk(fast, cols.rows, kinds, sizes)
+                return JsonChunk(fast, cols.rows, kinds, sizes, lengths)
     lines, kinds, sizes = [], [], []
     it = codec.read(buf, path, start, seq)
     try:
@@ -383,10 +387,11 @@ def _b64_fields(fields: dict) -> dict:
 ARROW_MIN_ROWS = 2048
 
 
-def _arrow_lines(cols, order: list[str]) -> bytes | None:
-    """:func:`_template_lines` through pyarrow: numbers cast to text and every row's line
-    joined in C++ (no Python per row but for payloads' base64); None when some column has no
-    fixed spelling (the caller then tries the other ways)."""
+def _arrow_lines(cols, order: list[str]) -> tuple[bytes, np.ndarray] | None:
+    """(lines, each line's length) as :func:`_template_lines` writes them, through pyarrow:
+    numbers cast to text and every row's line joined in C++ (no Python per row but for
+    payloads' base64); None when some column has no fixed spelling (the caller then tries
+    the other ways)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -426,7 +431,7 @@ def _arrow_lines(cols, order: list[str]) -> bytes | None:
         return None
     offsets, values = joined.buffers()[1:3]
     ends = np.frombuffer(offsets, dtype=np.int32, count=len(joined) + 1, offset=joined.offset * 4)
-    return memoryview(values)[int(ends[0]):int(ends[-1])].tobytes()
+    return memoryview(values)[int(ends[0]):int(ends[-1])].tobytes(), np.diff(ends)
 
 
 def _arrow_spelling(pa, pc, column, rows: int):
