@@ -76,6 +76,9 @@ INDEX_THREADS = 2
 #: Records rendered together when records.jsonl is read (a multiple of CHECKPOINT_EVERY):
 #: big enough for Arrow's vectorised joining to pay off, small enough to stay ~2 MB.
 READ_CHUNK_RECORDS = 16 * CHECKPOINT_EVERY
+#: Worker threads the views use at most, and at most on one SOURCE path (see _on_file).
+VIEW_THREADS = 16
+FILE_THREADS = 2
 #: Damaged journals listed in status.json at most.
 DAMAGE_LIST_MAX = 1000
 
@@ -270,9 +273,10 @@ class JsonlReader:
     called once it is whole)."""
 
     def __init__(self, index: RecordIndex, layout: JsonlLayout,
-                 on_complete: Callable[[JsonlLayout], None] | None = None):
+                 on_complete: Callable[[JsonlLayout], None] | None = None, rel: bytes = b""):
         self.index, self.layout = index, layout
         self.on_complete = on_complete
+        self.rel = rel  # the journal's SOURCE path (which file's threads reads count against)
         # a codec that cannot resume mid-file is rendered in one piece (gvfs trees: small)
         self._step = READ_CHUNK_RECORDS if index.codec.resumable else max(1, index.count)
         self._seq = -1           # first record of the chunk in hand (-1: none)
@@ -387,6 +391,8 @@ class Views:
         self.index_dir = IndexDir(self.ctx.store_dir)
         self._jobs: dict[bytes, IndexJob] = {}  # trio thread only
         self._index_limiter = trio.CapacityLimiter(INDEX_THREADS)
+        self._view_limiter = trio.CapacityLimiter(VIEW_THREADS)
+        self._file_limiters: dict[bytes, trio.CapacityLimiter] = {}
         self.damaged: dict[bytes, tuple[int, str]] = {}
         #: how indexes were obtained (status.json): loaded from the store directory as they
         #: were, extended from a saved or earlier one, built from nothing; records decoded
@@ -592,6 +598,23 @@ class Views:
             return (RECORDS_DIR, st) if self._holds_journals(rel) else None
         info = self._journal_info(rel, st) if stat.S_ISREG(st.st_mode) else None
         return None if info is None else (JOURNAL, info)
+
+    # -- worker threads ----------------------------------------------------------------------
+    async def _on_file(self, rel: bytes, fn: Callable, *args):
+        """``fn(*args)`` in a worker thread for a request about SOURCE/``rel``. At most
+        FILE_THREADS threads work on one path and VIEW_THREADS on the views in all: a file
+        on a hung network filesystem ties up its own requests, never the threads the rest
+        of the mount (or the other journals) need. Waiting for a turn costs no thread."""
+        limiter = self._file_limiters.get(rel)
+        if limiter is None:
+            limiter = self._file_limiters[rel] = trio.CapacityLimiter(FILE_THREADS)
+        try:
+            async with limiter:
+                return await trio.to_thread.run_sync(fn, *args, limiter=self._view_limiter)
+        finally:
+            stats = limiter.statistics()
+            if not stats.borrowed_tokens and not stats.tasks_waiting:
+                self._file_limiters.pop(rel, None)
 
     # -- journals: indexes -----------------------------------------------------------------
     async def _index(self, rel: bytes, seq: int | None = None) -> RecordIndex:
@@ -837,17 +860,17 @@ class Views:
         if node.kind == METADATA:
             return self._attrs(node, stat.S_IFDIR | 0o700)
         if node.kind == RECORDS_DIR:
-            st = await trio.to_thread.run_sync(self._records_dir_stat, node.rel)
+            st = await self._on_file(node.rel, self._records_dir_stat, node.rel)
             return self._dir_attrs(node, st)
         if node.kind == JOURNAL:  # no decoding: the file's lstat, still a journal
-            info = await trio.to_thread.run_sync(self._info_or_enoent, node.rel)
+            info = await self._on_file(node.rel, self._info_or_enoent, node.rel)
             return self._journal_attrs(node, info)
         if node.kind == JSONL:
             return await self._jsonl_getattr(node)
         idx = await self._index(node.rel, node.seq)
-        rec = await trio.to_thread.run_sync(self._record, node.rel, node.seq, idx)
+        rec = await self._on_file(node.rel, self._record, node.rel, node.seq, idx)
         info = self.catalog.get(("journal", node.rel)) or \
-            await trio.to_thread.run_sync(self._info_or_enoent, node.rel)
+            await self._on_file(node.rel, self._info_or_enoent, node.rel)
         return self._record_attrs(node, rec, info)
 
     def _records_dir_stat(self, rel: bytes) -> os.stat_result:
@@ -859,12 +882,12 @@ class Views:
         return entry[1]
 
     async def _jsonl_getattr(self, node: VNode) -> pyfuse3.EntryAttributes:
-        info = await trio.to_thread.run_sync(self._info_or_enoent, node.rel)
+        info = await self._on_file(node.rel, self._info_or_enoent, node.rel)
         layout = self._known_layout(info)
         if layout is None and (info.ident[2] <= SMALL_JOURNAL_BYTES or node.rel == LIVE):
             idx = await self._index(node.rel)
             if idx.count <= SMALL_JOURNAL_RECORDS:
-                layout = await trio.to_thread.run_sync(self._full_layout, node.rel, idx)
+                layout = await self._on_file(node.rel, self._full_layout, node.rel, idx)
             info = self.catalog.get(("journal", node.rel)) or info
         return self._jsonl_attrs(node, info, layout)
 
@@ -958,7 +981,7 @@ class Views:
         """(kind, rel, seq) of ``name`` in a records dir or journal dir."""
         if parent.kind == RECORDS_DIR and name not in (b".", b".."):
             rel = parent.rel + b"/" + name if parent.rel else name
-            entry = await trio.to_thread.run_sync(self._records_entry, rel)
+            entry = await self._on_file(rel, self._records_entry, rel)
             return None if entry is None else (entry[0], rel)
         if parent.kind == JOURNAL:
             if name == JSONL_NAME:
@@ -968,7 +991,7 @@ class Views:
                 return None
             try:
                 idx = await self._index(parent.rel, seq)
-                rec = await trio.to_thread.run_sync(self._record, parent.rel, seq, idx)
+                rec = await self._on_file(parent.rel, self._record, parent.rel, seq, idx)
             except FileNotFoundError:
                 return None
             return (RECORD, parent.rel, seq) if record_file_name(rec) == name else None
@@ -982,9 +1005,9 @@ class Views:
         handle = self.ctx.next_handle()
         state = {"node": node, "batch_first": 0, "batch": [], "index": None}
         if node.kind == RECORDS_DIR:
-            state["entries"] = await trio.to_thread.run_sync(self._list_records_dir, node.rel)
+            state["entries"] = await self._on_file(node.rel, self._list_records_dir, node.rel)
         elif node.kind == JOURNAL:  # listing waits for indexing as far as it goes, not here
-            state["info"] = await trio.to_thread.run_sync(self._journal_info, node.rel)
+            state["info"] = await self._on_file(node.rel, self._journal_info, node.rel)
         self.dirs[handle] = state
         return handle
 
@@ -1077,7 +1100,7 @@ class Views:
                 return
             first, batch = state["batch_first"], state["batch"]
             if not first <= seq < first + len(batch):
-                batch = await trio.to_thread.run_sync(self._list_batch, idx, seq)
+                batch = await self._on_file(node.rel, self._list_batch, idx, seq)
                 state["batch_first"], state["batch"] = seq, batch
                 first = seq
                 if not batch:
@@ -1133,10 +1156,10 @@ class Views:
             self.files[handle] = record_content(cached[0])
         elif node.kind == JSONL:
             idx = await self._index(node.rel)
-            self.files[handle] = await trio.to_thread.run_sync(self._jsonl_reader, node.rel, idx)
+            self.files[handle] = await self._on_file(node.rel, self._jsonl_reader, node.rel, idx)
         else:
             idx = await self._index(node.rel, node.seq)
-            rec = await trio.to_thread.run_sync(self._record, node.rel, node.seq, idx)
+            rec = await self._on_file(node.rel, self._record, node.rel, node.seq, idx)
             self.files[handle] = record_content(rec)
         # The live journal changes in place: never trust the page cache for it. records.jsonl
         # is streamed by its reader and may be listed with a provisional size (see above).
@@ -1153,14 +1176,14 @@ class Views:
             layout = JsonlLayout.empty(idx)
             if info is not None and info.index is idx:
                 info.layout = layout
-        return JsonlReader(idx, layout, self._layout_done(rel, idx))
+        return JsonlReader(idx, layout, self._layout_done(rel, idx), rel)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         content = self.files.get(fh)
         if content is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         if isinstance(content, JsonlReader):
-            return await trio.to_thread.run_sync(content.read, off, size)
+            return await self._on_file(content.rel, content.read, off, size)
         return content[off:off + size]
 
     def release(self, fh: int) -> None:
@@ -1183,7 +1206,7 @@ class Views:
     async def _xattrs(self, node: VNode) -> dict[bytes, bytes]:
         if node.kind == RECORD:
             idx = await self._index(node.rel, node.seq)
-            rec = await trio.to_thread.run_sync(self._record, node.rel, node.seq, idx)
+            rec = await self._on_file(node.rel, self._record, node.rel, node.seq, idx)
             return self._record_fields(rec)
         if node.kind == JOURNAL:
             idx = await self._index(node.rel)
