@@ -99,6 +99,46 @@ def mapped(path: str, opener: Opener | None = None):
         os.close(fd)
 
 
+#: Bytes at a file's start every codec may need (headers), read along with any range.
+HEAD_BYTES = 64 << 10
+#: Bytes read past the last known checkpoint of an index still being built.
+PARTIAL_WINDOW = 64 << 20
+
+
+@contextlib.contextmanager
+def pread_buffer(fd: int, start: int, end: int, size: int | None = None):
+    """A buffer as long as the file (``size``, default ``end``) holding its bytes
+    ``[0, HEAD_BYTES)`` and ``[start, end)``, zeros elsewhere, read with pread into anonymous
+    memory (pages never written cost nothing). Codecs see the file's true length; callers
+    decode only records inside the range (``stop``).
+
+    For files other users can change (the views, as root): a mapping of the file itself
+    kills the process with SIGBUS when the file is truncated meanwhile; here a truncated
+    file only reads short, and the codec then reports damage."""
+    size = end if size is None else size
+    end = min(end, size)
+    if size <= 0:
+        yield b""
+        return
+    m = mmap.mmap(-1, size)
+    try:
+        view = memoryview(m)
+        try:
+            for lo, hi in ((0, min(HEAD_BYTES, end)), (max(0, start), end)):
+                pos = lo
+                while pos < hi:
+                    got = os.preadv(fd, [view[pos:hi]], pos)
+                    if got <= 0:  # shorter than it was: the rest stays zeros
+                        break
+                    pos += got
+        finally:
+            view.release()
+        yield m
+    finally:
+        with contextlib.suppress(BufferError):
+            m.close()
+
+
 def _codec_of(path: str, codec: Codec | None) -> Codec:
     """``codec``, or the one ``path``'s magic names; a file without one is damaged input."""
     codec = codec or sniff_file(path)
@@ -162,8 +202,15 @@ class RecordIndex:
             st = os.fstat(fd)
             idx = cls(path, codec, identity=(st.st_ino, st.st_size, st.st_mtime_ns),
                       opener=opener, dev=st.st_dev, complete=False)
-            with mapped_fd(fd) as buf:
-                idx._index_buffer(buf, previous, progress)
+            if opener is None:  # the caller's own file (CLI): mapped, no copy
+                with mapped_fd(fd) as buf:
+                    idx._index_buffer(buf, previous, progress)
+            else:  # a file others may truncate under us (views): read, never mapped
+                lo = 0
+                if previous is not None and previous.fingerprint:
+                    lo = max(0, previous.fingerprint[0] - FINGERPRINT_BYTES)
+                with pread_buffer(fd, lo, st.st_size) as buf:
+                    idx._index_buffer(buf, previous, progress)
             idx.complete = True
         finally:
             os.close(fd)
@@ -220,13 +267,13 @@ class RecordIndex:
         last = self.count if count is None else min(self.count, first + count)
         if first >= last:
             return
-        with mapped(self.path, self.opener) as buf:
-            if self.codec.resumable and self.seqs:
-                i = bisect.bisect_right(self.seqs, first) - 1
-                seq, start = self.seqs[i], self.offsets[i]
-            else:
-                seq, start = 0, None
-            it = self.codec.read(buf, self.path, start, seq)
+        if self.codec.resumable and self.seqs:
+            i = bisect.bisect_right(self.seqs, first) - 1
+            seq, start = self.seqs[i], self.offsets[i]
+        else:
+            seq, start = 0, None
+        with self._range(start, last) as (buf, stop):
+            it = self.codec.read(buf, self.path, start, seq, stop)
             try:
                 for rec in it:
                     s = rec["seq"]
@@ -238,6 +285,31 @@ class RecordIndex:
                 pass  # the damage is already recorded in self.error; the prefix was served
             finally:
                 it.close()
+
+    @contextlib.contextmanager
+    def _range(self, start: int | None, last: int):
+        """(buffer, stop) to decode records from ``start`` up to record ``last``: the file
+        mapped (no opener), or (views) only the bytes up to the checkpoint at or after
+        ``last`` read with pread -- ``stop`` is that checkpoint's offset, or None."""
+        if self.opener is None:
+            with mapped(self.path) as buf:
+                yield buf, None
+            return
+        j = bisect.bisect_left(self.seqs, last) if self.codec.resumable else len(self.seqs)
+        stop = self.offsets[j] if j < len(self.offsets) and self.seqs[j] >= last else None
+        fd = self.opener()
+        try:
+            size = os.fstat(fd).st_size
+            if stop is not None:
+                end = min(stop, size)
+            elif self.complete or start is None:
+                end = size
+            else:  # past the checkpoints of an index still being built
+                end = min(size, start + PARTIAL_WINDOW)
+            with pread_buffer(fd, start or 0, end, size) as buf:
+                yield buf, stop
+        finally:
+            os.close(fd)
 
     def record(self, seq: int) -> Record:
         for rec in self.records(seq, 1):
@@ -257,16 +329,16 @@ class RecordIndex:
         last = min(self.count, first + count)
         if first >= last:
             return JsonChunk(b"", 0, [], None)
-        with mapped(self.path, self.opener) as buf:
-            start = None
-            if self.codec.resumable and self.seqs and first:
-                i = bisect.bisect_right(self.seqs, first) - 1
-                if self.seqs[i] != first:
-                    raise ValueError(f"record {first} is not at a checkpoint")
-                start = self.offsets[i]
-            elif first:
-                raise ValueError("only checkpointed records can start JSON lines")
-            return json_chunk(self.codec, buf, self.path, start, first, last - first)
+        start = None
+        if self.codec.resumable and self.seqs and first:
+            i = bisect.bisect_right(self.seqs, first) - 1
+            if self.seqs[i] != first:
+                raise ValueError(f"record {first} is not at a checkpoint")
+            start = self.offsets[i]
+        elif first:
+            raise ValueError("only checkpointed records can start JSON lines")
+        with self._range(start, last) as (buf, stop):
+            return json_chunk(self.codec, buf, self.path, start, first, last - first, stop)
 
 
 @dataclass
@@ -305,16 +377,16 @@ def json_lines(codec: Codec, buf, path: str, start: int | None, seq: int,
 
 
 def json_chunk(codec: Codec, buf, path: str, start: int | None, seq: int,
-               count: int) -> JsonChunk:
+               count: int, stop: int | None = None) -> JsonChunk:
     """:func:`json_lines` with kinds and payload sizes.
 
     Records whose columns all have a fixed JSON spelling per row (numbers, one shared string,
     payloads) are written through one ``bytes`` template per batch; anything else (text that
     varies, lists, floats, text that is not UTF-8) one record at a time, exactly the same."""
     if type(codec).read_columns is not Codec.read_columns:
-        cols = codec.read_columns(buf, path, start, seq, None, count)
+        cols = codec.read_columns(buf, path, start, seq, stop, count)
         if cols.rows:
-            first = next(iter(codec.read(buf, path, start, seq)), None)
+            first = next(iter(codec.read(buf, path, start, seq, stop)), None)
             order = None if first is None else list(first)
             fast, lengths = None, None
             if order is not None and cols.rows >= ARROW_MIN_ROWS:
@@ -329,7 +401,7 @@ def json_chunk(codec: Codec, buf, path: str, start: int | None, seq: int,
                     0 if p is None else len(p) for p in payloads[:cols.rows]]
                 return JsonChunk(fast, cols.rows, kinds, sizes, lengths)
     lines, kinds, sizes = [], [], []
-    it = codec.read(buf, path, start, seq)
+    it = codec.read(buf, path, start, seq, stop)
     try:
         for rec in it:
             if len(lines) == count:

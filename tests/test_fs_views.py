@@ -658,7 +658,14 @@ def test_fsck_backups_are_not_journals(tmp_path, records_corpus):
 # -- on-disk indexes (issue 15) ---------------------------------------------------------------
 
 def _status(mnt) -> dict:
-    return json.loads((mnt / ".journalfs" / "status.json").read_bytes())
+    """status.json once no journal is being indexed (a record can be served from a partial
+    index a moment before its indexing thread has counted and saved)."""
+    deadline = time.monotonic() + 60
+    while True:
+        status = json.loads((mnt / ".journalfs" / "status.json").read_bytes())
+        if not status["views"]["indexing"] or time.monotonic() > deadline:
+            return status
+        time.sleep(0.05)
 
 
 def test_index_kept_in_store_reused_and_extended(tmp_path):

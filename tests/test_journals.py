@@ -8,6 +8,8 @@ import collections
 import json
 import os
 import stat
+import subprocess
+import sys
 import random
 import tracemalloc
 from pathlib import Path
@@ -248,8 +250,9 @@ def test_a_grown_file_is_indexed_from_its_last_checkpoint_only(big_journal, tmp_
 
 # -- JSON lines from columns, backups, safe opens, on-disk indexes -----------------------------
 
+@pytest.mark.parametrize("read_by", ["mmap", "pread"])
 @pytest.mark.parametrize("arrow_from", [1, 1 << 40], ids=["arrow", "template"])
-def test_json_chunks_equal_record_json_lines(journal_files, monkeypatch, arrow_from):
+def test_json_chunks_equal_record_json_lines(journal_files, monkeypatch, arrow_from, read_by):
     """records.jsonl and listings are rendered a checkpoint at a time from the codecs' columns
     (Arrow kernels or one bytes template): byte for byte what ``record_json_line`` writes,
     with each record's kind and file size."""
@@ -257,8 +260,10 @@ def test_json_chunks_equal_record_json_lines(journal_files, monkeypatch, arrow_f
     monkeypatch.setattr(journals, "CHECKPOINT_EVERY", 4)  # many chunks even on small files
     monkeypatch.setattr(journals, "ARROW_MIN_ROWS", arrow_from)
     for path in journal_files:
-        index = RecordIndex.build(str(path))
+        opener = (lambda p=str(path): journals.open_path(p)) if read_by == "pread" else None
+        index = RecordIndex.build(str(path), opener=opener)
         records = list(index.records())
+        assert records == list(RecordIndex.build(str(path)).records()), path
         expected = [journals.json_line(r) for r in records]
         step = 4 if index.codec.resumable else max(1, index.count)
         got, kinds, sizes = [], [], []
@@ -393,3 +398,38 @@ def test_catalog_one_budget():
     assert cat.get(("huge",)) is None
     cat.discard_where(lambda k: k[0] == "batch")
     assert len(cat) == 0 and cat.used == 0
+
+
+_TRUNCATE_WHILE_READING = r"""
+import os, sys
+from journalfs import journals
+path = sys.argv[1]
+opener = lambda: journals.open_path(path)
+size = os.path.getsize(path)
+cut = []
+def cut_once(partial):  # the owner truncates the journal while it is being indexed
+    if not cut:
+        cut.append(os.truncate(path, 5000))
+index = journals.RecordIndex.build(path, opener=opener, progress=cut_once)
+with open(path, "r+b") as f:
+    f.truncate(size)  # restored (zeros), indexed again, then cut while records are read
+index = journals.RecordIndex.build(path, opener=opener)
+it = index.records(0, index.count)
+next(it)
+os.truncate(path, 5000)
+got = 1 + sum(1 for _ in it)
+print(got, index.count)
+"""
+
+
+def test_views_reads_survive_a_truncated_journal(big_journal, tmp_path):
+    """Files opened for the views are read with pread, never mapped: a journal truncated
+    while it is read gives fewer records, not SIGBUS (which would end the whole mount)."""
+    name, path, data = big_journal
+    copy = tmp_path / name
+    copy.write_bytes(data)
+    proc = subprocess.run([sys.executable, "-c", _TRUNCATE_WHILE_READING, str(copy)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    got, count = map(int, proc.stdout.split())
+    assert 0 < got <= count
