@@ -88,10 +88,10 @@ def mapped_fd(fd: int):
 
 
 @contextlib.contextmanager
-def mapped(path: str, opener: Opener | None = None):
+def mapped(path: str):
     """A read-only mmap of ``path`` (``b""`` for an empty file); never a copy of the file.
-    ``opener`` (when given) opens it instead of the path."""
-    fd = opener() if opener is not None else open_path(path)
+    For the caller's own files (CLI, Spark): the views read with :func:`pread_buffer`."""
+    fd = open_path(path)
     try:
         with mapped_fd(fd) as buf:
             yield buf
