@@ -139,6 +139,47 @@ def pread_buffer(fd: int, start: int, end: int, size: int | None = None):
             m.close()
 
 
+#: While indexing, bytes read ahead of the record being indexed (a batch spans ~1 MB).
+LOAD_AHEAD = 64 << 20
+
+
+@contextlib.contextmanager
+def progressive_buffer(fd: int, start: int, size: int):
+    """(buffer as long as the file, ``load(upto)``): like :func:`pread_buffer`, but the
+    bytes from ``start`` on are read only as ``load`` asks, so indexing a big file can serve
+    its first records before the whole file was read. ``load`` returns how far the buffer
+    holds the file now (``size`` once the file was read to its end, or came out short)."""
+    if size <= 0:
+        yield b"", (lambda upto: 0)
+        return
+    m = mmap.mmap(-1, size)
+    view = memoryview(m)
+    state = [max(0, start)]
+
+    def read(lo: int, hi: int) -> int:
+        pos = lo
+        while pos < hi:
+            got = os.preadv(fd, [view[pos:hi]], pos)
+            if got <= 0:
+                return size  # shorter than it was: nothing more will come
+            pos += got
+        return pos
+
+    def load(upto: int) -> int:
+        upto = min(upto, size)
+        if state[0] < upto:
+            state[0] = read(state[0], upto)
+        return state[0]
+
+    try:
+        read(0, min(HEAD_BYTES, size))
+        yield m, load
+    finally:
+        view.release()
+        with contextlib.suppress(BufferError):
+            m.close()
+
+
 def _codec_of(path: str, codec: Codec | None) -> Codec:
     """``codec``, or the one ``path``'s magic names; a file without one is damaged input."""
     codec = codec or sniff_file(path)
@@ -209,20 +250,25 @@ class RecordIndex:
                 lo = 0
                 if previous is not None and previous.fingerprint:
                     lo = max(0, previous.fingerprint[0] - FINGERPRINT_BYTES)
-                with pread_buffer(fd, lo, st.st_size) as buf:
-                    idx._index_buffer(buf, previous, progress)
+                with progressive_buffer(fd, lo, st.st_size) as (buf, load):
+                    idx._index_buffer(buf, previous, progress, load)
             idx.complete = True
         finally:
             os.close(fd)
         return idx
 
-    def _index_buffer(self, buf, previous: "RecordIndex | None", progress) -> None:
+    def _index_buffer(self, buf, previous: "RecordIndex | None", progress,
+                      load: Callable[[int], int] | None = None) -> None:
+        """Index ``buf``; ``load(upto)`` (see :func:`progressive_buffer`) when only part of
+        it holds the file yet."""
         path, codec = self.path, self.codec
         try:
             if codec.resumable:
+                if load is not None and previous is not None and previous.fingerprint:
+                    load(previous.fingerprint[0])  # the bytes _resume compares
                 start, seq = self._resume(previous, buf)
                 try:
-                    for offsets in _offset_batches(codec, buf, path, start, seq):
+                    for offsets in _offset_batches(codec, buf, path, start, seq, load):
                         self._add(offsets)
                         if progress is not None:
                             progress(self)
@@ -230,6 +276,8 @@ class RecordIndex:
                     if self.offsets:
                         self.fingerprint = _prefix_fingerprint(buf, self.offsets[-1])
             else:  # no resuming mid-file: only the count is worth keeping
+                if load is not None:
+                    load(len(buf))
                 for _ in codec.read(buf, path):
                     self.count += 1
         except FormatError as exc:
@@ -611,7 +659,8 @@ def _prefix_fingerprint(buf, upto: int) -> tuple[int, int]:
 
 
 def _offset_batches(codec: Codec, buf, path: str, start: int | None = None,
-                    seq: int = 0) -> Iterator[Sequence[int]]:
+                    seq: int = 0, load: Callable[[int], int] | None = None
+                    ) -> Iterator[Sequence[int]]:
     """The start offsets of every record :meth:`Codec.read` yields for ``path`` (mapped as
     ``buf``) from record ``seq`` at ``start`` on, in batches of bounded size; raises the same
     :class:`FormatError` after the valid prefix.
@@ -619,13 +668,15 @@ def _offset_batches(codec: Codec, buf, path: str, start: int | None = None,
     Uses the codec's cheapest exact path: a ``record_offsets`` method (starts without
     decoding), else its own vectorised ``read_columns``, else ``read``."""
     if hasattr(codec, "record_offsets"):
-        yield from _batched(codec.record_offsets, buf, path, start, seq)
+        yield from _batched(codec.record_offsets, buf, path, start, seq, load)
     elif type(codec).read_columns is not Codec.read_columns:
         def column_offsets(buf, path, start, seq, stop, limit):
             cols = codec.read_columns(buf, path, start, seq, stop, limit)
             return cols.data.get("offset", ())[:cols.rows], cols.next_offset, cols.error
-        yield from _batched(column_offsets, buf, path, start, seq)
+        yield from _batched(column_offsets, buf, path, start, seq, load)
     else:  # the generic default read_columns is only read() plus columns: use read()
+        if load is not None:
+            load(len(buf))
         batch: list[int] = []
         try:
             for rec in codec.read(buf, path, start, seq):
@@ -641,12 +692,22 @@ def _offset_batches(codec: Codec, buf, path: str, start: int | None = None,
             yield batch
 
 
-def _batched(starts_of, buf, path: str, start: int | None, seq: int) -> Iterator[Sequence[int]]:
+def _batched(starts_of, buf, path: str, start: int | None, seq: int,
+             load: Callable[[int], int] | None = None) -> Iterator[Sequence[int]]:
     """Drive ``starts_of(buf, path, start, seq, stop, limit) -> (offsets, next, error)`` from
-    ``start`` to the end, sizing each batch so it spans about ``INDEX_BATCH_BYTES``."""
+    ``start`` to the end, sizing each batch so it spans about ``INDEX_BATCH_BYTES``.
+
+    With ``load``, the buffer holds the file only up to what ``load`` returned: a batch is
+    kept only when it ended inside that part; one that ended past it, at the end, or at
+    damage may have read bytes not loaded yet, and is done again with the whole file."""
     limit = FIRST_BATCH_ROWS
     while True:
+        loaded = len(buf) if load is None else load((start or 0) + LOAD_AHEAD)
         offsets, next_offset, error = starts_of(buf, path, start, seq, None, limit)
+        if loaded < len(buf) and (error is not None or next_offset is None
+                                  or next_offset > loaded):
+            load(len(buf))
+            continue
         rows = len(offsets)
         if rows:
             yield offsets

@@ -219,9 +219,9 @@ def test_a_grown_file_is_indexed_from_its_last_checkpoint_only(big_journal, tmp_
     reads = []
     real_batches = journals._offset_batches
 
-    def counting(codec, buf, p, start=None, seq=0):
+    def counting(codec, buf, p, start=None, seq=0, *rest):
         reads.append((start, seq))
-        return real_batches(codec, buf, p, start, seq)
+        return real_batches(codec, buf, p, start, seq, *rest)
     journals._offset_batches = counting
     try:
         grown = RecordIndex.build(str(path), previous=before)
@@ -433,3 +433,17 @@ def test_views_reads_survive_a_truncated_journal(big_journal, tmp_path):
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     got, count = map(int, proc.stdout.split())
     assert 0 < got <= count
+
+
+@pytest.mark.parametrize("ahead", [1, 4096, 100_000])
+def test_index_read_progressively_equals_the_mapped_one(big_journal, monkeypatch, ahead):
+    """The views read a journal while indexing it, a window ahead of the indexer (batches
+    that reach past the window are done again): the index is exactly the mapped one's."""
+    _, path, _ = big_journal
+    monkeypatch.setattr(journals, "LOAD_AHEAD", ahead)
+    mapped_index = RecordIndex.build(str(path))
+    read_index = RecordIndex.build(str(path), opener=lambda: journals.open_path(str(path)))
+    assert (read_index.count, _damage(read_index.error), read_index.seqs, read_index.offsets,
+            read_index.fingerprint) == (mapped_index.count, _damage(mapped_index.error),
+                                        mapped_index.seqs, mapped_index.offsets,
+                                        mapped_index.fingerprint)
