@@ -6,18 +6,25 @@ journal of millions of records can be listed and read piecewise with bounded mem
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import bisect
 import contextlib
 import datetime
+import errno
+import json
 import mmap
 import os
+import stat
 import tempfile
 import zlib
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
 
 from .formats import CODECS, SNIFF_BYTES, Codec, FormatError, detect
-from .formats.base import Record
+from .formats.base import Record, record_json_line, record_to_json
 
 #: A checkpoint is kept every this many records (bounded memory for huge journals).
 CHECKPOINT_EVERY = 1024
@@ -26,30 +33,151 @@ CHECKPOINT_EVERY = 1024
 FINGERPRINT_BYTES = 4096
 
 
+#: Opens a journal for reading and returns a fd the caller closes (the views pass one that
+#: stays inside SOURCE; the default opens the path, not following a final symlink).
+Opener = Callable[[], int]
+
+
+def open_path(path: str, follow: bool = True) -> int:
+    """A read-only fd of the regular file ``path`` (``follow=False``: a final symlink is not
+    followed). FIFOs, devices and the like are refused before they are opened for reading,
+    so nothing here ever blocks on them."""
+    flags = os.O_PATH | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    path_fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(path_fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        return os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    finally:
+        os.close(path_fd)
+
+
+def sniff_fd(fd: int) -> Codec | None:
+    """The codec of the open file ``fd`` by its magic bytes; None when it is not a journal."""
+    try:
+        return detect(os.pread(fd, SNIFF_BYTES, 0))
+    except OSError:
+        return None
+
+
 def sniff_file(path: str) -> Codec | None:
     """The codec for ``path`` by its magic bytes; None for anything that is not a journal."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(SNIFF_BYTES)
+        fd = open_path(path)
     except OSError:
         return None
-    return detect(head)
+    try:
+        return sniff_fd(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def mapped_fd(fd: int):
+    """A read-only mmap of the open file ``fd`` (``b""`` when empty); never a copy."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        yield b""
+        return
+    m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    try:
+        yield m
+    finally:
+        with contextlib.suppress(BufferError):
+            m.close()
 
 
 @contextlib.contextmanager
 def mapped(path: str):
-    """A read-only mmap of ``path`` (``b""`` for an empty file); never a copy of the file."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            yield b""
-            return
-        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    """A read-only mmap of ``path`` (``b""`` for an empty file); never a copy of the file.
+    For the caller's own files (CLI, Spark): the views read with :func:`pread_buffer`."""
+    fd = open_path(path)
+    try:
+        with mapped_fd(fd) as buf:
+            yield buf
+    finally:
+        os.close(fd)
+
+
+#: Bytes at a file's start every codec may need (headers), read along with any range.
+HEAD_BYTES = 64 << 10
+#: Bytes read past the last known checkpoint of an index still being built.
+PARTIAL_WINDOW = 64 << 20
+
+
+@contextlib.contextmanager
+def pread_buffer(fd: int, start: int, end: int, size: int | None = None):
+    """A buffer as long as the file (``size``, default ``end``) holding its bytes
+    ``[0, HEAD_BYTES)`` and ``[start, end)``, zeros elsewhere, read with pread into anonymous
+    memory (pages never written cost nothing). Codecs see the file's true length; callers
+    decode only records inside the range (``stop``).
+
+    For files other users can change (the views, as root): a mapping of the file itself
+    kills the process with SIGBUS when the file is truncated meanwhile; here a truncated
+    file only reads short, and the codec then reports damage."""
+    size = end if size is None else size
+    end = min(end, size)
+    if size <= 0:
+        yield b""
+        return
+    m = mmap.mmap(-1, size)
+    try:
+        view = memoryview(m)
         try:
-            yield m
+            for lo, hi in ((0, min(HEAD_BYTES, end)), (max(0, start), end)):
+                pos = lo
+                while pos < hi:
+                    got = os.preadv(fd, [view[pos:hi]], pos)
+                    if got <= 0:  # shorter than it was: the rest stays zeros
+                        break
+                    pos += got
         finally:
-            with contextlib.suppress(BufferError):
-                m.close()
+            view.release()
+        yield m
+    finally:
+        with contextlib.suppress(BufferError):
+            m.close()
+
+
+#: While indexing, bytes read ahead of the record being indexed (a batch spans ~1 MB).
+LOAD_AHEAD = 64 << 20
+
+
+@contextlib.contextmanager
+def progressive_buffer(fd: int, start: int, size: int):
+    """(buffer as long as the file, ``load(upto)``): like :func:`pread_buffer`, but the
+    bytes from ``start`` on are read only as ``load`` asks, so indexing a big file can serve
+    its first records before the whole file was read. ``load`` returns how far the buffer
+    holds the file now (``size`` once the file was read to its end, or came out short)."""
+    if size <= 0:
+        yield b"", (lambda upto: 0)
+        return
+    m = mmap.mmap(-1, size)
+    view = memoryview(m)
+    state = [max(0, start)]
+
+    def read(lo: int, hi: int) -> int:
+        pos = lo
+        while pos < hi:
+            got = os.preadv(fd, [view[pos:hi]], pos)
+            if got <= 0:
+                return size  # shorter than it was: nothing more will come
+            pos += got
+        return pos
+
+    def load(upto: int) -> int:
+        upto = min(upto, size)
+        if state[0] < upto:
+            state[0] = read(state[0], upto)
+        return state[0]
+
+    try:
+        read(0, min(HEAD_BYTES, size))
+        yield m, load
+    finally:
+        view.release()
+        with contextlib.suppress(BufferError):
+            m.close()
 
 
 def _codec_of(path: str, codec: Codec | None) -> Codec:
@@ -89,33 +217,71 @@ class RecordIndex:
     #: the record number re-reading started at (records before it are exactly as there)
     grown_from: tuple | None = None
 
+    #: opens the file (a fd the caller closes); None: the path itself
+    opener: Opener | None = field(default=None, repr=False, compare=False)
+    #: the file's st_dev (with identity's inode: which file this is)
+    dev: int = 0
+    #: False while :meth:`build` is still adding records (a partial index serves those it has)
+    complete: bool = True
+
     @classmethod
     def build(cls, path: str, codec: Codec | None = None,
-              previous: "RecordIndex | None" = None) -> "RecordIndex":
+              previous: "RecordIndex | None" = None, opener: Opener | None = None,
+              progress: Callable[["RecordIndex"], None] | None = None) -> "RecordIndex":
         """Index ``path``. With ``previous`` (an index of the same file, taken earlier) and a
         file that only grew -- same inode, not smaller, the same bytes at its start and just
         before its last checkpoint -- indexing resumes at that checkpoint: a journal being
-        appended to costs the new records, not the whole file again."""
-        codec = _codec_of(path, codec)
-        st = os.stat(path)
-        idx = cls(path, codec, identity=(st.st_ino, st.st_size, st.st_mtime_ns))
+        appended to costs the new records, not the whole file again.
+
+        ``opener`` opens the file instead of its path (see :data:`Opener`). ``progress`` is
+        called with the index after every batch: records below ``count`` are served already."""
+        fd = opener() if opener is not None else open_path(path)
+        try:
+            codec = codec or sniff_fd(fd)
+            if codec is None:
+                raise FormatError(path, 0, "not a supported journal file (unknown magic bytes)")
+            st = os.fstat(fd)
+            idx = cls(path, codec, identity=(st.st_ino, st.st_size, st.st_mtime_ns),
+                      opener=opener, dev=st.st_dev, complete=False)
+            if opener is None:  # the caller's own file (CLI): mapped, no copy
+                with mapped_fd(fd) as buf:
+                    idx._index_buffer(buf, previous, progress)
+            else:  # a file others may truncate under us (views): read, never mapped
+                lo = 0
+                if previous is not None and previous.fingerprint:
+                    lo = max(0, previous.fingerprint[0] - FINGERPRINT_BYTES)
+                with progressive_buffer(fd, lo, st.st_size) as (buf, load):
+                    idx._index_buffer(buf, previous, progress, load)
+            idx.complete = True
+        finally:
+            os.close(fd)
+        return idx
+
+    def _index_buffer(self, buf, previous: "RecordIndex | None", progress,
+                      load: Callable[[int], int] | None = None) -> None:
+        """Index ``buf``; ``load(upto)`` (see :func:`progressive_buffer`) when only part of
+        it holds the file yet."""
+        path, codec = self.path, self.codec
         try:
             if codec.resumable:
-                with mapped(path) as buf:
-                    start, seq = idx._resume(previous, buf)
-                    try:
-                        for offsets in _offset_batches(codec, buf, path, start, seq):
-                            idx._add(offsets)
-                    finally:  # a torn tail too: it is often completed by the next append
-                        if idx.offsets:
-                            idx.fingerprint = _prefix_fingerprint(buf, idx.offsets[-1])
+                if load is not None and previous is not None and previous.fingerprint:
+                    load(previous.fingerprint[0])  # the bytes _resume compares
+                start, seq = self._resume(previous, buf)
+                try:
+                    for offsets in _offset_batches(codec, buf, path, start, seq, load):
+                        self._add(offsets)
+                        if progress is not None:
+                            progress(self)
+                finally:  # a torn tail too: it is often completed by the next append
+                    if self.offsets:
+                        self.fingerprint = _prefix_fingerprint(buf, self.offsets[-1])
             else:  # no resuming mid-file: only the count is worth keeping
-                with mapped(path) as buf:
-                    for _ in codec.read(buf, path):
-                        idx.count += 1
+                if load is not None:
+                    load(len(buf))
+                for _ in codec.read(buf, path):
+                    self.count += 1
         except FormatError as exc:
-            idx.error = exc
-        return idx
+            self.error = exc
 
     def _resume(self, previous: "RecordIndex | None", buf) -> tuple[int | None, int]:
         """(offset, record number) to index from: ``previous``'s last checkpoint when it
@@ -138,8 +304,10 @@ class RecordIndex:
         """Count the records starting at ``offsets`` (the next ones in file order), keeping
         the start of every ``CHECKPOINT_EVERY``-th record."""
         first = -self.count % CHECKPOINT_EVERY  # the batch's first checkpointed row
-        self.seqs.extend(range(self.count + first, self.count + len(offsets), CHECKPOINT_EVERY))
+        # offsets before seqs, count last: a reader of a partial index (another thread)
+        # never sees a checkpoint without its offset, nor a count past the checkpoints
         self.offsets.extend(int(o) for o in offsets[first::CHECKPOINT_EVERY])
+        self.seqs.extend(range(self.count + first, self.count + len(offsets), CHECKPOINT_EVERY))
         self.count += len(offsets)
 
     def records(self, first: int = 0, count: int | None = None) -> Iterator[Record]:
@@ -147,13 +315,13 @@ class RecordIndex:
         last = self.count if count is None else min(self.count, first + count)
         if first >= last:
             return
-        with mapped(self.path) as buf:
-            if self.codec.resumable and self.seqs:
-                i = bisect.bisect_right(self.seqs, first) - 1
-                seq, start = self.seqs[i], self.offsets[i]
-            else:
-                seq, start = 0, None
-            it = self.codec.read(buf, self.path, start, seq)
+        if self.codec.resumable and self.seqs:
+            i = bisect.bisect_right(self.seqs, first) - 1
+            seq, start = self.seqs[i], self.offsets[i]
+        else:
+            seq, start = 0, None
+        with self._range(start, last) as (buf, stop):
+            it = self.codec.read(buf, self.path, start, seq, stop)
             try:
                 for rec in it:
                     s = rec["seq"]
@@ -166,10 +334,313 @@ class RecordIndex:
             finally:
                 it.close()
 
+    @contextlib.contextmanager
+    def _range(self, start: int | None, last: int):
+        """(buffer, stop) to decode records from ``start`` up to record ``last``: the file
+        mapped (no opener), or (views) only the bytes up to the checkpoint at or after
+        ``last`` read with pread -- ``stop`` is that checkpoint's offset, or None."""
+        if self.opener is None:
+            with mapped(self.path) as buf:
+                yield buf, None
+            return
+        j = bisect.bisect_left(self.seqs, last) if self.codec.resumable else len(self.seqs)
+        stop = self.offsets[j] if j < len(self.offsets) and self.seqs[j] >= last else None
+        fd = self.opener()
+        try:
+            size = os.fstat(fd).st_size
+            if stop is not None:
+                end = min(stop, size)
+            elif self.complete or start is None:
+                end = size
+            else:  # past the checkpoints of an index still being built
+                end = min(size, start + PARTIAL_WINDOW)
+            with pread_buffer(fd, start or 0, end, size) as buf:
+                yield buf, stop
+        finally:
+            os.close(fd)
+
     def record(self, seq: int) -> Record:
         for rec in self.records(seq, 1):
             return rec
         raise IndexError(seq)
+
+
+    def json_lines(self, first: int, count: int) -> tuple[bytes, int]:
+        """(the JSON lines -- ``record_json_line`` + newline -- of records ``first ..
+        first+count-1``, how many records they are), clipped to the valid prefix. ``first``
+        must be a checkpointed record (or 0): decoding starts right there."""
+        chunk = self.json_chunk(first, count)
+        return chunk.data, chunk.rows
+
+    def json_chunk(self, first: int, count: int) -> "JsonChunk":
+        """Like :meth:`json_lines`, with each record's kind and payload size (listings)."""
+        last = min(self.count, first + count)
+        if first >= last:
+            return JsonChunk(b"", 0, [], None)
+        start = None
+        if self.codec.resumable and self.seqs and first:
+            i = bisect.bisect_right(self.seqs, first) - 1
+            if self.seqs[i] != first:
+                raise ValueError(f"record {first} is not at a checkpoint")
+            start = self.offsets[i]
+        elif first:
+            raise ValueError("only checkpointed records can start JSON lines")
+        with self._range(start, last) as (buf, stop):
+            return json_chunk(self.codec, buf, self.path, start, first, last - first, stop)
+
+
+@dataclass
+class JsonChunk:
+    """JSON lines of consecutive records, with what a directory listing needs of each."""
+
+    data: bytes
+    rows: int
+    kinds: list[str]
+    #: per record: its payload's length (its record file holds the payload), or None when
+    #: it has no payload field (its record file holds its JSON line); None: no payloads at all
+    payload_sizes: list[int | None] | None
+    #: each line's length, when the renderer knew them already
+    lengths: np.ndarray | None = None
+
+    def line_lengths(self) -> np.ndarray:
+        if self.lengths is not None:
+            return self.lengths
+        ends = np.flatnonzero(np.frombuffer(self.data, dtype=np.uint8) == 10) + 1
+        return np.diff(ends, prepend=0)
+
+    def content_sizes(self) -> list[int]:
+        """The size of every record's file: payload length, else JSON line length."""
+        lines = self.line_lengths().tolist()
+        if self.payload_sizes is None:
+            return lines
+        return [line if p is None else p for line, p in zip(lines, self.payload_sizes)]
+
+
+def json_lines(codec: Codec, buf, path: str, start: int | None, seq: int,
+               count: int) -> tuple[bytes, int]:
+    """(JSON lines of up to ``count`` records of ``buf`` from record ``seq`` at ``start``,
+    their number); stops silently at damage (the caller knows it from the index)."""
+    chunk = json_chunk(codec, buf, path, start, seq, count)
+    return chunk.data, chunk.rows
+
+
+def json_chunk(codec: Codec, buf, path: str, start: int | None, seq: int,
+               count: int, stop: int | None = None) -> JsonChunk:
+    """:func:`json_lines` with kinds and payload sizes.
+
+    Records whose columns all have a fixed JSON spelling per row (numbers, one shared string,
+    payloads) are written through one ``bytes`` template per batch; anything else (text that
+    varies, lists, floats, text that is not UTF-8) one record at a time, exactly the same."""
+    if type(codec).read_columns is not Codec.read_columns:
+        cols = codec.read_columns(buf, path, start, seq, stop, count)
+        if cols.rows:
+            first = next(iter(codec.read(buf, path, start, seq, stop)), None)
+            order = None if first is None else list(first)
+            fast, lengths = None, None
+            if order is not None and cols.rows >= ARROW_MIN_ROWS:
+                fast, lengths = _arrow_lines(cols, order) or (None, None)
+            if fast is None and order is not None:
+                fast = _template_lines(cols, order)
+            if fast is not None:
+                kinds = cols.data["kind"]
+                kinds = [kinds] * cols.rows if isinstance(kinds, str) else list(kinds[:cols.rows])
+                payloads = cols.data.get("payload")
+                sizes = None if payloads is None else [
+                    0 if p is None else len(p) for p in payloads[:cols.rows]]
+                return JsonChunk(fast, cols.rows, kinds, sizes, lengths)
+    lines, kinds, sizes = [], [], []
+    it = codec.read(buf, path, start, seq, stop)
+    try:
+        for rec in it:
+            if len(lines) == count:
+                break
+            lines.append(json_line(rec))
+            kinds.append(rec["kind"])
+            sizes.append(len(rec["payload"] or b"") if "payload" in rec else None)
+    except FormatError:
+        pass
+    finally:
+        it.close()
+    return JsonChunk(b"".join(lines), len(lines), kinds,
+                     sizes if any(v is not None for v in sizes) else None)
+
+
+def json_line(rec: Record) -> bytes:
+    """One line of `journalfs records --json` (with its newline) as UTF-8 bytes."""
+    line = record_json_line(rec)
+    try:
+        return (line + "\n").encode("utf-8")
+    except UnicodeEncodeError:  # text read from bytes (surrogateescape): INTERFACES point 1
+        safe = _b64_fields(record_to_json(rec))
+        return (json.dumps(safe, ensure_ascii=False, separators=(", ", ": ")) + "\n").encode()
+
+
+def _b64_fields(fields: dict) -> dict:
+    """INTERFACES point 1 for one record: text that is not UTF-8 goes as ``<field>_b64``
+    (the shared ``formats.base.json_safe`` does the same once record_json_line applies it)."""
+    def raw(text: str) -> str:
+        return base64.b64encode(text.encode("utf-8", "surrogateescape")).decode("ascii")
+
+    def bad(value) -> bool:
+        if not isinstance(value, str):
+            return False
+        try:
+            value.encode("utf-8")
+            return False
+        except UnicodeEncodeError:
+            return True
+    out = {}
+    for key, value in fields.items():
+        if isinstance(value, dict):
+            out[key] = _b64_fields(value)
+        elif bad(value):
+            out[f"{key}_b64"] = raw(value)
+        elif isinstance(value, list) and any(bad(v) for v in value):
+            out[f"{key}_b64"] = [raw(v) if isinstance(v, str) else v for v in value]
+        else:
+            out[key] = value
+    return out
+
+
+#: From this many records on, lines are joined by Arrow's vectorised kernels (their fixed
+#: cost per call only pays off on big batches); below it, by one Python bytes template.
+ARROW_MIN_ROWS = 2048
+
+
+def _arrow_lines(cols, order: list[str]) -> tuple[bytes, np.ndarray] | None:
+    """(lines, each line's length) as :func:`_template_lines` writes them, through pyarrow:
+    numbers cast to text and every row's line joined in C++ (no Python per row but for
+    payloads' base64); None when some column has no fixed spelling (the caller then tries
+    the other ways)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    data, rows = cols.data, cols.rows
+    if set(data) != set(order):
+        return None
+    args: list = []
+    literal: list[str] = []
+    try:
+        for i, name in enumerate(order):
+            key = "payload_b64" if name == "payload" else name
+            literal.append(("{" if i == 0 else ", ") + json.dumps(key, ensure_ascii=False) + ": ")
+            column = data[name]
+            if name == "payload":
+                b2a = binascii.b2a_base64
+                texts = pa.array([None if p is None else b'"%s"' % b2a(bytes(p), newline=False)
+                                  for p in column[:rows]], pa.binary())
+                value = pc.fill_null(texts.cast(pa.string()), "null")
+            else:
+                value = _arrow_spelling(pa, pc, column, rows)
+                if value is None:
+                    return None
+            if isinstance(value, str):
+                literal.append(value)
+            else:
+                args.append("".join(literal))
+                literal.clear()
+                args.append(value)
+        literal.append("}\n")
+        args.append("".join(literal))
+        if not any(isinstance(a, pa.Array) for a in args):
+            return None
+        joined = pc.binary_join_element_wise(*args, "")
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        return None
+    if joined.null_count:
+        return None
+    offsets, values = joined.buffers()[1:3]
+    ends = np.frombuffer(offsets, dtype=np.int32, count=len(joined) + 1, offset=joined.offset * 4)
+    return memoryview(values)[int(ends[0]):int(ends[-1])].tobytes(), np.diff(ends)
+
+
+def _arrow_spelling(pa, pc, column, rows: int):
+    """A column as an Arrow string array of JSON texts, or the one JSON text every row
+    shares (a ``str``); None when some value needs general JSON encoding."""
+    if isinstance(column, np.ma.MaskedArray):
+        if column.dtype.kind not in "iu":
+            return None
+        arr = pa.array(column.data[:rows], mask=np.ma.getmaskarray(column)[:rows])
+        return pc.fill_null(arr.cast(pa.string()), "null")
+    if isinstance(column, np.ndarray) and column.dtype.kind in "iub":
+        return pa.array(column[:rows]).cast(pa.string())
+    spelled = _column_spelling(column, rows)
+    if spelled is None:
+        return None
+    placeholder, per_row = spelled
+    if per_row is None:
+        return placeholder
+    if placeholder == "%d":
+        return pa.array(per_row, pa.int64()).cast(pa.string())
+    return None
+
+
+def _template_lines(cols, order: list[str]) -> bytes | None:
+    """Every row of ``cols`` as :func:`record_json_line` writes it, or None when some column
+    has no fixed per-row spelling (the caller then writes records one by one)."""
+    data, rows = cols.data, cols.rows
+    if set(data) != set(order):
+        return None
+    parts, values = [], []
+    for i, name in enumerate(order):
+        key = "payload_b64" if name == "payload" else name
+        parts.append(("{" if i == 0 else ", ") + json.dumps(key, ensure_ascii=False) + ": ")
+        column = data[name]
+        if name == "payload":
+            b2a = binascii.b2a_base64
+            parts.append("%s")
+            values.append([b"null" if p is None else b'"%s"' % b2a(bytes(p), newline=False)
+                           for p in column[:rows]])
+            continue
+        spelled = _column_spelling(column, rows)
+        if spelled is None:
+            return None
+        placeholder, per_row = spelled
+        if per_row is None:  # one value for every row: written into the template
+            parts.append(placeholder.replace("%", "%%"))
+        else:
+            parts.append(placeholder)
+            values.append(per_row)
+    parts.append("}\n")
+    try:
+        template = "".join(parts).encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    if not values:
+        return template * rows
+    return b"".join(map(template.__mod__, zip(*values)))
+
+
+def _column_spelling(column, rows: int) -> tuple[str, list | None] | None:
+    """How a column's values are written: (``"%d"``/``"%s"``, per-row values) or (the JSON
+    text shared by every row, None); None when a row needs general JSON encoding."""
+    if isinstance(column, np.ma.MaskedArray):
+        if column.dtype.kind not in "iu":
+            return None
+        mask = np.ma.getmaskarray(column)[:rows]
+        data = column.data[:rows].tolist()
+        if not mask.any():
+            return "%d", data
+        return "%s", [b"null" if m else b"%d" % v for v, m in zip(data, mask.tolist())]
+    if isinstance(column, np.ndarray) and column.dtype.kind in "iu":
+        return "%d", column[:rows].tolist()
+    if isinstance(column, np.ndarray) and column.dtype.kind == "b":
+        return "%s", [b"true" if v else b"false" for v in column[:rows].tolist()]
+    if isinstance(column, str):
+        return json.dumps(column, ensure_ascii=False), None
+    if rows == 0:
+        return None
+    head = column[0]
+    if isinstance(head, str):  # text: written as is only when every row shares it
+        if isinstance(column, np.ndarray):
+            shared = bool((column[:rows] == head).all())
+        else:
+            shared = list(column[:rows]).count(head) == rows
+        return (json.dumps(head, ensure_ascii=False), None) if shared else None
+    items = column[:rows].tolist() if isinstance(column, np.ndarray) else list(column[:rows])
+    if all(type(v) is int for v in items):
+        return "%d", items
+    return None
 
 
 #: Records per batch while indexing, and the bytes a batch aims to span: together they bound
@@ -188,7 +659,8 @@ def _prefix_fingerprint(buf, upto: int) -> tuple[int, int]:
 
 
 def _offset_batches(codec: Codec, buf, path: str, start: int | None = None,
-                    seq: int = 0) -> Iterator[Sequence[int]]:
+                    seq: int = 0, load: Callable[[int], int] | None = None
+                    ) -> Iterator[Sequence[int]]:
     """The start offsets of every record :meth:`Codec.read` yields for ``path`` (mapped as
     ``buf``) from record ``seq`` at ``start`` on, in batches of bounded size; raises the same
     :class:`FormatError` after the valid prefix.
@@ -196,13 +668,15 @@ def _offset_batches(codec: Codec, buf, path: str, start: int | None = None,
     Uses the codec's cheapest exact path: a ``record_offsets`` method (starts without
     decoding), else its own vectorised ``read_columns``, else ``read``."""
     if hasattr(codec, "record_offsets"):
-        yield from _batched(codec.record_offsets, buf, path, start, seq)
+        yield from _batched(codec.record_offsets, buf, path, start, seq, load)
     elif type(codec).read_columns is not Codec.read_columns:
         def column_offsets(buf, path, start, seq, stop, limit):
             cols = codec.read_columns(buf, path, start, seq, stop, limit)
             return cols.data.get("offset", ())[:cols.rows], cols.next_offset, cols.error
-        yield from _batched(column_offsets, buf, path, start, seq)
+        yield from _batched(column_offsets, buf, path, start, seq, load)
     else:  # the generic default read_columns is only read() plus columns: use read()
+        if load is not None:
+            load(len(buf))
         batch: list[int] = []
         try:
             for rec in codec.read(buf, path, start, seq):
@@ -218,12 +692,22 @@ def _offset_batches(codec: Codec, buf, path: str, start: int | None = None,
             yield batch
 
 
-def _batched(starts_of, buf, path: str, start: int | None, seq: int) -> Iterator[Sequence[int]]:
+def _batched(starts_of, buf, path: str, start: int | None, seq: int,
+             load: Callable[[int], int] | None = None) -> Iterator[Sequence[int]]:
     """Drive ``starts_of(buf, path, start, seq, stop, limit) -> (offsets, next, error)`` from
-    ``start`` to the end, sizing each batch so it spans about ``INDEX_BATCH_BYTES``."""
+    ``start`` to the end, sizing each batch so it spans about ``INDEX_BATCH_BYTES``.
+
+    With ``load``, the buffer holds the file only up to what ``load`` returned: a batch is
+    kept only when it ended inside that part; one that ended past it, at the end, or at
+    damage may have read bytes not loaded yet, and is done again with the whole file."""
     limit = FIRST_BATCH_ROWS
     while True:
+        loaded = len(buf) if load is None else load((start or 0) + LOAD_AHEAD)
         offsets, next_offset, error = starts_of(buf, path, start, seq, None, limit)
+        if loaded < len(buf) and (error is not None or next_offset is None
+                                  or next_offset > loaded):
+            load(len(buf))
+            continue
         rows = len(offsets)
         if rows:
             yield offsets
@@ -293,8 +777,15 @@ def related_files(path: str, codec: Codec) -> dict[str, str]:
 BACKUP_MARK = ".journalfs-backup-"
 
 
-def is_backup(name: str) -> bool:
-    return BACKUP_MARK in os.path.basename(name)
+def is_backup_name(name: bytes | str) -> bool:
+    """True for a backup ``fsck --repair`` wrote (``X.journalfs-backup-<time>``): never a
+    journal, whatever its content (views, the CLI's directory walk and Spark skip it)."""
+    if isinstance(name, bytes):
+        return BACKUP_MARK.encode() in name.rpartition(b"/")[2]
+    return BACKUP_MARK in name.rpartition("/")[2]
+
+
+is_backup = is_backup_name  # the earlier name, kept for callers
 
 
 def fsync_dir(directory: str) -> None:
@@ -353,6 +844,8 @@ def replace_atomically(path: str, data: bytes) -> None:
     fsync_dir(directory)
 
 
-__all__ = ["BACKUP_MARK", "CHECKPOINT_EVERY", "CODECS", "RecordIndex", "fsync_dir", "is_backup",
-           "mapped", "read_file", "related_files", "replace_atomically", "sniff_file",
-           "write_backup"]
+__all__ = ["BACKUP_MARK", "CHECKPOINT_EVERY", "CODECS", "Opener", "RecordIndex", "fsync_dir",
+           "is_backup", "is_backup_name", "JsonChunk", "json_chunk", "json_line",
+           "json_lines", "mapped", "mapped_fd", "open_path", "read_file",
+           "related_files", "replace_atomically", "sniff_file",
+           "sniff_fd", "write_backup"]

@@ -325,8 +325,14 @@ def check_big_journal(mnt, src, count: int) -> None:
     middle = view / f"{count // 2:08d}.index"
     assert json.loads(middle.read_text())["seq"] == count // 2
     assert not (view / f"{count:08d}.index").exists()
-    with open(view / "records.jsonl", "rb") as f:  # tail of records.jsonl by offset
+    jsonl = view / "records.jsonl"
+    if os.stat(jsonl).st_size == 0:  # a big journal's: size known once read to the end
+        with open(jsonl, "rb") as f:
+            while f.read(1 << 20):
+                pass
+    with open(jsonl, "rb") as f:  # tail of records.jsonl by offset
         size = os.fstat(f.fileno()).st_size
+        assert size > 0
         f.seek(size - 400)
         tail = f.read().splitlines()[-1]
     assert json.loads(tail)["seq"] == count - 1
@@ -387,3 +393,388 @@ def test_jsonl_reader_any_read_sequence(jsonl_fixture, reads):
             assert reader.read(off, size) == full[off:off + size]
     finally:
         reader.close()
+
+
+# -- permissions, hostile SOURCE content, bytes names (issue 10), damage (issue 16) -------------
+
+import pwd  # noqa: E402
+import stat  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+VIEW_USER = "jfs-views-test"
+SYSTEM_PYTHON = "/usr/bin/python3"  # the venv's interpreter lives under /root, closed to others
+
+# Runs as the test user: performs each [name, op, path] and prints {name: result | ERRNAME}.
+_USER_SCRIPT = r"""
+import errno, json, os, sys
+def run(op, path):
+    if op == "list":
+        return sorted(os.listdir(path))
+    if op == "read":
+        with open(path, "rb") as f:
+            return len(f.read())
+    if op == "stat":
+        return oct(os.stat(path).st_mode)
+    raise ValueError(op)
+out = {}
+for name, op, path in json.load(sys.stdin):
+    try:
+        out[name] = run(op, path)
+    except OSError as exc:
+        out[name] = errno.errorcode[exc.errno]
+print(json.dumps(out))
+"""
+
+
+def view_user() -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(VIEW_USER)
+    except KeyError:
+        pass
+    proc = subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
+                           "/usr/sbin/nologin", VIEW_USER], capture_output=True, text=True)
+    if proc.returncode not in (0, 9):  # 9: created meanwhile
+        pytest.fail(f"useradd {VIEW_USER}: {proc.stderr.strip()}")
+    return pwd.getpwnam(VIEW_USER)
+
+
+def as_view_user(user, steps: list[tuple[str, str, Path]]) -> dict:
+    proc = subprocess.run(
+        ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups",
+         "--reset-env", SYSTEM_PYTHON, "-c", _USER_SCRIPT],
+        input=json.dumps([[n, op, str(p)] for n, op, p in steps]),
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture
+def shared_base():
+    """A directory other users can traverse (pytest's tmp_path is private to root)."""
+    base = Path(tempfile.mkdtemp(prefix="jfs-views-"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_views_carry_source_permissions(shared_base, records_corpus):
+    """A user reads through the views exactly the journals they can read in SOURCE."""
+    user = view_user()
+    src, mnt = shared_base / "src", shared_base / "mnt"
+    src.mkdir(mode=0o755)
+    mnt.mkdir()
+    journal = records_corpus / "db0.jrnl"
+    layout = {"public.jrnl": 0o644, "secret.jrnl": 0o600, "private/inner.jrnl": 0o644,
+              "open/group.jrnl": 0o640, "userdir/mine.jrnl": 0o600}
+    for rel, mode in layout.items():
+        path = src / rel
+        path.parent.mkdir(mode=0o755, exist_ok=True)
+        shutil.copyfile(journal, path)
+        path.chmod(mode)
+    (src / "private").chmod(0o700)
+    for p in (src / "userdir", src / "userdir" / "mine.jrnl"):
+        os.chown(p, user.pw_uid, user.pw_gid)
+    with mounted(src, mnt, "--store", str(shared_base / "store"), "-o", "allow_other,timeout=1"):
+        views = mnt / ".journalfs"
+        rec = views / "records"
+        first = sorted(os.listdir(rec / "public.jrnl"))[1]  # [0] is records.jsonl
+        steps = [
+            ("records", "list", rec),
+            ("public", "read", rec / "public.jrnl" / "records.jsonl"),
+            ("public_record", "read", rec / "public.jrnl" / first),
+            ("secret_list", "list", rec / "secret.jrnl"),
+            ("secret_jsonl", "read", rec / "secret.jrnl" / "records.jsonl"),
+            ("secret_record", "read", rec / "secret.jrnl" / first),
+            ("private_list", "list", rec / "private"),
+            ("private_jsonl", "read", rec / "private" / "inner.jrnl" / "records.jsonl"),
+            ("group", "read", rec / "open" / "group.jrnl" / "records.jsonl"),
+            ("mine", "read", rec / "userdir" / "mine.jrnl" / "records.jsonl"),
+            ("metadata", "list", views / "metadata" / "journal"),
+            ("status", "read", views / "status.json"),
+        ]
+        seen = as_view_user(user, steps)
+        # the same questions asked of SOURCE itself
+        native = as_view_user(user, [
+            ("secret", "read", src / "secret.jrnl"), ("private", "list", src / "private"),
+            ("group", "read", src / "open" / "group.jrnl"),
+            ("mine", "read", src / "userdir" / "mine.jrnl")])
+        assert native == {"secret": "EACCES", "private": "EACCES", "group": "EACCES",
+                          "mine": journal.stat().st_size}
+        assert seen["records"] == ["open", "private", "public.jrnl", "secret.jrnl", "userdir"]
+        assert isinstance(seen["public"], int) and seen["public"] > 0
+        assert isinstance(seen["public_record"], int)
+        assert isinstance(seen["mine"], int) and seen["mine"] == seen["public"]
+        for name in ("secret_list", "secret_jsonl", "secret_record", "private_list",
+                     "private_jsonl", "group", "metadata", "status"):
+            assert seen[name] == "EACCES", (name, seen[name])
+        # owners and modes, as root sees them
+        st = os.stat(rec / "secret.jrnl")
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o500)
+        assert stat.S_IMODE(os.stat(rec / "secret.jrnl" / first).st_mode) == 0o400
+        st = os.stat(rec / "userdir" / "mine.jrnl" / "records.jsonl")
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == \
+            (user.pw_uid, user.pw_gid, 0o400)
+        assert stat.S_IMODE(os.stat(rec / "open" / "group.jrnl").st_mode) == 0o550
+        assert stat.S_IMODE(os.stat(rec / "private").st_mode) == 0o500
+        assert stat.S_IMODE(os.stat(views / "status.json").st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(views / "metadata").st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(views / "metadata" / "journal").st_mode) == 0o700
+        # a chmod in SOURCE shows in the view once the attribute timeout has passed
+        (src / "secret.jrnl").chmod(0o644)
+        time.sleep(1.5)
+        assert isinstance(as_view_user(user, [("s", "read", rec / "secret.jrnl" / first)])["s"],
+                          int)
+
+
+_STAT_ALL = r"""
+import concurrent.futures, os, sys
+def probe(path):
+    try:
+        os.stat(path)
+        return "ok"
+    except OSError as exc:
+        return str(exc.errno)
+with concurrent.futures.ThreadPoolExecutor(len(sys.argv) - 1) as pool:
+    print(" ".join(pool.map(probe, sys.argv[1:])))
+"""
+
+
+def stat_all(paths, timeout: float = 30) -> list[str]:
+    """stat every path at once (one thread each) in a child that must end within
+    ``timeout`` s: "ok" or the errno of each."""
+    proc = subprocess.run([sys.executable, "-c", _STAT_ALL, *map(str, paths)],
+                          capture_output=True, text=True, timeout=timeout)
+    return proc.stdout.split()
+
+
+def read_in_child(path, timeout: float = 30) -> str:
+    proc = subprocess.run([sys.executable, "-c", "import sys\ntry:\n sys.stdout.write("
+                           "open(sys.argv[1],'rb').read().decode(errors='replace'))\n"
+                           "except OSError as e:\n print(e.errno)", str(path)],
+                          capture_output=True, text=True, timeout=timeout)
+    return proc.stdout.strip()
+
+
+def test_fifo_and_symlink_swaps_neither_block_nor_leak(tmp_path, records_corpus):
+    """Journals viewed once (the kernel keeps their view inodes) and then swapped in SOURCE
+    for FIFOs or for symlinks out of SOURCE: no request blocks, nothing outside is read."""
+    src, mnt, outside = tmp_path / "src", tmp_path / "mnt", tmp_path / "outside"
+    for d in (src, outside):
+        d.mkdir()
+    secret = records_corpus / "db1.jrnl"
+    shutil.copyfile(secret, outside / "root-only.jrnl")
+    (outside / "root-only.jrnl").chmod(0o600)
+    names = [f"j{i:03d}.jrnl" for i in range(100)]
+    for name in names + ["link-me.jrnl"]:
+        shutil.copyfile(records_corpus / "db0.jrnl", src / name)
+    (src / "sub").mkdir()
+    shutil.copyfile(records_corpus / "db0.jrnl", src / "sub" / "root-only.jrnl")
+    secret_jsonl = cli_records_json(secret, tmp_dir=tmp_path)[0]
+    with mounted(src, mnt, "--store", str(tmp_path / "store")) as m:
+        rec = m.mountpoint / ".journalfs" / "records"
+        for name in names + ["link-me.jrnl", "sub/root-only.jrnl"]:  # viewed once
+            assert (rec / name / "records.jsonl").read_bytes()
+        for name in names:  # then swapped for FIFOs nobody writes to
+            os.unlink(src / name)
+            os.mkfifo(src / name)
+        # a file and a directory swapped for symlinks to things outside SOURCE
+        os.unlink(src / "link-me.jrnl")
+        os.symlink(outside / "root-only.jrnl", src / "link-me.jrnl")
+        shutil.rmtree(src / "sub")
+        os.symlink(outside, src / "sub")
+        time.sleep(2.5)  # past the views' own short-lived caches
+        jsonls = [rec / name / "records.jsonl" for name in names]
+        assert stat_all(jsonls + [m.mountpoint / "plain-missing"]) == \
+            [str(errno.ENOENT)] * (len(names) + 1)
+        assert stat_all([m.mountpoint]) == ["ok"]  # the mount is not blocked
+        for leak in (rec / "link-me.jrnl" / "records.jsonl",
+                     rec / "sub" / "root-only.jrnl" / "records.jsonl"):
+            got = read_in_child(leak)
+            assert got in (str(errno.ENOENT), str(errno.ESTALE)), got[:200]
+            assert secret_jsonl.decode()[:50] not in got
+        assert sorted(os.listdir(rec)) == []  # FIFOs and symlinks are not journals
+
+
+def test_non_utf8_journal_name(tmp_path, records_corpus):
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    name = b"\xff\xfe.jrnl"
+    shutil.copyfile(records_corpus / "db0.jrnl", os.path.join(os.fsencode(src), name))
+    expected = cli_records_json(records_corpus / "db0.jrnl", tmp_dir=tmp_path)[0]
+    with mounted(src, mnt, "--store", str(tmp_path / "store")) as m:
+        rec = os.fsencode(m.mountpoint / ".journalfs" / "records")
+        assert os.listdir(rec) == [name]
+        view = rec + b"/" + name
+        with open(view + b"/records.jsonl", "rb") as f:
+            assert f.read() == expected
+        entries = sorted(os.listdir(view))
+        assert entries[0] == b"00000000." + json.loads(expected.splitlines()[0])["kind"].encode()
+        assert json.loads((m.mountpoint / ".journalfs" / "status.json").read_bytes())
+
+
+def test_live_journal_with_non_utf8_paths(fs):
+    """A metadata entry of a path that is not UTF-8 shows in the live journal's views as
+    JSON with ``path_b64`` (INTERFACES point 1), never as EIO."""
+    name = b"\xfe\xff-meta.txt"
+    target = os.fsencode(fs.mountpoint) + b"/" + name
+    with open(target, "wb") as f:
+        f.write(b"x")
+    os.setxattr(target, b"user.metadata.bytes-name", b"yes")
+    journal = fs.views / "metadata" / "journal"
+    lines = (journal / "records.jsonl").read_bytes().splitlines()
+    entries = [json.loads(line.decode("utf-8")) for line in lines]
+    mine = [e for e in entries if e.get("key") == "bytes-name"]
+    assert mine and "path" not in mine[-1]
+    assert base64.b64decode(mine[-1]["path_b64"]).endswith(b"/" + name)
+    newest = sorted(os.listdir(journal))[-1]
+    assert json.loads((journal / newest).read_bytes()) == mine[-1]
+
+
+def test_damage_shown_as_xattr_and_in_status(fs, records_expected):
+    view = fs.views / "records" / "corpus" / "torn.1800000000000"
+    damage = os.getxattr(view, "user.journal.damage").decode()
+    offset, _, reason = damage.partition(": ")
+    assert int(offset) > 0 and reason
+    assert "user.journal.damage" in os.listxattr(view)
+    healthy = fs.views / "records" / "corpus" / "db0.jrnl"
+    assert "user.journal.damage" not in os.listxattr(healthy)
+    with pytest.raises(OSError) as exc:
+        os.getxattr(healthy, "user.journal.damage")
+    assert exc.value.errno == errno.ENODATA
+    status = json.loads((fs.views / "status.json").read_bytes())
+    listed = {d["path"]: d for d in status["damaged_journals"]}
+    assert listed["corpus/torn.1800000000000"]["offset"] == int(offset)
+    assert "corpus/db0.jrnl" not in listed
+    assert "torn.1800000000000" in fs.stderr() or True  # logged (syslog when present)
+
+
+def test_fsck_backups_are_not_journals(tmp_path, records_corpus):
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    shutil.copyfile(records_corpus / "db0.jrnl", src / "db0.jrnl")
+    backup = "db0.jrnl.journalfs-backup-20260101T000000.000000Z"
+    shutil.copyfile(records_corpus / "db0.jrnl", src / backup)
+    with mounted(src, mnt, "--store", str(tmp_path / "store")) as m:
+        rec = m.mountpoint / ".journalfs" / "records"
+        assert os.listdir(rec) == ["db0.jrnl"]
+        assert not (rec / backup).exists()
+
+
+# -- on-disk indexes (issue 15) ---------------------------------------------------------------
+
+def _status(mnt) -> dict:
+    """status.json once no journal is being indexed (a record can be served from a partial
+    index a moment before its indexing thread has counted and saved)."""
+    deadline = time.monotonic() + 60
+    while True:
+        status = json.loads((mnt / ".journalfs" / "status.json").read_bytes())
+        if not status["views"]["indexing"] or time.monotonic() > deadline:
+            return status
+        time.sleep(0.05)
+
+
+def test_index_kept_in_store_reused_and_extended(tmp_path):
+    """A 24 MB journal of 1M records: its index is saved in the store directory, used as is
+    after a remount (nothing re-indexed), and extended by only the growth."""
+    count = 1_000_000
+    src, mnt, store = tmp_path / "src", tmp_path / "mnt", tmp_path / "store"
+    src.mkdir()
+    big = src / "big.idx"
+    write_wallaby_index(big, count)
+    args = ("--store", str(store))
+    last = f"{count - 1:08d}.index"
+    with mounted(src, mnt, *args):
+        view = mnt / ".journalfs" / "records" / "big.idx"
+        assert json.loads((view / last).read_text())["seq"] == count - 1
+        views = _status(mnt)["views"]
+        assert views["indexes_built"] == 1 and views["records_indexed"] == count
+        assert views["indexes_saved"] == 1
+        index_dir = Path(views["index_dir"])
+    assert index_dir == store / "indexes"
+    assert stat.S_IMODE(index_dir.stat().st_mode) == 0o700
+    files = list(index_dir.iterdir())
+    assert len(files) == 1 and stat.S_IMODE(files[0].stat().st_mode) == 0o600
+    assert sorted(p.name for p in src.iterdir()) == ["big.idx"]  # nothing written in SOURCE
+    with mounted(src, mnt, *args):  # remount: the saved index is used, nothing re-read
+        view = mnt / ".journalfs" / "records" / "big.idx"
+        middle = f"{count // 2:08d}.index"
+        assert json.loads((view / middle).read_text())["seq"] == count // 2
+        views = _status(mnt)["views"]
+        assert (views["indexes_loaded"], views["records_indexed"]) == (1, 0)
+        # records.jsonl of a journal this big: size 0 (unknown) until read once, direct I/O
+        jsonl = view / "records.jsonl"
+        assert os.stat(jsonl).st_size == 0
+        with open(jsonl, "rb") as f:
+            f.seek(0)
+            head = f.read(4096)
+        assert json.loads(head.splitlines()[0])["seq"] == 0
+    data = big.read_bytes()
+    with open(big, "ab") as f:  # the journal grows by 5000 records
+        f.write(data[16:16 + 24 * 5000])
+    with mounted(src, mnt, *args):
+        view = mnt / ".journalfs" / "records" / "big.idx"
+        grown = f"{count + 4999:08d}.index"
+        assert json.loads((view / grown).read_text())["seq"] == count + 4999
+        views = _status(mnt)["views"]
+        assert views["indexes_extended"] == 1
+        assert 0 < views["records_indexed"] < 5000 + 2048  # the growth, from the last checkpoint
+    assert len(list(index_dir.iterdir())) == 1  # replaced, not accumulated
+
+
+def test_saved_index_of_another_file_is_not_used(tmp_path):
+    """An index file whose journal was rewritten (same inode, other bytes) is not trusted."""
+    src, mnt, store = tmp_path / "src", tmp_path / "mnt", tmp_path / "store"
+    src.mkdir()
+    big = src / "big.idx"
+    write_wallaby_index(big, 100_000)
+    with mounted(src, mnt, "--store", str(store)):
+        assert (mnt / ".journalfs" / "records" / "big.idx" / "00099999.index").exists()
+    with open(big, "r+b") as f:  # same inode and size, other content at the start
+        f.seek(16)
+        f.write(b"\x01" * 8)
+    with mounted(src, mnt, "--store", str(store)):
+        view = mnt / ".journalfs" / "records" / "big.idx"
+        assert (view / "00099999.index").exists()
+        views = _status(mnt)["views"]
+        assert views["indexes_loaded"] == 0 and views["records_indexed"] == 100_000
+
+
+@pytest.mark.soak
+def test_one_gigabyte_journal(tmp_path):
+    """1 GB journal: indexed once in the background, saved, and after a remount the first
+    record read and every stat answer at once (figures printed, not asserted)."""
+    count = (1 << 30) // 24
+    src, mnt, store = tmp_path / "src", tmp_path / "mnt", tmp_path / "store"
+    src.mkdir()
+    write_wallaby_index(src / "big.idx", count)
+    args = ("--store", str(store))
+    with mounted(src, mnt, *args):
+        view = mnt / ".journalfs" / "records" / "big.idx"
+        t = time.monotonic()
+        os.stat(view / "records.jsonl")
+        print(f"stat records.jsonl, not indexed: {time.monotonic() - t:.3f} s")
+        t = time.monotonic()
+        (view / "00000005.index").read_bytes()  # served from the partial index
+        print(f"first record while indexing: {time.monotonic() - t:.3f} s")
+        t = time.monotonic()
+        (view / f"{count - 1:08d}.index").read_bytes()
+        print(f"last record (whole index): {time.monotonic() - t:.3f} s")
+        assert _status(mnt)["views"]["indexes_saved"] == 1  # waits for the indexer to end
+    with mounted(src, mnt, *args):
+        view = mnt / ".journalfs" / "records" / "big.idx"
+        t = time.monotonic()
+        rec = json.loads((view / f"{count // 3:08d}.index").read_bytes())
+        print(f"first cat after remount: {time.monotonic() - t:.3f} s")
+        assert rec["seq"] == count // 3
+        t = time.monotonic()
+        os.stat(view / "records.jsonl")
+        os.stat(view / f"{count - 7:08d}.index")
+        print(f"two stats after remount: {time.monotonic() - t:.3f} s")
+        assert _status(mnt)["views"]["indexes_loaded"] == 1
+        t = time.monotonic()
+        with open(view / "records.jsonl", "rb") as f:
+            n = 0
+            while n < 1 << 30 and (chunk := f.read(1 << 20)):
+                n += len(chunk)
+        print(f"records.jsonl: {n / (time.monotonic() - t) / 1e6:.0f} MB/s over {n >> 20} MiB")

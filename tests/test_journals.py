@@ -3,7 +3,13 @@ plain pass over ``read()`` sees — count, damage and checkpoints — on every c
 serve any window of records, notice a grown file, and stay memory-bounded on big files."""
 from __future__ import annotations
 
+import base64
 import collections
+import json
+import os
+import stat
+import subprocess
+import sys
 import random
 import tracemalloc
 from pathlib import Path
@@ -213,9 +219,9 @@ def test_a_grown_file_is_indexed_from_its_last_checkpoint_only(big_journal, tmp_
     reads = []
     real_batches = journals._offset_batches
 
-    def counting(codec, buf, p, start=None, seq=0):
+    def counting(codec, buf, p, start=None, seq=0, *rest):
         reads.append((start, seq))
-        return real_batches(codec, buf, p, start, seq)
+        return real_batches(codec, buf, p, start, seq, *rest)
     journals._offset_batches = counting
     try:
         grown = RecordIndex.build(str(path), previous=before)
@@ -240,3 +246,204 @@ def test_a_grown_file_is_indexed_from_its_last_checkpoint_only(big_journal, tmp_
     rebuilt = RecordIndex.build(str(path), previous=grown)
     assert rebuilt.grown_from is None
     assert (rebuilt.count, _damage(rebuilt.error)) == reference_index(path, journals.CHECKPOINT_EVERY)[:2]
+
+
+# -- JSON lines from columns, backups, safe opens, on-disk indexes -----------------------------
+
+@pytest.mark.parametrize("read_by", ["mmap", "pread"])
+@pytest.mark.parametrize("arrow_from", [1, 1 << 40], ids=["arrow", "template"])
+def test_json_chunks_equal_record_json_lines(journal_files, monkeypatch, arrow_from, read_by):
+    """records.jsonl and listings are rendered a checkpoint at a time from the codecs' columns
+    (Arrow kernels or one bytes template): byte for byte what ``record_json_line`` writes,
+    with each record's kind and file size."""
+    from journalfs.fs.views import record_content
+    monkeypatch.setattr(journals, "CHECKPOINT_EVERY", 4)  # many chunks even on small files
+    monkeypatch.setattr(journals, "ARROW_MIN_ROWS", arrow_from)
+    for path in journal_files:
+        opener = (lambda p=str(path): journals.open_path(p)) if read_by == "pread" else None
+        index = RecordIndex.build(str(path), opener=opener)
+        records = list(index.records())
+        assert records == list(RecordIndex.build(str(path)).records()), path
+        expected = [journals.json_line(r) for r in records]
+        step = 4 if index.codec.resumable else max(1, index.count)
+        got, kinds, sizes = [], [], []
+        for first in range(0, index.count, step):
+            chunk = index.json_chunk(first, step)
+            assert chunk.rows == min(step, index.count - first), path
+            got.append(chunk.data)
+            kinds += chunk.kinds
+            sizes += chunk.content_sizes()
+        assert b"".join(got) == b"".join(expected), path
+        assert kinds == [r["kind"] for r in records], path
+        assert sizes == [len(record_content(r)) for r in records], path
+
+
+def test_json_line_of_text_that_is_not_utf8():
+    rec = {"format": "gvfs-journal", "seq": 0, "offset": 0, "kind": "set",
+           "path": "/a/\udcff\udcfe", "key": "k", "value": ["ok", "\udcfa"]}
+    line = json.loads(journals.json_line(rec).decode("utf-8"))
+    assert "path" not in line and base64.b64decode(line["path_b64"]) == b"/a/\xff\xfe"
+    assert [base64.b64decode(v) for v in line["value_b64"]] == [b"ok", b"\xfa"]
+
+
+@pytest.mark.parametrize("name, backup", [
+    ("db.jrnl", False), (b"db.jrnl", False),
+    ("db.jrnl.journalfs-backup-20260101T000000.000000Z", True),
+    (b"dir/db.jrnl.journalfs-backup-20260101T000000.000000Z-1", True),
+    (b"\xff.journalfs-backup-x", True),
+    ("x.journalfs-backup-dir/db.jrnl", False),  # only the file's own name counts
+])
+def test_is_backup_name(name, backup):
+    assert journals.is_backup_name(name) is backup
+
+
+def test_special_files_are_never_opened_for_reading(tmp_path):
+    """A FIFO (nobody writing) or a symlink where a journal was: no hang, not a journal."""
+    fifo = tmp_path / "fifo.jrnl"
+    os.mkfifo(fifo)
+    assert sniff_file(str(fifo)) is None  # would block forever if opened for reading
+    with pytest.raises(OSError):
+        RecordIndex.build(str(fifo))
+    target = tmp_path / "real.idx"
+    target.write_bytes(b"IDX" + b"\0" * 13)
+    link = tmp_path / "link.idx"
+    link.symlink_to(target)
+    with pytest.raises(OSError):
+        journals.open_path(str(link), follow=False)
+
+
+def test_source_tree_never_leaves_source(tmp_path):
+    from journalfs.fs.sourcefiles import NotRegularFile, SourceTree
+    src, outside = tmp_path / "src", tmp_path / "outside"
+    (src / "dir").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"secret")
+    (src / "dir" / "ok").write_bytes(b"ok")
+    (src / "link").symlink_to(outside / "secret")
+    (src / "dirlink").symlink_to(outside)
+    os.mkfifo(src / "fifo")
+    tree = SourceTree(str(src))
+    try:
+        fd = tree.open_regular(b"dir/ok")
+        assert os.read(fd, 10) == b"ok"
+        os.close(fd)
+        for rel, errors in ((b"link", (NotRegularFile,)), (b"fifo", (NotRegularFile,)),
+                            (b"dirlink/secret", (NotADirectoryError,)),
+                            (b"dir/../link", (FileNotFoundError,)), (b"dir", (NotRegularFile,))):
+            with pytest.raises(errors):
+                tree.open_regular(rel)
+        assert tree.listdir(b"dir") == [b"ok"]
+        with pytest.raises(NotADirectoryError):
+            tree.listdir(b"dirlink")
+        assert stat.S_ISLNK(tree.lstat(b"link").st_mode)
+    finally:
+        tree.close()
+
+
+def test_partial_index_serves_records_while_building(big_journal):
+    seen = []
+
+    def progress(partial):
+        if partial.count and not seen:
+            seen.append(partial.count)
+            assert not partial.complete
+            assert list(partial.records(0, 1))[0]["seq"] == 0  # served mid-build
+    _, path, _ = big_journal
+    index = RecordIndex.build(str(path), progress=progress)
+    assert index.complete and seen and seen[0] < index.count
+
+
+def test_saved_index_round_trip_and_hostile_files(big_journal, tmp_path):
+    from journalfs.fs import indexfiles
+    _, big_journal, _ = big_journal
+    store = tmp_path / "store"
+    store.mkdir(mode=0o700)
+    index = RecordIndex.build(str(big_journal))
+    head = indexfiles.head_crc(big_journal.read_bytes())
+    saved_dir = indexfiles.IndexDir(str(store))
+    assert saved_dir.save(index, head, ([0, 1024], [0, 5000], 9999))
+    loaded, header, layout = saved_dir.load(index.dev, index.identity[0], str(big_journal))
+    assert (loaded.count, loaded.seqs, loaded.offsets) == (index.count, index.seqs, index.offsets)
+    assert layout == ([0, 1024], [0, 5000], 9999)
+    st = big_journal.stat()
+    assert indexfiles.matches(header, index.codec.name, st.st_size, st.st_mtime_ns, head)
+    assert not indexfiles.matches(header, index.codec.name, st.st_size, st.st_mtime_ns, head ^ 1)
+    name = store / "indexes" / indexfiles.IndexDir.name_of(index.dev, index.identity[0])
+    assert oct(name.stat().st_mode & 0o777) == "0o600"
+    data = name.read_bytes()
+    rng = random.Random(7)
+    for _ in range(200):  # cut or bit-flipped index files: ignored, never a crash
+        bad = bytearray(data[:rng.randrange(len(data))] if rng.random() < 0.5 else data)
+        if bad:
+            bad[rng.randrange(len(bad))] ^= 1 << rng.randrange(8)
+        name.write_bytes(bytes(bad))
+        got = saved_dir.load(index.dev, index.identity[0], str(big_journal))
+        assert got is None or got[0].count >= 0
+    name.unlink()
+    name.symlink_to(tmp_path / "elsewhere")  # planted symlink: not followed
+    assert saved_dir.load(index.dev, index.identity[0], str(big_journal)) is None
+    saved_dir.close()
+    (store / "indexes").chmod(0o777)  # others may write it: not used at all
+    assert not indexfiles.IndexDir(str(store)).usable
+
+
+def test_catalog_one_budget():
+    from journalfs.fs.catalog import Catalog
+    cat = Catalog(budget=100)
+    for i in range(10):
+        cat.put(("batch", b"j", i), i, 30)
+    assert cat.used <= 100 and len(cat) == 3
+    assert cat.get(("batch", b"j", 9)) == 9 and cat.get(("batch", b"j", 0)) is None
+    cat.put(("huge",), 1, 1000)
+    assert cat.get(("huge",)) is None
+    cat.discard_where(lambda k: k[0] == "batch")
+    assert len(cat) == 0 and cat.used == 0
+
+
+_TRUNCATE_WHILE_READING = r"""
+import os, sys
+from journalfs import journals
+path = sys.argv[1]
+opener = lambda: journals.open_path(path)
+size = os.path.getsize(path)
+cut = []
+def cut_once(partial):  # the owner truncates the journal while it is being indexed
+    if not cut:
+        cut.append(os.truncate(path, 5000))
+index = journals.RecordIndex.build(path, opener=opener, progress=cut_once)
+with open(path, "r+b") as f:
+    f.truncate(size)  # restored (zeros), indexed again, then cut while records are read
+index = journals.RecordIndex.build(path, opener=opener)
+it = index.records(0, index.count)
+next(it)
+os.truncate(path, 5000)
+got = 1 + sum(1 for _ in it)
+print(got, index.count)
+"""
+
+
+def test_views_reads_survive_a_truncated_journal(big_journal, tmp_path):
+    """Files opened for the views are read with pread, never mapped: a journal truncated
+    while it is read gives fewer records, not SIGBUS (which would end the whole mount)."""
+    name, path, data = big_journal
+    copy = tmp_path / name
+    copy.write_bytes(data)
+    proc = subprocess.run([sys.executable, "-c", _TRUNCATE_WHILE_READING, str(copy)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    got, count = map(int, proc.stdout.split())
+    assert 0 < got <= count
+
+
+@pytest.mark.parametrize("ahead", [1, 4096, 100_000])
+def test_index_read_progressively_equals_the_mapped_one(big_journal, monkeypatch, ahead):
+    """The views read a journal while indexing it, a window ahead of the indexer (batches
+    that reach past the window are done again): the index is exactly the mapped one's."""
+    _, path, _ = big_journal
+    monkeypatch.setattr(journals, "LOAD_AHEAD", ahead)
+    mapped_index = RecordIndex.build(str(path))
+    read_index = RecordIndex.build(str(path), opener=lambda: journals.open_path(str(path)))
+    assert (read_index.count, _damage(read_index.error), read_index.seqs, read_index.offsets,
+            read_index.fingerprint) == (mapped_index.count, _damage(mapped_index.error),
+                                        mapped_index.seqs, mapped_index.offsets,
+                                        mapped_index.fingerprint)

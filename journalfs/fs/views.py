@@ -8,12 +8,23 @@
     .journalfs/metadata/journal/       the live metadata journal, the same way
     .journalfs/status.json             store paths, journal fill, counters, mount options
 
-Everything is generated lazily from a :class:`~journalfs.journals.RecordIndex` (sparse
-checkpoints), cached by the journal's (ino, size, mtime), so a journal of millions of records
-lists and reads with bounded memory. Inodes exist only while the kernel references them.
+Permissions follow SOURCE: a directory under ``records/`` carries its SOURCE directory's owner,
+group and mode (without write bits); a journal's view directory and its files carry the
+journal's owner, group and read bits (x added on the directory where r is set). The mount uses
+default_permissions, so the kernel refuses to others what SOURCE refuses them. The store's own
+journal view and status.json belong to the mount's owner, 0700/0600.
+
+Journals are opened only through :class:`~journalfs.fs.sourcefiles.SourceTree` (component by
+component from a SOURCE directory fd, never following a symlink, never opening anything but a
+regular file for reading). Indexing a journal runs in a worker thread of its own; requests for
+records it has already passed are answered from the partial index, and no other request waits
+for it. Indexes are kept on disk in the store directory (:mod:`journalfs.fs.indexfiles`), so a
+remount finds any record of a big journal at once. Everything remembered between requests lives
+in one :class:`~journalfs.fs.catalog.Catalog`.
 """
 from __future__ import annotations
 
+import base64
 import bisect
 import errno
 import inspect
@@ -23,34 +34,53 @@ import os
 import stat
 import threading
 import time
-from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Iterator
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
 
+import numpy as np
 import pyfuse3
 import trio
 
-from ..formats.base import record_json_line
-from ..journals import CHECKPOINT_EVERY, RecordIndex, sniff_file
+from ..journals import (CHECKPOINT_EVERY, FINGERPRINT_BYTES, RecordIndex, is_backup_name,
+                        json_line, sniff_fd)
+from .catalog import Catalog
+from .indexfiles import IndexDir, matches, may_extend
+from .sourcefiles import SourceTree, open_regular_path
 
 log = logging.getLogger("journalfs.fs.views")
 
 VIEWS_NAME = b".journalfs"
 JSONL_NAME = b"records.jsonl"
 RECORD_XATTR_PREFIX = b"user.record."
+DAMAGE_XATTR = b"user.journal.damage"
 #: Records decoded per directory-listing batch (kept per open directory handle).
-LIST_BATCH = 2048
-#: Records decoded together for single-record requests, how many such batches stay cached,
-#: and the payload bytes above which a batch is not kept.
+LIST_BATCH = 16 * 1024
+#: Records decoded together for single-record requests; batches with more payload bytes
+#: than this are not remembered.
 RECORD_BATCH = 256
-BATCH_CACHE = 32
 BATCH_PAYLOAD_LIMIT = 1 << 20
-#: How long a checked index is trusted without a stat (writes through the mount reset it).
+#: How long a checked journal is trusted without a stat (writes through the mount reset it).
 TRUST_SECONDS = 0.5
-#: Journals whose indexes stay cached.
-INDEX_CACHE = 64
 #: How long "does this SOURCE dir hold any journal" answers are reused.
 SCAN_TTL = 2.0
+#: Journals up to this size are indexed and measured (records.jsonl's size) when first stat'ed;
+#: bigger ones show records.jsonl with size 0 until it was read once (direct I/O, as /proc).
+SMALL_JOURNAL_BYTES = 4 << 20
+SMALL_JOURNAL_RECORDS = 50_000
+#: Journals from this size on get their index saved in the store directory.
+DISK_INDEX_MIN_BYTES = 1 << 20
+#: Journals indexed at once (each in its own worker thread, outside trio's default pool so
+#: that other requests never queue behind them).
+INDEX_THREADS = 2
+#: Records rendered together when records.jsonl is read (a multiple of CHECKPOINT_EVERY):
+#: big enough for Arrow's vectorised joining to pay off, small enough to stay ~2 MB.
+READ_CHUNK_RECORDS = 16 * CHECKPOINT_EVERY
+#: Worker threads the views use at most, and at most on one SOURCE path (see _on_file).
+VIEW_THREADS = 16
+FILE_THREADS = 2
+#: Damaged journals listed in status.json at most.
+DAMAGE_LIST_MAX = 1000
 
 ROOT, RECORDS_DIR, JOURNAL, RECORD, JSONL, METADATA, STATUS = (
     "root", "records_dir", "journal", "record", "jsonl", "metadata", "status")
@@ -76,15 +106,43 @@ class VNode:
         return (self.kind, self.rel, self.seq)
 
 
+@dataclass
+class ViewContext:
+    """What the views need from the mount, passed explicitly (no reference back to it)."""
+
+    source: SourceTree                    # SOURCE, reached through its directory fd
+    meta: Any                             # metadata service: status(), its store's journal
+    next_inode: Callable[[], int]
+    next_handle: Callable[[], int]
+    timeout: Callable[[], float]          # the mount's current attribute/entry timeout
+    store_dir: str | None = None          # where on-disk indexes go (<store dir>/indexes)
+    tree_path: str = ""
+    prefix: str | None = None
+    source_name: str = ""
+
+    @classmethod
+    def of_mount(cls, fs) -> "ViewContext":
+        """The collaborators of a :class:`~journalfs.fs.passthrough.JournalFS`."""
+        loc = fs.location
+        tree = os.fspath(getattr(loc, "tree_path", "") or "")
+        return cls(source=SourceTree(fs.src), meta=fs.meta, next_inode=fs.next_inode,
+                   next_handle=fs.next_handle, timeout=lambda: fs.timeout,
+                   store_dir=os.path.dirname(tree) or None, tree_path=tree,
+                   prefix=getattr(loc, "prefix", None), source_name=os.fsdecode(fs.src))
+
+
+json_line_bytes = json_line  # one records.jsonl line, as `journalfs records --json` prints it
+
+
 def record_content(rec: dict) -> bytes:
     """What a record file holds: its payload bytes, else its JSON line."""
     if "payload" in rec:
         return bytes(rec["payload"] or b"")
-    return (record_json_line(rec) + "\n").encode("utf-8")
+    return json_line_bytes(rec)
 
 
 def record_file_name(rec: dict) -> bytes:
-    return f"{rec['seq']:08d}.{rec['kind']}".encode("utf-8")
+    return f"{rec['seq']:08d}.{rec['kind']}".encode("utf-8", "surrogateescape")
 
 
 def scalar_text(value) -> str | None:
@@ -105,97 +163,242 @@ def _seq_of(name: bytes) -> int | None:
     return seq if b"%08d" % seq == digits and seq <= SEQ_MASK else None
 
 
-class JsonlLayout:
-    """Byte size of records.jsonl and the byte offset of every CHECKPOINT_EVERY-th line."""
+def _rel_text(rel: bytes) -> dict:
+    """A SOURCE-relative path for JSON: ``path``, or ``path_b64`` when not UTF-8."""
+    try:
+        return {"path": rel.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"path_b64": base64.b64encode(rel).decode("ascii")}
 
-    def __init__(self, index: RecordIndex, previous: "JsonlLayout | None" = None):
+
+# -- records.jsonl ------------------------------------------------------------------------------
+
+class JsonlLayout:
+    """Where records.jsonl's lines start: the byte offset of every CHECKPOINT_EVERY-th line of
+    the lines measured so far (a prefix of the file), and its total size once all are.
+
+    ``JsonlLayout(index)`` measures every line at once; :meth:`empty` starts with nothing
+    known, and readers fill it in as they stream (:meth:`note`)."""
+
+    def __init__(self, index: RecordIndex | None, previous: "JsonlLayout | None" = None):
         """``previous``: the layout of the index ``index`` was extended from (the same file
         before it grew); its lines before the re-read point are kept, not rendered again."""
         self.seqs: list[int] = []
         self.offsets: list[int] = []
+        self.size: int | None = None
+        self.measured = 0          # lines measured (a prefix)
+        self.measured_bytes = 0    # their bytes
+        self.lock = threading.Lock()
+        if index is None:
+            return
+        self.count, self.identity = index.count, (index.dev, index.identity)
         size = first = 0
-        if previous is not None and index.grown_from is not None:
+        if previous is not None and previous.size is not None and index.grown_from is not None:
             resume = index.grown_from[1]
             keep = bisect.bisect_left(previous.seqs, resume)
             if keep < len(previous.seqs) and previous.seqs[keep] == resume:
                 self.seqs, self.offsets = previous.seqs[:keep], previous.offsets[:keep]
                 size, first = previous.offsets[keep], resume
-        for rec in index.records(first):
-            if rec["seq"] % CHECKPOINT_EVERY == 0:
-                self.seqs.append(rec["seq"])
+        step = CHECKPOINT_EVERY if index.codec.resumable else max(1, index.count)
+        while first < index.count:
+            data, rows = index.json_lines(first, step)
+            if not rows:
+                break
+            if first % CHECKPOINT_EVERY == 0:
+                self.seqs.append(first)
                 self.offsets.append(size)
-            size += len(record_json_line(rec).encode("utf-8")) + 1
-        self.size = size
+            size += len(data)
+            first += rows
+        self.size = self.measured_bytes = size
+        self.measured = index.count
+
+    @classmethod
+    def empty(cls, index: RecordIndex) -> "JsonlLayout":
+        layout = cls(None)
+        layout.count, layout.identity = index.count, (index.dev, index.identity)
+        if index.count == 0:
+            layout.size = 0
+        return layout
+
+    @classmethod
+    def saved(cls, index: RecordIndex, seqs: list[int], offsets: list[int],
+              size: int) -> "JsonlLayout":
+        layout = cls.empty(index)
+        layout.seqs, layout.offsets, layout.size = seqs, offsets, size
+        layout.measured, layout.measured_bytes = index.count, size
+        return layout
+
+    def fits(self, index: RecordIndex) -> bool:
+        return self.identity == (index.dev, index.identity) and self.count == index.count
+
+    def checkpoint_before(self, off: int) -> tuple[int, int]:
+        """(seq, byte offset) of the last known line start at or before ``off``."""
+        with self.lock:
+            i = bisect.bisect_right(self.offsets, off) - 1
+            return (self.seqs[i], self.offsets[i]) if i >= 0 else (0, 0)
+
+    def note_chunk(self, seq: int, start: int, length: int, rows: int,
+                   line_lengths=None) -> bool:
+        """Lines ``seq .. seq+rows-1`` span [start, start+length) (``line_lengths``: each
+        line's, needed when the chunk holds more than one checkpoint). True when this
+        completed the layout."""
+        with self.lock:
+            if seq != self.measured or self.size is not None or not rows:
+                return False
+            if line_lengths is None:
+                if seq % CHECKPOINT_EVERY == 0:
+                    self.seqs.append(seq)
+                    self.offsets.append(start)
+            else:
+                starts = np.cumsum(line_lengths) - line_lengths + start
+                first = -seq % CHECKPOINT_EVERY
+                self.seqs.extend(range(seq + first, seq + rows, CHECKPOINT_EVERY))
+                self.offsets.extend(starts[first::CHECKPOINT_EVERY].tolist())
+            self.measured += rows
+            self.measured_bytes = start + length
+            if self.measured >= self.count:
+                self.size = self.measured_bytes
+                return True
+            return False
+
+    def cost(self) -> int:
+        return 200 + 16 * len(self.offsets)
 
 
 class JsonlReader:
-    """Streams records.jsonl for one open handle: sequential reads continue one decoder."""
+    """Streams records.jsonl for one open handle, a chunk of CHECKPOINT_EVERY lines at a time
+    (rendered from the codec's columns, :meth:`RecordIndex.json_lines`); sequential reads
+    continue from the chunk in hand. While records.jsonl's size is unknown the stream ends
+    where the records end, and every chunk rendered extends the layout (``on_complete`` is
+    called once it is whole)."""
 
-    def __init__(self, index: RecordIndex, layout: JsonlLayout):
+    def __init__(self, index: RecordIndex, layout: JsonlLayout,
+                 on_complete: Callable[[JsonlLayout], None] | None = None, rel: bytes = b""):
         self.index, self.layout = index, layout
-        self._lines: Iterator[bytes] | None = None
-        self._next = 0            # byte offset of the next line the decoder yields
-        self._window = b""        # decoded bytes starting at _window_start
-        self._window_start = 0
+        self.on_complete = on_complete
+        self.rel = rel  # the journal's SOURCE path (which file's threads reads count against)
+        # a codec that cannot resume mid-file is rendered in one piece (gvfs trees: small)
+        self._step = READ_CHUNK_RECORDS if index.codec.resumable else max(1, index.count)
+        self._seq = -1           # first record of the chunk in hand (-1: none)
+        self._start = 0          # its byte offset in records.jsonl
+        self._chunk = b""
+        self._rows = 0
+        self._completed = False
         self.lock = threading.Lock()
 
-    def _seek(self, off: int) -> None:
-        i = max(0, bisect.bisect_right(self.layout.offsets, off) - 1)
-        seq, start = (self.layout.seqs[i], self.layout.offsets[i]) if self.layout.seqs else (0, 0)
-        self.close()
-        self._lines = ((record_json_line(r) + "\n").encode("utf-8")
-                       for r in self.index.records(seq))
-        self._next = self._window_start = start
-        self._window = b""
+    def _render(self, seq: int, start: int) -> tuple[bytes, int]:
+        chunk = self.index.json_chunk(seq, self._step)
+        lengths = chunk.line_lengths() if chunk.rows > CHECKPOINT_EVERY else None
+        self._completed |= self.layout.note_chunk(seq, start, len(chunk.data), chunk.rows,
+                                                  lengths)
+        return chunk.data, chunk.rows
+
+    def _chunk_at(self, pos: int) -> bool:
+        """Make the chunk in hand the one holding byte ``pos``; False past the end."""
+        if self._seq >= 0 and self._start <= pos < self._start + len(self._chunk):
+            return True
+        if self._seq >= 0 and pos >= self._start:  # onwards from the chunk in hand
+            seq, start, data, rows = self._seq, self._start, self._chunk, self._rows
+        else:
+            seq, start = self.layout.checkpoint_before(pos)
+            data, rows = self._render(seq, start)
+        while pos >= start + len(data):
+            if rows < self._step or seq + rows >= self.index.count:
+                return False
+            seq, start = seq + rows, start + len(data)
+            data, rows = self._render(seq, start)
+            if not rows:
+                return False
+        self._seq, self._start, self._chunk, self._rows = seq, start, data, rows
+        return True
 
     def read(self, off: int, size: int) -> bytes:
-        end = min(off + size, self.layout.size)
+        total = self.layout.size
+        end = off + size if total is None else min(off + size, total)
         if off >= end:
             return b""
+        parts = []
         with self.lock:
-            if self._lines is None or not self._window_start <= off <= self._next:
-                self._seek(off)
-            # The window holds [_window_start, _next); keep what lies at or after `off`.
-            parts = [self._window[off - self._window_start:] if off < self._next else b""]
-            line_end = self._next
-            while line_end < end:
-                line = next(self._lines, None)
-                if line is None:
-                    break
-                line_start, line_end = line_end, line_end + len(line)
-                if line_end > off:
-                    parts.append(line[max(0, off - line_start):])
-            self._next = line_end
-            self._window, self._window_start = b"".join(parts), off
-            return self._window[:end - off]
+            pos = off
+            while pos < end and self._chunk_at(pos):
+                inside = pos - self._start
+                piece = self._chunk[inside:inside + end - pos]
+                parts.append(piece)
+                pos += len(piece)
+            completed, self._completed = self._completed, False
+        if completed and self.on_complete is not None:
+            self.on_complete(self.layout)
+        return b"".join(parts)
 
     def close(self) -> None:
-        if self._lines is not None:
-            self._lines.close()
-            self._lines = None
+        self._seq, self._chunk = -1, b""
+
+
+# -- what is known of one journal ---------------------------------------------------------------
+
+@dataclass(eq=False)
+class JournalInfo:
+    """One SOURCE file as last seen (lstat) and, when it is a journal, its index and layout."""
+
+    ident: tuple                       # (st_dev, st_ino, st_size, st_mtime_ns)
+    uid: int
+    gid: int
+    mode: int
+    codec: Any = None                  # None: not a journal
+    checked: float = 0.0               # time.monotonic() of the last lstat
+    index: RecordIndex | None = None   # complete, of exactly `ident` (LIVE: of the last build)
+    previous: RecordIndex | None = None  # an older index of the same inode (growth)
+    layout: JsonlLayout | None = None
+    head: int = 0                      # crc32 of the first bytes (on-disk index key)
+
+    def cost(self) -> int:
+        n = 300
+        for idx in (self.index, self.previous):
+            if idx is not None:
+                n += 16 * len(idx.offsets)
+        return n + (self.layout.cost() if self.layout is not None else 0)
+
+
+@dataclass(eq=False)
+class IndexJob:
+    """A journal being indexed in a worker thread; waiters poll ``partial``."""
+
+    done: trio.Event = field(default_factory=trio.Event)
+    partial: RecordIndex | None = None
+    result: RecordIndex | None = None
+    error: OSError | None = None
 
 
 class Views:
     """Inodes, attributes, listings and reads of ``MNT/.journalfs``."""
 
-    def __init__(self, fs, options: dict):
-        self.fs = fs                      # the JournalFS: source paths, allocators, metadata
+    def __init__(self, ctx, options: dict):
+        """``ctx``: a :class:`ViewContext`; a JournalFS is accepted too (its collaborators are
+        taken from it once, :meth:`ViewContext.of_mount`)."""
+        self.ctx = ctx if isinstance(ctx, ViewContext) else ViewContext.of_mount(ctx)
+        self.source = self.ctx.source
         self.options = options
         self.control = None               # fs.control.Control: settings as xattrs of the root
         self.started_ns = time.time_ns()
+        self.owner = (os.geteuid(), os.getegid())
         self.by_ino: dict[int, VNode] = {}
         self.by_key: dict[tuple, VNode] = {}
         self._journal_ids: dict[bytes, int] = {}  # journal rel -> id inside record inode numbers
         self._journal_rels: list[bytes] = []
+        self._ids_lock = threading.Lock()
         self.dirs: dict[int, dict] = {}   # handle -> listing state
         self.files: dict[int, object] = {}  # handle -> bytes or JsonlReader
-        self._indexes: OrderedDict[str, RecordIndex] = OrderedDict()
-        self._layouts: dict[tuple, JsonlLayout] = {}
-        self._sniffed: dict[bytes, tuple[tuple, bool]] = {}
-        self._scans: dict[bytes, tuple[float, bool]] = {}
-        self._batches: OrderedDict[tuple, list[dict]] = OrderedDict()
-        self._checked: dict[str, float] = {}  # journal path -> when its identity was checked
-        self._cache_lock = threading.Lock()  # the caches above are filled from worker threads
+        self.catalog = Catalog()
+        self.index_dir = IndexDir(self.ctx.store_dir)
+        self._jobs: dict[bytes, IndexJob] = {}  # trio thread only
+        self._index_limiter = trio.CapacityLimiter(INDEX_THREADS)
+        self._view_limiter = trio.CapacityLimiter(VIEW_THREADS)
+        self._file_limiters: dict[bytes, trio.CapacityLimiter] = {}
+        self.damaged: dict[bytes, tuple[int, str]] = {}
+        #: how indexes were obtained (status.json): loaded from the store directory as they
+        #: were, extended from a saved or earlier one, built from nothing; records decoded
+        self.counters = dict.fromkeys(("indexes_loaded", "indexes_extended", "indexes_built",
+                                       "indexes_saved", "records_indexed"), 0)
         self.root = self._node(ROOT, permanent=True)
         self.records = self._node(RECORDS_DIR, permanent=True)
         self.metadata = self._node(METADATA, permanent=True)
@@ -209,7 +412,7 @@ class Views:
         return ino in self.by_ino or ino >= RECORD_INO_BASE
 
     def _journal_id(self, rel: bytes) -> int:
-        with self._cache_lock:  # also called from worker threads
+        with self._ids_lock:
             jid = self._journal_ids.get(rel)
             if jid is None:
                 jid = self._journal_ids[rel] = len(self._journal_rels)
@@ -224,7 +427,7 @@ class Views:
             return VNode(ino, RECORD, rel, seq)
         node = self.by_key.get((kind, rel, seq))
         if node is None:
-            node = VNode(self.fs.next_inode(), kind, rel, seq, permanent=permanent)
+            node = VNode(self.ctx.next_inode(), kind, rel, seq, permanent=permanent)
             self.by_ino[node.ino] = node
             self.by_key[node.key] = node
         return node
@@ -252,9 +455,10 @@ class Views:
     async def source_changed(self, rel: bytes) -> None:
         """SOURCE/``rel`` was changed through the mount: make the kernel forget what it
         cached about the views of it (records/ entries up the tree, the journal's attrs)."""
-        self._scans.clear()
-        with self._cache_lock:
-            self._checked.pop(os.fsdecode(self.fs.abs(rel)), None)
+        self.catalog.discard_where(lambda k: k[0] == "scan")
+        info = self.catalog.get(("journal", rel))
+        if info is not None:
+            info.checked = -TRUST_SECONDS  # stat again; the index may still be extended
         path = rel
         while path:
             parent_rel, _, name = path.rpartition(b"/")
@@ -271,168 +475,332 @@ class Views:
             except OSError:  # the kernel has forgotten it already: nothing to drop
                 pass
 
-    # -- journals --------------------------------------------------------------------------
-    def _journal_path(self, rel: bytes) -> str:
+    # -- journals: what a SOURCE file is (threads) -----------------------------------------
+    def _live_path(self) -> str:
+        meta = self.ctx.meta
+        store = getattr(meta, "store", None)
+        path = getattr(store, "journal_path", None) or getattr(meta, "journal_path", None)
+        if not path:  # the gvfsd backend names its journal in its status
+            path = self._service_status().get("journal_path")
+        if not path:
+            raise FileNotFoundError(errno.ENOENT, "no live metadata journal")
+        return os.fspath(path)
+
+    def _display_path(self, rel: bytes) -> str:
         if rel == LIVE:
-            store = getattr(self.fs.meta, "store", None)
-            path = getattr(store, "journal_path", None) or getattr(self.fs.meta, "journal_path", None)
-            if not path:  # the gvfsd backend names its journal in its status
-                path = self._service_status().get("journal_path")
-            if not path:
-                raise FileNotFoundError(errno.ENOENT, "no live metadata journal")
-            return os.fspath(path)
-        return os.fsdecode(self.fs.abs(rel))
+            return self._live_path()
+        return os.path.join(self.ctx.source_name, os.fsdecode(rel))
 
-    def _index(self, rel: bytes) -> RecordIndex:
-        """The (cached) index of a journal; rebuilt whenever the file changed. Thread only."""
-        path = self._journal_path(rel)
-        st = os.stat(path, follow_symlinks=False)
-        ident = (st.st_ino, st.st_size, st.st_mtime_ns)
-        with self._cache_lock:
-            idx = self._indexes.get(path)
-        # The live journal is written in place through mmap (mtime is not reliable): always fresh.
-        if idx is None or idx.identity != ident or rel == LIVE:
-            codec = sniff_file(path)
-            if codec is None:
-                raise FileNotFoundError(errno.ENOENT, "not a journal")
-            idx = RecordIndex.build(path, codec, previous=idx)  # a grown file: only the growth
-        with self._cache_lock:
-            self._indexes[path] = idx
-            self._checked[path] = time.monotonic()
-            self._indexes.move_to_end(path)
-            while len(self._indexes) > INDEX_CACHE:
-                self._indexes.popitem(last=False)
-        return idx
-
-    def _trusted_index(self, rel: bytes) -> RecordIndex | None:
-        """The cached index when it was checked against the file moments ago (no syscall):
-        lets the trio thread answer stat/lookup of records without a worker-thread hop."""
+    def _lstat(self, rel: bytes) -> os.stat_result:
         if rel == LIVE:
-            return None
-        path = os.fsdecode(self.fs.abs(rel))
-        with self._cache_lock:
-            idx = self._indexes.get(path)
-            checked = self._checked.get(path, -TRUST_SECONDS)
-        return idx if idx is not None and time.monotonic() - checked < TRUST_SECONDS else None
+            return os.stat(self._live_path(), follow_symlinks=False)
+        return self.source.lstat(rel)
 
-    def _cached_record(self, node: VNode) -> dict | None:
-        idx = self._trusted_index(node.rel)
-        if idx is None:
-            return None
-        first = node.seq - node.seq % RECORD_BATCH
-        with self._cache_lock:
-            batch = self._batches.get((idx.path, idx.identity, idx.count, first))
-        if batch is None or not 0 <= node.seq - first < len(batch):
-            return None
-        return batch[node.seq - first]
-
-    def _record_attrs(self, node: VNode, rec: dict, mtime_ns: int) -> pyfuse3.EntryAttributes:
-        timeout = 0 if node.rel == LIVE else None
-        return self._attrs(node, stat.S_IFREG | 0o444, len(record_content(rec)), mtime_ns, timeout)
-
-    def _cached_index(self, rel: bytes) -> RecordIndex:
-        """Like :meth:`_index`, but the live journal is not rebuilt for every record."""
+    def _open(self, rel: bytes) -> int:
         if rel == LIVE:
-            with self._cache_lock:
-                idx = self._indexes.get(self._journal_path(rel))
-            if idx is not None:
-                return idx
-        return self._index(rel)
+            return open_regular_path(self._live_path())
+        return self.source.open_regular(rel)
 
-    def _record(self, rel: bytes, seq: int, idx: RecordIndex | None = None) -> dict:
-        """Record ``seq`` of a journal, decoded with its neighbours: ``ls -l`` or ``cat *``
-        over a journal directory then decodes each record about once, not once per call."""
-        idx = idx or self._cached_index(rel)
-        first = seq - seq % RECORD_BATCH
-        key = (idx.path, idx.identity, idx.count, first)
-        with self._cache_lock:
-            batch = self._batches.get(key)
-            if batch is not None:
-                self._batches.move_to_end(key)
-        if batch is None:
-            batch = list(idx.records(first, RECORD_BATCH))
-            if sum(len(r.get("payload") or b"") for r in batch) <= BATCH_PAYLOAD_LIMIT:
-                with self._cache_lock:
-                    self._batches[key] = batch
-                    while len(self._batches) > BATCH_CACHE:
-                        self._batches.popitem(last=False)
-        if not 0 <= seq - first < len(batch):
-            raise FileNotFoundError(errno.ENOENT, "no such record")
-        return batch[seq - first]
+    def _opener(self, rel: bytes, dev: int, ino: int) -> Callable[[], int]:
+        """Opens the journal an index was taken of, and nothing else: a file swapped in
+        under the same name since gives ESTALE."""
+        def open_journal() -> int:
+            fd = self._open(rel)
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (dev, ino):
+                os.close(fd)
+                raise OSError(errno.ESTALE, "the journal was replaced", self._display_path(rel))
+            return fd
+        return open_journal
 
-    def _layout(self, idx: RecordIndex) -> JsonlLayout:
-        key = (idx.path, idx.identity, idx.count)
-        with self._cache_lock:
-            layout = self._layouts.get(key)
-        if layout is None:
-            with self._cache_lock:
-                grown = idx.grown_from and next((v for k, v in self._layouts.items()
-                                                 if k[:2] == (idx.path, idx.grown_from[0])), None)
-            layout = JsonlLayout(idx, grown or None)
-            with self._cache_lock:
-                for stale in [k for k in self._layouts if k[0] == idx.path]:
-                    del self._layouts[stale]
-                while len(self._layouts) >= INDEX_CACHE:
-                    del self._layouts[next(iter(self._layouts))]
-                self._layouts[key] = layout
-        return layout
-
-    def _is_journal(self, rel: bytes, st: os.stat_result) -> bool:
+    def _journal_info(self, rel: bytes, st: os.stat_result | None = None) -> JournalInfo | None:
+        """What SOURCE/``rel`` is now (lstat, and a sniff when it changed); None when it is
+        not a journal. Thread only."""
+        if rel != LIVE and is_backup_name(rel):
+            return None
+        if st is None:
+            try:
+                st = self._lstat(rel)
+            except OSError:  # gone, or a component is no longer a directory: not a journal
+                return None
         if not stat.S_ISREG(st.st_mode):
-            return False
-        ident = (st.st_ino, st.st_size, st.st_mtime_ns)
-        cached = self._sniffed.get(rel)
-        if cached is None or cached[0] != ident:
-            if len(self._sniffed) > 100_000:
-                self._sniffed.clear()
-            cached = (ident, sniff_file(os.fsdecode(self.fs.abs(rel))) is not None)
-            self._sniffed[rel] = cached
-        return cached[1]
+            return None
+        ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        key = ("journal", rel)
+        info = self.catalog.get(key)
+        if info is None or info.ident != ident:
+            old = info
+            info = JournalInfo(ident, st.st_uid, st.st_gid, st.st_mode)
+            try:
+                fd = self._open(rel)
+            except OSError:
+                return None
+            try:
+                info.codec = sniff_fd(fd)
+                info.head = zlib.crc32(os.pread(fd, FINGERPRINT_BYTES, 0))
+            finally:
+                os.close(fd)
+            if old is not None and old.ident[:2] == ident[:2]:  # same file, changed: may grow
+                info.previous = old.index or old.previous
+                info.layout = old.layout
+            if rel == LIVE and old is not None:  # rebuilt on demand, never by identity
+                info.index = old.index
+        else:  # owner and mode change without touching mtime
+            info.uid, info.gid, info.mode = st.st_uid, st.st_gid, st.st_mode
+        info.checked = time.monotonic()
+        self.catalog.put(key, info, info.cost())
+        return info if info.codec is not None else None
+
+    def _trusted_info(self, rel: bytes) -> JournalInfo | None:
+        """The journal's info when it was checked moments ago (no syscall): lets the trio
+        thread answer stat/lookup of records without a worker-thread hop."""
+        if rel == LIVE:  # written in place and rotated: always looked at again
+            return None
+        info = self.catalog.get(("journal", rel))
+        if info is None or info.codec is None or time.monotonic() - info.checked >= TRUST_SECONDS:
+            return None
+        return info
 
     def _holds_journals(self, rel: bytes) -> bool:
         """True when the SOURCE directory ``rel`` has a journal anywhere below it."""
         now = time.monotonic()
-        cached = self._scans.get(rel)
+        cached = self.catalog.get(("scan", rel))
         if cached is not None and now - cached[0] < SCAN_TTL:
             return cached[1]
         found = False
-        for top, dirs, files in os.walk(self.fs.abs(rel)):
-            base = os.path.relpath(top, self.fs.src)
-            base = b"" if base == b"." else base
-            for name in files:
-                sub = base + b"/" + name if base else name
-                try:
-                    if self._is_journal(sub, os.lstat(top + b"/" + name)):
-                        found = True
-                        break
-                except OSError:
-                    continue
-            if found:
-                break
-        self._scans[rel] = (now, found)
+        pending = [rel]
+        while pending and not found:
+            top = pending.pop()
+            try:
+                entries = list(self.source.scan(top))
+            except OSError:
+                continue
+            for name, st in entries:
+                sub = top + b"/" + name if top else name
+                if stat.S_ISDIR(st.st_mode):
+                    if sub != VIEWS_NAME:
+                        pending.append(sub)
+                elif stat.S_ISREG(st.st_mode) and self._journal_info(sub, st) is not None:
+                    found = True
+                    break
+        self.catalog.put(("scan", rel), (now, found), 100 + len(rel))
         return found
 
-    def _records_entry(self, rel: bytes) -> str | None:
-        """What SOURCE/``rel`` is under records/: JOURNAL, RECORDS_DIR or None (not shown)."""
-        if rel.split(b"/")[0] == VIEWS_NAME:
+    def _records_entry(self, rel: bytes) -> tuple[str, Any] | None:
+        """What SOURCE/``rel`` is under records/: (RECORDS_DIR, its lstat), (JOURNAL, its
+        info) or None (not shown)."""
+        if rel.split(b"/")[0] == VIEWS_NAME or is_backup_name(rel):
             return None
         try:
-            st = os.lstat(self.fs.abs(rel))
+            st = self.source.lstat(rel)
         except OSError:
             return None
         if stat.S_ISDIR(st.st_mode):
-            return RECORDS_DIR if self._holds_journals(rel) else None
-        return JOURNAL if self._is_journal(rel, st) else None
+            return (RECORDS_DIR, st) if self._holds_journals(rel) else None
+        info = self._journal_info(rel, st) if stat.S_ISREG(st.st_mode) else None
+        return None if info is None else (JOURNAL, info)
+
+    # -- worker threads ----------------------------------------------------------------------
+    async def _on_file(self, rel: bytes, fn: Callable, *args):
+        """``fn(*args)`` in a worker thread for a request about SOURCE/``rel``. At most
+        FILE_THREADS threads work on one path and VIEW_THREADS on the views in all: a file
+        on a hung network filesystem ties up its own requests, never the threads the rest
+        of the mount (or the other journals) need. Waiting for a turn costs no thread."""
+        limiter = self._file_limiters.get(rel)
+        if limiter is None:
+            limiter = self._file_limiters[rel] = trio.CapacityLimiter(FILE_THREADS)
+        try:
+            async with limiter:
+                return await trio.to_thread.run_sync(fn, *args, limiter=self._view_limiter)
+        finally:
+            stats = limiter.statistics()
+            if not stats.borrowed_tokens and not stats.tasks_waiting:
+                self._file_limiters.pop(rel, None)
+
+    # -- journals: indexes -----------------------------------------------------------------
+    async def _index(self, rel: bytes, seq: int | None = None) -> RecordIndex:
+        """The journal's index: complete, or (``seq`` given) one that already covers record
+        ``seq``, possibly still growing. Waits only for this journal's own indexing."""
+        info = self._trusted_info(rel)
+        if info is not None and info.index is not None:
+            return info.index
+        job = self._jobs.get(rel)
+        if job is None:
+            job = self._jobs[rel] = IndexJob()
+            trio.lowlevel.spawn_system_task(self._run_job, rel, job)
+        while not job.done.is_set():
+            partial = job.partial
+            if seq is not None and partial is not None and seq < partial.count:
+                return partial
+            if seq is None:
+                await job.done.wait()
+            else:
+                with trio.move_on_after(0.02):
+                    await job.done.wait()
+        if job.error is not None:
+            raise OSError(job.error.errno or errno.EIO, job.error.strerror or "not a journal")
+        return job.result
+
+    async def _run_job(self, rel: bytes, job: IndexJob) -> None:
+        try:
+            job.result = await trio.to_thread.run_sync(
+                self._build_index, rel, job, limiter=self._index_limiter, abandon_on_cancel=True)
+        except OSError as exc:
+            job.error = exc
+        except Exception:  # noqa: BLE001 -- a system task must never end the mount
+            log.exception("indexing %r failed", rel)
+            job.error = OSError(errno.EIO, "indexing failed")
+        finally:
+            if self._jobs.get(rel) is job:
+                del self._jobs[rel]
+            job.done.set()
+
+    def _build_index(self, rel: bytes, job: IndexJob) -> RecordIndex:
+        """Index a journal (worker thread): from memory, the store's index directory, or the
+        file itself (only its growth when an earlier index still holds)."""
+        info = self._journal_info(rel)
+        if info is None:
+            raise FileNotFoundError(errno.ENOENT, "not a journal")
+        if info.index is not None and rel != LIVE and info.index.identity == info.ident[1:] \
+                and info.index.dev == info.ident[0]:
+            return info.index
+        dev, ino, size, _ = info.ident
+        path = self._display_path(rel)
+        opener = self._opener(rel, dev, ino)
+        previous = info.previous if rel != LIVE else None
+        if rel != LIVE:
+            loaded = self.index_dir.load(dev, ino, path)
+            if loaded is not None:
+                saved, header, saved_layout = loaded
+                saved.opener = opener
+                if matches(header, info.codec.name, size, info.ident[3], info.head):
+                    if saved_layout is not None:
+                        info.layout = JsonlLayout.saved(saved, *saved_layout)
+                    self._adopt(rel, info, saved)
+                    self._count(indexes_loaded=1)
+                    return saved
+                if may_extend(header, info.codec.name, size, info.head) \
+                        and (previous is None or previous.count < saved.count):
+                    previous = saved
+
+        def progress(partial: RecordIndex) -> None:
+            job.partial = partial
+
+        index = RecordIndex.build(path, info.codec, previous=previous, opener=opener,
+                                  progress=progress)
+        if index.identity != info.ident[1:]:  # changed while indexed: describe what was read
+            info = self._journal_info(rel) or info
+        if info.layout is not None and not info.layout.fits(index):
+            prior = info.layout
+            info.layout = None
+            if prior.size is not None and index.grown_from is not None \
+                    and index.count <= SMALL_JOURNAL_RECORDS:
+                info.layout = JsonlLayout(index, prior)
+        self._adopt(rel, info, index)
+        resumed = index.grown_from[1] if index.grown_from else 0
+        self._count(records_indexed=index.count - resumed,
+                    **{"indexes_extended" if index.grown_from else "indexes_built": 1})
+        if rel != LIVE and index.identity[1] >= DISK_INDEX_MIN_BYTES:
+            self._save(info, index)
+        return index
+
+    def _count(self, **increments: int) -> None:
+        with self._ids_lock:
+            for name, n in increments.items():
+                self.counters[name] += n
+
+    def _adopt(self, rel: bytes, info: JournalInfo, index: RecordIndex) -> None:
+        info.index, info.previous = index, None
+        if info.layout is not None and not info.layout.fits(index):
+            info.layout = None
+        self.catalog.put(("journal", rel), info, info.cost())
+        self._note_damage(rel, index)
+
+    def _save(self, info: JournalInfo, index: RecordIndex) -> None:
+        layout = info.layout
+        saved_layout = None
+        if layout is not None and layout.size is not None and layout.fits(index):
+            saved_layout = (list(layout.seqs), list(layout.offsets), layout.size)
+        if self.index_dir.save(index, info.head, saved_layout):
+            self._count(indexes_saved=1)
+
+    def _note_damage(self, rel: bytes, index: RecordIndex) -> None:
+        err = index.error
+        if err is None:
+            self.damaged.pop(rel, None)
+            return
+        entry = (int(err.offset), str(err.reason))
+        if self.damaged.get(rel) != entry:
+            log.warning("damaged journal %s at byte %d: %s (the records before are shown)",
+                        self._display_path(rel), *entry)
+            if len(self.damaged) >= DAMAGE_LIST_MAX:
+                self.damaged.pop(next(iter(self.damaged)))
+            self.damaged[rel] = entry
+
+    def _record(self, rel: bytes, seq: int, idx: RecordIndex) -> dict:
+        """Record ``seq`` of a journal, decoded with its neighbours: ``ls -l`` or ``cat *``
+        over a journal directory then decodes each record about once, not once per call."""
+        first = seq - seq % RECORD_BATCH
+        key = self._batch_key(rel, idx, first)
+        batch = self.catalog.get(key)
+        if batch is None:
+            batch = list(idx.records(first, RECORD_BATCH))
+            payload = sum(len(r.get("payload") or b"") for r in batch)
+            whole = len(batch) == RECORD_BATCH or idx.complete
+            if whole and payload <= BATCH_PAYLOAD_LIMIT:
+                self.catalog.put(key, batch, payload + 400 * len(batch))
+        if not 0 <= seq - first < len(batch):
+            raise FileNotFoundError(errno.ENOENT, "no such record")
+        return batch[seq - first]
+
+    @staticmethod
+    def _batch_key(rel: bytes, idx: RecordIndex, first: int) -> tuple:
+        # The live journal is written in place: its identity alone does not tell versions.
+        return ("batch", rel, idx.dev, idx.identity, first, idx.count if rel == LIVE else None)
+
+    def _cached_record(self, node: VNode) -> tuple[dict, JournalInfo] | None:
+        info = self._trusted_info(node.rel)
+        if info is None or info.index is None:
+            return None
+        first = node.seq - node.seq % RECORD_BATCH
+        batch = self.catalog.get(self._batch_key(node.rel, info.index, first))
+        if batch is None or not 0 <= node.seq - first < len(batch):
+            return None
+        return batch[node.seq - first], info
+
+    def _full_layout(self, rel: bytes, idx: RecordIndex) -> JsonlLayout:
+        """records.jsonl's layout, measured now when not known (thread; small journals)."""
+        info = self.catalog.get(("journal", rel))
+        if info is not None and info.layout is not None and info.layout.fits(idx) \
+                and info.layout.size is not None:
+            return info.layout
+        layout = JsonlLayout(idx)
+        if info is not None and info.index is idx:
+            info.layout = layout
+            self.catalog.put(("journal", rel), info, info.cost())
+        return layout
+
+    def _layout_done(self, rel: bytes, idx: RecordIndex) -> Callable[[JsonlLayout], None]:
+        def done(layout: JsonlLayout) -> None:
+            info = self.catalog.get(("journal", rel))
+            if info is None or info.index is not idx:
+                return
+            info.layout = layout
+            self.catalog.put(("journal", rel), info, info.cost())
+            if rel != LIVE and idx.identity[1] >= DISK_INDEX_MIN_BYTES:
+                self._save(info, idx)
+        return done
 
     # -- attributes ------------------------------------------------------------------------
     def _attrs(self, node: VNode, mode: int, size: int = 0, mtime_ns: int | None = None,
-               timeout: float | None = None) -> pyfuse3.EntryAttributes:
+               timeout: float | None = None, owner: tuple[int, int] | None = None,
+               ) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
         a.st_ino = node.ino
-        a.entry_timeout = a.attr_timeout = self.fs.timeout if timeout is None else timeout
+        a.entry_timeout = a.attr_timeout = self.ctx.timeout() if timeout is None else timeout
         a.st_mode = mode
         a.st_nlink = 2 if stat.S_ISDIR(mode) else 1
-        a.st_uid, a.st_gid = os.getuid(), os.getgid()
+        a.st_uid, a.st_gid = owner or self.owner
         a.st_size = size
         a.st_blksize = 4096
         a.st_blocks = (size + 511) // 512
@@ -440,48 +808,119 @@ class Views:
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = t
         return a
 
-    def _compute_attrs(self, node: VNode) -> pyfuse3.EntryAttributes:
-        """Attributes of any view node (thread: may decode or stat)."""
-        live_timeout = 0 if node.rel == LIVE else None
-        dir_mode, file_mode = stat.S_IFDIR | 0o555, stat.S_IFREG | 0o444
-        if node.kind in (ROOT, METADATA):
-            return self._attrs(node, dir_mode)
+    def _journal_perms(self, rel: bytes, info: JournalInfo) -> tuple[tuple[int, int], int, int]:
+        """(owner, dir mode, file mode) of a journal's view: the journal's read bits."""
+        if rel == LIVE:
+            return self.owner, stat.S_IFDIR | 0o700, stat.S_IFREG | 0o600
+        readable = info.mode & 0o444
+        return ((info.uid, info.gid), stat.S_IFDIR | readable | (readable >> 2),
+                stat.S_IFREG | readable)
+
+    def _dir_attrs(self, node: VNode, st: os.stat_result) -> pyfuse3.EntryAttributes:
+        """A records/ directory: its SOURCE directory's owner and mode, never writable."""
+        return self._attrs(node, stat.S_IFDIR | (st.st_mode & 0o555), 0, st.st_mtime_ns,
+                           owner=(st.st_uid, st.st_gid))
+
+    def _journal_attrs(self, node: VNode, info: JournalInfo) -> pyfuse3.EntryAttributes:
+        owner, dir_mode, _ = self._journal_perms(node.rel, info)
+        timeout = 0 if node.rel == LIVE else None
+        return self._attrs(node, dir_mode, 0, info.ident[3], timeout, owner)
+
+    def _record_attrs(self, node: VNode, rec: dict, info: JournalInfo) -> pyfuse3.EntryAttributes:
+        owner, _, file_mode = self._journal_perms(node.rel, info)
+        timeout = 0 if node.rel == LIVE else None
+        return self._attrs(node, file_mode, len(record_content(rec)), info.ident[3], timeout,
+                           owner)
+
+    def _jsonl_attrs(self, node: VNode, info: JournalInfo,
+                     layout: JsonlLayout | None) -> pyfuse3.EntryAttributes:
+        """records.jsonl: its exact size once known; before that size 0, never cached (it is
+        read with direct I/O, so the provisional size never cuts a read short, as in /proc)."""
+        owner, _, file_mode = self._journal_perms(node.rel, info)
+        if layout is None or layout.size is None:
+            return self._attrs(node, file_mode, 0, info.ident[3], 0, owner)
+        timeout = 0 if node.rel == LIVE else None
+        return self._attrs(node, file_mode, layout.size, info.ident[3], timeout, owner)
+
+    def _known_layout(self, info: JournalInfo) -> JsonlLayout | None:
+        layout, idx = info.layout, info.index
+        if layout is None or idx is None or layout.size is None or not layout.fits(idx):
+            return None
+        return layout
+
+    def _info_or_enoent(self, rel: bytes) -> JournalInfo:
+        info = self._journal_info(rel)
+        if info is None:
+            raise FileNotFoundError(errno.ENOENT, "no longer a journal")
+        return info
+
+    async def _compute_attrs(self, node: VNode) -> pyfuse3.EntryAttributes:
+        """Attributes of any view node but status.json."""
+        if node.kind == ROOT:
+            return self._attrs(node, stat.S_IFDIR | 0o555)
+        if node.kind == METADATA:
+            return self._attrs(node, stat.S_IFDIR | 0o700)
         if node.kind == RECORDS_DIR:
-            if node.rel and self._records_entry(node.rel) != RECORDS_DIR:
-                raise FileNotFoundError(errno.ENOENT, "gone")
-            return self._attrs(node, dir_mode)
-        if node.kind == STATUS:
-            raise AssertionError("status.json attributes are built on the trio thread")
-        if node.kind == JOURNAL:  # no decoding needed: just the file, still a journal
-            path = self._journal_path(node.rel)
-            st = os.stat(path, follow_symlinks=False)
-            if node.rel != LIVE and not self._is_journal(node.rel, st):
-                raise FileNotFoundError(errno.ENOENT, "no longer a journal")
-            return self._attrs(node, dir_mode, mtime_ns=st.st_mtime_ns, timeout=live_timeout)
-        idx = self._cached_index(node.rel) if node.kind == RECORD else self._index(node.rel)
-        mtime = idx.identity[2]
+            st = await self._on_file(node.rel, self._records_dir_stat, node.rel)
+            return self._dir_attrs(node, st)
+        if node.kind == JOURNAL:  # no decoding: the file's lstat, still a journal
+            info = await self._on_file(node.rel, self._info_or_enoent, node.rel)
+            return self._journal_attrs(node, info)
         if node.kind == JSONL:
-            return self._attrs(node, file_mode, self._layout(idx).size, mtime, live_timeout)
-        return self._record_attrs(node, self._record(node.rel, node.seq, idx), mtime)
+            return await self._jsonl_getattr(node)
+        idx = await self._index(node.rel, node.seq)
+        rec = await self._on_file(node.rel, self._record, node.rel, node.seq, idx)
+        info = self.catalog.get(("journal", node.rel)) or \
+            await self._on_file(node.rel, self._info_or_enoent, node.rel)
+        return self._record_attrs(node, rec, info)
+
+    def _records_dir_stat(self, rel: bytes) -> os.stat_result:
+        if not rel:
+            return self.source.lstat(b"")
+        entry = self._records_entry(rel)
+        if entry is None or entry[0] != RECORDS_DIR:
+            raise FileNotFoundError(errno.ENOENT, "gone")
+        return entry[1]
+
+    async def _jsonl_getattr(self, node: VNode) -> pyfuse3.EntryAttributes:
+        info = await self._on_file(node.rel, self._info_or_enoent, node.rel)
+        layout = self._known_layout(info)
+        if layout is None and (info.ident[2] <= SMALL_JOURNAL_BYTES or node.rel == LIVE):
+            idx = await self._index(node.rel)
+            if idx.count <= SMALL_JOURNAL_RECORDS:
+                layout = await self._on_file(node.rel, self._full_layout, node.rel, idx)
+            info = self.catalog.get(("journal", node.rel)) or info
+        return self._jsonl_attrs(node, info, layout)
 
     def _service_status(self) -> dict:
-        status = self.fs.meta.status()  # synchronous in both backends; may take a store lock
+        status = self.ctx.meta.status()  # synchronous in both backends; may take a store lock
         return status if isinstance(status, dict) else {}
 
+    def status_fields(self) -> dict:
+        """What the views add to status.json (INTERFACES point 6)."""
+        damaged = [{**_rel_text(rel), "offset": off, "reason": reason}
+                   for rel, (off, reason) in sorted(self.damaged.items())]
+        return {
+            "damaged_journals": damaged,
+            "views": {"indexing": [_rel_text(r) for r in sorted(self._jobs)],
+                      "index_dir": (os.path.join(self.ctx.store_dir, "indexes")
+                                    if self.index_dir.usable else None),
+                      "catalog_bytes": self.catalog.used, "catalog_entries": len(self.catalog),
+                      **self.counters},
+        }
+
     async def _status_bytes(self) -> bytes:
-        status = self.fs.meta.status
+        status = self.ctx.meta.status
         if inspect.iscoroutinefunction(status):
             status = await status()
         else:  # synchronous in both backends, but it may wait for the store's lock
             status = await trio.to_thread.run_sync(status)
         status = status if isinstance(status, dict) else {}
-        loc = self.fs.location
-        journal = getattr(getattr(self.fs.meta, "store", None), "journal_path", None)
+        journal = getattr(getattr(self.ctx.meta, "store", None), "journal_path", None)
         doc = {
-            "source": self.options.get("source") or os.fsdecode(self.fs.src),
+            "source": self.options.get("source") or self.ctx.source_name,
             "mountpoint": self.options.get("mountpoint"),
-            "store": {"tree": os.fspath(getattr(loc, "tree_path", "") or ""),
-                      "prefix": getattr(loc, "prefix", None),
+            "store": {"tree": self.ctx.tree_path, "prefix": self.ctx.prefix,
                       "journal": journal or status.get("journal_path")},
             # the figures people look for first, then everything the service reports
             "journal_fill": status.get("fill"),
@@ -490,6 +929,7 @@ class Views:
             "last_fsync": status.get("last_fsync"),
             "service": status,
             "options": self.options,
+            **self.status_fields(),
         }
         return (json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n").encode()
 
@@ -497,12 +937,12 @@ class Views:
         node = self._get(ino)
         if node.kind == STATUS:
             size = len(await self._status_bytes())
-            return self._attrs(node, stat.S_IFREG | 0o444, size, time.time_ns(), 0)
+            return self._attrs(node, stat.S_IFREG | 0o600, size, time.time_ns(), 0)
         if node.kind == RECORD:
-            rec = self._cached_record(node)
-            if rec is not None:  # answered from memory, inline
-                return self._record_attrs(node, rec, self._trusted_index(node.rel).identity[2])
-        return await trio.to_thread.run_sync(self._compute_attrs, node)
+            cached = self._cached_record(node)
+            if cached is not None:  # answered from memory, inline
+                return self._record_attrs(node, *cached)
+        return await self._compute_attrs(node)
 
     # -- lookup ----------------------------------------------------------------------------
     def lookup_root(self) -> pyfuse3.EntryAttributes:
@@ -517,7 +957,7 @@ class Views:
         elif parent.kind == JOURNAL and (node := self._cached_record_lookup(parent, name)):
             pass
         else:
-            key = await trio.to_thread.run_sync(self._child_key, parent, name)
+            key = await self._child_key(parent, name)
             if key is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)
             node = self._node(*key)
@@ -535,57 +975,60 @@ class Views:
         if seq is None:
             return None
         node = self._node(RECORD, parent.rel, seq)
-        rec = self._cached_record(node)
-        return node if rec is not None and record_file_name(rec) == name else None
+        cached = self._cached_record(node)
+        return node if cached is not None and record_file_name(cached[0]) == name else None
 
-    def _child_key(self, parent: VNode, name: bytes) -> tuple | None:
-        """(kind, rel, seq) of ``name`` in a records dir or journal dir (thread: stats/decodes)."""
+    async def _child_key(self, parent: VNode, name: bytes) -> tuple | None:
+        """(kind, rel, seq) of ``name`` in a records dir or journal dir."""
         if parent.kind == RECORDS_DIR and name not in (b".", b".."):
             rel = parent.rel + b"/" + name if parent.rel else name
-            kind = self._records_entry(rel)
-            return None if kind is None else (kind, rel)
+            entry = await self._on_file(rel, self._records_entry, rel)
+            return None if entry is None else (entry[0], rel)
         if parent.kind == JOURNAL:
             if name == JSONL_NAME:
                 return (JSONL, parent.rel)
-            seq = self._record_seq(parent.rel, name)
-            return None if seq is None else (RECORD, parent.rel, seq)
+            seq = _seq_of(name)
+            if seq is None:
+                return None
+            try:
+                idx = await self._index(parent.rel, seq)
+                rec = await self._on_file(parent.rel, self._record, parent.rel, seq, idx)
+            except FileNotFoundError:
+                return None
+            return (RECORD, parent.rel, seq) if record_file_name(rec) == name else None
         return None
-
-    def _record_seq(self, rel: bytes, name: bytes) -> int | None:
-        seq = _seq_of(name)
-        if seq is None:
-            return None
-        try:
-            rec = self._record(rel, seq, self._index(rel))
-        except FileNotFoundError:
-            return None
-        return seq if record_file_name(rec) == name else None
 
     # -- directories -----------------------------------------------------------------------
     async def opendir(self, ino: int) -> int:
         node = self._get(ino)
         if node.kind in (RECORD, JSONL, STATUS):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        handle = self.fs.next_handle()
-        state = {"node": node, "batch_first": 0, "batch": []}
+        handle = self.ctx.next_handle()
+        state = {"node": node, "batch_first": 0, "batch": [], "index": None}
         if node.kind == RECORDS_DIR:
-            state["entries"] = await trio.to_thread.run_sync(self._list_records_dir, node.rel)
-        elif node.kind == JOURNAL:  # an unreadable journal shows as an empty directory
-            state["index"] = await trio.to_thread.run_sync(self._index, node.rel)
+            state["entries"] = await self._on_file(node.rel, self._list_records_dir, node.rel)
+        elif node.kind == JOURNAL:  # listing waits for indexing as far as it goes, not here
+            state["info"] = await self._on_file(node.rel, self._journal_info, node.rel)
         self.dirs[handle] = state
         return handle
 
-    def _list_records_dir(self, rel: bytes) -> list[tuple[bytes, str]]:
+    def _list_records_dir(self, rel: bytes) -> list[tuple[bytes, str, Any]]:
         out = []
         try:
-            names = sorted(os.listdir(self.fs.abs(rel)))
+            entries = sorted(self.source.scan(rel))
         except OSError:
             return out
-        for name in names:
+        for name, st in entries:
             sub = rel + b"/" + name if rel else name
-            kind = self._records_entry(sub)
-            if kind is not None:
-                out.append((name, kind))
+            if sub == VIEWS_NAME or is_backup_name(name):
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                if self._holds_journals(sub):
+                    out.append((name, RECORDS_DIR, st))
+            elif stat.S_ISREG(st.st_mode):
+                info = self._journal_info(sub, st)
+                if info is not None:
+                    out.append((name, JOURNAL, info))
         return out
 
     def _fixed_entries(self, node: VNode) -> list[tuple[bytes, VNode]]:
@@ -604,16 +1047,19 @@ class Views:
         if node.kind == JOURNAL:
             return await self._readdir_journal(state, start_id, token)
         if node.kind == RECORDS_DIR:
-            entries = [(name, self._node(kind, node.rel + b"/" + name if node.rel else name))
-                       for name, kind in state["entries"][start_id:]]
-        else:
-            entries = self._fixed_entries(node)[start_id:]
-        for i, (name, child) in enumerate(entries, start_id + 1):
+            for i, (name, kind, what) in enumerate(state["entries"][start_id:], start_id + 1):
+                child = self._node(kind, node.rel + b"/" + name if node.rel else name)
+                attrs = (self._dir_attrs(child, what) if kind == RECORDS_DIR
+                         else self._journal_attrs(child, what))
+                if not pyfuse3.readdir_reply(token, name, attrs, i):
+                    self.forget(child.ino, 0)
+                    return
+                child.lookups += 1
+            return
+        for i, (name, child) in enumerate(self._fixed_entries(node)[start_id:], start_id + 1):
             try:
                 attrs = await self.getattr(child.ino)
-            except pyfuse3.FUSEError:
-                continue
-            except OSError:
+            except (pyfuse3.FUSEError, OSError):
                 continue
             if not pyfuse3.readdir_reply(token, name, attrs, i):
                 self.forget(child.ino, 0)
@@ -623,53 +1069,76 @@ class Views:
     async def _readdir_journal(self, state: dict, start_id: int, token) -> None:
         """Entry 0 is records.jsonl; entry ``seq + 1`` is record ``seq`` (stable cursors)."""
         node: VNode = state["node"]
-        idx: RecordIndex = state["index"]
+        info: JournalInfo | None = state["info"]
+        if info is None:  # not a journal (any more): an empty directory
+            return
         if start_id == 0:
             jsonl = self._node(JSONL, node.rel)
-            attrs = self._listed_jsonl_attrs(jsonl, idx)
+            attrs = self._jsonl_attrs(jsonl, info, self._known_layout(info))
             if not pyfuse3.readdir_reply(token, JSONL_NAME, attrs, 1):
                 self.forget(jsonl.ino, 0)
                 return
             jsonl.lookups += 1
             start_id = 1
         seq = start_id - 1
-        mtime = idx.identity[2]
+        owner, _, file_mode = self._journal_perms(node.rel, info)
         timeout = 0 if node.rel == LIVE else None
-        while seq < idx.count:
+        # Record inodes are computed, not stored (no VNode per entry), and one attribute
+        # object is reused: readdir_reply copies it into the reply.
+        if seq > SEQ_MASK or len(self._journal_rels) > JOURNAL_ID_MAX:
+            raise pyfuse3.FUSEError(errno.EOVERFLOW)
+        ino_base = RECORD_INO_BASE | (self._journal_id(node.rel) << SEQ_BITS)
+        attrs = self._attrs(node, file_mode, 0, info.ident[3], timeout, owner)
+        reply = pyfuse3.readdir_reply
+        idx: RecordIndex | None = state["index"]
+        while True:
+            if idx is None or (seq >= idx.count and not idx.complete):
+                try:
+                    idx = state["index"] = await self._index(node.rel, seq)
+                except OSError:
+                    return
+            if seq >= idx.count:
+                return
             first, batch = state["batch_first"], state["batch"]
             if not first <= seq < first + len(batch):
-                batch = await trio.to_thread.run_sync(self._list_batch, idx, seq)
+                batch = await self._on_file(node.rel, self._list_batch, idx, seq)
                 state["batch_first"], state["batch"] = seq, batch
                 first = seq
                 if not batch:
                     return
-            name, size = batch[seq - first]
-            child = self._node(RECORD, node.rel, seq)
-            attrs = self._attrs(child, stat.S_IFREG | 0o444, size, mtime, timeout)
-            if not pyfuse3.readdir_reply(token, name, attrs, seq + 2):
-                self.forget(child.ino, 0)
-                return
-            child.lookups += 1
-            seq += 1
-
-    def _listed_jsonl_attrs(self, jsonl: VNode, idx: RecordIndex) -> pyfuse3.EntryAttributes:
-        """records.jsonl as a listing shows it. Its size costs a JSON pass over every record,
-        so a listing only reports it when known; otherwise size 0 with no caching, and the
-        next stat/open asks again and gets the exact size. (It is read with direct_io, so a
-        momentarily wrong size never cuts a read short.)"""
-        with self._cache_lock:
-            layout = self._layouts.get((idx.path, idx.identity, idx.count))
-        if layout is None:
-            return self._attrs(jsonl, stat.S_IFREG | 0o444, 0, idx.identity[2], 0)
-        timeout = 0 if jsonl.rel == LIVE else None
-        return self._attrs(jsonl, stat.S_IFREG | 0o444, layout.size, idx.identity[2], timeout)
+            for name, size in batch[seq - first:]:
+                attrs.st_ino = ino_base | seq
+                attrs.st_size = size
+                attrs.st_blocks = (size + 511) // 512
+                if not reply(token, name, attrs, seq + 2):
+                    return
+                seq += 1
 
     @staticmethod
     def _list_batch(idx: RecordIndex, first: int) -> list[tuple[bytes, int]]:
-        # Exact sizes even though JSON-line records cost an encoding each: a listing's
-        # attributes update cached inodes, and a wrong size would cut short a concurrent read.
-        return [(record_file_name(r), len(record_content(r)))
-                for r in idx.records(first, LIST_BATCH)]
+        """(name, exact size) of records ``first`` on, about LIST_BATCH of them. Exact sizes,
+        though JSON-line records need their line rendered: a listing's attributes update
+        cached inodes, and a wrong size would cut short a concurrent read. Lines are
+        rendered a checkpoint's worth at a time from the columns (see json_chunk)."""
+        step = READ_CHUNK_RECORDS if idx.codec.resumable else max(1, idx.count)
+        seq = first - first % CHECKPOINT_EVERY if idx.codec.resumable else 0
+        out: list[tuple[bytes, int]] = []
+        while seq < idx.count and len(out) < LIST_BATCH:
+            chunk = idx.json_chunk(seq, step)
+            if not chunk.rows:
+                break
+            skip = max(0, first - seq)
+            kinds = chunk.kinds[skip:]
+            seqs = range(seq + skip, seq + chunk.rows)
+            if kinds and kinds.count(kinds[0]) == len(kinds):  # one kind: one name template
+                template = b"%08d." + kinds[0].encode("utf-8", "surrogateescape")
+                names = map(template.__mod__, seqs)
+            else:
+                names = (b"%08d.%s" % (n, k.encode("utf-8", "surrogateescape"))
+                         for n, k in zip(seqs, kinds))
+            out.extend(zip(names, chunk.content_sizes()[skip:]))
+            seq += chunk.rows
+        return out
 
     def releasedir(self, fh: int) -> None:
         self.dirs.pop(fh, None)
@@ -679,15 +1148,20 @@ class Views:
         node = self._get(ino)
         if node.kind not in (RECORD, JSONL, STATUS):
             raise pyfuse3.FUSEError(errno.EISDIR)
-        handle = self.fs.next_handle()
+        handle = self.ctx.next_handle()
         if node.kind == STATUS:
             self.files[handle] = await self._status_bytes()
             return pyfuse3.FileInfo(fh=handle, direct_io=True)
-        rec = self._cached_record(node) if node.kind == RECORD else None
-        if rec is not None:  # decoded moments ago: answered inline
-            self.files[handle] = record_content(rec)
+        cached = self._cached_record(node) if node.kind == RECORD else None
+        if cached is not None:  # decoded moments ago: answered inline
+            self.files[handle] = record_content(cached[0])
+        elif node.kind == JSONL:
+            idx = await self._index(node.rel)
+            self.files[handle] = await self._on_file(node.rel, self._jsonl_reader, node.rel, idx)
         else:
-            self.files[handle] = await trio.to_thread.run_sync(self._open_content, node)
+            idx = await self._index(node.rel, node.seq)
+            rec = await self._on_file(node.rel, self._record, node.rel, node.seq, idx)
+            self.files[handle] = record_content(rec)
         # The live journal changes in place: never trust the page cache for it. records.jsonl
         # is streamed by its reader and may be listed with a provisional size (see above).
         # A record file's content is fixed by its inode (journal, seq) and the journal's
@@ -696,18 +1170,21 @@ class Views:
         uncached = node.rel == LIVE or node.kind == JSONL
         return pyfuse3.FileInfo(fh=handle, direct_io=uncached, keep_cache=not uncached)
 
-    def _open_content(self, node: VNode):
-        if node.kind == JSONL:
-            idx = self._index(node.rel)
-            return JsonlReader(idx, self._layout(idx))
-        return record_content(self._record(node.rel, node.seq))
+    def _jsonl_reader(self, rel: bytes, idx: RecordIndex) -> JsonlReader:
+        info = self.catalog.get(("journal", rel))
+        layout = info.layout if info is not None and info.index is idx else None
+        if layout is None or not layout.fits(idx):
+            layout = JsonlLayout.empty(idx)
+            if info is not None and info.index is idx:
+                info.layout = layout
+        return JsonlReader(idx, layout, self._layout_done(rel, idx), rel)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         content = self.files.get(fh)
         if content is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         if isinstance(content, JsonlReader):
-            return await trio.to_thread.run_sync(content.read, off, size)
+            return await self._on_file(content.rel, content.read, off, size)
         return content[off:off + size]
 
     def release(self, fh: int) -> None:
@@ -717,24 +1194,38 @@ class Views:
                 content.close()
 
     # -- xattrs ----------------------------------------------------------------------------
-    def _record_fields(self, node: VNode) -> dict[bytes, bytes]:
-        if node.kind != RECORD:
-            return {}
-        rec = self._record(node.rel, node.seq)
+    @staticmethod
+    def _record_fields(rec: dict) -> dict[bytes, bytes]:
         out = {}
         for key, value in rec.items():
             text = scalar_text(value)
             if text is not None:
-                out[RECORD_XATTR_PREFIX + key.encode()] = text.encode("utf-8")
+                out[RECORD_XATTR_PREFIX + key.encode("utf-8", "surrogateescape")] = \
+                    text.encode("utf-8", "surrogateescape")
         return out
+
+    async def _xattrs(self, node: VNode) -> dict[bytes, bytes]:
+        if node.kind == RECORD:
+            idx = await self._index(node.rel, node.seq)
+            rec = await self._on_file(node.rel, self._record, node.rel, node.seq, idx)
+            return self._record_fields(rec)
+        if node.kind == JOURNAL:
+            idx = await self._index(node.rel)
+            if idx.error is None:
+                return {}
+            text = f"{idx.error.offset}: {idx.error.reason}"
+            return {DAMAGE_XATTR: text.encode("utf-8", "surrogateescape")}
+        return {}
 
     async def getxattr(self, ino: int, name: bytes) -> bytes:
         node = self._get(ino)
         if node.kind == ROOT and self.control is not None:
             return await self.control.getxattr(name)
-        if node.kind != RECORD or not name.startswith(RECORD_XATTR_PREFIX):
+        wanted = (node.kind == RECORD and name.startswith(RECORD_XATTR_PREFIX)) or \
+            (node.kind == JOURNAL and name == DAMAGE_XATTR)
+        if not wanted:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-        fields = await trio.to_thread.run_sync(self._record_fields, node)
+        fields = await self._xattrs(node)
         try:
             return fields[name]
         except KeyError:
@@ -744,7 +1235,7 @@ class Views:
         node = self._get(ino)
         if node.kind == ROOT and self.control is not None:
             return await self.control.listxattr()
-        return list(await trio.to_thread.run_sync(self._record_fields, node))
+        return list(await self._xattrs(node))
 
     async def setxattr(self, ino: int, name: bytes, value: bytes, ctx) -> None:
         """Only the mount's settings on ``.journalfs`` itself change; the rest is read-only."""

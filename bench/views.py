@@ -1,0 +1,144 @@
+"""Views on a big journal, side by side with bindfs over a real directory of as many files.
+
+    python bench/views.py [--records N] [--work DIR]
+
+Times, for one wallaby-index journal of N records (24 bytes each) mounted by journalfs:
+the first ``cat`` of a record after a remount (index from the store directory), ``stat`` of
+records.jsonl and of a record, ``ls -U`` of the view (entries/s), and reading records.jsonl
+(MB/s); and ``ls -U`` of a real directory of N empty files through bindfs (entries/s).
+Creating N real files is slow, which is why N defaults to 1M: scale rates, not times.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_wallaby_index(path: Path, count: int) -> None:
+    rec = np.zeros(count, dtype=[("time", "<i8"), ("index", "<u8"), ("offset", "<i8")])
+    rec["time"] = 1_700_000_000_000_000_000 + np.arange(count, dtype=np.int64) * 1000
+    rec["index"] = np.arange(count, dtype=np.uint64)
+    rec["offset"] = 16 + np.arange(count, dtype=np.int64) * 40
+    with open(path, "wb") as f:
+        f.write(b"IDX" + struct.pack("<BIq", 1, 0, 0))
+        rec.tofile(f)
+
+
+def wait_mounted(mnt: Path, proc: subprocess.Popen | None = None, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.path.ismount(mnt):
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"mount exited {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{mnt} not mounted after {timeout} s")
+        time.sleep(0.05)
+
+
+def journalfs_mount(src: Path, mnt: Path, store: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "journalfs.cli", "mount", "--foreground",
+                             str(src), str(mnt), "--store", str(store)], env=env,
+                            stderr=subprocess.DEVNULL)
+    wait_mounted(mnt, proc)
+    return proc
+
+
+def unmount(mnt: Path, proc: subprocess.Popen | None = None) -> None:
+    subprocess.run(["fusermount3", "-u", str(mnt)], check=False)
+    if proc is not None:
+        proc.wait(timeout=60)
+
+
+def timed(fn) -> tuple[float, object]:
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+def ls_entries(path: Path) -> int:
+    out = subprocess.run(["ls", "-U", str(path)], capture_output=True, check=True).stdout
+    return out.count(b"\n")
+
+
+def read_all(path: Path) -> int:
+    n = 0
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(1 << 20):
+            n += len(chunk)
+    return n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--work", default=None, help="scratch directory (default: a new temp dir)")
+    ap.add_argument("--skip-bindfs", action="store_true")
+    args = ap.parse_args()
+    n = args.records
+    work = Path(args.work or tempfile.mkdtemp(prefix="jfs-bench-views-"))
+    src, mnt, store = work / "src", work / "mnt", work / "store"
+    for d in (src, mnt):
+        d.mkdir(parents=True, exist_ok=True)
+    rows = []
+    try:
+        write_wallaby_index(src / "big.idx", n)
+        view = mnt / ".journalfs" / "records" / "big.idx"
+        proc = journalfs_mount(src, mnt, store)
+        t, _ = timed(lambda: (view / f"{n - 1:08d}.index").read_bytes())
+        rows.append(("first cat, no index yet (builds it)", f"{t:.3f} s"))
+        unmount(mnt, proc)
+        proc = journalfs_mount(src, mnt, store)
+        t, _ = timed(lambda: (view / f"{n // 2:08d}.index").read_bytes())
+        rows.append(("first cat after remount (index on disk)", f"{t:.3f} s"))
+        t, _ = timed(lambda: os.stat(view / "records.jsonl"))
+        rows.append(("stat records.jsonl", f"{t:.4f} s"))
+        t, _ = timed(lambda: os.stat(view / f"{n // 3:08d}.index"))
+        rows.append(("stat of another record", f"{t:.4f} s"))
+        t, count = timed(lambda: ls_entries(view))
+        rows.append((f"ls -U of the view ({count} entries)", f"{t:.2f} s = {count / t:,.0f} entries/s"))
+        t, size = timed(lambda: read_all(view / "records.jsonl"))
+        rows.append((f"read records.jsonl ({size >> 20} MiB)", f"{size / t / 1e6:.0f} MB/s"))
+        t, size = timed(lambda: read_all(view / "records.jsonl"))
+        rows.append(("read records.jsonl again (layout known)", f"{size / t / 1e6:.0f} MB/s"))
+        unmount(mnt, proc)
+        if not args.skip_bindfs:
+            real, bmnt = work / "real", work / "bmnt"
+            real.mkdir(exist_ok=True)
+            bmnt.mkdir(exist_ok=True)
+            t, _ = timed(lambda: [os.close(os.open(real / f"{i:08d}.index",
+                                                   os.O_CREAT | os.O_WRONLY, 0o644))
+                                  for i in range(n)])
+            rows.append((f"(creating {n} real files)", f"{t:.1f} s"))
+            subprocess.run(["bindfs", str(real), str(bmnt)], check=True)
+            try:
+                wait_mounted(bmnt)
+                t, count = timed(lambda: ls_entries(bmnt))
+                rows.append((f"bindfs: ls -U of {count} files", f"{t:.2f} s = {count / t:,.0f} entries/s"))
+            finally:
+                unmount(bmnt)
+            t, count = timed(lambda: ls_entries(real))
+            rows.append((f"native: ls -U of {count} files", f"{t:.2f} s = {count / t:,.0f} entries/s"))
+    finally:
+        for m in (mnt, work / "bmnt"):
+            if os.path.ismount(m):
+                unmount(m)
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    width = max(len(r[0]) for r in rows)
+    for what, figure in rows:
+        print(f"{what:<{width}}  {figure}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""Record indexes of SOURCE journals kept on disk, in ``<store dir>/indexes/`` (never in SOURCE).
+
+A remount then finds any record of a big journal without reading the journal again (as
+ratarmount keeps ``.index.sqlite`` next to its archives). One file per journal, named by the
+journal's identity ``<st_dev>-<st_ino>.jfsidx``::
+
+    b"JFSIDX1\\n"
+    one JSON line: codec, dev, ino, size, mtime_ns, head_crc (crc32 of the first 4 KiB),
+                   fingerprint, count, error, checkpoints, layout_rows, layout_size
+    int64 LE arrays: checkpoint seqs, checkpoint offsets, records.jsonl line seqs, their offsets
+
+An index is used as is when the journal's dev, inode, size, mtime and first bytes are those it
+was taken of; when only the size grew (same inode and start, same bytes before the last
+checkpoint) it is the starting point of :meth:`RecordIndex.build`, which indexes only the
+growth. Files are written to a temporary name and renamed, all relative to the directory's fd
+with O_NOFOLLOW, mode 0600 in a 0700 directory; everything read back is checked as hostile.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import stat
+import zlib
+
+import numpy as np
+
+from ..formats import CODECS
+from ..formats.base import FormatError
+from ..journals import FINGERPRINT_BYTES, RecordIndex
+
+log = logging.getLogger("journalfs.fs.indexfiles")
+
+MAGIC = b"JFSIDX1\n"
+SUFFIX = ".jfsidx"
+DIR_NAME = "indexes"
+#: An index file larger than this is not ours (12M records need ~200 KiB).
+MAX_INDEX_BYTES = 256 << 20
+MAX_HEADER_BYTES = 64 << 10
+
+
+def head_crc(buf) -> int:
+    return zlib.crc32(buf[:FINGERPRINT_BYTES])
+
+
+class IndexDir:
+    """The directory of on-disk indexes; ``None``-safe: with no usable directory every load
+    misses and every save is skipped (the views then index in memory only)."""
+
+    def __init__(self, store_dir: str | None):
+        self.fd = -1
+        if not store_dir:
+            return
+        try:
+            self.fd = self._open(store_dir)
+        except OSError as exc:
+            log.warning("journal indexes are kept in memory only: %s/%s: %s",
+                        store_dir, DIR_NAME, exc.strerror or exc)
+
+    @staticmethod
+    def _open(store_dir: str) -> int:
+        parent = os.open(store_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            try:
+                os.mkdir(DIR_NAME, 0o700, dir_fd=parent)
+            except FileExistsError:
+                pass
+            fd = os.open(DIR_NAME, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=parent)
+        finally:
+            os.close(parent)
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            os.close(fd)
+            raise OSError(errno.EPERM, "not a private directory of the mount's user "
+                          f"(owner {st.st_uid}, mode {stat.filemode(st.st_mode)})")
+        return fd
+
+    @property
+    def usable(self) -> bool:
+        return self.fd >= 0
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    @staticmethod
+    def name_of(dev: int, ino: int) -> str:
+        return f"{dev:x}-{ino:x}{SUFFIX}"
+
+    # -- reading --------------------------------------------------------------------------
+    def load(self, dev: int, ino: int, path: str) -> tuple[RecordIndex, dict, tuple | None] | None:
+        """(index, header, layout) saved for the file (dev, ino), or None. ``layout`` is
+        (line seqs, line offsets, size) of its records.jsonl when that was saved. The caller
+        decides whether it still holds for the file as it is now (:func:`matches`)."""
+        if self.fd < 0:
+            return None
+        try:
+            fd = os.open(self.name_of(dev, ino), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+                         | os.O_NONBLOCK, dir_fd=self.fd)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_INDEX_BYTES:
+                return None
+            data = os.pread(fd, st.st_size, 0)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        try:
+            return _parse(data, dev, ino, path)
+        except (ValueError, KeyError, TypeError, OverflowError) as exc:
+            log.warning("ignoring a bad journal index file %s: %s", self.name_of(dev, ino), exc)
+            return None
+
+    # -- writing --------------------------------------------------------------------------
+    def save(self, index: RecordIndex, head: int, layout: tuple | None = None) -> bool:
+        """Write ``index`` (and the records.jsonl ``layout``) for its journal; False when not
+        possible (reported in the log, never raised: the on-disk index is only a cache)."""
+        if self.fd < 0 or not index.identity:
+            return False
+        ino, size, mtime_ns = index.identity
+        seqs = np.asarray(index.seqs[:len(index.offsets)], dtype="<i8")
+        offsets = np.asarray(index.offsets[:len(seqs)], dtype="<i8")
+        lseqs = np.asarray(layout[0] if layout else (), dtype="<i8")
+        loffs = np.asarray(layout[1] if layout else (), dtype="<i8")
+        error = None if index.error is None else [int(index.error.offset), str(index.error.reason)]
+        header = {
+            "codec": index.codec.name, "dev": index.dev, "ino": ino, "size": size,
+            "mtime_ns": mtime_ns, "head_crc": head,
+            "fingerprint": list(index.fingerprint) if index.fingerprint else None,
+            "count": index.count, "error": error, "checkpoints": len(seqs),
+            "layout_rows": len(lseqs) if layout else None,
+            "layout_size": layout[2] if layout else None,
+        }
+        data = b"".join([MAGIC, json.dumps(header).encode() + b"\n", seqs.tobytes(),
+                         offsets.tobytes(), lseqs.tobytes(), loffs.tobytes()])
+        name = self.name_of(index.dev, ino)
+        tmp = f".{name}.{os.getpid()}.{id(index):x}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600, dir_fd=self.fd)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            return True
+        except OSError as exc:
+            log.warning("could not save the index of %s: %s", index.path, exc)
+            try:
+                os.unlink(tmp, dir_fd=self.fd)
+            except OSError:
+                pass
+            return False
+
+
+def _parse(data: bytes, dev: int, ino: int, path: str):
+    if not data.startswith(MAGIC):
+        raise ValueError("no index magic")
+    end = data.find(b"\n", len(MAGIC), len(MAGIC) + MAX_HEADER_BYTES)
+    if end < 0:
+        raise ValueError("no header line")
+    header = json.loads(data[len(MAGIC):end])
+    if not isinstance(header, dict) or header.get("dev") != dev or header.get("ino") != ino:
+        raise ValueError("header names another file")
+    codec = CODECS.get(header["codec"])
+    if codec is None:
+        raise ValueError(f"unknown codec {header['codec']!r}")
+    n = int(header["checkpoints"])
+    rows = header.get("layout_rows")
+    m = 0 if rows is None else int(rows)
+    body = memoryview(data)[end + 1:]
+    if n < 0 or m < 0 or len(body) != 8 * (2 * n + 2 * m):
+        raise ValueError("array sizes do not match the header")
+    arrays = np.frombuffer(body, dtype="<i8")
+    seqs, offsets = arrays[:n], arrays[n:2 * n]
+    count, size = int(header["count"]), int(header["size"])
+    if n and (seqs[0] < 0 or np.any(np.diff(seqs) <= 0) or seqs[-1] >= max(count, 1)
+              or np.any(offsets < 0) or np.any(offsets > size) or np.any(np.diff(offsets) <= 0)):
+        raise ValueError("checkpoints out of order or outside the file")
+    index = RecordIndex(path, codec, count=count, seqs=seqs.tolist(), offsets=offsets.tolist(),
+                        identity=(ino, size, int(header["mtime_ns"])), dev=dev)
+    fp = header.get("fingerprint")
+    index.fingerprint = tuple(int(v) for v in fp) if fp else ()
+    if header.get("error"):
+        offset, reason = header["error"]
+        index.error = FormatError(path, int(offset), str(reason))
+    layout = None
+    if rows is not None:
+        lseqs, loffs = arrays[2 * n:2 * n + m], arrays[2 * n + m:]
+        lsize = int(header["layout_size"])
+        if m and (np.any(np.diff(lseqs) <= 0) or np.any(np.diff(loffs) <= 0)
+                  or loffs[0] < 0 or loffs[-1] > lsize):
+            raise ValueError("records.jsonl layout out of order")
+        layout = (lseqs.tolist(), loffs.tolist(), lsize)
+    return index, header, layout
+
+
+def matches(header: dict, codec: str, size: int, mtime_ns: int, head: int) -> bool:
+    """The saved index was taken of exactly this file as it is now."""
+    return (header["codec"] == codec and header["size"] == size
+            and header["mtime_ns"] == mtime_ns and header["head_crc"] == head)
+
+
+def may_extend(header: dict, codec: str, size: int, head: int) -> bool:
+    """The file may have grown from what the saved index describes (RecordIndex.build checks
+    the bytes before its last checkpoint before extending)."""
+    return header["codec"] == codec and header["size"] <= size and header["head_crc"] == head
+
+
+__all__ = ["IndexDir", "head_crc", "matches", "may_extend"]
