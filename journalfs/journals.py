@@ -297,6 +297,13 @@ def is_backup(name: str) -> bool:
     return BACKUP_MARK in os.path.basename(name)
 
 
+def is_backup_name(name: bytes | str) -> bool:
+    """True for a backup ``fsck --repair`` wrote: never a journal, wherever it is listed."""
+    if isinstance(name, bytes):
+        return BACKUP_MARK.encode() in name
+    return BACKUP_MARK in name
+
+
 def fsync_dir(directory: str) -> None:
     fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY)
     try:

@@ -2,6 +2,7 @@
 demo tree it is shown on."""
 from __future__ import annotations
 
+import base64
 import io
 import json
 import random
@@ -16,6 +17,7 @@ import pytest
 from journalfs import cli, demo
 from journalfs.formats import CODECS, FormatError, record_json_line
 from journalfs.formats.akka import AkkaData
+from journalfs.formats.base import json_safe
 from journalfs.journals import CHECKPOINT_EVERY, RecordIndex, sniff_file
 
 JOURNALFS = Path(sys.executable).with_name("journalfs")
@@ -181,8 +183,21 @@ def test_undecodable_file_names_stay_valid_json(tmp_path):
     proc = run_cli("records", str(path), "--json", real=True)
     assert proc.returncode == 0, proc.stderr
     (line,) = proc.stdout.splitlines()
-    assert json.loads(line)["path"] == "/docs/caf\udce9.txt"
-    assert "caf\\udce9" in line
+    record = json.loads(line)
+    assert "path" not in record  # INTERFACES.md point 1: <field>_b64 INSTEAD of <field>
+    assert base64.b64decode(record["path_b64"]) == b"/docs/caf\xe9.txt"
+    assert record["metadata"] == {"k": "v"}
+
+
+def test_json_safe_rules():
+    raw = "caf\udce9"
+    assert json_safe({"path": "/ok", "n": 1}) == {"path": "/ok", "n": 1}
+    assert json_safe({"key": raw}) == {"key_b64": base64.b64encode(b"caf\xe9").decode()}
+    assert json_safe({"value": ["a", raw]}) == {
+        "value_b64": [base64.b64encode(b"a").decode(), base64.b64encode(b"caf\xe9").decode()]}
+    assert json_safe({"metadata": {raw: "v", "k": raw}}) == {
+        "metadata": {"b64:" + base64.b64encode(b"caf\xe9").decode(): "v",
+                     "k_b64": base64.b64encode(b"caf\xe9").decode()}}
 
 
 def _many_records(fmt: str, rng: random.Random) -> bytes:

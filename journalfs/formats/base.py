@@ -159,15 +159,67 @@ def payload_b64(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(bytes(data)).decode("ascii")
 
 
+def _utf8(text: str) -> bool:
+    """True when ``text`` holds no lone surrogates (a name that was not valid UTF-8)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _raw_b64(text: str) -> str:
+    return base64.b64encode(text.encode("utf-8", "surrogateescape")).decode("ascii")
+
+
+def _safe_value(value: Any) -> tuple[bool, Any]:
+    """(True, value as JSON can carry it) or (False, its raw bytes in base64) for one field."""
+    if isinstance(value, str):
+        return (True, value) if _utf8(value) else (False, _raw_b64(value))
+    if isinstance(value, list) and any(isinstance(v, str) and not _utf8(v) for v in value):
+        return False, [_raw_b64(v) if isinstance(v, str) else v for v in value]
+    if isinstance(value, dict):
+        return True, _safe_mapping(value)
+    return True, value
+
+
+def _safe_mapping(fields: dict) -> dict:
+    """A nested mapping (gvfs metadata ``{key: value}``): a key that is not UTF-8 becomes
+    ``"b64:<base64>"``, its value follows the same rule as a top-level field."""
+    out = {}
+    for key, value in fields.items():
+        if isinstance(key, str) and not _utf8(key):
+            key = "b64:" + _raw_b64(key)
+        ok, safe = _safe_value(value)
+        out[key if ok else f"{key}_b64"] = safe
+    return out
+
+
+def json_safe(fields: dict) -> dict:
+    """``fields`` as JSON can carry them: a text field that is not valid UTF-8 (a ``str``
+    holding ``surrogateescape`` lone surrogates) is written as ``"<field>_b64"`` with the raw
+    bytes in base64 INSTEAD of ``"<field>"``; a list with such an element becomes a
+    ``<field>_b64`` list of base64 strings (every element); nested mappings follow the same
+    rule, with a non-UTF-8 key written as ``"b64:<base64>"``. Everything else is unchanged."""
+    out = {}
+    for key, value in fields.items():
+        ok, safe = _safe_value(value)
+        out[key if ok else f"{key}_b64"] = safe
+    return out
+
+
 def record_to_json(rec: Record) -> dict:
-    """The contract's JSON object for one record (payload bytes become ``payload_b64``)."""
+    """The contract's JSON object for one record (payload bytes become ``payload_b64``, text
+    that is not UTF-8 becomes ``<field>_b64``: see :func:`json_safe`)."""
     out = {}
     for k, v in rec.items():
         if k == "payload":
             out["payload_b64"] = payload_b64(v)
         else:
             out[k] = v
-    return out
+    return json_safe(out)
 
 
 def record_json_line(rec: Record) -> str:
