@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import sys
+import threading
 import time
 
 #: Seconds of work before a bar appears: quick commands stay silent.
@@ -11,6 +12,8 @@ SHOW_AFTER_S = 1.0
 #: Bytes of a mapping read behind the reader before those pages are dropped from this
 #: process (they stay in the page cache): bounds RSS whatever the file size.
 RELEASE_EVERY = 8 << 20
+#: How often :class:`DroppingPages` drops the pages of files a codec reads by itself.
+DROP_EVERY_S = 0.1
 
 
 class Progress:
@@ -24,6 +27,8 @@ class Progress:
         self.stream = stream if stream is not None else sys.stderr
         self.unit = unit
         self._t0 = time.monotonic()
+        #: work done before the current item (callers doing several files set it)
+        self.base = 0
         self._bar = None
         self._task = None
         try:
@@ -87,3 +92,34 @@ class Releaser:
             self.buf = None  # not supported here: keep working, just without the release
             return
         self.released = upto
+
+
+class DroppingPages:
+    """While a codec walks mapped files on its own (``validate``), drop their pages from this
+    process every :data:`DROP_EVERY_S` seconds from a helper thread, so its resident set stays
+    bounded by what it reads in that time, not by the files' sizes. The reads themselves are
+    unaffected: a dropped page faults back in from the page cache."""
+
+    def __init__(self, *buffers):
+        self.maps = [b for b in buffers if isinstance(b, mmap.mmap) and hasattr(b, "madvise")]
+        self._stop = threading.Event()
+        self._thread = None
+
+    def __enter__(self) -> "DroppingPages":
+        if self.maps:
+            self._thread = threading.Thread(target=self._run, name="drop-pages", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(DROP_EVERY_S):
+            for m in self.maps:
+                try:
+                    m.madvise(mmap.MADV_DONTNEED)
+                except (OSError, ValueError):  # closed or unsupported: nothing left to drop
+                    return
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()

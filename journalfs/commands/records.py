@@ -171,13 +171,20 @@ def _next_rows(rows: int, span: int) -> int:
 
 
 def _line_batches(lines: Iterator[str]) -> Iterator[str]:
+    """``lines`` joined into chunks of :data:`BATCH`; at damage, the lines before it first."""
     batch: list[str] = []
-    for line in lines:
-        batch.append(line)
-        if len(batch) >= BATCH:
+    try:
+        for line in lines:
+            batch.append(line)
+            if len(batch) >= BATCH:
+                batch.append("")
+                yield "\n".join(batch)
+                batch = []
+    except FormatError:
+        if batch:
             batch.append("")
             yield "\n".join(batch)
-            batch = []
+        raise
     if batch:
         batch.append("")
         yield "\n".join(batch)
