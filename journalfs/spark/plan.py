@@ -10,7 +10,7 @@ import fnmatch
 import os
 from dataclasses import dataclass, field
 
-from ..journals import sniff_file
+from ..journals import is_backup_name, sniff_file
 
 MiB = 1 << 20
 
@@ -58,7 +58,10 @@ def list_journals(root: str, recursive: bool = True, glob: str | None = None) ->
                             if os.path.isfile(os.path.join(root, f)))
     out = []
     for path in candidates:
-        if glob and not fnmatch.fnmatch(os.path.basename(path), glob):
+        name = os.path.basename(path)
+        if is_backup_name(name):  # what `fsck --repair` kept: never a journal
+            continue
+        if glob and not fnmatch.fnmatch(name, glob):
             continue
         codec = sniff_file(path)
         if codec is None:
