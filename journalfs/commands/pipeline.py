@@ -181,6 +181,10 @@ def _run_spark(args, output: str, conf: dict[str, str]) -> int:
         try:
             from ..spark.pipeline import print_summary, run as run_pipeline, spark_for
             spark = spark_for(args.master, scratch, conf)
+            # PySpark's own handler calls into the JVM from inside the signal handler (a
+            # reentrant py4j call that fails noisily); a plain KeyboardInterrupt instead, and
+            # the jobs are cancelled below
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             if args.master and not args.master.startswith("local"):
                 wait_for_executors(spark, args.master, args.master_timeout)
             summary = run_pipeline(spark, args.input, partial, console)
@@ -256,6 +260,7 @@ def _first_line(exc: BaseException) -> str:
 def _stderr_to(log_fd: int):
     """Point file descriptor 2 (inherited by the JVM and Python workers) at the log, and give
     back a rich console on the real stderr for our own progress and summary."""
+    import logging
     from rich.console import Console
     sys.stderr.flush()
     saved = os.dup(2)
@@ -264,9 +269,15 @@ def _stderr_to(log_fd: int):
     os.close(log_fd)
     old_stderr = sys.stderr
     sys.stderr = ours
+    # py4j reports a broken call (Ctrl-C in the middle of one) through logging: to the log
+    log = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")
+    handler = logging.StreamHandler(log)
+    logging.getLogger().addHandler(handler)
     try:
         yield Console(file=ours)
     finally:
+        logging.getLogger().removeHandler(handler)
+        log.close()
         sys.stderr = old_stderr
         os.dup2(saved, 2)
         os.close(saved)
