@@ -14,7 +14,8 @@ from journalfs.formats import CODECS, FormatError
 from journalfs.formats import kestrel
 from journalfs.formats.akka import AkkaData
 from journalfs.journals import read_file
-from journalfs.spark.convert import attrs_of, kestrel_queue, to_batch
+from journalfs.formats.kestrel import queue_name as kestrel_queue
+from journalfs.spark.convert import attrs_of, to_batch
 from journalfs.spark.plan import list_journals, plan
 from codec_helpers import file_records
 from journalfs.spark.testing import spark  # noqa: F401  (the session-wide fixture)

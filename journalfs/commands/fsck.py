@@ -22,7 +22,8 @@ from ..formats import Codec, Columns, Finding, FormatError
 from ..formats.base import Record, record_to_json
 from ..journals import (is_backup_name, mapped, related_files, replace_atomically, sniff_file,
                         write_backup)
-from .progress import DroppingPages, Progress, Releaser
+from ..pagecache import DroppingPages, Releaser
+from .progress import Progress
 
 EXIT_OK, EXIT_ERROR, EXIT_DAMAGED = 0, 1, 3
 #: Fields a recovery rule may legitimately rewrite (links, completion state, derived offsets);

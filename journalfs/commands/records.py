@@ -21,7 +21,8 @@ import numpy as np
 from ..formats import Codec, FormatError
 from ..formats.base import Record, record_json_line
 from ..journals import mapped, sniff_file
-from .progress import Progress, Releaser
+from ..pagecache import Releaser
+from .progress import Progress
 
 EXIT_OK, EXIT_DAMAGED = 0, 3
 #: Lines written (and flushed) per batch: large enough to be cheap, small enough to stream.

@@ -52,6 +52,16 @@ class Columns:
     error: FormatError | None = None
 
 
+@dataclass(frozen=True)
+class ColumnMap:
+    """Which record field feeds each of the Spark rows' ``time``/``key``/``id`` columns."""
+
+    time: str | None = None
+    time_unit: str = "s"  # unit of the raw time field: s, ms, us or ns
+    key: str | None = None  # a record field, or None (the key may come from the file's name)
+    id: str | None = None  # a record field, "seq" (the record number itself) or None
+
+
 @dataclass
 class Finding:
     """One problem found by :meth:`Codec.validate` (beyond what reading already rejects)."""
@@ -81,6 +91,23 @@ class Codec:
     #: Fixed record width in bytes for fixed-width formats (random access without an index).
     record_size: int | None = None
     header_size: int = 0
+    #: True when records lie in increasing offset order, so the records that start in a byte
+    #: range are a contiguous run and a big file can be read as independent ranges.
+    in_file_order: bool = False
+    #: The record fields behind the Spark columns time/key/id.
+    columns: ColumnMap = ColumnMap()
+
+    # -- facts about files -----------------------------------------------------------------
+    def file_key(self, name: str) -> str | None:
+        """The ``key`` every record of a file named ``name`` shares, when the format keeps it
+        in the file name (a Kestrel queue); None otherwise."""
+        return None
+
+    def partners(self, name: str, siblings: Sequence[tuple[str, str]]) -> dict[str, str]:
+        """The related files of a file named ``name`` among ``siblings`` (``(name, format)``
+        of the other journals in its directory), by role: what :meth:`validate`/:meth:`repair`
+        take as keyword context and the Spark reader uses (an akka data file's ``meta``)."""
+        return {}
 
     # -- detection -------------------------------------------------------------------------
     def sniff(self, head: bytes) -> bool:

@@ -10,7 +10,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from .base import Codec, FormatError, Record
+from .base import Codec, ColumnMap, FormatError, Record
 
 MAGIC = b"\xda\x1ajour"
 HEADER_SIZE = 20
@@ -202,6 +202,7 @@ def iter_entries(buf, source: str, start: int = FIRST_ENTRY, first_index: int = 
 
 class GvfsJournal(Codec):
     name = "gvfs-journal"
+    columns = ColumnMap(time="mtime", key="path")
     kinds = KIND_OF_OP
     header_size = HEADER_SIZE
 

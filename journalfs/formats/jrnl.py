@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from .base import Buffer, Codec, Finding, FormatError, Record, Repair, payload_b64
+from .base import Buffer, Codec, ColumnMap, Finding, FormatError, Record, Repair, payload_b64
 
 MAGIC = b"JRNL"
 HEADER = 20
@@ -210,6 +210,7 @@ def tx_record(tx: Transaction, seq: int) -> Record:
 
 class Jrnl(Codec):
     name = "jrnl"
+    columns = ColumnMap(time="time")
     kinds = ("transaction",)
     header_size = HEADER
 

@@ -1,6 +1,7 @@
 """Executor side of the data source: one file slice -> Arrow record batches."""
 from __future__ import annotations
 
+import os
 from typing import Iterator
 
 import pyarrow as pa
@@ -8,16 +9,18 @@ import pyarrow.compute as pc
 
 from ..formats import CODECS, FormatError
 from ..journals import mapped
-from .convert import damage_batch, kestrel_queue, to_batch
+from .convert import damage_batch, to_batch
 from .plan import FileSlice
 from .schema import DAMAGE_KIND
 
 
 def _keys_for(sl: FileSlice, buf):
-    """A per-file key (Kestrel queue) or a per-batch key function (Akka chains)."""
-    if sl.format.startswith("kestrel-"):
-        return kestrel_queue(sl.path), None
-    if sl.format == "akka-data":
+    """A per-file key (the codec reads it from the file name) or a per-batch key function
+    (records whose key a partner file names: an akka data file's chains, by its meta file)."""
+    key = CODECS[sl.format].file_key(os.path.basename(sl.path))
+    if key is not None:
+        return key, None
+    if sl.meta is not None:
         from .akka_keys import ChainResolver, meta_heads
         resolver = ChainResolver(meta_heads(sl.meta), buf)
         return None, lambda data: resolver.resolve(data["self"], data["prev"])
