@@ -106,3 +106,48 @@ def journal(fmt: str, megabytes: int) -> tuple[Path, int]:
     count = generate(path, megabytes * MB)
     count_file.write_text(str(count))
     return path, count
+
+
+# -- measuring -------------------------------------------------------------------------------
+
+def _session_rss(sid: int) -> dict[int, tuple[str, int]]:
+    """``{pid: (command name, RSS bytes)}`` of every process in session ``sid``."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[3]) == sid:  # field 6 of stat: the session id
+            out[int(entry)] = (name, int(fields[21]) * resource.getpagesize())
+    return out
+
+
+def run_measured(argv: list[str], *, stdout=subprocess.DEVNULL, env: dict | None = None,
+                 timeout: float = 3600) -> dict:
+    """Run ``argv`` in a session of its own; wall seconds, exit code, and the peak RSS of the
+    whole session (the sum over its processes: CLI, JVM, Python workers) and of its largest
+    process, sampled every 0.2 s."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, env=env,
+                            start_new_session=True)
+    peak_total, peak_one, peak_name = 0, 0, ""
+    while proc.poll() is None:
+        sample = _session_rss(proc.pid)
+        total = sum(rss for _name, rss in sample.values())
+        peak_total = max(peak_total, total)
+        for name, rss in sample.values():
+            if rss > peak_one:
+                peak_one, peak_name = rss, name
+        if time.perf_counter() - started > timeout:
+            os.killpg(proc.pid, 9)
+        time.sleep(0.2)
+    err = proc.stderr.read().decode(errors="replace")
+    return {"seconds": time.perf_counter() - started, "exit": proc.returncode,
+            "peak_rss_mb": peak_total / 2**20, "peak_process_mb": peak_one / 2**20,
+            "peak_process": peak_name, "stderr_tail": err.strip().splitlines()[-3:]}

@@ -30,9 +30,6 @@ EXIT_OK, EXIT_ERROR, EXIT_DAMAGED = 0, 1, 3
 #: the no-loss check compares records without them.
 MUTABLE_FIELDS = frozenset({"format", "seq", "offset", "prev", "next", "self", "complete",
                             "status", "first", "last", "highest_seq", "log_offset"})
-#: Formats that only index another file: their repair rebuilds them from that file (which holds
-#: the records and is left untouched), so their own entries are not records to preserve.
-DERIVED_FORMATS = frozenset({"wallaby-index"})
 
 
 def add_parser(sub) -> None:
@@ -280,7 +277,7 @@ def lost_record(before, after: bytes, path: str, codec: Codec) -> str | None:
     back) do not count, and fields that recovery rewrites (links, completion) are ignored.
     Derived files (indexes) are rebuilt from their source and are exempt.
     """
-    if codec.name in DERIVED_FORMATS:
+    if codec.derived:
         return None
     kept = (r for r in _valid_prefix(codec, before, path) if r.get("status") != "rollback")
     repaired = _valid_prefix(codec, after, path)

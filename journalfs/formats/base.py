@@ -96,6 +96,9 @@ class Codec:
     in_file_order: bool = False
     #: The record fields behind the Spark columns time/key/id.
     columns: ColumnMap = ColumnMap()
+    #: True for a file that only indexes a partner file: its repair rebuilds it from that
+    #: file, so its own entries are not records a repair must preserve.
+    derived: bool = False
 
     # -- facts about files -----------------------------------------------------------------
     def file_key(self, name: str) -> str | None:
@@ -163,6 +166,14 @@ class Codec:
             if gc_was_enabled:
                 gc.enable()
         return Columns(columns, rows, next_offset, seq + rows, error)
+
+    def read_text_columns(self, buf: Buffer, source: str, start: int | None = None,
+                          seq: int = 0, stop: int | None = None,
+                          limit: int | None = None) -> Columns | None:
+        """Like :meth:`read_columns`, with every nested value (lists, objects) already as
+        its JSON text; None when the codec has no such path or leaves this batch to
+        :meth:`read_columns` (damage is always reported by that one)."""
+        return None
 
     # -- writing ---------------------------------------------------------------------------
     def write(self, records: Sequence[Record], **header: Any) -> bytes:

@@ -398,6 +398,7 @@ def _expiry_findings(times: np.ndarray, offsets: np.ndarray, ttl_ns: int,
 class WallabyIndex(Codec):
     name = "wallaby-index"
     in_file_order = True
+    derived = True
     columns = ColumnMap(time="time", time_unit="ns", id="index")
 
     def partners(self, name, siblings):

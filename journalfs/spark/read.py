@@ -27,16 +27,9 @@ def _keys_for(sl: FileSlice, buf):
     return None, None
 
 
-def _fast_reader(fmt: str):
-    """A faster columnar decoder for ``fmt`` (returns None when the codec must do a batch)."""
-    if fmt == "jrnl":
-        from .jrnl_columns import read_columns
-        return read_columns
-    return None
-
-
-def _read_columns(codec, fast, buf, sl: FileSlice, start, seq, batch_rows: int):
-    cols = fast(buf, sl.path, start, seq, sl.stop, batch_rows) if fast else None
+def _read_columns(codec, buf, sl: FileSlice, start, seq, batch_rows: int):
+    """The codec's columns, through its JSON-text fast path when it has one for this batch."""
+    cols = codec.read_text_columns(buf, sl.path, start, seq, sl.stop, batch_rows)
     return cols if cols is not None else codec.read_columns(buf, sl.path, start, seq, sl.stop,
                                                             batch_rows)
 
@@ -70,14 +63,13 @@ def read_buffer(buf, sl: FileSlice, include_damage: bool, kinds: set | None,
     if span * ARROW_EXPANSION > BATCH_BYTES:  # not surely small: measure a few rows first
         batch_rows = min(batch_rows, FIRST_BATCH_ROWS)
     codec = CODECS[sl.format]
-    fast = _fast_reader(sl.format)
     include_damage = include_damage and (kinds is None or DAMAGE_KIND in kinds)
     kind_set = None if kinds is None else pa.array(sorted(kinds), pa.string())
     start, seq = sl.start, sl.seq
     file_key, batch_key = _keys_for(sl, buf)
     while True:
         try:
-            cols = _read_columns(codec, fast, buf, sl, start, seq, batch_rows)
+            cols = _read_columns(codec, buf, sl, start, seq, batch_rows)
             error = cols.error
         except FormatError as exc:  # a codec may raise instead of reporting
             cols, error = None, exc
