@@ -151,3 +151,151 @@ def run_measured(argv: list[str], *, stdout=subprocess.DEVNULL, env: dict | None
     return {"seconds": time.perf_counter() - started, "exit": proc.returncode,
             "peak_rss_mb": peak_total / 2**20, "peak_process_mb": peak_one / 2**20,
             "peak_process": peak_name, "stderr_tail": err.strip().splitlines()[-3:]}
+
+
+def _timed(fn, timeout: float) -> dict:
+    """Seconds ``fn()`` took in a thread, or a timeout marker (the thread is left behind)."""
+    import threading
+    result: dict = {}
+
+    def work():
+        t0 = time.perf_counter()
+        try:
+            result["value"] = fn()
+        except OSError as exc:
+            result["error"] = str(exc)
+        result["seconds"] = time.perf_counter() - t0
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        return {"seconds": None, "timeout": timeout}
+    return result
+
+
+def measure_mount(path: Path, count: int, timeout: float, env: dict) -> dict:
+    """First record, stat, ls and records.jsonl of ``path``'s view through a real mount."""
+    out: dict = {}
+    work = Path(tempfile.mkdtemp(prefix="bigjournal-mnt-"))
+    mnt, store = work / "mnt", work / "store"
+    mnt.mkdir()
+    log = open(work / "mount.log", "wb")
+    daemon = subprocess.Popen([sys.executable, "-m", "journalfs.cli", "mount", "--foreground",
+                               "--store", str(store), str(path.parent), str(mnt)],
+                              stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.ismount(mnt):
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"mount failed: {(work / 'mount.log').read_text()[-2000:]}")
+            time.sleep(0.05)
+        view = mnt / ".journalfs" / "records" / path.name
+        out["first_record"] = _timed(lambda: len(next(iter(sorted(
+            p for p in [view / "0.put", view / "0.record"] if p.exists()))).read_bytes()), timeout)
+        out["stat_records_jsonl"] = _timed(lambda: os.stat(view / "records.jsonl").st_size, timeout)
+        out["ls_view"] = _timed(lambda: sum(1 for _ in os.scandir(view)), timeout)
+
+        def read_jsonl() -> int:
+            total = 0
+            with open(view / "records.jsonl", "rb", buffering=0) as f:
+                while chunk := f.read(1 << 20):
+                    total += len(chunk)
+            return total
+        jsonl = _timed(read_jsonl, timeout)
+        if jsonl.get("seconds"):
+            jsonl["mb_s"] = jsonl.get("value", 0) / jsonl["seconds"] / MB
+        out["read_records_jsonl"] = jsonl
+        try:
+            with open(f"/proc/{daemon.pid}/status") as f:
+                out["daemon_peak_rss_mb"] = next(int(l.split()[1]) for l in f
+                                                 if l.startswith("VmHWM")) / 1024
+        except OSError:
+            pass
+    finally:
+        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+        log.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def measure(fmt: str, megabytes: int, skip: set[str], master: str | None, timeout: float) -> dict:
+    path, count = journal(fmt, megabytes)
+    size = path.stat().st_size
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    cli = [sys.executable, "-m", "journalfs.cli"]
+    row: dict = {"format": fmt, "bytes": size, "records": count}
+    subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)  # page cache
+    row["cat"] = run_measured(["cat", str(path)])
+    row["cli_records_json"] = run_measured([*cli, "records", str(path), "--json"], env=env,
+                                           timeout=timeout)
+    row["cli_fsck"] = run_measured([*cli, "fsck", str(path)], env=env, timeout=timeout)
+    if "mount" not in skip:
+        row["mount"] = measure_mount(path, count, timeout, env)
+    if "pipeline" not in skip:
+        out = Path(tempfile.mkdtemp(prefix="bigjournal-out-")) / "tables"
+        argv = [*cli, "pipeline", str(path), str(out)] + (["--master", master] if master else [])
+        row["pipeline"] = run_measured(argv, env=env, timeout=timeout)
+        shutil.rmtree(out.parent, ignore_errors=True)
+    return row
+
+
+def _cell(entry: dict | None, key: str = "seconds") -> str:
+    if not entry:
+        return "-"
+    if entry.get("timeout"):
+        return f">{entry['timeout']:.0f} s"
+    value = entry.get(key)
+    return "-" if value is None else f"{value:.1f}"
+
+
+def print_table(rows: list[dict]) -> None:
+    head = (f"{'format':<15}{'MB':>6}{'records':>12}{'cat s':>7}{'records --json s':>17}"
+            f"{'MB RSS':>8}{'fsck s':>8}{'MB RSS':>8}{'1st rec s':>10}{'stat s':>8}{'ls s':>8}"
+            f"{'jsonl MB/s':>11}{'pipeline s':>11}{'MB RSS':>8}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        mount = r.get("mount", {})
+        jsonl = mount.get("read_records_jsonl", {})
+        pipe = r.get("pipeline")
+        speed = f"{jsonl['mb_s']:.0f}" if jsonl.get("mb_s") else _cell(jsonl)
+        print(f"{r['format']:<15}{r['bytes'] / MB:>6.0f}{r['records']:>12,}{_cell(r['cat']):>7}"
+              f"{_cell(r['cli_records_json']):>17}{r['cli_records_json']['peak_rss_mb']:>8.0f}"
+              f"{_cell(r['cli_fsck']):>8}{r['cli_fsck']['peak_rss_mb']:>8.0f}"
+              f"{_cell(mount.get('first_record')):>10}{_cell(mount.get('stat_records_jsonl')):>8}"
+              f"{_cell(mount.get('ls_view')):>8}"
+              f"{speed:>11}"
+              f"{_cell(pipe):>11}{(pipe['peak_rss_mb'] if pipe else 0):>8.0f}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mb", type=int, default=1000, help="journal size per format (MB)")
+    parser.add_argument("--formats", default=",".join(GENERATORS))
+    parser.add_argument("--skip", default="", help="comma list of: mount, pipeline")
+    parser.add_argument("--master", default=None, help="Spark master for the pipeline")
+    parser.add_argument("--timeout", type=float, default=600, help="per step, seconds")
+    args = parser.parse_args()
+    formats = [f for f in args.formats.split(",") if f]
+    unknown = set(formats) - set(GENERATORS)
+    if unknown:
+        parser.error(f"no generator for: {', '.join(sorted(unknown))} "
+                     f"(have: {', '.join(GENERATORS)})")
+    skip = {s for s in args.skip.split(",") if s}
+    rows = []
+    for fmt in formats:
+        rows.append(measure(fmt, args.mb, skip, args.master, args.timeout))
+        print(f"measured {fmt}", file=sys.stderr, flush=True)
+    print_table(rows)
+    print(json.dumps({"benchmark": "bigjournal", "mb": args.mb, "load": os.getloadavg()[0],
+                      "results": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

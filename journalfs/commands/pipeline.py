@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 #: Seconds to wait for a standalone master to accept a connection, and for executors.
 MASTER_TIMEOUT_S = 20
 _SIZE = re.compile(r"^\d+[kmgt]?$", re.IGNORECASE)
@@ -28,6 +28,14 @@ examples:
   journalfs pipeline /data out --master spark://10.0.0.5:7077 --executor-memory 4g
   journalfs pipeline /data out --conf spark.sql.shuffle.partitions=64
 """
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: stop Spark as for Ctrl-C (a JVM left behind would keep running)."""
+
+
+def _terminate(_signum, _frame):
+    raise Terminated()
 
 
 class PipelineError(Exception):
@@ -185,6 +193,7 @@ def _run_spark(args, output: str, conf: dict[str, str]) -> int:
             # reentrant py4j call that fails noisily); a plain KeyboardInterrupt instead, and
             # the jobs are cancelled below
             signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, _terminate)
             if args.master and not args.master.startswith("local"):
                 wait_for_executors(spark, args.master, args.master_timeout)
             summary = run_pipeline(spark, args.input, partial, console)
@@ -196,6 +205,8 @@ def _run_spark(args, output: str, conf: dict[str, str]) -> int:
             code = EXIT_OK
         except KeyboardInterrupt:
             code, message = EXIT_INTERRUPTED, "interrupted; Spark stopped, nothing written"
+        except Terminated:
+            code, message = EXIT_TERMINATED, "terminated; Spark stopped, nothing written"
         except PipelineError as exc:
             code, message = exc.code, str(exc)
         except Exception as exc:  # Spark/Java failures: one line here, the rest in the log
@@ -207,7 +218,7 @@ def _run_spark(args, output: str, conf: dict[str, str]) -> int:
                 shutil.rmtree(partial, ignore_errors=True)
     if message:
         print(f"journalfs: pipeline: {message}", file=sys.stderr)
-    if code == EXIT_OK or code == EXIT_INTERRUPTED:
+    if code in (EXIT_OK, EXIT_INTERRUPTED, EXIT_TERMINATED):
         with contextlib.suppress(OSError):
             os.unlink(log_path)
     return code
@@ -288,11 +299,12 @@ def _stderr_to(log_fd: int):
 def _no_interrupts():
     """A second Ctrl-C while Spark stops must not leave it half stopped with a traceback."""
     try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:  # not the main thread
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
