@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 
 from ..formats import CODECS, FormatError
 from ..journals import mapped
+from ..pagecache import Releaser
 from .convert import damage_batch, to_batch
 from .plan import FileSlice
 from .schema import DAMAGE_KIND
@@ -67,6 +68,7 @@ def read_buffer(buf, sl: FileSlice, include_damage: bool, kinds: set | None,
     kind_set = None if kinds is None else pa.array(sorted(kinds), pa.string())
     start, seq = sl.start, sl.seq
     file_key, batch_key = _keys_for(sl, buf)
+    releaser = Releaser(buf)  # a worker's RSS stays flat however big the slice
     while True:
         try:
             cols = _read_columns(codec, buf, sl, start, seq, batch_rows)
@@ -85,6 +87,7 @@ def read_buffer(buf, sl: FileSlice, include_damage: bool, kinds: set | None,
             if batch.num_rows:
                 yield batch
             seq = cols.next_seq
+            releaser.passed(int(cols.data["offset"][cols.rows - 1]))
         if error is not None:
             if include_damage:
                 yield damage_batch(sl.path, sl.format, seq, error.offset, error.reason)
