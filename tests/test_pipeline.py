@@ -190,6 +190,8 @@ def test_cli_names_damage_skips_fsck_backups_and_refuses_to_overwrite(tmp_path, 
     proc = pipeline_cli(str(src), str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "damaged files" in proc.stderr and "Traceback" not in proc.stderr
+    assert "journalfs pipeline: reading journals (3 files, " in proc.stderr  # a line per stage
+    assert "journalfs pipeline: writing transactions" in proc.stderr
     assert f"damaged: {src / 'torn.1800000000000'}: at byte {damaged.value.offset}: " \
            f"{damaged.value.reason}" in proc.stderr.replace("\n", "")
     assert len(table(out, "_damage")) == 1

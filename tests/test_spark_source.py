@@ -276,12 +276,13 @@ def test_hostile_times_become_null_and_payload_views_are_copied():
 # -- fast paths (no Spark needed) -----------------------------------------------------------
 
 def _slice_rows(path: str, fmt: str, fast: bool, monkeypatch, batch_rows: int) -> list[dict]:
-    """Rows read_slice gives for the whole file, with or without the format's fast reader."""
+    """Rows read_slice gives for the whole file, with or without the codec's JSON-text fast
+    path (``read_text_columns``)."""
     from journalfs.spark import read as spark_read
     from journalfs.spark.plan import FileSlice
     with monkeypatch.context() as m:
         if not fast:
-            m.setattr(spark_read, "_fast_reader", lambda _fmt: None)
+            m.setattr(type(CODECS[fmt]), "read_text_columns", lambda self, *a, **k: None)
         return [row for batch in spark_read.read_slice(FileSlice(path, fmt), True, None, batch_rows)
                 for row in batch.to_pylist()]
 
