@@ -244,6 +244,87 @@ def measure(fmt: str, megabytes: int, skip: set[str], master: str | None, timeou
     return row
 
 
+# -- scaling: one process vs Spark executors ------------------------------------------------------
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def single_process(path: Path) -> dict:
+    """The data source's own work without Spark, in this one process: plan the file into
+    slices, decode and convert every slice to Arrow batches of the contract schema."""
+    from journalfs.spark.plan import list_journals, plan
+    from journalfs.spark.read import read_slice
+    from journalfs.spark.source import BATCH_ROWS
+    t0, c0 = time.perf_counter(), time.process_time()
+    rows = 0
+    for group in plan(list_journals(str(path)), 1, cache_dir=None).groups:
+        for sl in group:
+            rows += sum(b.num_rows for b in read_slice(sl, False, None, BATCH_ROWS))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"rows": rows, "seconds": wall, "cpu_seconds": cpu, "rows_per_cpu_s": rows / cpu}
+
+
+def cluster_runs(path: Path, executors: list[int], work: Path) -> list[dict]:
+    """``spark.read.format("journal")`` of ``path`` forced through a ``noop`` write on a real
+    standalone cluster (master + one 1-core worker per executor on 127.0.0.1), for each
+    executor count; the daemons are stopped by pid."""
+    import signal
+    import pyspark
+    from journalfs.spark.session import build_session, package_zip
+    spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
+    env = dict(os.environ, SPARK_HOME=os.path.dirname(pyspark.__file__),
+               SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, SPARK_NO_DAEMONIZE="1")
+    results = []
+    for count in executors:
+        port = _free_port()
+        url = f"spark://127.0.0.1:{port}"
+        procs = [subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master",
+                                   "--host", "127.0.0.1", "--port", str(port),
+                                   "--webui-port", str(_free_port())],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                                  start_new_session=True)]
+        try:
+            time.sleep(5)
+            for n in range(count):
+                procs.append(subprocess.Popen(
+                    [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                     "--cores", "1", "--memory", "2g", "--webui-port", str(_free_port()),
+                     "--work-dir", str(work / f"w{count}-{n}"), url],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                    start_new_session=True))
+            spark = build_session(url, "bigjournal-scaling", {
+                "spark.executor.cores": "1", "spark.cores.max": str(count),
+                "spark.executor.memory": "1g", "spark.ui.showConsoleProgress": "false"})
+            spark.sparkContext.addPyFile(package_zip(str(work)))
+            jsc = spark.sparkContext._jsc.sc()
+            deadline = time.monotonic() + 300
+            while jsc.getExecutorMemoryStatus().size() < count + 1:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"only {jsc.getExecutorMemoryStatus().size() - 1} executors")
+                time.sleep(0.5)
+            spark.range(4).repartition(count).count()  # warm the executors' Python workers
+            t0 = time.perf_counter()
+            spark.read.format("journal").option("parallelism", str(count)).load(str(path)) \
+                .write.format("noop").mode("overwrite").save()
+            results.append({"executors": count, "seconds": time.perf_counter() - t0})
+            spark.stop()
+        finally:
+            for p in reversed(procs):
+                if p.poll() is None:
+                    os.kill(p.pid, signal.SIGTERM)
+            for p in procs:
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.kill(p.pid, signal.SIGKILL)
+                    p.wait()
+    return results
+
+
 def _cell(entry: dict | None, key: str = "seconds") -> str:
     if not entry:
         return "-"
@@ -280,6 +361,9 @@ def main() -> int:
     parser.add_argument("--skip", default="", help="comma list of: mount, pipeline")
     parser.add_argument("--master", default=None, help="Spark master for the pipeline")
     parser.add_argument("--timeout", type=float, default=600, help="per step, seconds")
+    parser.add_argument("--scaling", action="store_true",
+                        help="instead: the first format's journal read by one process and by "
+                             "1 and 2 executors of a standalone cluster")
     args = parser.parse_args()
     formats = [f for f in args.formats.split(",") if f]
     unknown = set(formats) - set(GENERATORS)
@@ -287,6 +371,26 @@ def main() -> int:
         parser.error(f"no generator for: {', '.join(sorted(unknown))} "
                      f"(have: {', '.join(GENERATORS)})")
     skip = {s for s in args.skip.split(",") if s}
+    if args.scaling:
+        path, count = journal(formats[0], args.mb)
+        work = Path(tempfile.mkdtemp(prefix="bigjournal-cluster-"))
+        try:
+            single = single_process(path)
+            runs = cluster_runs(path, [1, 2], work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        for run in runs:
+            run["rows_per_s"] = count / run["seconds"]
+            run["rows_per_s_per_executor"] = run["rows_per_s"] / run["executors"]
+        print(f"one process (no Spark): {single['rows_per_cpu_s']:,.0f} rows per CPU-second "
+              f"({single['seconds']:.1f} s wall)")
+        for run in runs:
+            print(f"{run['executors']} executor(s): {run['seconds']:.1f} s, "
+                  f"{run['rows_per_s']:,.0f} rows/s, {run['rows_per_s_per_executor']:,.0f} per executor")
+        print(json.dumps({"benchmark": "bigjournal-scaling", "format": formats[0], "mb": args.mb,
+                          "records": count, "load": os.getloadavg()[0], "single": single,
+                          "cluster": runs}, indent=1))
+        return 0
     rows = []
     for fmt in formats:
         rows.append(measure(fmt, args.mb, skip, args.master, args.timeout))
