@@ -135,7 +135,7 @@ def run_measured(argv: list[str], *, stdout=subprocess.DEVNULL, env: dict | None
     process, sampled every 0.2 s."""
     started = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, env=env,
-                            start_new_session=True)
+                            cwd=REPO, start_new_session=True)  # -m imports from the cwd first
     peak_total, peak_one, peak_name = 0, 0, ""
     while proc.poll() is None:
         sample = _session_rss(proc.pid)
@@ -183,7 +183,7 @@ def measure_mount(path: Path, count: int, timeout: float, env: dict) -> dict:
     log = open(work / "mount.log", "wb")
     daemon = subprocess.Popen([sys.executable, "-m", "journalfs.cli", "mount", "--foreground",
                                "--store", str(store), str(path.parent), str(mnt)],
-                              stdout=log, stderr=subprocess.STDOUT, env=env)
+                              stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     try:
         deadline = time.monotonic() + 60
         while not os.path.ismount(mnt):
