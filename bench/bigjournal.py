@@ -89,13 +89,14 @@ def write_wallaby_log(path: Path, size: int, seed: int = 2) -> int:
     return total
 
 
-GENERATORS = {"kestrel-writer": (write_kestrel_writer, "jobs.1700000000000"),
-              "wallaby-log": (write_wallaby_log, "LOG")}
+#: format -> (generator, file name, kind of its records)
+GENERATORS = {"kestrel-writer": (write_kestrel_writer, "jobs.1700000000000", "put"),
+              "wallaby-log": (write_wallaby_log, "LOG", "record")}
 
 
 def journal(fmt: str, megabytes: int) -> tuple[Path, int]:
     """The cached generated journal of ``fmt`` (its path and record count)."""
-    generate, name = GENERATORS[fmt]
+    generate, name, _kind = GENERATORS[fmt]
     directory = OUT / f"{fmt}-{megabytes}mb"
     path = directory / name
     count_file = directory / "count"
@@ -162,8 +163,8 @@ def _timed(fn, timeout: float) -> dict:
         t0 = time.perf_counter()
         try:
             result["value"] = fn()
-        except OSError as exc:
-            result["error"] = str(exc)
+        except Exception as exc:  # a failed step is reported, the others still run
+            result["error"] = repr(exc)
         result["seconds"] = time.perf_counter() - t0
 
     thread = threading.Thread(target=work, daemon=True)
@@ -191,8 +192,8 @@ def measure_mount(path: Path, count: int, timeout: float, env: dict) -> dict:
                 raise SystemExit(f"mount failed: {(work / 'mount.log').read_text()[-2000:]}")
             time.sleep(0.05)
         view = mnt / ".journalfs" / "records" / path.name
-        out["first_record"] = _timed(lambda: len(next(iter(sorted(
-            p for p in [view / "0.put", view / "0.record"] if p.exists()))).read_bytes()), timeout)
+        kind = next(k for _fmt, (_g, name, k) in GENERATORS.items() if name == path.name)
+        out["first_record"] = _timed(lambda: len((view / f"00000000.{kind}").read_bytes()), timeout)
         out["stat_records_jsonl"] = _timed(lambda: os.stat(view / "records.jsonl").st_size, timeout)
         out["ls_view"] = _timed(lambda: sum(1 for _ in os.scandir(view)), timeout)
 
