@@ -20,6 +20,9 @@ import time
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 #: Seconds to wait for a standalone master to accept a connection, and for executors.
 MASTER_TIMEOUT_S = 20
+#: The driver heap when --driver-memory is not given: what the work needs is flat in the input's
+#: size (a 1 GB journal runs in 1g), this leaves room for many cores' tasks at once.
+DEFAULT_DRIVER_GIB = 2
 _SIZE = re.compile(r"^\d+[kmgt]?$", re.IGNORECASE)
 EXAMPLES = """\
 examples:
@@ -78,8 +81,8 @@ def add_parser(sub):
     p.add_argument("--overwrite", action="store_true",
                    help="replace OUTPUT if it already holds files (refused otherwise)")
     p.add_argument("--driver-memory", type=_size, default=None, metavar="SIZE",
-                   help="heap of the driver JVM (default: a quarter of RAM, 1g..8g; with "
-                        "local[*] the driver does all the work)")
+                   help=f"heap of the driver JVM (default {DEFAULT_DRIVER_GIB}g; with local[*] "
+                        "the driver does all the work)")
     p.add_argument("--executor-memory", type=_size, default=None, metavar="SIZE",
                    help="heap of each executor on a cluster (Spark's default: 1g)")
     p.add_argument("--conf", type=_conf, action="append", default=[], metavar="KEY=VALUE",
@@ -133,13 +136,13 @@ def _inside(path: str, directory: str) -> bool:
 
 
 def default_driver_memory() -> str:
-    """A quarter of the machine's RAM, between 1 GiB and 8 GiB (Spark's own default, 1g,
-    is too small for local[*] on many cores; a heap is only reserved as it is used)."""
+    """:data:`DEFAULT_DRIVER_GIB`, or a quarter of the machine's RAM when that is less (never
+    under 1 GiB)."""
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
-        return "1g"
-    return f"{max(1, min(8, total // 4 >> 30))}g"
+        return f"{DEFAULT_DRIVER_GIB}g"
+    return f"{max(1, min(DEFAULT_DRIVER_GIB, total // 4 >> 30))}g"
 
 
 def spark_conf(args) -> dict[str, str]:
