@@ -3,7 +3,6 @@ data source schema, without going through Python rows for the hot columns."""
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import numpy as np

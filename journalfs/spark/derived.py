@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 METADATA_DDL = "store string, path string, key string, value string, values array<string>"
