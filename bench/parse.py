@@ -11,6 +11,8 @@ On one pinned core, with the file in the page cache, the run times
 - ``read`` (the dict-per-record path the CLI and the FUSE views use),
 - ``RecordIndex.build`` (what the FUSE record views do first; the plain pass over ``read`` it
   replaced is the ``read`` column),
+- the JSON lines of ``journalfs records --json`` (decoding plus formatting, in-process, the
+  output discarded),
 
 best of --repeat, and prints a table (MB/s, records/s, ratio to cat) and a JSON blob. Every
 run is timed both by the wall clock and by CPU time (this process's, or cat's as a child):
@@ -206,6 +208,16 @@ def dicts(fmt: str, path: Path) -> int:
     return n
 
 
+def json_lines(fmt: str, path: Path) -> int:
+    """What ``journalfs records FILE --json`` does, without the writing: the line count."""
+    from journalfs.commands.records import json_chunks
+    lines = 0
+    with mapped(str(path)) as buf:
+        for chunk in json_chunks(CODECS[fmt], buf, str(path)):
+            lines += chunk.count("\n" if isinstance(chunk, str) else b"\n")
+    return lines
+
+
 def indexed(path: Path) -> int:
     index = RecordIndex.build(str(path))
     if index.error is not None:
@@ -220,13 +232,15 @@ def measure(fmt: str, path: Path, repeat: int) -> dict:
     col_s, col_cpu, rows = best_of(repeat, lambda: columnar(fmt, path))
     dict_s, dict_cpu, count = best_of(max(1, repeat - 1), lambda: dicts(fmt, path))
     index_s, index_cpu, indexed_count = best_of(max(1, repeat - 1), lambda: indexed(path))
-    if not rows == count == indexed_count:
+    json_s, json_cpu, json_count = best_of(max(1, repeat - 1), lambda: json_lines(fmt, path))
+    if not rows == count == indexed_count == json_count:
         raise SystemExit(f"{fmt}: read_columns gave {rows} rows, read gave {count} records, "
-                         f"RecordIndex counted {indexed_count}")
+                         f"RecordIndex counted {indexed_count}, JSON lines {json_count}")
     row = {"format": fmt, "bytes": size, "records": rows}
-    for clock, cat, col, dic, idx in (("", cat_s, col_s, dict_s, index_s),
-                                      ("cpu_", cat_cpu, col_cpu, dict_cpu, index_cpu)):
+    for clock, cat, col, dic, idx, jsn in (("", cat_s, col_s, dict_s, index_s, json_s),
+                                           ("cpu_", cat_cpu, col_cpu, dict_cpu, index_cpu, json_cpu)):
         row.update({
+            f"{clock}json_s": jsn, f"{clock}json_records_s": rows / jsn,
             f"{clock}cat_s": cat, f"{clock}columns_s": col, f"{clock}read_s": dic,
             f"{clock}index_s": idx,
             f"{clock}cat_mb_s": size / cat / 1e6,
@@ -254,7 +268,7 @@ def print_table(rows: list[dict], clock: str, title: str) -> None:
     print(title)
     head = (f"{'format':<15}{'MB':>5}{'records':>11}{'cat MB/s':>9}{'col MB/s':>10}"
             f"{'col rec/s':>14}{'col/cat':>8}{'read rec/s':>11}{'read/cat':>9}{'col/read':>9}"
-            f"{'index s':>8}{'idx/read':>9}  target")
+            f"{'index s':>8}{'idx/read':>9}{'json rec/s':>11}  target")
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -265,7 +279,8 @@ def print_table(rows: list[dict], clock: str, title: str) -> None:
               f"{r[c + 'columns_mb_s']:>10.0f}{r[c + 'columns_records_s']:>14,.0f}"
               f"{r[c + 'columns_vs_cat']:>8.1%}{r[c + 'read_records_s']:>11,.0f}"
               f"{r[c + 'read_vs_cat']:>9.1%}{r[c + 'read_s'] / r[c + 'columns_s']:>8.2f}x"
-              f"{r[c + 'index_s']:>8.2f}{r[c + 'index_vs_read']:>8.2f}x  {verdict}")
+              f"{r[c + 'index_s']:>8.2f}{r[c + 'index_vs_read']:>8.2f}x"
+              f"{r[c + 'json_records_s']:>11,.0f}  {verdict}")
     print()
 
 

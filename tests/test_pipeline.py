@@ -4,8 +4,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -160,26 +163,125 @@ def records_of_bytes(fmt: str, data: bytes) -> list[dict]:
 
 # -- the command ----------------------------------------------------------------------------
 
-def test_cli_counts_damage_and_exits_zero(tmp_path, records_corpus):
+#: A tiny input: the JVM's start-up dominates, so only its C1 compiler and serial GC.
+FAST_JVM = ('--driver-java-options "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC" '
+            "--conf spark.ui.enabled=false pyspark-shell")
+
+
+def cli_env() -> dict:
+    return dict(os.environ, PYTHONPATH=str(REPO), PYSPARK_SUBMIT_ARGS=FAST_JVM)
+
+
+def pipeline_cli(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "journalfs.cli", "pipeline", *argv],
+                          capture_output=True, text=True, env=cli_env(), timeout=timeout)
+
+
+def test_cli_names_damage_skips_fsck_backups_and_refuses_to_overwrite(tmp_path, records_corpus):
     src = tmp_path / "in"
     src.mkdir()
     shutil.copy(records_corpus / "torn.1800000000000", src)
+    shutil.copy(records_corpus / "db0.jrnl", src)
     shutil.copy(records_corpus / "db1.jrnl", src)
     (src / "not-a-journal.txt").write_text("hello")
+    with pytest.raises(FormatError) as damaged:
+        list(read_file(str(src / "torn.1800000000000")))
     out = tmp_path / "out"
-    # a tiny input: the JVM's start-up dominates, so only its C1 compiler and serial GC
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYSPARK_SUBMIT_ARGS=(
-        '--driver-java-options "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC" '
-        "--conf spark.ui.enabled=false pyspark-shell"))
-    proc = subprocess.run([sys.executable, "-m", "journalfs.cli", "pipeline", str(src), str(out)],
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = pipeline_cli(str(src), str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "damaged files" in proc.stderr and "Traceback" not in proc.stderr
+    assert "journalfs pipeline: reading journals (3 files, " in proc.stderr  # a line per stage
+    assert "journalfs pipeline: writing transactions" in proc.stderr
+    assert f"damaged: {src / 'torn.1800000000000'}: at byte {damaged.value.offset}: " \
+           f"{damaged.value.reason}" in proc.stderr.replace("\n", "")
     assert len(table(out, "_damage")) == 1
-    assert len(table(out, "transactions")) == len(file_records(src / "db1.jrnl"))
-    missing = subprocess.run([sys.executable, "-m", "journalfs.cli", "pipeline", str(tmp_path / "nope"),
-                              str(out)], capture_output=True, text=True, env=env, timeout=120)
-    assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1
+    transactions = len(table(out, "transactions"))
+    assert transactions == len(file_records(src / "db0.jrnl")) + len(file_records(src / "db1.jrnl"))
+
+    again = pipeline_cli(str(src), str(out), timeout=60)  # refused before Spark starts
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
+
+    # fsck --repair rewrites db0.jrnl and the torn queue file, keeping backups beside them
+    fsck = subprocess.run([sys.executable, "-m", "journalfs.cli", "fsck", "--repair", str(src)],
+                          capture_output=True, text=True, env=cli_env(), timeout=120)
+    backups = sorted(p.name for p in src.iterdir() if ".journalfs-backup-" in p.name)
+    assert len(backups) == 2, fsck.stdout
+    proc = pipeline_cli(str(src), str(out), "--overwrite")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(table(out, "transactions")) == transactions  # not doubled by the backup
+    sources = {Path(r["source"]).name for r in table(out, "records")}
+    assert not any(".journalfs-backup-" in name for name in sources)
+    assert len(table(out, "_damage")) == 0  # the repaired copy is clean
+    assert not list(tmp_path.glob(".out.journalfs-partial-*"))
+
+
+def test_cli_checks_paths_before_spark(tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for argv, code, words in (
+            ((str(tmp_path / "nope"), str(tmp_path / "o")), 1, "no such file"),
+            ((str(src), str(a_file)), 2, "not a directory"),
+            ((str(src), str(tmp_path / "no" / "such" / "o")), 1, "no such directory"),
+            ((str(src), str(tmp_path / "o"), "--driver-memory", "lots"), 2, "invalid"),
+            ((str(src), str(tmp_path / "o"), "--conf", "novalue"), 2, "invalid"),
+            ((str(src / "x"), str(tmp_path)), 1, "no such file")):
+        proc = pipeline_cli(*argv, timeout=60)
+        assert proc.returncode == code, (argv, proc.stderr)
+        assert words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        if code != 2 or "directory" in words:
+            assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    (src / "j").write_bytes(kestrel.build_writer_file([b"a"]))
+    proc = pipeline_cli(str(src), str(tmp_path), "--overwrite", timeout=60)  # OUTPUT holds INPUT
+    assert proc.returncode == 2 and "holds the input" in proc.stderr
+    assert (src / "j").exists()
+
+
+def test_cli_unreachable_master_is_one_line_after_the_timeout(tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    proc = pipeline_cli(str(src), str(tmp_path / "out"), "--master", f"spark://127.0.0.1:{port}",
+                        "--master-timeout", "3", timeout=120)
+    took = time.monotonic() - started
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert f"spark://127.0.0.1:{port}" in line and "cannot reach" in line, line
+    assert took < 60
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_ctrl_c_stops_spark_and_exits_130(tmp_path):
+    """SIGINT to the whole process group (what a terminal's Ctrl-C does) while Spark runs."""
+    src = tmp_path / "in"
+    src.mkdir()
+    for i in range(4):  # enough to keep a job busy for a while
+        (src / f"q{i}.{1700000000000 + i}").write_bytes(
+            kestrel.build_writer_file([bytes(200)] * 100_000))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "journalfs.cli", "pipeline", str(src), str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=cli_env(), start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not list(tmp_path.glob(".out.journalfs-partial-*")):  # Spark is writing
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    _out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "Exception" not in err, err
+    assert "interrupted" in err.strip().splitlines()[-1]
+    assert not out.exists() and not list(tmp_path.glob(".out.journalfs-partial-*"))
+    deadline = time.monotonic() + 30  # the JVM exits once its parent has gone
+    while subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "processes of the run are still alive"
+        time.sleep(0.5)
 
 
 def test_input_without_journals_gives_empty_tables(spark, tmp_path):

@@ -2,7 +2,9 @@
 demo tree it is shown on."""
 from __future__ import annotations
 
+import base64
 import io
+import os
 import json
 import random
 import subprocess
@@ -16,6 +18,7 @@ import pytest
 from journalfs import cli, demo
 from journalfs.formats import CODECS, FormatError, record_json_line
 from journalfs.formats.akka import AkkaData
+from journalfs.formats.base import json_safe
 from journalfs.journals import CHECKPOINT_EVERY, RecordIndex, sniff_file
 
 JOURNALFS = Path(sys.executable).with_name("journalfs")
@@ -181,8 +184,21 @@ def test_undecodable_file_names_stay_valid_json(tmp_path):
     proc = run_cli("records", str(path), "--json", real=True)
     assert proc.returncode == 0, proc.stderr
     (line,) = proc.stdout.splitlines()
-    assert json.loads(line)["path"] == "/docs/caf\udce9.txt"
-    assert "caf\\udce9" in line
+    record = json.loads(line)
+    assert "path" not in record  # INTERFACES.md point 1: <field>_b64 INSTEAD of <field>
+    assert base64.b64decode(record["path_b64"]) == b"/docs/caf\xe9.txt"
+    assert record["metadata"] == {"k": "v"}
+
+
+def test_json_safe_rules():
+    raw = "caf\udce9"
+    assert json_safe({"path": "/ok", "n": 1}) == {"path": "/ok", "n": 1}
+    assert json_safe({"key": raw}) == {"key_b64": base64.b64encode(b"caf\xe9").decode()}
+    assert json_safe({"value": ["a", raw]}) == {
+        "value_b64": [base64.b64encode(b"a").decode(), base64.b64encode(b"caf\xe9").decode()]}
+    assert json_safe({"metadata": {raw: "v", "k": raw}}) == {
+        "metadata": {"b64:" + base64.b64encode(b"caf\xe9").decode(): "v",
+                     "k_b64": base64.b64encode(b"caf\xe9").decode()}}
 
 
 def _many_records(fmt: str, rng: random.Random) -> bytes:
@@ -220,3 +236,124 @@ def test_record_index_reaches_any_record(fmt, tmp_path):
     damaged = RecordIndex.build(str(path))
     assert damaged.count == len(everything) - 1 and damaged.error is not None
     assert list(damaged.records(len(everything) - 3)) == everything[-3:-1]
+
+
+# -- big files: constant memory, progress -------------------------------------------------------
+
+BIG_BYTES = 300_000_000
+RSS_LIMIT = 100 << 20
+
+
+@pytest.fixture(scope="module")
+def huge_kestrel(tmp_path_factory) -> tuple[Path, int]:
+    """A 300 MB writer journal of 64-byte PUTs (generated with numpy in a few seconds)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        from bigjournal import write_kestrel_writer
+    finally:
+        sys.path.pop(0)
+    path = tmp_path_factory.mktemp("huge") / f"jobs.{demo.BASE_MS}"
+    return path, write_kestrel_writer(path, BIG_BYTES)
+
+
+#: Runs argv in a fresh child and reports that child's peak RSS. Linux carries a process's peak
+#: across fork+exec, so measuring the CLI as our own child would count this (big) test process;
+#: a grandchild of this small interpreter starts from its size instead.
+PEAK_RSS_WRAPPER = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.executable, [sys.executable, "-m", "journalfs.cli", *sys.argv[1:]])
+_pid, status, usage = os.wait4(pid, 0)
+sys.stderr.write(f"\\npeak-rss-kib={usage.ru_maxrss}\\n")
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def _run_measured(argv: list[str]) -> tuple[int, int, int, bytes]:
+    """(exit code, peak RSS in bytes, the number of stdout lines, stderr + stdout's tail) of
+    the real CLI."""
+    proc = subprocess.Popen([sys.executable, "-c", PEAK_RSS_WRAPPER, *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines, tail = 0, b""
+    while chunk := proc.stdout.read1(1 << 20):
+        lines += chunk.count(b"\n")
+        tail = (tail + chunk)[-4096:]
+    err = proc.stderr.read()
+    code = proc.wait()
+    err, _, peak = err.rpartition(b"\npeak-rss-kib=")
+    return code, int(peak) * 1024, lines, err + b"\n" + tail
+
+
+def test_records_and_fsck_of_a_huge_file_stay_under_100_mb(huge_kestrel):
+    path, count = huge_kestrel
+    code, peak, lines, rest = _run_measured(["records", str(path), "--json"])
+    assert code == 0 and lines == count, rest[-300:]
+    last = json.loads(rest.rsplit(b"\n", 2)[-2])
+    assert (last["seq"], last["id"]) == (count - 1, count)
+    assert rest.startswith(b"\n"), "nothing on stderr when it is not a terminal"
+    assert peak < RSS_LIMIT, f"records --json peaked at {peak >> 20} MiB"
+    code, peak, _lines, rest = _run_measured(["fsck", str(path)])
+    assert code == 0 and f"ok ({count} records)".encode() in rest, rest
+    assert peak < RSS_LIMIT, f"fsck peaked at {peak >> 20} MiB"
+
+
+def _stderr_on_a_terminal(argv: list[str]) -> tuple[int, str]:
+    """Run the CLI with stderr on a pseudo-terminal; (exit code, what the terminal got)."""
+    import pty
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "journalfs.cli", *argv],
+                            stdout=subprocess.DEVNULL, stderr=slave,
+                            env=dict(os.environ, TERM="xterm-256color", COLUMNS="100"))
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    return proc.wait(timeout=120), seen.decode("utf-8", "replace")
+
+
+def test_progress_bar_on_a_terminal_only(huge_kestrel, tmp_path):
+    path, count = huge_kestrel
+    code, screen = _stderr_on_a_terminal(["fsck", str(path)])
+    assert code == 0
+    assert "━" in screen and "records" in screen and "jobs." in screen, screen[-500:]
+    # quick work shows nothing, even on a terminal
+    small = tmp_path / f"jobs.{demo.BASE_MS}"
+    small.write_bytes(CODECS["kestrel-writer"].write(demo.kestrel_put_records(random.Random(1), 50)))
+    code, screen = _stderr_on_a_terminal(["records", str(small), "--json"])
+    assert code == 0 and screen == ""
+
+
+def test_columnar_lines_equal_the_dict_path_over_many_batches(tmp_path):
+    """Every format of _many_records, over several batches, byte for byte; torn too."""
+    from journalfs.commands.records import json_chunks
+
+    def chunks_text(data: bytes, path: Path) -> tuple[str, FormatError | None]:
+        out, error = [], None
+        try:
+            for chunk in json_chunks(CODECS[fmt], data, str(path)):
+                out.append(chunk.encode() if isinstance(chunk, str) else bytes(chunk))
+        except FormatError as exc:
+            error = exc
+        return b"".join(out).decode(), error
+
+    for fmt in ("kestrel-writer", "akka-data", "wallaby-log", "jrnl"):
+        whole = _many_records(fmt, random.Random(fmt))
+        for data in (whole, whole[:len(whole) * 2 // 3]):
+            path = tmp_path / fmt
+            lines, error = [], None
+            try:
+                for rec in CODECS[fmt].read(data, str(path)):
+                    lines.append(record_json_line(rec) + "\n")
+            except FormatError as exc:
+                error = exc
+            got, got_error = chunks_text(data, path)
+            assert got == "".join(lines), fmt
+            assert str(got_error) == str(error), fmt

@@ -14,7 +14,8 @@ from journalfs.formats import CODECS, FormatError
 from journalfs.formats import kestrel
 from journalfs.formats.akka import AkkaData
 from journalfs.journals import read_file
-from journalfs.spark.convert import attrs_of, kestrel_queue, to_batch
+from journalfs.formats.kestrel import queue_name as kestrel_queue
+from journalfs.spark.convert import attrs_of, to_batch
 from journalfs.spark.plan import list_journals, plan
 from codec_helpers import file_records
 from journalfs.spark.testing import spark  # noqa: F401  (the session-wide fixture)
@@ -275,12 +276,13 @@ def test_hostile_times_become_null_and_payload_views_are_copied():
 # -- fast paths (no Spark needed) -----------------------------------------------------------
 
 def _slice_rows(path: str, fmt: str, fast: bool, monkeypatch, batch_rows: int) -> list[dict]:
-    """Rows read_slice gives for the whole file, with or without the format's fast reader."""
+    """Rows read_slice gives for the whole file, with or without the codec's JSON-text fast
+    path (``read_text_columns``)."""
     from journalfs.spark import read as spark_read
     from journalfs.spark.plan import FileSlice
     with monkeypatch.context() as m:
         if not fast:
-            m.setattr(spark_read, "_fast_reader", lambda _fmt: None)
+            m.setattr(type(CODECS[fmt]), "read_text_columns", lambda self, *a, **k: None)
         return [row for batch in spark_read.read_slice(FileSlice(path, fmt), True, None, batch_rows)
                 for row in batch.to_pylist()]
 

@@ -18,19 +18,18 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ..formats import Codec, Finding, FormatError
+from ..formats import Codec, Columns, Finding, FormatError
 from ..formats.base import Record, record_to_json
-from ..journals import (is_backup, mapped, related_files, replace_atomically, sniff_file,
+from ..journals import (is_backup_name, mapped, related_files, replace_atomically, sniff_file,
                         write_backup)
+from ..pagecache import DroppingPages, Releaser
+from .progress import Progress
 
 from . import EXIT_DAMAGED, EXIT_ERROR, EXIT_OK  # defined once, for every command
 #: Fields a recovery rule may legitimately rewrite (links, completion state, derived offsets);
 #: the no-loss check compares records without them.
 MUTABLE_FIELDS = frozenset({"format", "seq", "offset", "prev", "next", "self", "complete",
                             "status", "first", "last", "highest_seq", "log_offset"})
-#: Formats that only index another file: their repair rebuilds them from that file (which holds
-#: the records and is left untouched), so their own entries are not records to preserve.
-DERIVED_FORMATS = frozenset({"wallaby-index"})
 
 
 def add_parser(sub) -> None:
@@ -74,8 +73,20 @@ def run(args) -> int:
                   file=sys.stderr)
             return EXIT_DAMAGED
         targets = [(path, codec)]
-    reports = [check_target(p, c, args.repair) for p, c in targets]
+    total = sum(_size(p) for p, _c in targets)
+    with Progress(total, "fsck") as progress:
+        reports = []
+        for p, c in targets:
+            progress.base = sum(_size(r.path) for r in reports)
+            reports.append(check_target(p, c, args.repair, progress))
     return _exit_code(reports)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _exit_code(reports: list[Report]) -> int:
@@ -94,7 +105,7 @@ def _journal_files(root: str) -> Iterator[tuple[str, Codec]]:
         found = []
         for name in sorted(files):
             full = os.path.join(directory, name)
-            if is_backup(name) or os.path.islink(full) or not os.path.isfile(full):
+            if is_backup_name(name) or os.path.islink(full) or not os.path.isfile(full):
                 continue
             codec = sniff_file(full)
             if codec is not None:
@@ -112,12 +123,13 @@ def _store_tree_of(journal_name: str, trees: list[str]) -> str | None:
     return stem if stem in trees else None
 
 
-def check_target(path: str, codec: Codec, repair: bool) -> Report:
+def check_target(path: str, codec: Codec, repair: bool, progress: Progress | None = None
+                 ) -> Report:
     try:
         if codec.name == "gvfs-tree":
             report = check_store(path, repair)
         else:
-            report = check_file(path, codec, repair)
+            report = check_file(path, codec, repair, progress)
     except (OSError, FormatError) as exc:  # FormatError here: from context files or validate
         report = Report(path, codec.name, failure=str(exc))
     print_report(report)
@@ -126,10 +138,10 @@ def check_target(path: str, codec: Codec, repair: bool) -> Report:
 
 # -- one journal file ---------------------------------------------------------------------------
 
-def check_file(path: str, codec: Codec, repair: bool) -> Report:
+def check_file(path: str, codec: Codec, repair: bool, progress: Progress | None = None) -> Report:
     report = Report(path, codec.name)
     with _context(path, codec) as context, mapped(path) as buf:
-        report.records, report.findings = inspect(buf, path, codec, context)
+        report.records, report.findings = inspect(buf, path, codec, context, progress)
         if not repair:
             return report
         fix = codec.repair(buf, path, **context)  # None when nothing needs repair
@@ -162,23 +174,81 @@ def apply_repair(path: str, original: bytes, repaired: bytes, codec: Codec, repo
         report.findings.append(Finding(0, f"repair undone: {lost}"))
 
 
-def inspect(buf, path: str, codec: Codec, context: dict[str, Any]) -> tuple[int, list[Finding]]:
-    """Decode every record (counting them) and run the codec's validation."""
+def inspect(buf, path: str, codec: Codec, context: dict[str, Any],
+            progress: Progress | None = None) -> tuple[int, list[Finding]]:
+    """Decode every record (counting them) and run the codec's validation, holding only a
+    bounded part of the file in memory whatever its size."""
     findings: list[Finding] = []
-    count = 0
-    records = codec.read(buf, path)
     try:
-        for _ in records:
-            count += 1
-    except FormatError as exc:
-        findings.append(Finding(exc.offset, exc.reason))
-    finally:
-        records.close()
+        count = count_records(buf, path, codec, progress)
+    except _Damage as damage:
+        count = damage.count
+        findings.append(Finding(damage.error.offset, damage.error.reason))
+    if progress is not None:
+        progress.update(progress.base + len(buf), description=f"validating {os.path.basename(path)}")
     try:
-        findings.extend(codec.validate(buf, path, **context))
+        with DroppingPages(buf, *context.values()):
+            findings.extend(codec.validate(buf, path, **context))
     except FormatError as exc:
         findings.append(Finding(exc.offset, exc.reason))
     return count, _unique(findings)
+
+
+def _starts(codec: Codec, buf, path: str, start: int | None, seq: int) -> Columns:
+    """The next batch of records from ``start``: only their offsets when the codec can find
+    them without decoding (``record_offsets``), else its columns."""
+    if hasattr(codec, "record_offsets"):
+        offsets, next_offset, error = codec.record_offsets(buf, path, start, seq, None, COUNT_BATCH)
+        return Columns({"offset": offsets}, len(offsets), next_offset, seq + len(offsets), error)
+    return codec.read_columns(buf, path, start, seq, None, COUNT_BATCH)
+
+
+class _Damage(Exception):
+    def __init__(self, count: int, error: FormatError):
+        super().__init__(count, error)
+        self.count, self.error = count, error
+
+
+#: Records per counting batch (vectorised codecs).
+COUNT_BATCH = 1 << 16
+
+
+def count_records(buf, path: str, codec: Codec, progress: Progress | None = None) -> int:
+    """How many records :meth:`Codec.read` yields for ``buf``; raises :class:`_Damage` (with
+    the count of the valid prefix) at damage. A codec with a vectorised ``read_columns`` is
+    counted in batches of columns (the same records, without a dict each)."""
+    releaser = Releaser(buf)
+    base = progress.base if progress is not None else 0
+    name = os.path.basename(path)
+    count = 0
+    if codec.resumable and type(codec).read_columns is not Codec.read_columns:
+        start, seq = None, 0
+        while True:
+            cols = _starts(codec, buf, path, start, seq)
+            count += cols.rows
+            if cols.rows:
+                last = int(cols.data["offset"][-1])
+                releaser.passed(last)
+                if progress is not None:
+                    progress.update(base + last, count, f"reading {name}")
+            if cols.error is not None:
+                raise _Damage(count, cols.error)
+            if cols.next_offset is None or (not cols.rows and cols.next_offset == start):
+                return count
+            start, seq = cols.next_offset, cols.next_seq
+    records = codec.read(buf, path)
+    try:
+        for rec in records:
+            count += 1
+            if not count & 4095:
+                releaser.passed(rec["offset"])
+                if progress is not None:
+                    progress.update(base + rec["offset"], count, f"reading {name}")
+    except FormatError as exc:
+        raise _Damage(count, exc) from None
+    finally:
+        records.close()
+    return count
 
 
 def _unique(findings: list[Finding]) -> list[Finding]:
@@ -207,7 +277,7 @@ def lost_record(before, after: bytes, path: str, codec: Codec) -> str | None:
     back) do not count, and fields that recovery rewrites (links, completion) are ignored.
     Derived files (indexes) are rebuilt from their source and are exempt.
     """
-    if codec.name in DERIVED_FORMATS:
+    if codec.derived:
         return None
     kept = (r for r in _valid_prefix(codec, before, path) if r.get("status") != "rollback")
     repaired = _valid_prefix(codec, after, path)

@@ -1,32 +1,313 @@
-"""`journalfs pipeline INPUT OUTPUT [--master URL]`: journals -> Parquet tables with Spark."""
+"""`journalfs pipeline INPUT OUTPUT`: journals -> Parquet tables with Spark.
+
+Everything a user can get wrong is checked before Spark starts (paths, sizes, a master that
+does not answer). Spark's own console output goes to a log file, named when something fails;
+the user sees a progress line per stage, a summary, and one line per error. OUTPUT is written
+as a whole: the tables appear there only when every one of them is complete.
+"""
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import shutil
+import signal
+import socket
 import sys
 import tempfile
+import time
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
+#: Seconds to wait for a standalone master to accept a connection, and for executors.
+MASTER_TIMEOUT_S = 20
+#: The driver heap when --driver-memory is not given: what the work needs is flat in the input's
+#: size (a 1 GB journal runs in 1g), this leaves room for many cores' tasks at once.
+DEFAULT_DRIVER_GIB = 2
+_SIZE = re.compile(r"^\d+[kmgt]?$", re.IGNORECASE)
+EXAMPLES = """\
+examples:
+  journalfs pipeline /var/queues /tmp/tables
+  journalfs pipeline big.journal out --driver-memory 4g --overwrite
+  journalfs pipeline /data out --master spark://10.0.0.5:7077 --executor-memory 4g
+  journalfs pipeline /data out --conf spark.sql.shuffle.partitions=64
+"""
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: stop Spark as for Ctrl-C (a JVM left behind would keep running)."""
+
+
+def _terminate(_signum, _frame):
+    raise Terminated()
+
+
+class PipelineError(Exception):
+    """A problem found before or while running, reported as one line."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR):
+        super().__init__(message)
+        self.code = code
+
+
+def _size(text: str) -> str:
+    if not _SIZE.match(text):
+        raise ValueError(text)
+    return text.lower()
+
+
+def _conf(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(text)
+    return key.strip(), value
+
+
+_size.__name__ = "memory size (e.g. 4g, 512m)"
+_conf.__name__ = "KEY=VALUE"
 
 
 def add_parser(sub):
-    p = sub.add_parser("pipeline", help="turn directories of journals into Parquet tables (Spark)",
-                       description="Write OUTPUT/records, metadata, queues, persistence, "
-                                   "transactions and _damage as Parquet.")
+    import argparse
+    p = sub.add_parser(
+        "pipeline", help="turn directories of journals into Parquet tables (Spark)",
+        description="Write OUTPUT/records (partitioned by format), metadata, queues, "
+                    "persistence, transactions and _damage as Parquet. Big journals are split "
+                    "into byte ranges, so memory does not grow with file size.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", metavar="INPUT", help="a journal file or a directory of them")
     p.add_argument("output", metavar="OUTPUT", help="directory for the Parquet tables")
     p.add_argument("--master", default=None,
                    help="Spark master URL (default local[*]; e.g. spark://127.0.0.1:7077)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUTPUT if it already holds files (refused otherwise)")
+    p.add_argument("--driver-memory", type=_size, default=None, metavar="SIZE",
+                   help=f"heap of the driver JVM (default {DEFAULT_DRIVER_GIB}g; with local[*] "
+                        "the driver does all the work)")
+    p.add_argument("--executor-memory", type=_size, default=None, metavar="SIZE",
+                   help="heap of each executor on a cluster (Spark's default: 1g)")
+    p.add_argument("--conf", type=_conf, action="append", default=[], metavar="KEY=VALUE",
+                   help="any Spark setting, repeatable (e.g. spark.executor.cores=2)")
+    p.add_argument("--master-timeout", type=float, default=MASTER_TIMEOUT_S, metavar="S",
+                   help=f"give up when the master does not answer, or no executor joins, "
+                        f"within S seconds (default {MASTER_TIMEOUT_S})")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    if not os.path.exists(args.input):
-        print(f"journalfs: pipeline: no such file or directory: {args.input}", file=sys.stderr)
-        return 1
-    from ..spark.pipeline import print_summary, run as run_pipeline, spark_for
-    with tempfile.TemporaryDirectory(prefix="journalfs-pipeline-") as scratch:
-        spark = spark_for(args.master, scratch)
+    try:
+        output = check_paths(args.input, args.output, args.overwrite)
+        conf = spark_conf(args)
+        if args.master and args.master.startswith("spark://"):
+            check_master(args.master, args.master_timeout)
+    except PipelineError as exc:
+        print(f"journalfs: pipeline: {exc}", file=sys.stderr)
+        return exc.code
+    return _run_spark(args, output, conf)
+
+
+# -- checks before Spark starts ---------------------------------------------------------------
+
+def check_paths(input_path: str, output: str, overwrite: bool) -> str:
+    """The absolute OUTPUT, after refusing what would fail later or lose data."""
+    if not os.path.exists(input_path):
+        raise PipelineError(f"{input_path}: no such file or directory")
+    if not os.access(input_path, os.R_OK):
+        raise PipelineError(f"{input_path}: permission denied")
+    output = os.path.abspath(output)
+    if os.path.exists(output) or os.path.islink(output):
+        if not os.path.isdir(output) or os.path.islink(output):
+            raise PipelineError(f"{output}: exists and is not a directory; give a directory "
+                                "for the tables", EXIT_USAGE)
+        if os.listdir(output) and not overwrite:
+            raise PipelineError(f"{output}: already holds files (an earlier run?); pass "
+                                "--overwrite to replace them", EXIT_USAGE)
+        if _inside(os.path.realpath(input_path), os.path.realpath(output)):
+            raise PipelineError(f"{output}: holds the input; choose another OUTPUT", EXIT_USAGE)
+    parent = os.path.dirname(output)
+    if not os.path.isdir(parent):
+        raise PipelineError(f"{parent}: no such directory (OUTPUT's parent must exist)")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PipelineError(f"{parent}: permission denied (cannot create {os.path.basename(output)})")
+    return output
+
+
+def _inside(path: str, directory: str) -> bool:
+    return os.path.commonpath([path, directory]) == directory
+
+
+def default_driver_memory() -> str:
+    """:data:`DEFAULT_DRIVER_GIB`, or a quarter of the machine's RAM when that is less (never
+    under 1 GiB)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return f"{DEFAULT_DRIVER_GIB}g"
+    return f"{max(1, min(DEFAULT_DRIVER_GIB, total // 4 >> 30))}g"
+
+
+def spark_conf(args) -> dict[str, str]:
+    conf = {"spark.driver.memory": args.driver_memory or default_driver_memory()}
+    if args.executor_memory:
+        conf["spark.executor.memory"] = args.executor_memory
+    conf.update(dict(args.conf))
+    return conf
+
+
+def check_master(url: str, timeout: float) -> None:
+    """Refuse a standalone master that does not accept a TCP connection within ``timeout``
+    (Spark itself retries for minutes and prints hundreds of lines)."""
+    hosts = url[len("spark://"):].split(",")
+    reasons = []
+    deadline = time.monotonic() + timeout
+    while True:
+        for host_port in hosts:
+            host, _, port = host_port.rpartition(":")
+            if not host or not port.isdigit():
+                raise PipelineError(f"{url}: not a master URL (spark://HOST:PORT)", EXIT_USAGE)
+            try:
+                with socket.create_connection((host.strip("[]"), int(port)),
+                                              timeout=max(1.0, min(5.0, timeout))):
+                    return
+            except OSError as exc:
+                reasons.append(exc.strerror or str(exc) or type(exc).__name__)
+        if time.monotonic() + 1 >= deadline:
+            break
+        time.sleep(1)
+    raise PipelineError(f"cannot reach the Spark master at {url} within {timeout:g} s "
+                        f"({reasons[-1].lower()}); is it running?")
+
+
+# -- running ------------------------------------------------------------------------------------
+
+def _run_spark(args, output: str, conf: dict[str, str]) -> int:
+    """Run the job with Spark's console output in a log file and SIGINT handled: Ctrl-C
+    cancels the jobs, stops Spark and exits 130; nothing half-written is left in OUTPUT."""
+    fd, log_path = tempfile.mkstemp(prefix="journalfs-pipeline-", suffix=".log")
+    partial = os.path.join(os.path.dirname(output),
+                           f".{os.path.basename(output)}.journalfs-partial-{os.getpid()}")
+    spark = None
+    code, message = EXIT_ERROR, None
+    with _stderr_to(fd) as console, \
+            tempfile.TemporaryDirectory(prefix="journalfs-pipeline-") as scratch:
         try:
-            summary = run_pipeline(spark, args.input, args.output)
+            from ..spark.pipeline import print_summary, run as run_pipeline, spark_for
+            spark = spark_for(args.master, scratch, conf)
+            # PySpark's own handler calls into the JVM from inside the signal handler (a
+            # reentrant py4j call that fails noisily); a plain KeyboardInterrupt instead, and
+            # the jobs are cancelled below
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, _terminate)
+            if args.master and not args.master.startswith("local"):
+                wait_for_executors(spark, args.master, args.master_timeout)
+            summary = run_pipeline(spark, args.input, partial, console)
+            _stop(spark)
+            spark = None
+            _swap_into_place(partial, output)
+            summary.output = output
+            print_summary(summary, console)
+            code = EXIT_OK
+        except KeyboardInterrupt:
+            code, message = EXIT_INTERRUPTED, "interrupted; Spark stopped, nothing written"
+        except Terminated:
+            code, message = EXIT_TERMINATED, "terminated; Spark stopped, nothing written"
+        except PipelineError as exc:
+            code, message = exc.code, str(exc)
+        except Exception as exc:  # Spark/Java failures: one line here, the rest in the log
+            message = f"{_first_line(exc)} (Spark's log: {log_path})"
         finally:
-            spark.stop()
-    print_summary(summary)
-    return 0
+            with _no_interrupts():
+                if spark is not None:
+                    _stop(spark)
+                shutil.rmtree(partial, ignore_errors=True)
+    if message:
+        print(f"journalfs: pipeline: {message}", file=sys.stderr)
+    if code in (EXIT_OK, EXIT_INTERRUPTED, EXIT_TERMINATED):
+        with contextlib.suppress(OSError):
+            os.unlink(log_path)
+    return code
+
+
+def wait_for_executors(spark, master: str, timeout: float) -> None:
+    """A cluster whose workers are down (or too small for the app) accepts the app but never
+    runs a task: say so instead of waiting forever."""
+    tracker = spark.sparkContext._jsc.sc()
+    deadline = time.monotonic() + timeout
+    while tracker.getExecutorMemoryStatus().size() < 2:  # the driver counts as one
+        if time.monotonic() > deadline:
+            raise PipelineError(f"no executor joined within {timeout:g} s on {master} (are its "
+                                "workers running, with the memory and cores asked for?)")
+        time.sleep(0.5)
+
+
+def _stop(spark) -> None:
+    with contextlib.suppress(Exception):
+        spark.sparkContext.cancelAllJobs()
+    with contextlib.suppress(Exception):
+        spark.stop()
+
+
+def _swap_into_place(partial: str, output: str) -> None:
+    """Put the finished tables at ``output``, replacing what --overwrite allowed to replace."""
+    old = None
+    if os.path.lexists(output):
+        old = f"{partial}-old"
+        os.rename(output, old)
+    os.rename(partial, output)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    java = getattr(exc, "java_exception", None)
+    text = ""
+    if java is not None:
+        with contextlib.suppress(Exception):
+            text = str(java.toString())
+    text = text or str(exc) or type(exc).__name__
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()[:300]
+    return type(exc).__name__
+
+
+@contextlib.contextmanager
+def _stderr_to(log_fd: int):
+    """Point file descriptor 2 (inherited by the JVM and Python workers) at the log, and give
+    back a rich console on the real stderr for our own progress and summary."""
+    import logging
+    from rich.console import Console
+    sys.stderr.flush()
+    saved = os.dup(2)
+    ours = os.fdopen(os.dup(saved), "w", buffering=1, errors="backslashreplace")
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    old_stderr = sys.stderr
+    sys.stderr = ours
+    # py4j reports a broken call (Ctrl-C in the middle of one) through logging: to the log
+    log = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")
+    handler = logging.StreamHandler(log)
+    logging.getLogger().addHandler(handler)
+    try:
+        yield Console(file=ours)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        log.close()
+        sys.stderr = old_stderr
+        os.dup2(saved, 2)
+        os.close(saved)
+        ours.close()
+
+
+@contextlib.contextmanager
+def _no_interrupts():
+    """A second Ctrl-C while Spark stops must not leave it half stopped with a traceback."""
+    try:
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)

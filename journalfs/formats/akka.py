@@ -11,7 +11,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .base import (Buffer, Codec, Columns, Finding, FormatError, Record, Repair, field_at,
+from .base import (Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record, Repair, field_at,
                    slice_payloads, start_offset)
 
 META_MAGICS = (b"APFM", b"AKFM")  # the seed's magic, the original code's magic
@@ -76,8 +76,20 @@ def _check_total(buf: Buffer, source: str, area_end: int) -> None:
         raise FormatError(source, area_end, f"{len(buf) - declared} bytes after the blocks the header counts")
 
 
+def _partner(siblings, fmt: str, preferred: str) -> str | None:
+    """A store's other file: the one named ``preferred`` if it has format ``fmt``, else the
+    first such file by name (a data file and a meta file live in one directory)."""
+    names = sorted(n for n, f in siblings if f == fmt)
+    return preferred if preferred in names else (names[0] if names else None)
+
+
 class AkkaMeta(Codec):
     name = "akka-meta"
+    columns = ColumnMap(key="persistence_id")
+
+    def partners(self, name, siblings):
+        data = _partner(siblings, "akka-data", "data")
+        return {"data": data} if data else {}
     kinds = ("meta",)
     magics = META_MAGICS
     header_size = HEADER_SIZE
@@ -134,6 +146,12 @@ class AkkaMeta(Codec):
 
 class AkkaData(Codec):
     name = "akka-data"
+    in_file_order = True
+    columns = ColumnMap(id="seq_nr")
+
+    def partners(self, name, siblings):
+        meta = _partner(siblings, "akka-meta", "meta")
+        return {"meta": meta} if meta else {}
     kinds = ("message",)
     magics = (DATA_MAGIC,)
     header_size = HEADER_SIZE

@@ -52,6 +52,16 @@ class Columns:
     error: FormatError | None = None
 
 
+@dataclass(frozen=True)
+class ColumnMap:
+    """Which record field feeds each of the Spark rows' ``time``/``key``/``id`` columns."""
+
+    time: str | None = None
+    time_unit: str = "s"  # unit of the raw time field: s, ms, us or ns
+    key: str | None = None  # a record field, or None (the key may come from the file's name)
+    id: str | None = None  # a record field, "seq" (the record number itself) or None
+
+
 @dataclass
 class Finding:
     """One problem found by :meth:`Codec.validate` (beyond what reading already rejects)."""
@@ -81,6 +91,26 @@ class Codec:
     #: Fixed record width in bytes for fixed-width formats (random access without an index).
     record_size: int | None = None
     header_size: int = 0
+    #: True when records lie in increasing offset order, so the records that start in a byte
+    #: range are a contiguous run and a big file can be read as independent ranges.
+    in_file_order: bool = False
+    #: The record fields behind the Spark columns time/key/id.
+    columns: ColumnMap = ColumnMap()
+    #: True for a file that only indexes a partner file: its repair rebuilds it from that
+    #: file, so its own entries are not records a repair must preserve.
+    derived: bool = False
+
+    # -- facts about files -----------------------------------------------------------------
+    def file_key(self, name: str) -> str | None:
+        """The ``key`` every record of a file named ``name`` shares, when the format keeps it
+        in the file name (a Kestrel queue); None otherwise."""
+        return None
+
+    def partners(self, name: str, siblings: Sequence[tuple[str, str]]) -> dict[str, str]:
+        """The related files of a file named ``name`` among ``siblings`` (``(name, format)``
+        of the other journals in its directory), by role: what :meth:`validate`/:meth:`repair`
+        take as keyword context and the Spark reader uses (an akka data file's ``meta``)."""
+        return {}
 
     # -- detection -------------------------------------------------------------------------
     def sniff(self, head: bytes) -> bool:
@@ -137,6 +167,14 @@ class Codec:
                 gc.enable()
         return Columns(columns, rows, next_offset, seq + rows, error)
 
+    def read_text_columns(self, buf: Buffer, source: str, start: int | None = None,
+                          seq: int = 0, stop: int | None = None,
+                          limit: int | None = None) -> Columns | None:
+        """Like :meth:`read_columns`, with every nested value (lists, objects) already as
+        its JSON text; None when the codec has no such path or leaves this batch to
+        :meth:`read_columns` (damage is always reported by that one)."""
+        return None
+
     # -- writing ---------------------------------------------------------------------------
     def write(self, records: Sequence[Record], **header: Any) -> bytes:
         """Encode ``records`` (dicts as :meth:`read` yields; ``seq``/``offset`` ignored) into a
@@ -159,15 +197,67 @@ def payload_b64(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(bytes(data)).decode("ascii")
 
 
+def _utf8(text: str) -> bool:
+    """True when ``text`` holds no lone surrogates (a name that was not valid UTF-8)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _raw_b64(text: str) -> str:
+    return base64.b64encode(text.encode("utf-8", "surrogateescape")).decode("ascii")
+
+
+def _safe_value(value: Any) -> tuple[bool, Any]:
+    """(True, value as JSON can carry it) or (False, its raw bytes in base64) for one field."""
+    if isinstance(value, str):
+        return (True, value) if _utf8(value) else (False, _raw_b64(value))
+    if isinstance(value, list) and any(isinstance(v, str) and not _utf8(v) for v in value):
+        return False, [_raw_b64(v) if isinstance(v, str) else v for v in value]
+    if isinstance(value, dict):
+        return True, _safe_mapping(value)
+    return True, value
+
+
+def _safe_mapping(fields: dict) -> dict:
+    """A nested mapping (gvfs metadata ``{key: value}``): a key that is not UTF-8 becomes
+    ``"b64:<base64>"``, its value follows the same rule as a top-level field."""
+    out = {}
+    for key, value in fields.items():
+        if isinstance(key, str) and not _utf8(key):
+            key = "b64:" + _raw_b64(key)
+        ok, safe = _safe_value(value)
+        out[key if ok else f"{key}_b64"] = safe
+    return out
+
+
+def json_safe(fields: dict) -> dict:
+    """``fields`` as JSON can carry them: a text field that is not valid UTF-8 (a ``str``
+    holding ``surrogateescape`` lone surrogates) is written as ``"<field>_b64"`` with the raw
+    bytes in base64 INSTEAD of ``"<field>"``; a list with such an element becomes a
+    ``<field>_b64`` list of base64 strings (every element); nested mappings follow the same
+    rule, with a non-UTF-8 key written as ``"b64:<base64>"``. Everything else is unchanged."""
+    out = {}
+    for key, value in fields.items():
+        ok, safe = _safe_value(value)
+        out[key if ok else f"{key}_b64"] = safe
+    return out
+
+
 def record_to_json(rec: Record) -> dict:
-    """The contract's JSON object for one record (payload bytes become ``payload_b64``)."""
+    """The contract's JSON object for one record (payload bytes become ``payload_b64``, text
+    that is not UTF-8 becomes ``<field>_b64``: see :func:`json_safe`)."""
     out = {}
     for k, v in rec.items():
         if k == "payload":
             out["payload_b64"] = payload_b64(v)
         else:
             out[k] = v
-    return out
+    return json_safe(out)
 
 
 def record_json_line(rec: Record) -> str:

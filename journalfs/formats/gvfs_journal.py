@@ -10,7 +10,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from .base import Codec, FormatError, Record
+from .base import Codec, ColumnMap, FormatError, Record
 
 MAGIC = b"\xda\x1ajour"
 HEADER_SIZE = 20
@@ -233,6 +233,7 @@ def _runs_past(buf, offset: int, end: int) -> bool:
 
 class GvfsJournal(Codec):
     name = "gvfs-journal"
+    columns = ColumnMap(time="mtime", key="path")
     kinds = KIND_OF_OP
     header_size = HEADER_SIZE
 

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
 
-from .base import Codec, Finding, FormatError, Record
+from .base import Codec, ColumnMap, Finding, FormatError, Record
 from .gvfs_journal import decode_str
 
 MAGIC = b"\xda\x1ameta"
@@ -1126,6 +1126,7 @@ def tree_bytes(merged: MergedTree, tag: int) -> bytes:
 # ------------------------------------------------------------------------------------------
 class GvfsTree(Codec):
     name = "gvfs-tree"
+    columns = ColumnMap(time="mtime", key="path")
     kinds = ("node",)
     resumable = False
     header_size = HEADER_SIZE

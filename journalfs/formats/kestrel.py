@@ -7,12 +7,13 @@ where a command is expected is the clean end of data (writers pre-allocate zero-
 """
 from __future__ import annotations
 
+import re
 import struct
 from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from .base import (Buffer, Codec, Columns, Finding, FormatError, Record, Repair, field_at,
+from .base import (Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record, Repair, field_at,
                    slice_payloads, start_offset)
 
 WRITER_MAGIC = bytes.fromhex("27642603")
@@ -167,8 +168,29 @@ def done_ids(buf: Buffer, frame: Frame) -> list[int]:
     return np.frombuffer(buf, dtype="<i8", count=count, offset=frame.data_start).tolist() if count else []
 
 
-class KestrelWriter(Codec):
+_WRITER_NAME = re.compile(r"^(?P<queue>[^.~]+)\.\d+$")
+_READER_NAME = re.compile(r"^(?P<queue>[^~]+?)\.read\.(?P<reader>[^~]*)$")
+
+
+def queue_name(name: str) -> str | None:
+    """The queue a Kestrel file belongs to, from its name: ``Q.<digits>`` (a writer file) or
+    ``Q.read.<reader>`` (a reader checkpoint); None for anything else (``~~`` temp files)."""
+    name = name.rsplit("/", 1)[-1]
+    if "~~" in name:  # a checkpoint's leftover temp file
+        return None
+    m = _READER_NAME.match(name) or _WRITER_NAME.match(name)
+    return m.group("queue") if m else None
+
+
+class _QueueFile:
+    def file_key(self, name: str) -> str | None:
+        return queue_name(name)
+
+
+class KestrelWriter(_QueueFile, Codec):
     name = "kestrel-writer"
+    in_file_order = True
+    columns = ColumnMap(time="add_time", time_unit="ms", id="id")
     kinds = ("put",)
     magics = (WRITER_MAGIC,)
     header_size = MAGIC_SIZE
@@ -282,8 +304,10 @@ class KestrelWriter(Codec):
         return truncate_torn(self, buf, source)
 
 
-class KestrelReader(Codec):
+class KestrelReader(_QueueFile, Codec):
     name = "kestrel-reader"
+    in_file_order = True
+    columns = ColumnMap(id="id")
     kinds = ("read_head", "read_done")
     magics = (READER_MAGIC,)
     header_size = MAGIC_SIZE

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .base import Buffer, Codec, Columns, Finding, FormatError, Record, Repair, slice_payloads
+from .base import Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record, Repair, slice_payloads
 
 LOG_MAGIC = b"LOG"
 IDX_MAGIC = b"IDX"
@@ -74,6 +74,12 @@ class WallabyLogHeader:
 
 class WallabyLog(Codec):
     name = "wallaby-log"
+    in_file_order = True
+    columns = ColumnMap(time="time", time_unit="ns", id="seq")
+
+    def partners(self, name, siblings):
+        index = name + ".idx"
+        return {"index": index} if (index, "wallaby-index") in siblings else {}
     kinds = ("record",)
     header_size = FULL_HEADER
 
@@ -391,6 +397,13 @@ def _expiry_findings(times: np.ndarray, offsets: np.ndarray, ttl_ns: int,
 
 class WallabyIndex(Codec):
     name = "wallaby-index"
+    in_file_order = True
+    derived = True
+    columns = ColumnMap(time="time", time_unit="ns", id="index")
+
+    def partners(self, name, siblings):
+        log = name[:-len(".idx")] if name.endswith(".idx") else None
+        return {"log": log} if log and (log, "wallaby-log") in siblings else {}
     kinds = ("index",)
     record_size = INDEX_RECORD
     header_size = FULL_HEADER

@@ -1,117 +1,65 @@
-"""Cheap record checkpoints for splitting one big variable-width journal across tasks.
+"""Record checkpoints for splitting one big journal of a splittable format across tasks.
 
-The driver walks only the chain of record *headers* (a few bytes per record, skipping every
-payload, so pages holding only payload are never touched) and keeps one ``(offset, seq)``
-checkpoint per split. Executors then decode exact ranges with exact ``seq`` numbers.
-Checkpoints are cached per file identity; a journal that only grew (append-only) is walked
-from its last checkpoint on.
+The driver finds record starts through the codec's cheapest exact way
+(:func:`journalfs.formats.record_offsets`: header walks that skip payloads where the codec
+has one) and keeps one ``(offset, seq)`` checkpoint per split, releasing the pages it passed.
+Executors then decode exact ranges with exact ``seq`` numbers. Checkpoints are cached per file
+identity; a journal that only grew (append-only) is walked from its last checkpoint on.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import struct
-from typing import Callable
+
+import numpy as np
 
 from ..journals import mapped
+from ..pagecache import Releaser
 
-#: A walker: (buffer, offset of a record) -> offset of the next record, or None at the end of
-#: valid data. It checks every size against the buffer and the format's own limits.
-Walker = Callable[[object, int], "int | None"]
-
-_U32_LE = struct.Struct("<I")
-_I32_LE = struct.Struct("<i")
-_U32_U32_I64_LE = struct.Struct("<IIq")
-_I32_I32_BE = struct.Struct(">ii")
-KESTREL_MAX_PAYLOAD = 16 << 20
-
-
-def _kestrel_next(buf, pos: int) -> int | None:
-    if pos >= len(buf):
-        return None
-    head = buf[pos]
-    if head == 0:
-        return None
-    words = head & 0x0F
-    size = 1 + 4 * words
-    if head >> 4 >= 8:  # data-carrying command: the first header word is the data length
-        if words == 0 or pos + 5 > len(buf):
-            return None
-        data = _I32_LE.unpack_from(buf, pos + 1)[0]
-        if data < 0 or data > KESTREL_MAX_PAYLOAD:
-            return None
-        size += data
-    nxt = pos + size
-    return nxt if nxt <= len(buf) else None
-
-
-def _wallaby_next(buf, pos: int) -> int | None:
-    if pos + 16 > len(buf):
-        return None
-    size, _flags, time = _U32_U32_I64_LE.unpack_from(buf, pos)
-    if size == 0 and time == 0:  # pre-extended zero tail
-        return None
-    nxt = pos + 16 + size
-    return nxt if nxt <= len(buf) else None
-
-
-def _akka_next(buf, pos: int) -> int | None:
-    if pos + 24 > len(buf):
-        return None
-    size, self_offset = _I32_I32_BE.unpack_from(buf, pos)
-    if size < 24 or self_offset != pos:
-        return None
-    nxt = pos + size
-    return nxt if nxt <= len(buf) else None
-
-
-WALKERS: dict[str, Walker] = {
-    "kestrel-writer": _kestrel_next,
-    "kestrel-reader": _kestrel_next,
-    "wallaby-log": _wallaby_next,
-    "akka-data": _akka_next,
-}
+#: Record starts found per call while walking (bounds the walk's memory).
+WALK_BATCH = 1 << 18
 
 
 def can_split(fmt: str) -> bool:
-    return fmt in WALKERS
-
-
-def _first_offset(codec, buf, path: str) -> int | None:
-    cols = codec.read_columns(buf, path, None, 0, None, 1)
-    if not cols.rows:
-        return None
-    return int(cols.data["offset"][0])
+    from ..formats import CODECS, splittable
+    return fmt in CODECS and splittable(CODECS[fmt])
 
 
 def walk(path: str, fmt: str, every: int, resume: list[tuple[int, int]] | None = None
          ) -> list[tuple[int, int]]:
     """``(offset, seq)`` of the first record and then of the first record at or after each
     further ``every`` bytes, continuing from ``resume`` (checkpoints of an older, shorter
-    version of the same file)."""
-    from ..formats import CODECS
-    step = WALKERS[fmt]
+    version of the same file). Ends at the end of the valid records."""
+    from ..formats import CODECS, record_offsets
+    codec = CODECS[fmt]
+    points: list[tuple[int, int]] = list(resume or ())
     with mapped(path) as buf:
-        if resume:
-            points = list(resume)
-            pos, seq = points[-1]
-        else:
-            first = _first_offset(CODECS[fmt], buf, path)
-            if first is None:
-                return []
-            points = [(first, 0)]
-            pos, seq = first, 0
-        goal = pos + every
+        releaser = Releaser(buf)
+        start, seq = points[-1] if points else (None, 0)
+        goal = points[-1][0] + every if points else None
+        skip_first = bool(points)  # the resumed-from record is a checkpoint already
         while True:
-            nxt = step(buf, pos)
-            if nxt is None:
-                break
-            pos, seq = nxt, seq + 1
-            if pos >= goal:
-                points.append((pos, seq))
-                goal = pos + every
-    return points
+            offsets, next_offset, error = record_offsets(codec, buf, path, start, seq, None,
+                                                         WALK_BATCH)
+            offsets = np.asarray(offsets, dtype=np.int64)
+            base = seq
+            if skip_first and len(offsets):
+                offsets, base, skip_first = offsets[1:], seq + 1, False
+            if len(offsets):
+                if goal is None:
+                    points.append((int(offsets[0]), base))
+                    goal = int(offsets[0]) + every
+                i = int(np.searchsorted(offsets, goal))
+                while i < len(offsets):
+                    points.append((int(offsets[i]), base + i))
+                    goal = int(offsets[i]) + every
+                    i = int(np.searchsorted(offsets, goal))
+                releaser.passed(int(offsets[-1]))
+            seq = base + len(offsets)
+            if error is not None or next_offset is None or next_offset == start:
+                return points
+            start = next_offset
 
 
 def _cache_file(cache_dir: str, path: str) -> str:

@@ -3,39 +3,15 @@ data source schema, without going through Python rows for the hot columns."""
 from __future__ import annotations
 
 import json
-import os
-import re
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..formats import CODECS, ColumnMap
 from .schema import COLUMNS, DAMAGE_KIND, arrow_schema
 
-
-@dataclass(frozen=True)
-class ColumnMap:
-    """Which contract field feeds the ``time``/``key``/``id`` columns of one format."""
-
-    time: str | None = None
-    time_unit: str = "s"  # unit of the raw time field: s, ms, us or ns
-    key: str | None = None  # a record field, or None (the key may come from the file name)
-    id: str | None = None  # a record field, "seq" (the record number itself) or None
-
-
-FORMAT_COLUMNS: dict[str, ColumnMap] = {
-    "gvfs-tree": ColumnMap(time="mtime", key="path"),
-    "gvfs-journal": ColumnMap(time="mtime", key="path"),
-    "kestrel-writer": ColumnMap(time="add_time", time_unit="ms", id="id"),
-    "kestrel-reader": ColumnMap(id="id"),
-    "akka-meta": ColumnMap(key="persistence_id"),
-    "akka-data": ColumnMap(id="seq_nr"),
-    "wallaby-log": ColumnMap(time="time", time_unit="ns", id="seq"),
-    "wallaby-index": ColumnMap(time="time", time_unit="ns", id="index"),
-    "jrnl": ColumnMap(time="time"),
-}
 
 #: Fields that are columns of their own and therefore never repeated in ``attrs``.
 _BASE_FIELDS = {"format", "seq", "offset", "kind", "payload", "payload_b64"}
@@ -44,17 +20,9 @@ _US_PER = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": None}
 #: Spark timestamps cover years 1..9999; anything outside (hostile input) becomes null.
 _MIN_US, _MAX_US = -62_135_596_800_000_000, 253_402_300_799_999_999
 
-_WRITER_NAME = re.compile(r"^(?P<queue>[^.~]+)\.\d+$")
-_READER_NAME = re.compile(r"^(?P<queue>[^~]+?)\.read\.(?P<reader>[^~]*)$")
-
-
-def kestrel_queue(path: str) -> str | None:
-    """Queue name from a Kestrel file name: ``Q.<digits>`` or ``Q.read.<reader>``."""
-    name = os.path.basename(path)
-    if "~~" in name:  # a checkpoint's leftover temp file
-        return None
-    m = _READER_NAME.match(name) or _WRITER_NAME.match(name)
-    return m.group("queue") if m else None
+def _column_map(fmt: str | None) -> ColumnMap:
+    codec = CODECS.get(fmt) if fmt else None
+    return codec.columns if codec is not None else ColumnMap()
 
 
 def _int64(values: Any) -> pa.Array:
@@ -166,7 +134,7 @@ def to_batch(data: dict[str, Any], rows: int, source: str, fmt: str, *,
 
     ``key`` overrides the key column: a string for every row (Kestrel queue name) or a
     sequence of per-row strings (Akka persistence ids resolved from the meta file)."""
-    spec = FORMAT_COLUMNS.get(fmt, ColumnMap())
+    spec = _column_map(fmt)
     seq = _int64(data["seq"]) if "seq" in data else pa.array(
         np.arange(first_seq, first_seq + rows, dtype=np.int64))
     cols: dict[str, pa.Array] = {
@@ -208,6 +176,6 @@ def damage_batch(source: str, fmt: str, seq: int, offset: int, reason: str) -> p
 
 def attrs_of(record: dict) -> dict[str, str]:
     """The ``attrs`` a record gets (used by tests and row-wise fallbacks)."""
-    spec = FORMAT_COLUMNS.get(record.get("format"), ColumnMap())
+    spec = _column_map(record.get("format"))
     skip = _BASE_FIELDS | {spec.key, spec.id}
     return {k: _text(v) for k, v in record.items() if k not in skip and v is not None}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 METADATA_DDL = "store string, path string, key string, value string, values array<string>"
@@ -31,22 +31,29 @@ def queues(records: DataFrame) -> DataFrame:
     Writer files ordered by their numeric suffix; tail = last id of the newest writer file with
     items; head = the reader's last READ_HEAD clamped into [first id of the oldest file - 1,
     tail]; pending = PUTs with id > head not in the reader's READ_DONE ids within (head, tail].
-    A queue without reader files gets its default reader ("") with head 0."""
-    kestrel = records.where(F.col("format").startswith("kestrel-") & F.col("key").isNotNull()) \
-        .withColumn("dir", _dir()).withColumnRenamed("key", "queue")
-    puts = kestrel.where((F.col("format") == "kestrel-writer") & (F.col("kind") == "put")) \
+    A queue without reader files gets its default reader ("") with head 0.
+
+    Records are first reduced to one row per file (one hash aggregate, no per-record string
+    work); directories, file numbers and reader names are then parsed once per file."""
+    kestrel = records.where(F.col("format").startswith("kestrel-") & F.col("key").isNotNull())
+    is_put = (F.col("format") == "kestrel-writer") & (F.col("kind") == "put")
+    is_head = F.col("kind") == "read_head"
+    files = kestrel.groupBy("source", "format", F.col("key").alias("queue")).agg(
+        F.max_by(F.when(is_put, F.col("id")), F.when(is_put, F.col("seq"))).alias("last_id"),
+        F.min_by(F.when(is_put, F.col("id")), F.when(is_put, F.col("seq"))).alias("first_id"),
+        F.max_by(F.when(is_head, F.col("id")), F.when(is_head, F.col("seq"))).alias("raw_head")
+    ).withColumn("dir", _dir())
+    writers = files.where(F.col("format") == "kestrel-writer") \
         .withColumn("file_no", F.regexp_extract("source", r"\.(\d+)$", 1).cast("decimal(38,0)"))
-    per_file = puts.groupBy("dir", "queue", "file_no").agg(
-        F.max_by("id", "seq").alias("last_id"), F.min_by("id", "seq").alias("first_id"))
-    bounds = per_file.groupBy("dir", "queue").agg(
+    with_puts = writers.where(F.col("last_id").isNotNull())
+    bounds = with_puts.groupBy("dir", "queue").agg(
         F.max_by("last_id", "file_no").alias("tail"),
         (F.min_by("first_id", "file_no") - 1).alias("floor"))
 
-    readers_recs = kestrel.where(F.col("format") == "kestrel-reader") \
+    reader_files = files.where(F.col("format") == "kestrel-reader") \
         .withColumn("reader", F.regexp_extract("source", r"\.read\.([^/]*)$", 1))
-    heads = readers_recs.groupBy("dir", "queue", "reader").agg(
-        F.max_by(F.when(F.col("kind") == "read_head", F.col("id")),
-                 F.when(F.col("kind") == "read_head", F.col("seq"))).alias("raw_head"))
+    heads = reader_files.groupBy("dir", "queue", "reader").agg(
+        F.max("raw_head").alias("raw_head"))  # one checkpoint file per reader
     default_readers = bounds.select("dir", "queue").join(
         heads.select("dir", "queue").distinct(), ["dir", "queue"], "left_anti") \
         .withColumn("reader", F.lit("")).withColumn("raw_head", F.lit(None).cast("long"))
@@ -56,14 +63,17 @@ def queues(records: DataFrame) -> DataFrame:
         .withColumn("head", F.greatest(F.least(F.coalesce("raw_head", F.lit(0)), "tail"),
                                        F.least("floor", "tail")))
 
-    done = readers_recs.where(F.col("kind") == "read_done") \
-        .select("dir", "queue", "reader",
-                F.explode(F.from_json(F.col("attrs").getItem("ids"), "array<long>")).alias("id")) \
+    done = kestrel.where(F.col("kind") == "read_done") \
+        .select("source", F.explode(F.from_json(F.col("attrs").getItem("ids"), "array<long>")).alias("id")) \
+        .join(F.broadcast(reader_files.select("source", "dir", "queue", "reader")), "source") \
         .join(readers.select("dir", "queue", "reader", "head", "tail"), ["dir", "queue", "reader"]) \
         .where((F.col("id") > F.col("head")) & (F.col("id") <= F.col("tail"))) \
         .select("dir", "queue", "reader", "id").distinct()
-    pending = readers.select("dir", "queue", "reader", "head") \
-        .join(puts.select("dir", "queue", "id"), ["dir", "queue"]) \
+    # each writer file with the heads of its queue's readers (small), then its PUTs by source
+    file_heads = with_puts.select("source", "dir", "queue") \
+        .join(readers.select("dir", "queue", "reader", "head"), ["dir", "queue"])
+    pending = kestrel.where(is_put).select("source", "id") \
+        .join(F.broadcast(file_heads), "source") \
         .where(F.col("id") > F.col("head")) \
         .join(done, ["dir", "queue", "reader", "id"], "left_anti") \
         .groupBy("dir", "queue", "reader").agg(F.count(F.lit(1)).alias("pending"))

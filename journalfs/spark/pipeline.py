@@ -21,50 +21,82 @@ class Summary:
     rows: dict[str, int] = field(default_factory=dict)
     damaged_files: int = 0
     output: str = ""
+    #: (path, byte offset, reason) of every damaged file, in path order
+    damage: list[tuple[str, int, str]] = field(default_factory=list)
+    files: int = 0
+    bytes: int = 0
 
 
 class StageProgress:
-    """A rich progress bar fed by Spark's status tracker (polled from a daemon thread)."""
+    """A rich progress line fed by Spark's status store (polled from a daemon thread): per
+    step, its tasks, the share of the input bytes they cover and the records written so far.
+    Shown only on a terminal; elsewhere each step is one plain line."""
 
-    def __init__(self, spark, console):
-        self.tracker = spark.sparkContext.statusTracker()
+    def __init__(self, spark, console, files: int = 0, total_bytes: int = 0):
+        self.sc = spark.sparkContext
         self.console = console
+        self.files, self.total_bytes = files, total_bytes
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.label = ""
+        self._seen_stages: set[int] = set()
+        self.live = bool(getattr(console, "is_terminal", False))
 
     def __enter__(self):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=self.console, transient=True)
+        if not self.live:
+            return self
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                 TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+                                 console=self.console, transient=True)
         self.progress.__enter__()
-        self.task = self.progress.add_task("starting", total=None)
+        self.task = self.progress.add_task("starting", total=None, detail="")
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
         return self
 
     def step(self, label: str) -> None:
         self.label = label
-        self.progress.update(self.task, description=label, completed=0, total=None)
+        self._seen_stages = self._stage_ids()
+        if self.live:
+            self.progress.update(self.task, description=label, completed=0, total=None, detail="")
+        else:
+            self.console.print(f"journalfs pipeline: {label}", highlight=False)
+
+    def _stage_ids(self) -> set[int]:
+        try:
+            return {int(s.stageId()) for s in self._stages()}
+        except Exception:
+            return set()
+
+    def _stages(self) -> list:
+        store = self.sc._jsc.sc().statusStore()
+        stages = store.stageList(None)
+        return [stages.apply(i) for i in range(stages.size())]
 
     def _poll(self) -> None:
-        while not self._stop.wait(0.3):
+        while not self._stop.wait(0.5):
             try:
-                stages = [self.tracker.getStageInfo(s) for s in self.tracker.getActiveStageIds()]
+                stages = [s for s in self._stages() if int(s.stageId()) not in self._seen_stages]
+                total = sum(int(s.numTasks()) for s in stages)
+                done = sum(int(s.numCompleteTasks()) for s in stages)
+                written = sum(int(s.outputRecords()) for s in stages)
             except Exception:  # the JVM is shutting down
                 return
-            stages = [s for s in stages if s is not None]
-            if stages:
-                total = sum(s.numTasks for s in stages)
-                done = sum(s.numCompletedTasks for s in stages)
-                self.progress.update(self.task, completed=done, total=total,
-                                     description=f"{self.label} (stage {', '.join(str(s.stageId) for s in stages)})")
+            detail = f"{done}/{total} tasks" if total else ""
+            if self.label.startswith("reading") and total and self.total_bytes:
+                detail += (f", {self.files:,} files, ~{done / total * self.total_bytes / 1e6:,.0f}"
+                           f" of {self.total_bytes / 1e6:,.0f} MB")
+            if written:
+                detail += f", {written:,} records written"
+            self.progress.update(self.task, completed=done, total=total or None, detail=detail)
 
     def __exit__(self, *exc):
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=2)
-        self.progress.__exit__(*exc)
+        if self.live:
+            self.progress.__exit__(*exc)
 
 
 def _records_schema():
@@ -77,13 +109,17 @@ def _records_schema():
 def run(spark, input_path: str, output: str, console=None) -> Summary:
     from pyspark.sql import functions as F
     from . import derived
+    from .plan import list_journals
     console = console or _console()
     output = os.path.abspath(output)
     records_dir = os.path.join(output, "records")
     damage_raw = os.path.join(output, "_damage_raw")
     summary = Summary(output=output)
-    with StageProgress(spark, console) as progress:
-        progress.step("reading journals")
+    listed = list_journals(input_path)
+    summary.files, summary.bytes = len(listed), sum(f.size for f in listed)
+    with StageProgress(spark, console, summary.files, summary.bytes) as progress:
+        progress.step(f"reading journals ({summary.files:,} files, {summary.bytes / 1e6:,.0f} MB)"
+                      " -> records")
         df = spark.read.format("journal").option("includeDamage", "true") \
             .option("parallelism", str(spark.sparkContext.defaultParallelism)) \
             .load(os.path.abspath(input_path))
@@ -113,7 +149,17 @@ def run(spark, input_path: str, output: str, console=None) -> Summary:
     for name in ("records", *tables, "_damage"):
         summary.rows[name] = parquet_rows(os.path.join(output, name))
     summary.damaged_files = summary.rows["_damage"]  # one damage row per damaged file
+    summary.damage = damage_rows(os.path.join(output, "_damage"))
     return summary
+
+
+def damage_rows(path: str) -> list[tuple[str, int, str]]:
+    """(path, offset, reason) of every row of the ``_damage`` table (one per damaged file)."""
+    import pyarrow.parquet as pq
+    if not os.path.isdir(path):
+        return []
+    rows = pq.read_table(path, columns=["path", "offset", "reason"]).to_pylist()
+    return sorted((r["path"], r["offset"], r["reason"]) for r in rows)
 
 
 def parquet_rows(path: str) -> int:
@@ -131,6 +177,7 @@ def _console():
 
 
 def print_summary(summary: Summary, console=None) -> None:
+    from rich.markup import escape
     from rich.table import Table
     console = console or _console()
     table = Table(title=f"journalfs pipeline -> {summary.output}")
@@ -140,15 +187,20 @@ def print_summary(summary: Summary, console=None) -> None:
         table.add_row(name, f"{rows:,}")
     table.add_row("damaged files", f"{summary.damaged_files:,}", style="bold red" if summary.damaged_files else None)
     console.print(table)
+    for path, offset, reason in summary.damage:
+        console.print(escape(f"damaged: {path}: at byte {offset}: {reason}"), highlight=False,
+                      soft_wrap=True)
 
 
-def spark_for(master: str | None, scratch: str | None = None):
+def spark_for(master: str | None, scratch: str | None = None, conf: dict | None = None):
     """The session for a pipeline run; off-machine executors get journalfs as a zip built
-    in ``scratch`` (which the caller removes after ``spark.stop()``)."""
+    in ``scratch`` (which the caller removes after ``spark.stop()``). ``conf`` (the user's
+    memory sizes and settings) comes last, so it wins."""
     from .session import build_session, package_zip
     master = master or "local[*]"
-    conf = {"spark.sql.shuffle.partitions": "8", "spark.ui.showConsoleProgress": "false"}
-    spark = build_session(master, "journalfs pipeline", conf)
+    settings = {"spark.sql.shuffle.partitions": "8", "spark.ui.showConsoleProgress": "false"}
+    settings.update(conf or {})
+    spark = build_session(master, "journalfs pipeline", settings)
     if not master.startswith("local"):
         spark.sparkContext.addPyFile(package_zip(scratch))
     return spark

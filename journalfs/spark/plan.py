@@ -10,7 +10,7 @@ import fnmatch
 import os
 from dataclasses import dataclass, field
 
-from ..journals import sniff_file
+from ..journals import is_backup_name, sniff_file
 
 MiB = 1 << 20
 
@@ -58,7 +58,10 @@ def list_journals(root: str, recursive: bool = True, glob: str | None = None) ->
                             if os.path.isfile(os.path.join(root, f)))
     out = []
     for path in candidates:
-        if glob and not fnmatch.fnmatch(os.path.basename(path), glob):
+        name = os.path.basename(path)
+        if is_backup_name(name):  # what `fsck --repair` kept: never a journal
+            continue
+        if glob and not fnmatch.fnmatch(name, glob):
             continue
         codec = sniff_file(path)
         if codec is None:
@@ -71,33 +74,35 @@ def list_journals(root: str, recursive: bool = True, glob: str | None = None) ->
     return out
 
 
-def akka_meta_for(data_path: str, files: list[JournalFile],
-                  metas_by_dir: dict[str, list[str]] | None = None) -> str | None:
-    """The akka-meta file beside an akka-data file (same directory), if there is one.
+def partner_files(f: JournalFile, files: list[JournalFile],
+                  by_dir: dict[str, list[tuple[str, str]]] | None = None) -> dict[str, str]:
+    """The partner files of ``f`` (by role, e.g. an akka data file's ``meta``) by its codec's
+    rule, among the journals of its directory. ``by_dir`` (from :func:`siblings_by_dir`) saves
+    a pass over ``files`` per call."""
+    from ..formats import CODECS
+    d, name = os.path.split(f.path)
+    if by_dir is None:
+        by_dir = siblings_by_dir(files)
+    siblings = by_dir.get(d)
+    if siblings is None or len(siblings) < 2:  # the listing may have been filtered
+        siblings = [(os.path.basename(j.path), j.format) for j in list_journals(d, recursive=False)]
+    partners = CODECS[f.format].partners(name, [s for s in siblings if s[0] != name])
+    return {role: os.path.join(d, other) for role, other in partners.items()}
 
-    ``metas_by_dir`` (from :func:`_akka_metas_by_dir`) saves a pass over ``files`` per call."""
-    d = os.path.dirname(data_path)
-    if metas_by_dir is None:
-        metas_by_dir = _akka_metas_by_dir(files)
-    metas = metas_by_dir.get(d, [])
-    if not metas:  # the listing may have been filtered: look at the directory itself
-        metas = [f.path for f in list_journals(d, recursive=False) if f.format == "akka-meta"]
-    return metas[0] if len(metas) == 1 else None
 
-
-def _akka_metas_by_dir(files: list[JournalFile]) -> dict[str, list[str]]:
-    by_dir: dict[str, list[str]] = {}
-    for f in files:
-        if f.format == "akka-meta":
-            by_dir.setdefault(os.path.dirname(f.path), []).append(f.path)
+def siblings_by_dir(files: list[JournalFile]) -> dict[str, list[tuple[str, str]]]:
+    by_dir: dict[str, list[tuple[str, str]]] = {}
+    for j in files:
+        d, name = os.path.split(j.path)
+        by_dir.setdefault(d, []).append((name, j.format))
     return by_dir
 
 
 #: Tasks per core: several, so that uneven tasks still keep every core busy to the end.
 TASKS_PER_CORE = 4
-#: Relative decoding cost per byte (1 = the fixed-width and payload-heavy formats); only
-#: used to size and order tasks.
-COST_PER_BYTE = {"jrnl": 6, "gvfs-tree": 4, "gvfs-journal": 4, "akka-meta": 4}
+#: Relative decoding cost per byte of a format that is not splittable (mostly small
+#: records decoded one by one), against 1 for the others; only used to size and order tasks.
+UNSPLITTABLE_COST_PER_BYTE = 5
 #: Fixed cost of opening, mapping and converting one (small) file, in byte-equivalents.
 FILE_COST = 32 << 10
 
@@ -109,7 +114,8 @@ def split_target(total_bytes: int, parallelism: int, max_bytes: int = 128 * MiB)
 
 def cost(f: JournalFile) -> int:
     """Estimated work of reading ``f`` whole, in byte-equivalents."""
-    return f.size * COST_PER_BYTE.get(f.format, 1) + FILE_COST
+    from ..formats import CODECS, splittable
+    return f.size * (1 if splittable(CODECS[f.format]) else UNSPLITTABLE_COST_PER_BYTE) + FILE_COST
 
 
 def _fixed_slices(f: JournalFile, record_size: int, header: int, target: int) -> list[FileSlice]:
@@ -137,18 +143,15 @@ def _checkpoint_slices(f: JournalFile, target: int, cache_dir: str | None,
 
 def slices_for(f: JournalFile, target: int, files: list[JournalFile],
                cache_dir: str | None = None,
-               metas_by_dir: dict[str, list[str]] | None = None) -> list[FileSlice]:
-    from ..formats import CODECS
-    from .checkpoints import can_split
+               by_dir: dict[str, list[tuple[str, str]]] | None = None) -> list[FileSlice]:
+    from ..formats import CODECS, splittable
     codec = CODECS[f.format]
-    meta = akka_meta_for(f.path, files, metas_by_dir) if f.format == "akka-data" else None
-    if f.size <= target:
+    meta = partner_files(f, files, by_dir).get("meta")
+    if f.size <= target or not splittable(codec):
         return [FileSlice(f.path, f.format, meta=meta)]
     if codec.record_size:
         return _fixed_slices(f, codec.record_size, codec.header_size, target)
-    if can_split(f.format) and codec.resumable:
-        return _checkpoint_slices(f, target, cache_dir, meta)
-    return [FileSlice(f.path, f.format, meta=meta)]
+    return _checkpoint_slices(f, target, cache_dir, meta)
 
 
 def plan(files: list[JournalFile], parallelism: int, max_split: int = 128 * MiB,
@@ -158,17 +161,17 @@ def plan(files: list[JournalFile], parallelism: int, max_split: int = 128 * MiB,
     Groups come out costliest first: Spark starts tasks in partition order, so the long ones
     start early and the short ones fill the cores at the end."""
     target = split_target(sum(cost(f) for f in files), parallelism, max_split)
-    metas_by_dir = _akka_metas_by_dir(files)
+    by_dir = siblings_by_dir(files)
     weighted: list[tuple[int, list[FileSlice]]] = []
     group: list[FileSlice] = []
     group_cost = 0
     for f in files:
         if f.size > target:
-            slices = slices_for(f, target, files, cache_dir, metas_by_dir)
+            slices = slices_for(f, target, files, cache_dir, by_dir)
             each = cost(f) // len(slices)
             weighted.extend((each, [s]) for s in slices)
             continue
-        group.extend(slices_for(f, target, files, cache_dir, metas_by_dir))
+        group.extend(slices_for(f, target, files, cache_dir, by_dir))
         group_cost += cost(f)
         if group_cost >= target:
             weighted.append((group_cost, group))

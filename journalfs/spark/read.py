@@ -1,6 +1,7 @@
 """Executor side of the data source: one file slice -> Arrow record batches."""
 from __future__ import annotations
 
+import os
 from typing import Iterator
 
 import pyarrow as pa
@@ -8,32 +9,28 @@ import pyarrow.compute as pc
 
 from ..formats import CODECS, FormatError
 from ..journals import mapped
-from .convert import damage_batch, kestrel_queue, to_batch
+from ..pagecache import Releaser
+from .convert import damage_batch, to_batch
 from .plan import FileSlice
 from .schema import DAMAGE_KIND
 
 
 def _keys_for(sl: FileSlice, buf):
-    """A per-file key (Kestrel queue) or a per-batch key function (Akka chains)."""
-    if sl.format.startswith("kestrel-"):
-        return kestrel_queue(sl.path), None
-    if sl.format == "akka-data":
+    """A per-file key (the codec reads it from the file name) or a per-batch key function
+    (records whose key a partner file names: an akka data file's chains, by its meta file)."""
+    key = CODECS[sl.format].file_key(os.path.basename(sl.path))
+    if key is not None:
+        return key, None
+    if sl.meta is not None:
         from .akka_keys import ChainResolver, meta_heads
         resolver = ChainResolver(meta_heads(sl.meta), buf)
         return None, lambda data: resolver.resolve(data["self"], data["prev"])
     return None, None
 
 
-def _fast_reader(fmt: str):
-    """A faster columnar decoder for ``fmt`` (returns None when the codec must do a batch)."""
-    if fmt == "jrnl":
-        from .jrnl_columns import read_columns
-        return read_columns
-    return None
-
-
-def _read_columns(codec, fast, buf, sl: FileSlice, start, seq, batch_rows: int):
-    cols = fast(buf, sl.path, start, seq, sl.stop, batch_rows) if fast else None
+def _read_columns(codec, buf, sl: FileSlice, start, seq, batch_rows: int):
+    """The codec's columns, through its JSON-text fast path when it has one for this batch."""
+    cols = codec.read_text_columns(buf, sl.path, start, seq, sl.stop, batch_rows)
     return cols if cols is not None else codec.read_columns(buf, sl.path, start, seq, sl.stop,
                                                             batch_rows)
 
@@ -67,14 +64,14 @@ def read_buffer(buf, sl: FileSlice, include_damage: bool, kinds: set | None,
     if span * ARROW_EXPANSION > BATCH_BYTES:  # not surely small: measure a few rows first
         batch_rows = min(batch_rows, FIRST_BATCH_ROWS)
     codec = CODECS[sl.format]
-    fast = _fast_reader(sl.format)
     include_damage = include_damage and (kinds is None or DAMAGE_KIND in kinds)
     kind_set = None if kinds is None else pa.array(sorted(kinds), pa.string())
     start, seq = sl.start, sl.seq
     file_key, batch_key = _keys_for(sl, buf)
+    releaser = Releaser(buf)  # a worker's RSS stays flat however big the slice
     while True:
         try:
-            cols = _read_columns(codec, fast, buf, sl, start, seq, batch_rows)
+            cols = _read_columns(codec, buf, sl, start, seq, batch_rows)
             error = cols.error
         except FormatError as exc:  # a codec may raise instead of reporting
             cols, error = None, exc
@@ -90,6 +87,7 @@ def read_buffer(buf, sl: FileSlice, include_damage: bool, kinds: set | None,
             if batch.num_rows:
                 yield batch
             seq = cols.next_seq
+            releaser.passed(int(cols.data["offset"][cols.rows - 1]))
         if error is not None:
             if include_damage:
                 yield damage_batch(sl.path, sl.format, seq, error.offset, error.reason)
