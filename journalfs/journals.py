@@ -788,13 +788,6 @@ def is_backup_name(name: bytes | str) -> bool:
 is_backup = is_backup_name  # the earlier name, kept for callers
 
 
-def is_backup_name(name: bytes | str) -> bool:
-    """True for a backup ``fsck --repair`` wrote: never a journal, wherever it is listed."""
-    if isinstance(name, bytes):
-        return BACKUP_MARK.encode() in name
-    return BACKUP_MARK in name
-
-
 def fsync_dir(directory: str) -> None:
     fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY)
     try:
