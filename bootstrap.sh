@@ -15,6 +15,8 @@ APT_PACKAGES=(
   gvfs gvfs-daemons dbus python3-gi gir1.2-glib-2.0 libglib2.0-bin  # real gvfs + gio for interop
   openjdk-17-jre-headless                               # Spark
   util-linux procps psmisc
+  autoconf automake make perl openssl                   # pjdfstest's build and run (tests/pjdfstest_build.py)
+  fio                                                   # bench/fuse.py's fio rows
 )
 
 install() {
