@@ -28,6 +28,7 @@ from . import xattrs
 from .caches import UNKNOWN, DirSnapshots, Listing, MetaCache
 from .inodes import Inode, InodeTable, join
 from .views import VIEWS_NAME, Views
+from .watch import SourceWatcher
 
 log = logging.getLogger("journalfs.fs")
 
@@ -111,6 +112,7 @@ class JournalFS(pyfuse3.Operations):
         store = getattr(meta, "store", None)
         exclusive = store is not None and getattr(store, "readonly", True) is False
         self.meta_cache = MetaCache() if exclusive else None
+        self.watch = SourceWatcher(self.source_changed)  # changes made behind the mount
 
     # -- helpers ---------------------------------------------------------------------------
     def next_inode(self) -> int:
@@ -143,7 +145,21 @@ class JournalFS(pyfuse3.Operations):
         a.st_atime_ns = st.st_atime_ns
         a.st_mtime_ns = st.st_mtime_ns
         a.st_ctime_ns = st.st_ctime_ns
+        if stat.S_ISDIR(st.st_mode):  # the kernel is about to know it: watch it
+            self.watch.directory_known(node.ino, path=self.abs(node.path or b""))
         return a
+
+    async def source_changed(self, dir_ino: int, name: bytes | None) -> int | None:
+        """watch.py: SOURCE changed behind the mount at ``name`` in ``dir_ino`` (or the
+        directory itself): drop what we remember of it; the kernel inode of it, if any."""
+        directory = self.table.by_ino.get(dir_ino)
+        if directory is None or directory.path is None:
+            return None
+        rel = directory.path if name is None else join(directory.path, name)
+        self._namespace_changed(rel)
+        await self.views.source_changed(rel)
+        child = self.table.root if rel == b"" else self.table.by_path.get(rel)
+        return None if child is None else child.ino
 
     def _path(self, node: Inode) -> bytes:
         if node.path is None:
@@ -299,6 +315,8 @@ class JournalFS(pyfuse3.Operations):
                 self.views.forget(ino, count)
             else:
                 self.table.forget(ino, count)
+                if ino not in self.table.by_ino:
+                    self.watch.directory_forgotten(ino)
 
     @_guarded
     async def getattr(self, inode, ctx=None):

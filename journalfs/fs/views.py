@@ -488,6 +488,7 @@ class Views:
             "rotations": status.get("rotations"),
             "last_fsync": status.get("last_fsync"),
             "service": status,
+            "watch": self.fs.watch.status() if hasattr(self.fs, "watch") else None,
             "options": self.options,
         }
         return (json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n").encode()
