@@ -37,22 +37,31 @@ def eventually(check, what: str):
         time.sleep(0.01)
 
 
-@pytest.fixture(scope="module")
-def fs(tmp_path_factory):
+MECHANISMS = ["fanotify", "inotify"] if os.geteuid() == 0 else ["inotify"]
+
+
+@pytest.fixture(scope="module", params=MECHANISMS)
+def fs(request, tmp_path_factory):
+    """A mount with default options; as root once with fanotify (the default) and once with
+    inotify forced (what a mount by an ordinary user gets)."""
     base = tmp_path_factory.mktemp("invalidation")
     src, mnt = base / "src", base / "mnt"
     src.mkdir()
-    with mounted(src, mnt, "--store", str(base / "store")) as m:
+    env = dict(os.environ)
+    if request.param != "fanotify":
+        env["JOURNALFS_WATCH"] = request.param
+    with mounted(src, mnt, "--store", str(base / "store"), env=env) as m:
         status = json.loads((mnt / ".journalfs" / "status.json").read_text())
         assert status["options"]["entry_timeout"] >= 60, "the test needs the long default"
         m.status = status
+        m.mechanism = request.param
         yield m
 
 
 def test_status_names_the_watch(fs):
     watch = fs.status["watch"]
-    expected = "fanotify" if os.geteuid() == 0 else "inotify"
-    assert watch["mechanism"] == expected, watch
+    assert watch["mechanism"] == fs.mechanism, watch
+    assert watch["directories"] >= 1  # the root at least
 
 
 def test_appended_bytes_are_read(fs):
@@ -197,3 +206,23 @@ def test_changes_through_the_mount_still_show(fs):
     with open(fs.source / "through", "ab") as f:  # then behind the mount again
         f.write(b"2")
     eventually(lambda: p.read_bytes() == b"12", "append behind the mount after a write through it")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="drop_caches needs root")
+def test_changes_show_after_the_kernel_forgot_directories(fs):
+    """drop_caches makes the kernel forget inodes (FORGET): their watches go, and come back
+    with the next lookup."""
+    d = fs.source / "forgotten" / "sub"
+    d.mkdir(parents=True)
+    view = fs.mountpoint / "forgotten" / "sub"
+    eventually(lambda: os.listdir(view) == [], "new directories")
+    before = json.loads((fs.mountpoint / ".journalfs" / "status.json").read_text())["watch"]
+    Path("/proc/sys/vm/drop_caches").write_text("2")
+    after = eventually(
+        lambda: (lambda w: w if w["directories"] < before["directories"] else None)(
+            json.loads((fs.mountpoint / ".journalfs" / "status.json").read_text())["watch"]),
+        "watches of forgotten directories released")
+    assert after["directories"] < before["directories"]
+    assert os.listdir(view) == []  # looked up again: watched again
+    (d / "after-forget").write_bytes(b"")
+    eventually(lambda: os.listdir(view) == ["after-forget"], "change after drop_caches")

@@ -27,7 +27,8 @@ Interface used by the passthrough (journalfs/fs/passthrough.py):
     await nursery.start(watcher.run)            # serve events until cancelled
 
 ``directory_known`` is cheap and idempotent; pass an fd (O_PATH is fine) or a path of the
-directory (one of the two). ``changed(dir_ino, name)`` is an async callback into the
+directory (one of the two). The environment variable JOURNALFS_WATCH=fanotify|inotify|off
+forces a mechanism (benches and tests compare them). ``changed(dir_ino, name)`` is an async callback into the
 passthrough: SOURCE changed at ``name`` (bytes) in directory ``dir_ino`` (``name`` is None
 when the directory itself changed). It must drop the passthrough's own caches of that
 name (listings, remembered stats, views) and return the inode number the kernel knows for
@@ -133,8 +134,13 @@ class SourceWatcher:
         self.events = 0
         self.invalidations = 0
         self.overflows = 0
-        want_fan = os.geteuid() == 0 if use_fanotify is None else use_fanotify
-        self._open(want_fan)
+        forced = os.environ.get("JOURNALFS_WATCH", "")  # for benches and tests only
+        if forced == "off":
+            self.reason = "JOURNALFS_WATCH=off"
+            return
+        if use_fanotify is None:
+            use_fanotify = forced == "fanotify" or (forced != "inotify" and os.geteuid() == 0)
+        self._open(use_fanotify)
 
     # -- setup -----------------------------------------------------------------------------
     def _open(self, want_fanotify: bool) -> None:
