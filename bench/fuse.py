@@ -524,10 +524,11 @@ def run_round(t: Target, rec: Recorder, args, work: Path) -> None:
     m(t, "ls -l 2000 entries, warm", "entries/s", ls_l, t.root / "ls2000")
     t.mount(sync="none", cold=False)
     stat_all(files)  # names known to the kernel, as for the other warm rows
-    m(t, "setxattr (jfs sync=none)", "ops/s", setxattr_all, files, t.xattr)
+    m(t, "setxattr (jfs sync=none)", "ops/s", setxattr_all, files[:2000], t.xattr)
     t.mount(cold=False)  # default options from here on
     stat_all(files)
-    m(t, "setxattr (default: jfs sync=batch)", "ops/s", setxattr_all, files, t.xattr)
+    m(t, "setxattr (default: jfs sync=batch)", "ops/s", setxattr_all, files[:2000], t.xattr)
+    setxattr_all(files[2000:], t.xattr)  # the getxattr rows read every file's value
     m(t, "getxattr", "ops/s", getxattr_all, files, t.xattr)
     for n in (1, 2, 4):
         m(t, f"stat+getxattr, {n} client{'s' if n > 1 else ''}", "pairs/s",
@@ -641,7 +642,7 @@ def report(rec: Recorder, names: list[str], meta: dict) -> dict:
 
 # ---------------------------------------------------------------- the floor filesystem
 
-def serve_floor(src: Path, mnt: Path, timeout: float) -> None:
+def serve_floor(src: Path, mnt: Path, timeout: float, dir_blksize: int | None = None) -> None:
     """A pyfuse3 filesystem answering from dicts built at start: ``files/`` of SOURCE with
     every file's stat and a ``user.metadata.bench`` xattr. What pyfuse3 itself costs."""
     import pyfuse3
@@ -661,6 +662,8 @@ def serve_floor(src: Path, mnt: Path, timeout: float) -> None:
 
     entry(pyfuse3.ROOT_INODE, os.lstat(src))
     entry(2, os.lstat(src / "files"))
+    if dir_blksize:
+        attrs[2].st_blksize = dir_blksize
     children[(pyfuse3.ROOT_INODE, b"files")] = 2
     names[pyfuse3.ROOT_INODE], names[2] = [b"files"], []
     for i, name in enumerate(sorted(os.listdir(src / "files")), start=3):
@@ -712,6 +715,34 @@ def serve_floor(src: Path, mnt: Path, timeout: float) -> None:
         pyfuse3.close(unmount=True)
 
 
+def readdir_experiment(src: Path, mnt: Path) -> dict:
+    """Does the directory's st_blksize size the kernel's READDIR buffer? glibc's opendir sizes
+    its getdents64 buffer from st_blksize (32 KiB .. 1 MiB); the kernel then clamps that count
+    to [one page, max_pages]. Counted: READDIRPLUS requests for one listing of files/."""
+    entries = len(os.listdir(src / "files"))
+    out = {}
+    for blksize in (4096, 65536, 131072, 1 << 20):
+        floor = Target("floor", src, mnt)
+        floor.command = lambda sync, timeout, b=blksize: [  # noqa: E731
+            sys.executable, __file__, "--serve-floor", str(src), str(mnt), "--floor-dir-blksize",
+            str(b)]
+        floor.mount(cold=False)
+        try:
+            for how, listing in (("os.listdir", lambda: os.listdir(mnt / "files")),
+                                 ("ls -f", lambda: subprocess.run(
+                                     ["ls", "-f", str(mnt / "files")], check=True,
+                                     stdout=subprocess.DEVNULL))):
+                before = floor.readdirs.count()
+                listing()
+                calls = floor.readdirs.count() - before
+                out[f"{how}, st_blksize {blksize}"] = {
+                    "requests": calls, "entries_per_reply": round(entries / max(1, calls - 1))}
+        finally:
+            floor.unmount()
+    print(json.dumps({"entries": entries, "results": out}, indent=1))
+    return out
+
+
 # ---------------------------------------------------------------- main
 
 def main() -> int:
@@ -727,9 +758,14 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="also write the JSON result here")
     ap.add_argument("--serve-floor", nargs=2, metavar=("SRC", "MNT"), help=argparse.SUPPRESS)
     ap.add_argument("--floor-timeout", type=float, default=120, help=argparse.SUPPRESS)
+    ap.add_argument("--floor-dir-blksize", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--readdir-experiment", action="store_true",
+                    help="only measure READDIRPLUS entries per reply against the listing "
+                         "directory's st_blksize (floor filesystem, os.listdir and ls)")
     args = ap.parse_args()
     if args.serve_floor:
-        serve_floor(Path(args.serve_floor[0]) , Path(args.serve_floor[1]), args.floor_timeout)
+        serve_floor(Path(args.serve_floor[0]), Path(args.serve_floor[1]), args.floor_timeout,
+                    args.floor_dir_blksize)
         return 0
 
     work = args.workdir.resolve()
@@ -744,6 +780,9 @@ def main() -> int:
         "journalfs": Target("journalfs", src, work / "mnt-journalfs", store, args.journalfs_arg),
         "floor": Target("floor", src, work / "mnt-floor"),
     }
+    if args.readdir_experiment:
+        readdir_experiment(src, work / "mnt-floor")
+        return 0
     names = args.only.split(",")
     targets = [all_targets[n] for n in names]
     rec = Recorder()
