@@ -145,8 +145,8 @@ class JournalFS(pyfuse3.Operations):
         a.st_atime_ns = st.st_atime_ns
         a.st_mtime_ns = st.st_mtime_ns
         a.st_ctime_ns = st.st_ctime_ns
-        if stat.S_ISDIR(st.st_mode):  # the kernel is about to know it: watch it
-            self.watch.directory_known(node.ino, path=self.abs(node.path or b""))
+        if stat.S_ISDIR(st.st_mode) and node.path is not None:  # the kernel will know it
+            self.watch.directory_known(node.ino, path=self.abs(node.path))
         return a
 
     async def source_changed(self, dir_ino: int, name: bytes | None) -> int | None:
