@@ -8,6 +8,8 @@ POLL seconds.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import os
 import struct
 import time
@@ -226,3 +228,25 @@ def test_changes_show_after_the_kernel_forgot_directories(fs):
     assert os.listdir(view) == []  # looked up again: watched again
     (d / "after-forget").write_bytes(b"")
     eventually(lambda: os.listdir(view) == ["after-forget"], "change after drop_caches")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bindfs") is None,
+                    reason="needs root and bindfs")
+def test_unwatchable_directory_falls_back_to_the_timeout(fs, tmp_path):
+    """A filesystem below SOURCE that fanotify cannot mark (a FUSE mount has no file
+    handles): status.json says changes there wait for the cache timeout."""
+    if fs.mechanism != "fanotify":
+        pytest.skip("inotify watches any filesystem")
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    (inner / "x").write_bytes(b"")
+    point = fs.source / "fuse-below"
+    point.mkdir()
+    subprocess.run(["bindfs", str(inner), str(point)], check=True)
+    try:
+        eventually(lambda: os.listdir(fs.mountpoint / "fuse-below") == ["x"], "nested mount")
+        watch = json.loads((fs.mountpoint / ".journalfs" / "status.json").read_text())["watch"]
+        assert watch["mechanism"] == "fanotify+timeout", watch
+        assert "cannot be watched" in watch["reason"], watch
+    finally:
+        subprocess.run(["fusermount3", "-u", str(point)], check=True)

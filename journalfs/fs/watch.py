@@ -217,7 +217,8 @@ class SourceWatcher:
 
     def _fan_watch(self, ino: int, fd: int | None, path: bytes | None) -> None:
         found = file_handle(fd, path)
-        if found is None:
+        if found is None:  # e.g. a filesystem without file handles mounted below SOURCE
+            self._partial(f"a directory cannot be watched: {os.strerror(ctypes.get_errno())}")
             return
         handle, mount_id = found
         if handle in self._marked:  # same directory under another inode number
@@ -250,14 +251,18 @@ class SourceWatcher:
 
     def _refused(self, err: int, path: bytes | None) -> None:
         if err in (errno.ENOSPC, errno.ENOMEM, errno.EMFILE):
-            if not self.limit_reached:
-                self.limit_reached = True
-                self.reason = (f"{self.mechanism} watch limit reached ({os.strerror(err)}): "
-                               "changes behind the mount in unwatched directories show "
-                               "after the cache timeout")
-                log.warning("%s", self.reason)
+            self._partial(f"{self.mechanism} watch limit reached ({os.strerror(err)})")
         elif err not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-            log.info("cannot watch %r: %s", path, os.strerror(err))
+            # e.g. EXDEV/EOPNOTSUPP: a filesystem below SOURCE that cannot be watched
+            self._partial(f"a directory cannot be watched: {os.strerror(err)}")
+
+    def _partial(self, why: str) -> None:
+        """Some directory goes unwatched: its changes wait for the cache timeout."""
+        if not self.limit_reached:
+            self.limit_reached = True
+            self.reason = (f"{why}: changes behind the mount in unwatched directories show "
+                           "after the cache timeout")
+            log.warning("%s", self.reason)
 
     # -- events ----------------------------------------------------------------------------
     async def run(self, task_status=None) -> None:
