@@ -35,7 +35,6 @@ import statistics
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -415,7 +414,7 @@ def getfattr_tree(t: Target) -> float:
                 if exc.errno != errno.ENODATA:
                     raise
                 os.setxattr(p, t.xattr, b"tree")
-    return 5005 / shell(f"getfattr -R -d -m '^user\\.' . > /dev/null", tree)
+    return 5005 / shell("getfattr -R -d -m '^user\\.' . > /dev/null", tree)
 
 
 def staleness(t: Target, changes: int = 5) -> float:
