@@ -207,7 +207,9 @@ class Target:
         if not self.fuse:
             return
         self.mnt.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        # a PYTHONPATH given to the bench comes first: it can measure another tree's journalfs
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            filter(None, [os.environ.get("PYTHONPATH"), str(REPO)])))
         self.proc = subprocess.Popen(self.command(sync, timeout), env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 30
