@@ -788,6 +788,16 @@ def main() -> int:
     targets = [all_targets[n] for n in names]
     rec = Recorder()
     started = time.time()
+
+    def meta(rounds_done: int) -> dict:
+        return {"files": args.files, "big_mib": args.big_mib, "create": args.create,
+                "rounds": args.rounds, "rounds_done": rounds_done,
+                "journalfs_args": args.journalfs_arg, "cpus": os.cpu_count(),
+                "kernel": os.uname().release, "loadavg_end": os.getloadavg(),
+                "seconds": round(time.time() - started),
+                "started_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
+                "request_counting": RequestCounter.available()}
+
     for rnd in range(args.rounds):
         order = targets[rnd % len(targets):] + targets[:rnd % len(targets)]
         for target in order:
@@ -799,13 +809,11 @@ def main() -> int:
                 traceback.print_exc()
             finally:
                 target.unmount()
-    meta = {"files": args.files, "big_mib": args.big_mib, "create": args.create,
-            "rounds": args.rounds, "journalfs_args": args.journalfs_arg,
-            "cpus": os.cpu_count(), "kernel": os.uname().release,
-            "loadavg_end": os.getloadavg(), "seconds": round(time.time() - started),
-            "started_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
-            "request_counting": RequestCounter.available()}
-    blob = report(rec, names, meta)
+        if args.json and rnd + 1 < args.rounds:  # what is done so far survives an interruption
+            with open(args.json.with_suffix(".partial.txt"), "w") as out, \
+                    contextlib.redirect_stdout(out):
+                args.json.write_text(json.dumps(report(rec, names, meta(rnd + 1)), indent=1) + "\n")
+    blob = report(rec, names, meta(args.rounds))
     if args.json:
         args.json.write_text(json.dumps(blob, indent=1) + "\n")
     return 0
