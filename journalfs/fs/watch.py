@@ -364,7 +364,11 @@ class SourceWatcher:
 
     def _overflow(self, changes: dict) -> None:
         """Events were lost: every watched directory may have changed in any way."""
+        # The kernel's cached *names* in those directories cannot be listed from here: they
+        # stay until the cache timeout (attributes and data are dropped below).
         self.overflows += 1
+        self.reason = ("the change queue overflowed: names changed behind the mount may show "
+                       "only after the cache timeout")
         log.warning("SOURCE change queue overflowed: dropping every cached directory")
         for ino in list(self._key_of):
             changes[(ino, None)] = NAMES | DATA | ATTRS
