@@ -622,6 +622,11 @@ def report(rec: Recorder, names: list[str], meta: dict) -> dict:
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for row in rows:
         print("| " + line(row) + " |")
+    for r in rec.rows.values():
+        if r.cpu_us.get("journalfs") and r.cpu_us.get("floor"):
+            jfs, floor = (statistics.median(r.cpu_us[k]) for k in ("journalfs", "floor"))
+            print(f"- {r.workload}: journalfs CPU per request = {jfs / floor:.2f} x the "
+                  f"pyfuse3 floor ({jfs:.1f} vs {floor:.1f} µs)")
     notes = [(r.workload, n, text) for r in rec.rows.values() for n, text in r.note.items()]
     for workload, n, text in notes:
         print(f"- {workload}, {n}: {text}")
