@@ -20,6 +20,8 @@ APT_PACKAGES=(
   util-linux procps psmisc                              # mount(8), fuser for the tests
   groff-base                                            # renders journalfs.1 in its test
   acl libcap2-bin                                       # setfacl/getfacl, setcap/getcap (xattr namespace tests)
+  autoconf automake make perl openssl                   # pjdfstest's build and run (tests/pjdfstest_build.py)
+  fio                                                   # bench/fuse.py's fio rows
 )
 
 install() {

@@ -1,19 +1,37 @@
-"""FUSE benchmark: the same single-client workloads on the native SOURCE directory, on bindfs (a C
-FUSE passthrough, the baseline for "what FUSE costs") and on journalfs, in one run.
+"""FUSE benchmark: the same workloads on the native SOURCE directory, on bindfs (a C FUSE
+passthrough, the baseline for "what FUSE costs") and on journalfs, in one interleaved run.
 
-    sudo .venv/bin/python bench/fuse.py [--files 10000] [--big-mib 1024] [--workdir DIR]
+    sudo .venv/bin/python bench/fuse.py [--rounds 3] [--files 10000] [--big-mib 1024]
+                                        [--workdir DIR] [--only native,bindfs,journalfs,floor]
+                                        [--json FILE]
 
-Prints a table (ops/s or MB/s, ratios journalfs/bindfs and journalfs/native) and a JSON blob.
-Every workload is run by the identical client code on all three trees.  Metadata is xattr
-`user.bench` on native/bindfs and `user.metadata.bench` (the journalfs store) on journalfs.
-"Cold" means caches dropped (/proc/sys/vm/drop_caches) and, for FUSE, a fresh mount.
+Every round measures every target once, in a rotating order, so slow phases of a busy
+machine spread over all of them; each figure is the median of the rounds, with the spread
+(min..max) beside it. Every workload is run by the same client code on every tree. Metadata
+is the xattr `user.bench` on native/bindfs and `user.metadata.bench` (the journalfs store)
+on journalfs. "Cold" means a fresh mount and dropped page/dentry caches.
+
+For the FUSE daemons the bench also reports CPU time per request: the daemon's CPU time (sum
+of /proc/PID/task/*/schedstat, i.e. utime+stime of every thread at ns resolution) divided by
+the requests the kernel sent it (the fuse:fuse_request_send tracepoint, counted in a private
+tracefs instance filtered to the mount's connection). Wall-clock rates swing with the other
+load on a shared machine; CPU per request does not.
+
+`floor` is a minimal pyfuse3 filesystem (this file, --serve-floor) answering lookup, getattr
+and getxattr from a dict: pyfuse3's own cost per request. It runs only the CPU rows, as does
+journalfs with `-o timeout=0` (so every stat is a request).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import glob
 import json
+import multiprocessing
 import os
 import shutil
+import statistics
 import struct
 import subprocess
 import sys
@@ -23,16 +41,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-JOURNALFS = os.environ.get("JOURNALFS_BIN", str(REPO / ".venv" / "bin" / "journalfs"))
 READ_CHUNK = 1 << 20
 RECORD_PAYLOAD = 64
-
-
-@dataclass
-class Result:
-    workload: str
-    unit: str          # "ops/s" or "MB/s"
-    values: dict[str, float] = field(default_factory=dict)
+TRACEFS = Path("/sys/kernel/tracing")
+FUSE_READDIR, FUSE_READDIRPLUS = 28, 44
+STALE_CAP = 5.0  # seconds the staleness row waits before reporting "more than this"
 
 
 # ---------------------------------------------------------------- source tree
@@ -48,21 +61,26 @@ def wallaby_log(n_records: int) -> bytes:
     return b"".join(parts)
 
 
+def _fill(folder: Path, count: int, make) -> None:
+    if folder.is_dir() and len(os.listdir(folder)) == count:
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for i in range(count):
+        make(folder, i)
+
+
 def build_source(src: Path, n_files: int, big_mib: int) -> None:
     """Create the tree once; reruns reuse what is already there."""
-    files = src / "files"
-    if not files.is_dir() or len(os.listdir(files)) != n_files:
-        shutil.rmtree(files, ignore_errors=True)
-        files.mkdir(parents=True)
-        body = b"x" * 100
-        for i in range(n_files):
-            (files / f"f{i:05d}").write_bytes(body)
-    small = src / "small"
-    if not small.is_dir() or len(os.listdir(small)) != n_files:
-        shutil.rmtree(small, ignore_errors=True)
-        small.mkdir()
-        for i in range(n_files):
-            (small / f"r{i:05d}").write_bytes((b"record %08d " % i).ljust(RECORD_PAYLOAD, b"."))
+    _fill(src / "files", n_files, lambda d, i: (d / f"f{i:05d}").write_bytes(b"x" * 100))
+    _fill(src / "small", n_files, lambda d, i: (d / f"r{i:05d}").write_bytes(
+        (b"record %08d " % i).ljust(RECORD_PAYLOAD, b".")))
+    _fill(src / "ls2000", 2000, lambda d, i: (d / f"entry-{i:05d}.txt").write_bytes(b"l" * 10))
+    tree = src / "tree5005"  # getfattr -R: 5 directories of 1,001 files
+    if not tree.is_dir() or sum(len(os.listdir(d)) for d in tree.iterdir()) != 5005:
+        shutil.rmtree(tree, ignore_errors=True)
+        for d in range(5):
+            _fill(tree / f"d{d}", 1001, lambda f, i: (f / f"g{i:04d}").write_bytes(b"g"))
     log = src / "logs" / "bench.log"
     if not log.exists() or log.stat().st_size != 16 + n_files * (16 + RECORD_PAYLOAD):
         log.parent.mkdir(exist_ok=True)
@@ -74,9 +92,13 @@ def build_source(src: Path, n_files: int, big_mib: int) -> None:
             for _ in range(big_mib):
                 out.write(block)
             os.fsync(out.fileno())
+    rnd = src / "rand.bin"  # fio random writes go here, not into big.bin
+    if not rnd.exists() or rnd.stat().st_size != 256 << 20:
+        with open(rnd, "wb") as out:
+            out.truncate(256 << 20)
+            out.write(os.urandom(256 << 20))
+            os.fsync(out.fileno())
 
-
-# ---------------------------------------------------------------- targets
 
 def drop_caches() -> bool:
     os.sync()
@@ -87,21 +109,76 @@ def drop_caches() -> bool:
         return False
 
 
-def unmount(mnt: Path) -> None:
-    subprocess.run(["fusermount3", "-u", str(mnt)], check=False)
-    for _ in range(100):
-        if not os.path.ismount(mnt):
-            return
-        time.sleep(0.1)
-    subprocess.run(["fusermount3", "-uz", str(mnt)], check=False)
+# ---------------------------------------------------------------- measuring the daemons
 
+def cpu_ns(pid: int) -> int:
+    """CPU time of every thread of ``pid`` so far (ns; first field of schedstat)."""
+    total = 0
+    for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+        try:
+            total += int(Path(path).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # a thread that just ended
+    return total
+
+
+class RequestCounter:
+    """Counts FUSE requests the kernel sends one connection (optionally of some opcodes)
+    with the fuse_request_send tracepoint in a private tracefs instance: the ring buffer's
+    per-CPU entries+overrun counts every event, whatever the buffer size."""
+
+    _serial = 0
+
+    def __init__(self, connection: int, opcodes: tuple[int, ...] = ()):
+        RequestCounter._serial += 1
+        self.dir = TRACEFS / "instances" / f"journalfs-bench-{os.getpid()}-{self._serial}"
+        self.dir.mkdir()
+        (self.dir / "buffer_size_kb").write_text("16")
+        event = self.dir / "events" / "fuse" / "fuse_request_send"
+        cond = f"connection == {connection}"
+        if opcodes:
+            cond += " && (" + " || ".join(f"opcode == {op}" for op in opcodes) + ")"
+        (event / "filter").write_text(cond)
+        (event / "enable").write_text("1")
+
+    def count(self) -> int:
+        total = 0
+        for stats in glob.glob(str(self.dir / "per_cpu" / "cpu*" / "stats")):
+            for line in Path(stats).read_text().splitlines():
+                if line.startswith(("entries:", "overrun:")):
+                    total += int(line.split()[1])
+        return total
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            (self.dir / "events" / "fuse" / "fuse_request_send" / "enable").write_text("0")
+            self.dir.rmdir()
+
+    @staticmethod
+    def available() -> bool:
+        if not (TRACEFS / "events").is_dir():
+            subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)],
+                           capture_output=True)
+        return (TRACEFS / "events" / "fuse" / "fuse_request_send").is_dir()
+
+
+# ---------------------------------------------------------------- targets
 
 class Target:
-    """A tree to run workloads on; FUSE targets mount fresh on every `remount`."""
+    """A tree to run workloads on. FUSE targets are served by a foreground child process
+    (its pid is the daemon) and mounted fresh by ``mount``."""
 
     def __init__(self, name: str, src: Path, mnt: Path | None, store: Path | None = None,
                  extra: list[str] | None = None):
-        self.name, self.src, self.mnt, self.store, self.extra = name, src, mnt, store, extra or []
+        self.name, self.src, self.mnt, self.store = name, src, mnt, store
+        self.extra = extra or []
+        self.proc: subprocess.Popen | None = None
+        self.counter: RequestCounter | None = None
+        self.readdirs: RequestCounter | None = None
+
+    @property
+    def fuse(self) -> bool:
+        return self.mnt is not None
 
     @property
     def root(self) -> Path:
@@ -109,29 +186,68 @@ class Target:
 
     @property
     def xattr(self) -> str:
-        return "user.metadata.bench" if self.name == "journalfs" else "user.bench"
+        return "user.metadata.bench" if self.name.startswith(("journalfs", "floor")) else "user.bench"
 
-    def mount(self, sync: str | None = None) -> None:
-        if self.mnt is None:
+    def command(self, sync: str | None, timeout: float | None) -> list[str]:
+        if self.name == "bindfs":
+            opts = [] if timeout is None else ["-o", f"entry_timeout={timeout},attr_timeout={timeout}"]
+            return ["bindfs", "-f", *opts, str(self.src), str(self.mnt)]
+        if self.name == "floor":
+            return [sys.executable, __file__, "--serve-floor", str(self.src), str(self.mnt),
+                    "--floor-timeout", str(120 if timeout is None else timeout)]
+        opts = [] if timeout is None else ["-o", f"timeout={timeout}"]
+        return [sys.executable, "-m", "journalfs.cli", "mount", "--foreground", str(self.src),
+                str(self.mnt), "--store", str(self.store), *self.extra, *opts,
+                *([f"--sync={sync}"] if sync else [])]
+
+    def mount(self, sync: str | None = None, timeout: float | None = None, cold: bool = True):
+        self.unmount()
+        if cold:
+            drop_caches()
+        if not self.fuse:
             return
         self.mnt.mkdir(parents=True, exist_ok=True)
-        if self.name == "bindfs":
-            cmd = ["bindfs", str(self.src), str(self.mnt)]
-        else:
-            cmd = [JOURNALFS, "mount", str(self.src), str(self.mnt), "--store", str(self.store),
-                   *self.extra, *([f"--sync={sync}"] if sync else [])]
-        subprocess.run(cmd, check=True)
-        if not os.path.ismount(self.mnt):
-            raise RuntimeError(f"{self.name}: {self.mnt} is not mounted after {cmd}")
+        # a PYTHONPATH given to the bench comes first: it can measure another tree's journalfs
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            filter(None, [os.environ.get("PYTHONPATH"), str(REPO)])))
+        self.proc = subprocess.Popen(self.command(sync, timeout), env=env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(self.mnt):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                raise RuntimeError(f"{self.name} did not mount: {self.proc.stderr.read()!r}")
+            time.sleep(0.02)
+        os.stat(self.mnt)  # INIT answered
+        connection = os.minor(os.stat(self.mnt).st_dev)
+        if RequestCounter.available():
+            self.counter = RequestCounter(connection)
+            self.readdirs = RequestCounter(connection, (FUSE_READDIR, FUSE_READDIRPLUS))
 
     def unmount(self) -> None:
+        for counter in (self.counter, self.readdirs):
+            if counter is not None:
+                counter.close()
+        self.counter = self.readdirs = None
         if self.mnt is not None and os.path.ismount(self.mnt):
-            unmount(self.mnt)
+            for lazy in (False, False, True):
+                if subprocess.run(["fusermount3", "-u", *(["-z"] if lazy else []), str(self.mnt)],
+                                  capture_output=True).returncode == 0:
+                    break
+                time.sleep(0.3)
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
 
-    def remount_cold(self, sync: str | None = None) -> None:
-        self.unmount()
-        self.mount(sync)
-        drop_caches()
+    def sample(self) -> tuple[int, int, int]:
+        """(daemon CPU ns, requests, readdir requests) so far."""
+        if self.proc is None or self.counter is None:
+            return (0, 0, 0)
+        return cpu_ns(self.proc.pid), self.counter.count(), self.readdirs.count()
 
     def record_files(self) -> list[str]:
         if self.name == "journalfs":
@@ -151,12 +267,29 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def file_paths(t: Target, folder: str = "files") -> list[str]:
+    return [str(t.root / folder / n) for n in sorted(os.listdir(t.src / folder))]
+
+
 def stat_all(paths: list[str], repeat: int = 1) -> float:
     def run():
         for _ in range(repeat):
             for p in paths:
                 os.stat(p)
     return len(paths) * repeat / timed(run)
+
+
+def fstat_all(paths: list[str], repeat: int = 3) -> float:
+    fds = [os.open(p, os.O_RDONLY) for p in paths]
+    try:
+        def run():
+            for _ in range(repeat):
+                for fd in fds:
+                    os.fstat(fd)
+        return len(fds) * repeat / timed(run)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def getxattr_all(paths: list[str], name: str, repeat: int = 1) -> float:
@@ -200,6 +333,13 @@ def readdir(folder: Path, repeat: int = 5) -> float:
     return entries / elapsed
 
 
+def ls_l(folder: Path) -> float:
+    """`ls -l` (C): one readdir plus a stat of every entry; entries per second."""
+    count = len(os.listdir(folder))
+    return count / timed(lambda: subprocess.run(["ls", "-l", str(folder)], check=True,
+                                                 stdout=subprocess.DEVNULL))
+
+
 def sequential_read(path: Path) -> float:
     buf = bytearray(READ_CHUNK)
     total = 0
@@ -216,47 +356,220 @@ def sequential_read(path: Path) -> float:
 def cat_files(paths: list[str], list_file: Path) -> float:
     """`cat` (C) over every file via xargs, so no Python per-file overhead is measured."""
     list_file.write_bytes(b"\0".join(p.encode() for p in paths) + b"\0")
-
-    def run():
-        subprocess.run(["xargs", "-0", "-a", str(list_file), "cat"], check=True,
-                       stdout=subprocess.DEVNULL)
-    return len(paths) / timed(run)
+    return len(paths) / timed(lambda: subprocess.run(
+        ["xargs", "-0", "-a", str(list_file), "cat"], check=True, stdout=subprocess.DEVNULL))
 
 
-def best_of(runs: int, measure, *args) -> float:
-    """Warm figures: the best of a few runs, as other load on a 2-core box only ever slows down."""
-    return max(measure(*args) for _ in range(runs))
+def _client(args) -> int:
+    paths, name, seconds = args
+    done, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        for p in paths:
+            os.stat(p)
+            os.getxattr(p, name)
+        done += len(paths)
+    return done
 
 
-def run_target(t: Target, n_create: int, work: Path) -> dict[str, tuple[str, float]]:
-    out: dict[str, tuple[str, float]] = {}
-    t.remount_cold()
-    paths = [str(t.root / "files" / f"f{i:05d}") for i in range(len(os.listdir(t.src / "files")))]
-    out["stat cold"] = ("ops/s", stat_all(paths))
-    # "warm" = inside the kernel's attribute cache: journalfs keeps names and attributes for
-    # its -o timeout (120 s by default; bindfs uses libfuse's 1 s, so its warm pass re-asks).
-    out["stat warm"] = ("ops/s", best_of(3, stat_all, paths))
-    out["readdir (entries/s)"] = ("ops/s", best_of(3, readdir, t.root / "files"))
-    # journalfs metadata durability: `batch` (default) returns once a group fsync covers the
-    # write, so one client is bound by fsync latency; `none` never waits, like bindfs/native
-    # xattrs (which are not fsynced either). Both are measured, on fresh mounts.
-    t.remount_cold(sync="batch")
-    stat_all(paths)  # names known to the kernel, as for the other warm rows
-    out["setxattr (jfs sync=batch)"] = ("ops/s", setxattr_all(paths, t.xattr))
-    t.remount_cold(sync="none")
-    stat_all(paths)
-    out["setxattr (jfs sync=none)"] = ("ops/s", setxattr_all(paths, t.xattr))
-    out["getxattr"] = ("ops/s", best_of(3, getxattr_all, paths, t.xattr))
-    out["create+write 4K+close"] = ("ops/s", create_files(t.root / f"new-{t.name}", n_create))
-    t.remount_cold()
-    out["seq read 1st (cold)"] = ("MB/s", sequential_read(t.root / "big.bin"))
-    out["seq re-read"] = ("MB/s", best_of(2, sequential_read, t.root / "big.bin"))
+def parallel_clients(paths: list[str], name: str, clients: int, seconds: float = 2.0) -> float:
+    """stat+getxattr pairs per second, ``clients`` processes each on its own slice."""
+    slices = [paths[i::clients][:500] for i in range(clients)]
+    with multiprocessing.get_context("fork").Pool(clients) as pool:
+        start = time.perf_counter()
+        done = sum(pool.map(_client, [(s, name, seconds) for s in slices]))
+        return done / (time.perf_counter() - start)
+
+
+def shell(script: str, cwd: Path) -> float:
+    """Seconds a bash script takes (the whole command, as a user would run it)."""
+    return timed(lambda: subprocess.run(["bash", "-c", script], cwd=cwd, check=True,
+                                        stdout=subprocess.DEVNULL))
+
+
+def mv_500(t: Target) -> float:
+    d = t.root / f"mv-{t.name}"
+    shutil.rmtree(t.src / d.name, ignore_errors=True)
+    (t.src / d.name).mkdir()
+    for i in range(500):
+        (t.src / d.name / f"a{i}").write_bytes(b"m")
+    time.sleep(0.2)  # let the watcher settle what it saw
+    os.listdir(d)
+    seconds = shell("for i in $(seq 0 499); do mv a$i b$i; done", d)
+    shutil.rmtree(t.src / d.name)
+    return 500 / seconds
+
+
+def setfattr_500(t: Target) -> float:
+    d = t.root / "ls2000"
+    return 500 / shell(f"for i in $(seq -w 0 499); do setfattr -n {t.xattr} -v v$i "
+                       f"entry-00$i.txt; done", d)
+
+
+def getfattr_tree(t: Target) -> float:
+    tree = t.root / "tree5005"
+    for d in sorted(os.listdir(tree)):  # metadata on every file (once per target)
+        for f in sorted(os.listdir(tree / d))[:1001]:
+            p = tree / d / f
+            try:
+                os.getxattr(p, t.xattr)
+            except OSError as exc:
+                if exc.errno != errno.ENODATA:
+                    raise
+                os.setxattr(p, t.xattr, b"tree")
+    return 5005 / shell("getfattr -R -d -m '^user\\.' . > /dev/null", tree)
+
+
+def staleness(t: Target, changes: int = 5) -> float:
+    """Milliseconds from an append in SOURCE until a stat through the mount shows the new
+    size (median of ``changes``); STALE_CAP s when it never did."""
+    src, via = t.src / "stale.txt", t.root / "stale.txt"
+    src.write_bytes(b"0")
+    deadline = time.monotonic() + STALE_CAP
+    while time.monotonic() < deadline and not os.path.exists(via):
+        time.sleep(0.001)
+    waits = []
+    for i in range(changes):
+        size = os.stat(via).st_size  # cached by the kernel now
+        with open(src, "ab") as f:
+            f.write(b"+")
+        start = time.monotonic()
+        while os.stat(via).st_size == size and time.monotonic() - start < STALE_CAP:
+            time.sleep(0.0005)
+        waits.append(time.monotonic() - start)
+    src.unlink()
+    return statistics.median(waits) * 1000
+
+
+def fio(t: Target, job: list[str], metric: str) -> float:
+    out = subprocess.run(["fio", "--output-format=json", "--name=bench", *job],
+                         check=True, capture_output=True, text=True).stdout
+    res = json.loads(out[out.index("{"):])["jobs"][0]
+    if metric == "read_MBps":
+        return res["read"]["bw_bytes"] / 1e6
+    if metric == "read_iops":
+        return res["read"]["iops"]
+    if metric == "write_iops":
+        return res["write"]["iops"]
+    raise ValueError(metric)
+
+
+def fio_create(t: Target, count: int = 1000) -> float:
+    d = t.root / f"fio-create-{t.name}"
+    shutil.rmtree(t.src / d.name, ignore_errors=True)
+    (t.src / d.name).mkdir()
+    time.sleep(0.1)
+    seconds = timed(lambda: subprocess.run(
+        ["fio", "--name=create", f"--directory={d}", f"--nrfiles={count}", "--filesize=4k",
+         "--bs=4k", "--rw=write", "--create_on_open=1", "--openfiles=1",
+         "--file_service_type=sequential", "--fallocate=none", "--output-format=json"],
+        check=True, capture_output=True))
+    shutil.rmtree(t.src / d.name)
+    return count / seconds
+
+
+# ---------------------------------------------------------------- rows
+
+@dataclass
+class Row:
+    workload: str
+    unit: str
+    better: str = "higher"          # "lower" for times
+    values: dict[str, list[float]] = field(default_factory=dict)
+    cpu_us: dict[str, list[float]] = field(default_factory=dict)   # daemon CPU per request
+    requests: dict[str, list[int]] = field(default_factory=dict)
+    note: dict[str, str] = field(default_factory=dict)
+
+
+class Recorder:
+    def __init__(self):
+        self.rows: dict[str, Row] = {}
+
+    def measure(self, t: Target, workload: str, unit: str, fn, *args, better="higher",
+                readdir_entries: int | None = None):
+        row = self.rows.setdefault(workload, Row(workload, unit, better))
+        before = t.sample()
+        try:
+            value = fn(*args)
+        except Exception as exc:
+            print(f"  {t.name}: {workload} failed: {exc!r}", file=sys.stderr)
+            row.note[t.name] = f"failed: {exc!r}"[:200]
+            return None
+        after = t.sample()
+        row.values.setdefault(t.name, []).append(value)
+        requests = after[1] - before[1]
+        if t.fuse and t.counter is not None:
+            row.requests.setdefault(t.name, []).append(requests)
+            if requests > 0:
+                row.cpu_us.setdefault(t.name, []).append((after[0] - before[0]) / requests / 1e3)
+            if readdir_entries:
+                calls = after[2] - before[2]
+                if calls:
+                    row.note[t.name] = f"{readdir_entries / calls:.0f} entries per READDIR(PLUS) reply"
+        print(f"  {t.name:10s} {workload:34s} {fmt(value):>10s} {unit}"
+              + (f"  ({requests} req)" if t.fuse else ""), file=sys.stderr, flush=True)
+        return value
+
+
+def run_round(t: Target, rec: Recorder, args, work: Path) -> None:
+    m = rec.measure
+    files = file_paths(t)
+    if t.name == "floor":
+        run_cpu_rows(t, rec, files)
+        return
+    t.mount()
+    m(t, "ls -l 2000 entries, cold", "entries/s", ls_l, t.root / "ls2000")
+    m(t, "stat cold", "ops/s", stat_all, files)
+    m(t, "stat warm", "ops/s", stat_all, files)
+    m(t, "readdir (entries/s)", "entries/s", readdir, t.root / "files",
+      readdir_entries=5 * len(files))
+    m(t, "ls -l 2000 entries, warm", "entries/s", ls_l, t.root / "ls2000")
+    t.mount(sync="none", cold=False)
+    stat_all(files)  # names known to the kernel, as for the other warm rows
+    m(t, "setxattr (jfs sync=none)", "ops/s", setxattr_all, files[:2000], t.xattr)
+    setxattr_all(files[2000:], t.xattr)  # the getxattr rows read every file's value
+    t.mount(cold=False)  # default options from here on
+    stat_all(files)
+    m(t, "setxattr (default: jfs sync=batch)", "ops/s", setxattr_all, files[:2000], t.xattr)
+    m(t, "getxattr", "ops/s", getxattr_all, files, t.xattr)
+    for n in (1, 2, 4):
+        m(t, f"stat+getxattr, {n} client{'s' if n > 1 else ''}", "pairs/s",
+          parallel_clients, files, t.xattr, n)
+    m(t, "create+write 4K+close", "ops/s", create_files, t.root / f"new-{t.name}", args.create)
+    m(t, "500 x mv (whole command)", "ops/s", mv_500, t)
+    m(t, "500 x setfattr (whole command)", "ops/s", setfattr_500, t)
+    m(t, "getfattr -R, 5,005 files", "files/s", getfattr_tree, t)
+    m(t, "staleness after a SOURCE change", "ms", staleness, t, better="lower")
+    m(t, "fio 4k random read", "IOPS", fio, t,
+      [f"--filename={t.root / 'big.bin'}", "--rw=randread", "--bs=4k", f"--size={min(256, args.big_mib)}m",
+       "--runtime=4", "--time_based"], "read_iops")
+    m(t, "fio 4k random write, fsync/32", "IOPS", fio, t,
+      [f"--filename={t.root / 'rand.bin'}", "--rw=randwrite", "--bs=4k", "--size=256m",
+       "--fsync=32", "--runtime=4", "--time_based"], "write_iops")
+    m(t, "fio creation of 4 KiB files", "files/s", fio_create, t)
+    t.mount()
+    m(t, "seq read 1st (cold)", "MB/s", sequential_read, t.root / "big.bin")
+    m(t, "seq re-read", "MB/s", sequential_read, t.root / "big.bin")
+    t.mount()
+    m(t, "fio seq read 1 GiB, cold", "MB/s", fio, t,
+      [f"--filename={t.root / 'big.bin'}", "--rw=read", "--bs=1m", f"--size={args.big_mib}m"],
+      "read_MBps")
     records = t.record_files()
-    t.remount_cold()
-    out["cat record files cold"] = ("ops/s", cat_files(records, work / f"list-{t.name}"))
-    out["cat record files warm"] = ("ops/s", best_of(3, cat_files, records, work / f"list-{t.name}"))
+    t.mount()
+    m(t, "cat record files cold", "files/s", cat_files, records, work / f"list-{t.name}")
+    m(t, "cat record files warm", "files/s", cat_files, records, work / f"list-{t.name}")
+    if t.fuse:
+        run_cpu_rows(t, rec, files)
     t.unmount()
-    return out
+
+
+def run_cpu_rows(t: Target, rec: Recorder, files: list[str]) -> None:
+    """Rows where every call is one request (timeout 0): CPU per LOOKUP, GETATTR, GETXATTR."""
+    subset = files[:1000]
+    t.mount(timeout=0, cold=False)
+    rec.measure(t, "CPU row: lookup (timeout=0)", "ops/s", stat_all, subset)
+    rec.measure(t, "CPU row: getattr (fstat, timeout=0)", "ops/s", fstat_all, subset)
+    rec.measure(t, "CPU row: getxattr", "ops/s", getxattr_all, subset, t.xattr, 2)
+    t.unmount()
 
 
 # ---------------------------------------------------------------- report
@@ -267,42 +580,199 @@ def fmt(value: float | None) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:,.2f}"
 
 
-def report(results: list[Result], names: list[str], meta: dict) -> None:
-    head = ["workload", "unit", *names, "jfs/bindfs", "jfs/native"]
-    rows = []
-    for r in results:
-        jfs, bind, nat = (r.values.get(k) for k in ("journalfs", "bindfs", "native"))
-        rows.append([r.workload, r.unit, *(fmt(r.values.get(n)) for n in names),
-                     f"{jfs / bind:.2f}" if jfs and bind else "-",
-                     f"{jfs / nat:.2f}" if jfs and nat else "-"])
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    line = lambda cells: "  ".join(str(c).rjust(w) if i > 1 else str(c).ljust(w)  # noqa: E731
-                                   for i, (c, w) in enumerate(zip(cells, widths)))
-    print(line(head))
-    print("  ".join("-" * w for w in widths))
-    for row in rows:
-        print(line(row))
-    blob = {**meta, "results": [
-        {"workload": r.workload, "unit": r.unit, **r.values,
-         "ratio_journalfs_bindfs": (r.values["journalfs"] / r.values["bindfs"]
-                                    if r.values.get("journalfs") and r.values.get("bindfs") else None),
-         "ratio_journalfs_native": (r.values["journalfs"] / r.values["native"]
-                                    if r.values.get("journalfs") and r.values.get("native") else None)}
-        for r in results]}
-    print(json.dumps(blob, indent=1))
+def summary(values: list[float] | None) -> dict | None:
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "runs": values}
 
+
+def ratio(row: Row, a: str, b: str) -> float | None:
+    va, vb = (statistics.median(row.values[k]) if row.values.get(k) else None for k in (a, b))
+    if not va or not vb:
+        return None
+    return va / vb if row.better == "higher" else vb / va
+
+
+def report(rec: Recorder, names: list[str], meta: dict) -> dict:
+    fuse = [n for n in names if n != "native"]
+    head = ["workload", "unit", *names, "jfs/bindfs", "jfs/native",
+            *(f"{n} µs/req" for n in fuse)]
+    rows = []
+    for r in rec.rows.values():
+        cells = [r.workload, r.unit]
+        for n in names:
+            v = r.values.get(n)
+            if not v:
+                cells.append("-")
+            elif len(v) > 1:
+                cells.append(f"{fmt(statistics.median(v))} ({fmt(min(v))}..{fmt(max(v))})")
+            else:
+                cells.append(fmt(v[0]))
+        for a, b in (("journalfs", "bindfs"), ("journalfs", "native")):
+            q = ratio(r, a, b)
+            cells.append(f"{q:.2f}" if q else "-")
+        for n in fuse:
+            c = r.cpu_us.get(n)
+            cells.append(f"{statistics.median(c):.1f}" if c else "-")
+        rows.append(cells)
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    line = lambda cells: " | ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+    print("| " + line(head) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in rows:
+        print("| " + line(row) + " |")
+    for r in rec.rows.values():
+        if r.cpu_us.get("journalfs") and r.cpu_us.get("floor"):
+            jfs, floor = (statistics.median(r.cpu_us[k]) for k in ("journalfs", "floor"))
+            print(f"- {r.workload}: journalfs CPU per request = {jfs / floor:.2f} x the "
+                  f"pyfuse3 floor ({jfs:.1f} vs {floor:.1f} µs)")
+    notes = [(r.workload, n, text) for r in rec.rows.values() for n, text in r.note.items()]
+    for workload, n, text in notes:
+        print(f"- {workload}, {n}: {text}")
+    blob = {**meta, "results": [
+        {"workload": r.workload, "unit": r.unit, "better": r.better,
+         "values": {n: summary(v) for n, v in r.values.items()},
+         "cpu_us_per_request": {n: summary(v) for n, v in r.cpu_us.items()},
+         "requests": r.requests, "notes": r.note,
+         "ratio_journalfs_bindfs": ratio(r, "journalfs", "bindfs"),
+         "ratio_journalfs_native": ratio(r, "journalfs", "native"),
+         "ratio_journalfs_floor_cpu": (statistics.median(r.cpu_us["journalfs"])
+                                       / statistics.median(r.cpu_us["floor"])
+                                       if r.cpu_us.get("journalfs") and r.cpu_us.get("floor")
+                                       else None)}
+        for r in rec.rows.values()]}
+    print(json.dumps(blob, indent=1))
+    return blob
+
+
+# ---------------------------------------------------------------- the floor filesystem
+
+def serve_floor(src: Path, mnt: Path, timeout: float, dir_blksize: int | None = None) -> None:
+    """A pyfuse3 filesystem answering from dicts built at start: ``files/`` of SOURCE with
+    every file's stat and a ``user.metadata.bench`` xattr. What pyfuse3 itself costs."""
+    import pyfuse3
+    import trio
+
+    attrs: dict[int, pyfuse3.EntryAttributes] = {}
+    children: dict[tuple[int, bytes], int] = {}
+    names: dict[int, list[bytes]] = {}
+
+    def entry(ino: int, st: os.stat_result) -> None:
+        a = pyfuse3.EntryAttributes()
+        for key in ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_blksize",
+                    "st_blocks", "st_atime_ns", "st_mtime_ns", "st_ctime_ns"):
+            setattr(a, key, getattr(st, key))
+        a.st_ino, a.entry_timeout, a.attr_timeout = ino, timeout, timeout
+        attrs[ino] = a
+
+    entry(pyfuse3.ROOT_INODE, os.lstat(src))
+    entry(2, os.lstat(src / "files"))
+    if dir_blksize:
+        attrs[2].st_blksize = dir_blksize
+    children[(pyfuse3.ROOT_INODE, b"files")] = 2
+    names[pyfuse3.ROOT_INODE], names[2] = [b"files"], []
+    for i, name in enumerate(sorted(os.listdir(src / "files")), start=3):
+        entry(i, os.lstat(src / "files" / name))
+        children[(2, os.fsencode(name))] = i
+        names[2].append(os.fsencode(name))
+    value = b"floor-value"
+
+    class Floor(pyfuse3.Operations):
+        async def lookup(self, parent, name, ctx=None):
+            ino = children.get((parent, name))
+            if ino is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            return attrs[ino]
+
+        async def getattr(self, ino, ctx=None):
+            return attrs[ino]
+
+        async def getxattr(self, ino, name, ctx=None):
+            if name == b"user.metadata.bench":
+                return value
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+
+        async def open(self, ino, flags, ctx):
+            return pyfuse3.FileInfo(fh=ino)
+
+        async def release(self, fh):
+            pass
+
+        async def opendir(self, ino, ctx):
+            return ino
+
+        async def readdir(self, fh, start, token):
+            listed = names.get(fh, [])
+            for i in range(start, len(listed)):
+                if not pyfuse3.readdir_reply(token, listed[i], attrs[children[(fh, listed[i])]], i + 1):
+                    return
+
+        async def releasedir(self, fh):
+            pass
+
+        async def forget(self, inode_list):
+            pass
+
+    pyfuse3.init(Floor(), str(mnt), {"fsname=floor", "default_permissions"})
+    try:
+        trio.run(pyfuse3.main)
+    finally:
+        pyfuse3.close(unmount=True)
+
+
+def readdir_experiment(src: Path, mnt: Path) -> dict:
+    """Does the directory's st_blksize size the kernel's READDIR buffer? glibc's opendir sizes
+    its getdents64 buffer from st_blksize (32 KiB .. 1 MiB); the kernel then clamps that count
+    to [one page, max_pages]. Counted: READDIRPLUS requests for one listing of files/."""
+    entries = len(os.listdir(src / "files"))
+    out = {}
+    for blksize in (4096, 65536, 131072, 1 << 20):
+        floor = Target("floor", src, mnt)
+        floor.command = lambda sync, timeout, b=blksize: [  # noqa: E731
+            sys.executable, __file__, "--serve-floor", str(src), str(mnt), "--floor-dir-blksize",
+            str(b)]
+        floor.mount(cold=False)
+        try:
+            for how, listing in (("os.listdir", lambda: os.listdir(mnt / "files")),
+                                 ("ls -f", lambda: subprocess.run(
+                                     ["ls", "-f", str(mnt / "files")], check=True,
+                                     stdout=subprocess.DEVNULL))):
+                before = floor.readdirs.count()
+                listing()
+                calls = floor.readdirs.count() - before
+                out[f"{how}, st_blksize {blksize}"] = {
+                    "requests": calls, "entries_per_reply": round(entries / max(1, calls - 1))}
+        finally:
+            floor.unmount()
+    print(json.dumps({"entries": entries, "results": out}, indent=1))
+    return out
+
+
+# ---------------------------------------------------------------- main
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/journalfs-bench"))
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--files", type=int, default=10_000)
     ap.add_argument("--big-mib", type=int, default=1024)
     ap.add_argument("--create", type=int, default=2_000)
-    ap.add_argument("--only", nargs="*", choices=["native", "bindfs", "journalfs"],
-                    default=["native", "bindfs", "journalfs"])
+    ap.add_argument("--only", default="native,bindfs,journalfs,floor")
     ap.add_argument("--journalfs-arg", action="append", default=[],
                     help="extra argument for journalfs mount (repeatable), e.g. --journalfs-arg=--sync=batch")
+    ap.add_argument("--json", type=Path, help="also write the JSON result here")
+    ap.add_argument("--serve-floor", nargs=2, metavar=("SRC", "MNT"), help=argparse.SUPPRESS)
+    ap.add_argument("--floor-timeout", type=float, default=120, help=argparse.SUPPRESS)
+    ap.add_argument("--floor-dir-blksize", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--readdir-experiment", action="store_true",
+                    help="only measure READDIRPLUS entries per reply against the listing "
+                         "directory's st_blksize (floor filesystem, os.listdir and ls)")
     args = ap.parse_args()
+    if args.serve_floor:
+        serve_floor(Path(args.serve_floor[0]), Path(args.serve_floor[1]), args.floor_timeout,
+                    args.floor_dir_blksize)
+        return 0
 
     work = args.workdir.resolve()
     src = work / "src"
@@ -310,26 +780,47 @@ def main() -> int:
     store = work / "store"
     shutil.rmtree(store, ignore_errors=True)
     store.mkdir(parents=True)
-    targets = {
+    all_targets = {
         "native": Target("native", src, None),
         "bindfs": Target("bindfs", src, work / "mnt-bindfs"),
         "journalfs": Target("journalfs", src, work / "mnt-journalfs", store, args.journalfs_arg),
+        "floor": Target("floor", src, work / "mnt-floor"),
     }
-    collected: dict[str, Result] = {}
-    for name in args.only:
-        target = targets[name]
-        try:
-            for workload, (unit, value) in run_target(target, args.create, work).items():
-                collected.setdefault(workload, Result(workload, unit)).values[name] = value
-        except Exception as exc:  # keep the other targets' figures
-            print(f"{name}: failed: {exc!r}", file=sys.stderr)
-            traceback.print_exc()
-        finally:
-            target.unmount()
-    meta = {"files": args.files, "big_mib": args.big_mib, "create": args.create,
-            "drop_caches": drop_caches(), "journalfs_args": args.journalfs_arg,
-            "cpus": os.cpu_count(), "kernel": os.uname().release}
-    report(list(collected.values()), args.only, meta)
+    if args.readdir_experiment:
+        readdir_experiment(src, work / "mnt-floor")
+        return 0
+    names = args.only.split(",")
+    targets = [all_targets[n] for n in names]
+    rec = Recorder()
+    started = time.time()
+
+    def meta(rounds_done: int) -> dict:
+        return {"files": args.files, "big_mib": args.big_mib, "create": args.create,
+                "rounds": args.rounds, "rounds_done": rounds_done,
+                "journalfs_args": args.journalfs_arg, "cpus": os.cpu_count(),
+                "kernel": os.uname().release, "loadavg_end": os.getloadavg(),
+                "seconds": round(time.time() - started),
+                "started_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
+                "request_counting": RequestCounter.available()}
+
+    for rnd in range(args.rounds):
+        order = targets[rnd % len(targets):] + targets[:rnd % len(targets)]
+        for target in order:
+            print(f"round {rnd + 1}/{args.rounds}: {target.name}", file=sys.stderr, flush=True)
+            try:
+                run_round(target, rec, args, work)
+            except Exception as exc:  # keep the other targets' figures
+                print(f"{target.name}: failed: {exc!r}", file=sys.stderr)
+                traceback.print_exc()
+            finally:
+                target.unmount()
+        if args.json and rnd + 1 < args.rounds:  # what is done so far survives an interruption
+            with open(args.json.with_suffix(".partial.txt"), "w") as out, \
+                    contextlib.redirect_stdout(out):
+                args.json.write_text(json.dumps(report(rec, names, meta(rnd + 1)), indent=1) + "\n")
+    blob = report(rec, names, meta(args.rounds))
+    if args.json:
+        args.json.write_text(json.dumps(blob, indent=1) + "\n")
     return 0
 
 

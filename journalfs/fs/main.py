@@ -631,6 +631,7 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
             except RuntimeError as exc:
                 raise MountError(f"cannot mount on {config.mountpoint}: {exc}") from None
             nursery.start_soon(_when_served, mountpoint, config.readahead, ready)
+            nursery.start_soon(ops.watch.run)  # SOURCE changes made behind the mount
             try:
                 await pyfuse3.main()
             finally:

@@ -36,10 +36,7 @@ from .caches import UNKNOWN, DirSnapshots, Listing, MetaCache
 from .inodes import VIEW_INO_BASE, Inode, InodeTable, O_PATH_FLAGS, join, same_object, stale
 from .views import VIEWS_NAME, Views
 
-try:  # the SOURCE watcher (branch h/speed, fs/watch.py); without it changes show after the timeout
-    from .watch import SourceWatcher
-except ImportError:
-    SourceWatcher = None
+from .watch import SourceWatcher
 
 log = logging.getLogger("journalfs.fs")
 
@@ -217,6 +214,8 @@ class JournalFS(pyfuse3.Operations):
         self.table = InodeTable(root_fd)
         self.files: dict[int, Handle] = {}                     # file handle -> open file
         self.dirs: dict[int, tuple[Inode, Listing, list]] = {}  # handle -> (dir, listing, dots)
+        # changes made behind the mount: the watcher asks source_changed what to invalidate
+        self.watch = SourceWatcher(self.source_changed)
         self.views = Views(self, options or {})
         self._exchange_tmp = itertools.count()
         self.snapshots = DirSnapshots(min(timeout, SNAPSHOT_TTL))
@@ -233,8 +232,6 @@ class JournalFS(pyfuse3.Operations):
         store = getattr(meta, "store", None)
         exclusive = store is not None and getattr(store, "readonly", True) is False
         self.meta_cache = MetaCache() if exclusive else None
-        # changes made behind the mount: the watcher asks source_changed what to invalidate
-        self.watch = SourceWatcher(self.source_changed) if SourceWatcher is not None else None
 
     # -- helpers ---------------------------------------------------------------------------
     def next_inode(self) -> int:
@@ -283,7 +280,7 @@ class JournalFS(pyfuse3.Operations):
         a.st_atime_ns = st.st_atime_ns
         a.st_mtime_ns = st.st_mtime_ns
         a.st_ctime_ns = st.st_ctime_ns
-        if self.watch is not None and stat.S_ISDIR(st.st_mode) and node.key is not None:
+        if stat.S_ISDIR(st.st_mode) and node.key is not None:
             self._watch_directory(node)  # the kernel will know it
         return a
 
@@ -477,7 +474,7 @@ class JournalFS(pyfuse3.Operations):
                 self.views.forget(ino, count)
             else:
                 self.table.forget(ino, count)
-                if self.watch is not None and ino not in self.table.by_ino:
+                if ino not in self.table.by_ino:
                     self.watch.directory_forgotten(ino)
 
     @_guarded

@@ -119,6 +119,7 @@ class ViewContext:
     tree_path: str = ""
     prefix: str | None = None
     source_name: str = ""
+    watch: Any = None                     # fs.watch.SourceWatcher: status() for status.json
 
     @classmethod
     def of_mount(cls, fs) -> "ViewContext":
@@ -128,7 +129,8 @@ class ViewContext:
         return cls(source=SourceTree(fs.src), meta=fs.meta, next_inode=fs.next_inode,
                    next_handle=fs.next_handle, timeout=lambda: fs.timeout,
                    store_dir=os.path.dirname(tree) or None, tree_path=tree,
-                   prefix=getattr(loc, "prefix", None), source_name=os.fsdecode(fs.src))
+                   prefix=getattr(loc, "prefix", None), source_name=os.fsdecode(fs.src),
+                   watch=getattr(fs, "watch", None))
 
 
 json_line_bytes = json_line  # one records.jsonl line, as `journalfs records --json` prints it
@@ -928,6 +930,7 @@ class Views:
             "rotations": status.get("rotations"),
             "last_fsync": status.get("last_fsync"),
             "service": status,
+            "watch": self.ctx.watch.status() if self.ctx.watch is not None else None,
             "options": self.options,
             **self.status_fields(),
         }

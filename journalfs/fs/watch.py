@@ -1,0 +1,410 @@
+"""Watching SOURCE for changes made behind the mount's back, so the kernel's caches can stay
+long and still be right.
+
+The kernel caches names and attributes for the mount's timeout (120 s by default) and file
+data until told otherwise. Everything changed *through* the mount is invalidated by the
+passthrough itself; this module covers the rest: a process writing SOURCE directly. It
+watches exactly the directories the kernel knows and, for each change, makes the kernel
+forget the entry (name), the attributes and the cached data of what changed.
+
+Mechanisms, best first:
+- ``fanotify`` (root): one inode mark per known directory, with FAN_EVENT_ON_CHILD and
+  FAN_REPORT_DFID_NAME (each event names the directory by file handle plus the child's name).
+  Events caused by this daemon itself (its pid) are dropped, so changes made through the
+  mount cost no second invalidation.
+- ``inotify`` (not root): one watch per known directory. inotify does not say who made a
+  change, so the daemon's own changes come back as events and are invalidated once more
+  (correct, just a little extra work).
+- ``timeout``: no watch could be set (limit reached, or the kernel refused): changes behind
+  the mount show after the cache timeout. status.json's ``watch.mechanism`` says which one is in force.
+
+Interface used by the passthrough (journalfs/fs/passthrough.py):
+
+    watcher = SourceWatcher(changed)            # changed: see below
+    watcher.directory_known(ino, fd=..., path=...)   # the kernel got a directory inode
+                                                # (lookup, readdirplus, the root): watch it
+    watcher.directory_forgotten(ino)            # the kernel forgot it: stop watching
+    await nursery.start(watcher.run)            # serve events until cancelled
+
+``directory_known`` is cheap and idempotent; pass an fd (O_PATH is fine) or a path of the
+directory (one of the two). The environment variable JOURNALFS_WATCH=fanotify|inotify|off
+forces a mechanism (benches and tests compare them). ``changed(dir_ino, name)`` is an async callback into the
+passthrough: SOURCE changed at ``name`` (bytes) in directory ``dir_ino`` (``name`` is None
+when the directory itself changed). It must drop the passthrough's own caches of that
+name (listings, remembered stats, views) and return the inode number the kernel knows for
+that child, or None. The watcher then, outside any request handler, invalidates the kernel's
+entry (``invalidate_entry_async``) and inode (``invalidate_inode``, from a worker thread:
+it can block on writeback).
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import struct
+from typing import Awaitable, Callable
+
+log = logging.getLogger("journalfs.fs.watch")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+# fanotify(7)
+FAN_CLOEXEC, FAN_NONBLOCK, FAN_UNLIMITED_QUEUE = 0x1, 0x2, 0x10
+FAN_REPORT_DFID_NAME = 0x400 | 0x800
+FAN_MARK_ADD, FAN_MARK_REMOVE, FAN_MARK_DONT_FOLLOW, FAN_MARK_ONLYDIR = 0x1, 0x2, 0x4, 0x8
+FAN_MODIFY, FAN_ATTRIB, FAN_MOVED_FROM, FAN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
+FAN_CREATE, FAN_DELETE, FAN_Q_OVERFLOW = 0x100, 0x200, 0x4000
+FAN_EVENT_ON_CHILD, FAN_ONDIR = 0x08000000, 0x40000000
+FAN_EVENT_INFO_TYPE_DFID_NAME = 2
+FANOTIFY_MASK = (FAN_MODIFY | FAN_ATTRIB | FAN_MOVED_FROM | FAN_MOVED_TO | FAN_CREATE
+                 | FAN_DELETE | FAN_EVENT_ON_CHILD | FAN_ONDIR)
+_FAN_META = struct.Struct("=IBBHQii")           # fanotify_event_metadata
+_FAN_INFO = struct.Struct("=BBH")               # fanotify_event_info_header
+_FID_HEAD = struct.Struct("=8sIi")              # fsid, handle_bytes, handle_type
+
+# inotify(7)
+IN_NONBLOCK, IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
+IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM, IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
+IN_CREATE, IN_DELETE, IN_Q_OVERFLOW, IN_IGNORED = 0x100, 0x200, 0x4000, 0x8000
+IN_ONLYDIR, IN_DONT_FOLLOW, IN_ISDIR = 0x1000000, 0x2000000, 0x40000000
+INOTIFY_MASK = (IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE
+                | IN_ONLYDIR | IN_DONT_FOLLOW)
+_IN_EVENT = struct.Struct("=iIII")
+
+#: What one event asks the kernel to drop: NAMES = the directory's entry for the name (and
+#: the directory's attributes); DATA = the child's page cache (and attributes); ATTRS = the
+#: child's attributes only.
+NAMES, DATA, ATTRS = 4, 2, 1
+_FAN_KIND = {FAN_CREATE: NAMES, FAN_DELETE: NAMES, FAN_MOVED_FROM: NAMES, FAN_MOVED_TO: NAMES,
+             FAN_MODIFY: DATA, FAN_ATTRIB: ATTRS}
+_IN_KIND = {IN_CREATE: NAMES, IN_DELETE: NAMES, IN_MOVED_FROM: NAMES, IN_MOVED_TO: NAMES,
+            IN_MODIFY: DATA, IN_ATTRIB: ATTRS}
+_AT_EMPTY_PATH = 0x1000
+_MAX_HANDLE = 128
+_READ_SIZE = 1 << 16
+
+Changed = Callable[[int, "bytes | None"], Awaitable["int | None"]]
+
+
+def _kinds(mask: int, table: dict[int, int]) -> int:
+    kinds = 0
+    for bit, kind in table.items():
+        if mask & bit:
+            kinds |= kind
+    return kinds
+
+
+def file_handle(fd: int | None = None, path: bytes | None = None) -> tuple[bytes, int] | None:
+    """(the kernel's file handle of a directory as fanotify reports it: type + bytes, the
+    id of its mount)."""
+    buf = ctypes.create_string_buffer(8 + _MAX_HANDLE)
+    struct.pack_into("=Ii", buf, 0, _MAX_HANDLE, 0)
+    mount_id = ctypes.c_int()
+    if fd is not None:
+        rc = _libc.name_to_handle_at(fd, b"", buf, ctypes.byref(mount_id), _AT_EMPTY_PATH)
+    else:
+        rc = _libc.name_to_handle_at(-100, path, buf, ctypes.byref(mount_id), 0)
+    if rc != 0:
+        return None
+    size, kind = struct.unpack_from("=Ii", buf, 0)
+    return struct.pack("=i", kind) + buf.raw[8:8 + size], mount_id.value
+
+
+def _open_by_handle(mount_fd: int, handle: bytes) -> int:
+    kind, body = struct.unpack_from("=i", handle)[0], handle[4:]
+    buf = ctypes.create_string_buffer(struct.pack("=Ii", len(body), kind) + body)
+    return _libc.open_by_handle_at(mount_fd, buf, os.O_PATH | os.O_CLOEXEC)
+
+
+class SourceWatcher:
+    """Turns changes in SOURCE into kernel cache invalidations (see the module doc)."""
+
+    def __init__(self, changed: Changed, *, use_fanotify: bool | None = None):
+        self._changed = changed
+        self.fd = -1
+        self.mechanism = "timeout"
+        self.reason = "not started"
+        self._by_key: dict[object, int] = {}    # fanotify: handle -> ino; inotify: wd -> ino
+        self._key_of: dict[int, object] = {}    # ino -> handle / wd
+        self._marked: dict[object, int] = {}    # fanotify: handle -> marks held (by inos)
+        self._mount_of: dict[bytes, int] = {}   # fanotify: handle -> mount id
+        self._mount_fds: dict[int, int] = {}    # mount id -> an O_PATH fd on it
+        self.limit_reached = False
+        self.events = 0
+        self.invalidations = 0
+        self.overflows = 0
+        forced = os.environ.get("JOURNALFS_WATCH", "")  # for benches and tests only
+        if forced == "off":
+            self.reason = "JOURNALFS_WATCH=off"
+            return
+        if use_fanotify is None:
+            use_fanotify = forced == "fanotify" or (forced != "inotify" and os.geteuid() == 0)
+        self._open(use_fanotify)
+
+    # -- setup -----------------------------------------------------------------------------
+    def _open(self, want_fanotify: bool) -> None:
+        if want_fanotify:
+            fd = _libc.fanotify_init(FAN_CLOEXEC | FAN_NONBLOCK | FAN_UNLIMITED_QUEUE
+                                     | FAN_REPORT_DFID_NAME, os.O_RDONLY | os.O_CLOEXEC)
+            if fd >= 0:
+                self.fd, self.mechanism, self.reason = fd, "fanotify", ""
+                return
+            log.info("fanotify unavailable (%s); using inotify",
+                     os.strerror(ctypes.get_errno()))
+        fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        if fd >= 0:
+            self.fd, self.mechanism, self.reason = fd, "inotify", ""
+            return
+        self.reason = f"inotify unavailable: {os.strerror(ctypes.get_errno())}"
+        log.warning("SOURCE changes behind the mount show after the cache timeout: %s",
+                    self.reason)
+
+    def close(self) -> None:
+        for fd in self._mount_fds.values():
+            os.close(fd)
+        self._mount_fds.clear()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def status(self) -> dict:
+        """status.json's ``watch``: the mechanism in force ("fanotify", "inotify", or
+        "timeout" when changes behind the mount wait for the cache timeout; "+timeout" once
+        the watch limit left some directories unwatched) and what it has done."""
+        state = self.mechanism if not self.limit_reached else f"{self.mechanism}+timeout"
+        return {"mechanism": state, "reason": self.reason,
+                "directories": len(self._key_of), "events": self.events,
+                "invalidations": self.invalidations, "overflows": self.overflows}
+
+    # -- the passthrough's hooks ----------------------------------------------------------
+    def directory_known(self, ino: int, fd: int | None = None,
+                        path: bytes | str | None = None) -> None:
+        if self.fd < 0 or ino in self._key_of:
+            return
+        target = os.fsencode(path) if path is not None else None
+        if self.mechanism == "fanotify":
+            self._fan_watch(ino, fd, target)
+        else:
+            self._in_watch(ino, fd, target)
+
+    def directory_forgotten(self, ino: int) -> None:
+        key = self._key_of.pop(ino, None)
+        if key is None:
+            return
+        if self._by_key.get(key) == ino:
+            del self._by_key[key]
+        if self.mechanism == "inotify":
+            _libc.inotify_rm_watch(self.fd, key)
+            return
+        left = self._marked.pop(key, 1) - 1
+        if left > 0:  # another inode number still stands for this directory
+            self._marked[key] = left
+            return
+        # A mark pins the directory's inode in memory: remove it. The directory may have
+        # moved or gone since, so reach it by handle (root: CAP_DAC_READ_SEARCH).
+        mount_fd = self._mount_fds.get(self._mount_of.pop(key, -1))
+        if mount_fd is None:
+            return
+        fd = _open_by_handle(mount_fd, key)
+        if fd < 0:  # gone: its marks went with it
+            return
+        try:
+            _libc.fanotify_mark(self.fd, FAN_MARK_REMOVE, ctypes.c_uint64(FANOTIFY_MASK), -100,
+                                f"/proc/self/fd/{fd}".encode())
+        finally:
+            os.close(fd)
+
+    def _fan_watch(self, ino: int, fd: int | None, path: bytes | None) -> None:
+        found = file_handle(fd, path)
+        if found is None:  # e.g. a filesystem without file handles mounted below SOURCE
+            self._partial(f"a directory cannot be watched: {os.strerror(ctypes.get_errno())}")
+            return
+        handle, mount_id = found
+        if handle in self._marked:  # same directory under another inode number
+            self._marked[handle] += 1
+        else:
+            # through /proc/self/fd/N so that an O_PATH fd works too; a given path is
+            # never followed through a final symlink
+            target = f"/proc/self/fd/{fd}".encode() if fd is not None else path
+            flags = FAN_MARK_ADD | FAN_MARK_ONLYDIR | (FAN_MARK_DONT_FOLLOW if fd is None else 0)
+            if _libc.fanotify_mark(self.fd, flags, ctypes.c_uint64(FANOTIFY_MASK), -100,
+                                   target) != 0:
+                self._refused(ctypes.get_errno(), path)
+                return
+            self._marked[handle] = 1
+            self._mount_of[handle] = mount_id
+            if mount_id not in self._mount_fds:
+                self._mount_fds[mount_id] = os.open(target, os.O_PATH | os.O_CLOEXEC | os.O_DIRECTORY | (os.O_NOFOLLOW if fd is None else 0))
+        self._by_key[handle] = ino
+        self._key_of[ino] = handle
+
+    def _in_watch(self, ino: int, fd: int | None, path: bytes | None) -> None:
+        target = f"/proc/self/fd/{fd}".encode() if fd is not None else path
+        mask = INOTIFY_MASK & ~IN_DONT_FOLLOW if fd is not None else INOTIFY_MASK
+        wd = _libc.inotify_add_watch(self.fd, target, ctypes.c_uint32(mask))
+        if wd < 0:
+            self._refused(ctypes.get_errno(), path)
+            return
+        self._by_key[wd] = ino
+        self._key_of[ino] = wd
+
+    def _refused(self, err: int, path: bytes | None) -> None:
+        if err in (errno.ENOSPC, errno.ENOMEM, errno.EMFILE):
+            self._partial(f"{self.mechanism} watch limit reached ({os.strerror(err)})")
+        elif err not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            # e.g. EXDEV/EOPNOTSUPP: a filesystem below SOURCE that cannot be watched
+            self._partial(f"a directory cannot be watched: {os.strerror(err)}")
+
+    def _partial(self, why: str) -> None:
+        """Some directory goes unwatched: its changes wait for the cache timeout."""
+        if not self.limit_reached:
+            self.limit_reached = True
+            self.reason = (f"{why}: changes behind the mount in unwatched directories show "
+                           "after the cache timeout")
+            log.warning("%s", self.reason)
+
+    # -- events ----------------------------------------------------------------------------
+    async def run(self, task_status=None) -> None:
+        """Serve events until cancelled (start it in the mount's nursery)."""
+        import trio
+
+        if task_status is not None:
+            task_status.started()
+        if self.fd < 0:
+            return
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(self.fd)
+                changes = self._read_all()
+                if changes:
+                    await self._apply(changes)
+        finally:
+            self.close()
+
+    def _read_all(self) -> dict[tuple[int, bytes | None], int]:
+        """Drain the queue: {(dir ino, name or None): kinds} merged over all events."""
+        changes: dict[tuple[int, bytes | None], int] = {}
+        parse = self._parse_fanotify if self.mechanism == "fanotify" else self._parse_inotify
+        while True:
+            try:
+                data = os.read(self.fd, _READ_SIZE)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                raise
+            if not data:
+                break
+            parse(data, changes)
+            if len(data) < _READ_SIZE // 2:
+                break
+        return changes
+
+    def _note(self, changes: dict, ino: int | None, name: bytes | None, kinds: int) -> None:
+        if ino is None or not kinds:
+            return
+        self.events += 1
+        key = (ino, name)
+        changes[key] = changes.get(key, 0) | kinds
+
+    def _parse_fanotify(self, data: bytes, changes: dict) -> None:
+        me = os.getpid()
+        pos = 0
+        while pos + _FAN_META.size <= len(data):
+            length, _vers, _res, meta_len, mask, fd, pid = _FAN_META.unpack_from(data, pos)
+            if length < _FAN_META.size:
+                break
+            if fd >= 0:  # not sent in FID mode; never leak one
+                os.close(fd)
+            if mask & FAN_Q_OVERFLOW:
+                self._overflow(changes)
+            elif pid != me:
+                info = pos + meta_len
+                end = pos + length
+                while info + _FAN_INFO.size <= end:
+                    kind, _pad, info_len = _FAN_INFO.unpack_from(data, info)
+                    if info_len == 0:
+                        break
+                    if kind == FAN_EVENT_INFO_TYPE_DFID_NAME:
+                        self._fan_record(data, info + _FAN_INFO.size, info + info_len, mask,
+                                         changes)
+                    info += info_len
+            pos += length
+
+    def _fan_record(self, data: bytes, at: int, end: int, mask: int, changes: dict) -> None:
+        _fsid, size, handle_type = _FID_HEAD.unpack_from(data, at)
+        start = at + _FID_HEAD.size
+        handle = struct.pack("=i", handle_type) + data[start:start + size]
+        ino = self._by_key.get(handle)
+        if ino is None:
+            return
+        raw = data[start + size:end]
+        name = raw[:raw.find(b"\0")] if b"\0" in raw else raw
+        self._note(changes, ino, None if name in (b"", b".") else name,
+                   _kinds(mask, _FAN_KIND))
+
+    def _parse_inotify(self, data: bytes, changes: dict) -> None:
+        pos = 0
+        while pos + _IN_EVENT.size <= len(data):
+            wd, mask, _cookie, length = _IN_EVENT.unpack_from(data, pos)
+            raw = data[pos + _IN_EVENT.size:pos + _IN_EVENT.size + length]
+            pos += _IN_EVENT.size + length
+            if mask & IN_Q_OVERFLOW:
+                self._overflow(changes)
+                continue
+            if mask & IN_IGNORED:  # the directory is gone: its watch went with it
+                ino = self._by_key.pop(wd, None)
+                if ino is not None:
+                    self._key_of.pop(ino, None)
+                continue
+            name = raw.split(b"\0", 1)[0] or None
+            self._note(changes, self._by_key.get(wd), name, _kinds(mask, _IN_KIND))
+
+    def _overflow(self, changes: dict) -> None:
+        """Events were lost: every watched directory may have changed in any way."""
+        # The kernel's cached *names* in those directories cannot be listed from here: they
+        # stay until the cache timeout (attributes and data are dropped below).
+        self.overflows += 1
+        self.reason = ("the change queue overflowed: names changed behind the mount may show "
+                       "only after the cache timeout")
+        log.warning("SOURCE change queue overflowed: dropping every cached directory")
+        for ino in list(self._key_of):
+            changes[(ino, None)] = NAMES | DATA | ATTRS
+
+    async def _apply(self, changes: dict[tuple[int, bytes | None], int]) -> None:
+        import pyfuse3
+        import trio
+
+        inodes: dict[int, bool] = {}    # ino -> attributes only?
+        for (dir_ino, name), kinds in changes.items():
+            try:
+                child = await self._changed(dir_ino, name)
+            except Exception:
+                log.exception("dropping caches of a SOURCE change failed")
+                child = None
+            if name is None:
+                inodes[dir_ino] = inodes.get(dir_ino, True) and not kinds & DATA
+                if kinds & NAMES:  # overflow: names unknown, drop what the kernel holds
+                    inodes[dir_ino] = False
+                continue
+            if kinds & NAMES:
+                pyfuse3.invalidate_entry_async(dir_ino, name, ignore_enoent=True)
+                inodes.setdefault(dir_ino, True)
+                self.invalidations += 1
+            if child is not None:
+                inodes[child] = inodes.get(child, True) and not kinds & DATA
+        if inodes:
+            self.invalidations += len(inodes)
+            await trio.to_thread.run_sync(_invalidate_inodes, list(inodes.items()))
+
+
+def _invalidate_inodes(items: list[tuple[int, bool]]) -> None:
+    import pyfuse3
+
+    for ino, attr_only in items:
+        try:
+            pyfuse3.invalidate_inode(ino, attr_only)
+        except OSError:  # the kernel has forgotten it: nothing cached to drop
+            pass
