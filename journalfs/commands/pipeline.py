@@ -17,20 +17,20 @@ import sys
 import tempfile
 import time
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
+from . import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
+from .parsing import examples
+
 #: Seconds to wait for a standalone master to accept a connection, and for executors.
 MASTER_TIMEOUT_S = 20
 #: The driver heap when --driver-memory is not given: what the work needs is flat in the input's
 #: size (a 1 GB journal runs in 1g), this leaves room for many cores' tasks at once.
 DEFAULT_DRIVER_GIB = 2
 _SIZE = re.compile(r"^\d+[kmgt]?$", re.IGNORECASE)
-EXAMPLES = """\
-examples:
-  journalfs pipeline /var/queues /tmp/tables
-  journalfs pipeline big.journal out --driver-memory 4g --overwrite
-  journalfs pipeline /data out --master spark://10.0.0.5:7077 --executor-memory 4g
-  journalfs pipeline /data out --conf spark.sql.shuffle.partitions=64
-"""
+EXAMPLES = examples(
+    "journalfs pipeline /var/queues /tmp/tables",
+    "journalfs pipeline big.journal out --driver-memory 4g --overwrite",
+    "journalfs pipeline /data out --master spark://127.0.0.1:7077 --executor-memory 4g",
+    "journalfs pipeline /data out --conf spark.sql.shuffle.partitions=64")
 
 
 class Terminated(BaseException):

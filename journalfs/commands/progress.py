@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import sys
-import time
+import threading
 
 #: Seconds of work before a bar appears: quick commands stay silent.
 SHOW_AFTER_S = 1.0
@@ -18,31 +18,42 @@ class Progress:
         self.description = description
         self.stream = stream if stream is not None else sys.stderr
         self.unit = unit
-        self._t0 = time.monotonic()
         #: work done before the current item (callers doing several files set it)
         self.base = 0
         self._bar = None
         self._task = None
+        self._lock = threading.Lock()
+        self._fields = {"completed": 0, "count": ""}
         try:
             self._enabled = enabled and self.stream.isatty()
         except (AttributeError, ValueError):
             self._enabled = False
+        # the bar appears after SHOW_AFTER_S even when a long step sends no update meanwhile
+        self._timer = threading.Timer(SHOW_AFTER_S, self._start) if self._enabled else None
+        if self._timer is not None:
+            self._timer.daemon = True
+            self._timer.start()
 
     def update(self, done: int, count: int | None = None, description: str | None = None) -> None:
         if not self._enabled:
             return
-        if self._bar is None:
-            if time.monotonic() - self._t0 < SHOW_AFTER_S:
-                return
-            self._start()
         fields = {"completed": min(done, self.total)}
         if count is not None:
             fields["count"] = f"{count:,} {self.unit}"
         if description is not None:
             fields["description"] = description
-        self._bar.update(self._task, **fields)
+        with self._lock:
+            self._fields.update(fields)
+            if self._bar is not None:
+                self._bar.update(self._task, **fields)
 
     def _start(self) -> None:
+        with self._lock:
+            if self._bar is not None or not self._enabled:
+                return
+            self._show()
+
+    def _show(self) -> None:
         from rich.console import Console
         from rich.progress import (BarColumn, DownloadColumn, Progress as Bar, TextColumn,
                                    TimeRemainingColumn, TransferSpeedColumn)
@@ -51,12 +62,18 @@ class Progress:
                         TimeRemainingColumn(), console=Console(file=self.stream),
                         transient=True, refresh_per_second=8)
         self._bar.start()
-        self._task = self._bar.add_task(self.description, total=self.total, count="")
+        fields = dict(self._fields)
+        self._task = self._bar.add_task(fields.pop("description", self.description),
+                                        total=self.total, **fields)
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            self._enabled = False
+            if self._bar is not None:
+                self._bar.stop()
+                self._bar = None
 
     def __enter__(self) -> "Progress":
         return self
