@@ -234,8 +234,13 @@ class SourceWatcher:
                 return
             self._marked[handle] = 1
             self._mount_of[handle] = mount_id
-            if mount_id not in self._mount_fds:
-                self._mount_fds[mount_id] = os.open(target, os.O_PATH | os.O_CLOEXEC | os.O_DIRECTORY | (os.O_NOFOLLOW if fd is None else 0))
+            # One fd on SOURCE's own filesystem (its root is the first directory known) to
+            # remove marks by handle later. None on filesystems mounted below SOURCE: an fd
+            # would keep them from being unmounted, and their marks go with their unmount.
+            if not self._mount_fds:
+                self._mount_fds[mount_id] = os.open(
+                    target, os.O_PATH | os.O_CLOEXEC | os.O_DIRECTORY
+                    | (os.O_NOFOLLOW if fd is None else 0))
         self._by_key[handle] = ino
         self._key_of[ino] = handle
 
