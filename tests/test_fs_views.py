@@ -527,6 +527,67 @@ def test_views_carry_source_permissions(shared_base, records_corpus):
                           int)
 
 
+def test_views_carry_source_acls(shared_base, records_corpus):
+    """POSIX ACLs on SOURCE decide access through the views exactly as on SOURCE itself
+    (the mount runs in the kernel's POSIX ACL mode; the views answer with the SOURCE
+    object's access ACL, write bits cleared)."""
+    if not shutil.which("setfacl"):
+        pytest.skip("setfacl not installed (acl)")
+    user = view_user()
+    src, mnt = shared_base / "src", shared_base / "mnt"
+    src.mkdir(mode=0o755)
+    mnt.mkdir()
+    journal = records_corpus / "db0.jrnl"
+    for rel, mode in {"denied.jrnl": 0o644, "granted.jrnl": 0o600,
+                      "hidden/inner.jrnl": 0o644}.items():
+        path = src / rel
+        path.parent.mkdir(mode=0o755, exist_ok=True)
+        shutil.copyfile(journal, path)
+        path.chmod(mode)
+    who = user.pw_name
+    for acl, rel in ((f"u:{who}:---", "denied.jrnl"), (f"u:{who}:rw", "granted.jrnl"),
+                     (f"u:{who}:---", "hidden")):
+        subprocess.run(["setfacl", "-m", acl, str(src / rel)], check=True)
+    size = journal.stat().st_size
+    with mounted(src, mnt, "--store", str(shared_base / "store"), "-o", "allow_other,timeout=1"):
+        rec = mnt / ".journalfs" / "records"
+        first = sorted(os.listdir(rec / "denied.jrnl"))[1]
+        native = as_view_user(user, [
+            ("denied", "read", src / "denied.jrnl"), ("granted", "read", src / "granted.jrnl"),
+            ("hidden", "list", src / "hidden"),
+            ("hidden_file", "read", src / "hidden" / "inner.jrnl")])
+        assert native == {"denied": "EACCES", "granted": size, "hidden": "EACCES",
+                          "hidden_file": "EACCES"}
+        seen = as_view_user(user, [
+            ("denied_list", "list", rec / "denied.jrnl"),
+            ("denied_jsonl", "read", rec / "denied.jrnl" / "records.jsonl"),
+            ("denied_record", "read", rec / "denied.jrnl" / first),
+            ("granted_list", "list", rec / "granted.jrnl"),
+            ("granted_jsonl", "read", rec / "granted.jrnl" / "records.jsonl"),
+            ("granted_record", "read", rec / "granted.jrnl" / first),
+            ("hidden", "list", rec / "hidden"),
+            ("hidden_jsonl", "read", rec / "hidden" / "inner.jrnl" / "records.jsonl")])
+        for name in ("denied_list", "denied_jsonl", "denied_record", "hidden", "hidden_jsonl"):
+            assert seen[name] == "EACCES", (name, seen)
+        assert first in seen["granted_list"]
+        assert isinstance(seen["granted_jsonl"], int) and seen["granted_jsonl"] > 0
+        assert isinstance(seen["granted_record"], int)
+        # the ACLs as getfacl shows them: SOURCE's entries, read-only
+        def acl(path):
+            return subprocess.run(["getfacl", "-cp", str(path)], capture_output=True,
+                                  text=True, check=True).stdout.split()
+        assert f"user:{who}:r-x" in acl(rec / "granted.jrnl")
+        assert f"user:{who}:r--" in acl(rec / "granted.jrnl" / "records.jsonl")
+        assert f"user:{who}:---" in acl(rec / "hidden")
+        assert "mask::r-x" in acl(rec / "hidden")
+        # an ACL changed in SOURCE shows once the attribute timeout has passed, as a chmod
+        subprocess.run(["setfacl", "-x", f"u:{who}", str(src / "denied.jrnl")], check=True)
+        time.sleep(1.5)
+        again = as_view_user(user, [("denied", "read", rec / "denied.jrnl" / first),
+                                    ("native", "read", src / "denied.jrnl")])
+        assert again["native"] == size and isinstance(again["denied"], int), again
+
+
 _STAT_ALL = r"""
 import concurrent.futures, os, sys
 def probe(path):
