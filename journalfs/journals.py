@@ -737,10 +737,11 @@ def _batched(starts_of, buf, path: str, start: int | None, seq: int,
     that reached past it -- its resume point beyond it, or its end or damage found before the
     file's end -- may have read zeros instead of the file: it is done again. When it found
     records, from its last one on (the window slides there); when the window's first record
-    is itself the trouble, with a window twice as big. A verdict (damage, or the end of the
-    records) is taken as it is once two windows, the second twice the first, both starting
-    at the same record, give the same one: only a record bigger than that could still be
-    read short, so memory stays a window even for a file damaged in its middle."""
+    is itself the trouble, with a window twice as big. Damage is taken as it is once two
+    windows, the second twice the first, both starting at the same record, report the same
+    one: only a record bigger than that could still be read short, so memory stays a window
+    even for a file damaged in its middle. The end of the records is believed only once the
+    window reaches the file's end."""
     limit = FIRST_BATCH_ROWS
     width, tried = LOAD_AHEAD, None
     while True:
@@ -760,7 +761,9 @@ def _batched(starts_of, buf, path: str, start: int | None, seq: int,
                 continue
             verdict = (rows, next_offset, None if error is None else
                        (error.offset, error.reason))
-            if verdict != tried:
+            # "no more records" is believed only at the file's end: zeros past the window
+            # look like the end (padding) to several formats
+            if verdict != tried or error is None:
                 tried, width = verdict, width * 2
                 continue
         if rows:
