@@ -839,3 +839,29 @@ def test_one_gigabyte_journal(tmp_path):
             while n < 1 << 30 and (chunk := f.read(1 << 20)):
                 n += len(chunk)
         print(f"records.jsonl: {n / (time.monotonic() - t) / 1e6:.0f} MB/s over {n >> 20} MiB")
+
+
+def _peak_rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def test_daemon_memory_while_indexing_a_200mb_journal(tmp_path):
+    """The daemon indexes a 200 MB journal through a 64 MiB window (issue 15): its peak RSS
+    grows by about the window, not by the file (it grew by the file's size when the whole
+    file was read into memory), and records from the end of the file come out right."""
+    from test_journals import write_big_wallaby_log
+    src = tmp_path / "src"
+    src.mkdir()
+    count = write_big_wallaby_log(src / "LOG", 200_000_000)
+    with mounted(src, tmp_path / "mnt", "--store", str(tmp_path / "store")) as m:
+        view = m.mountpoint / ".journalfs" / "records" / "LOG"
+        before = _peak_rss(m.pid)
+        last = json.loads(subprocess.run(
+            ["getfattr", "--only-values", "-n", "user.record.seq",
+             str(view / f"{count - 1:08d}.record")], capture_output=True, text=True,
+            check=True).stdout)
+        assert (view / f"{count - 1:08d}.record").read_bytes() == b"p" * 64
+        growth = _peak_rss(m.pid) - before
+    assert last == count - 1
+    assert growth < (64 << 20) + (32 << 20), growth
