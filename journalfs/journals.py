@@ -161,7 +161,6 @@ class WindowedBuffer:
         self._head = min(HEAD_BYTES, self.size)
         self.lo = self.hi = self._head  # the window; [0, _head) is always held
         self.short = False  # the file came out shorter than ``size``: nothing more comes
-        self.peak = 0       # the widest window held (bytes), for status and tests
         self._read(0, self._head)
 
     def _read(self, lo: int, hi: int) -> None:
@@ -196,7 +195,6 @@ class WindowedBuffer:
         if hi > self.hi and not self.short:
             self._read(self.hi, hi)
             self.hi = hi
-        self.peak = max(self.peak, self.hi - self.lo)
         if self.short:
             return self.size
         return max(self.hi, self._head) if self.lo <= self._head else self.hi
