@@ -586,6 +586,11 @@ def test_views_carry_source_acls(shared_base, records_corpus):
         again = as_view_user(user, [("denied", "read", rec / "denied.jrnl" / first),
                                     ("native", "read", src / "denied.jrnl")])
         assert again["native"] == size and isinstance(again["denied"], int), again
+        # changed through the mount: at once, the views' cached inodes being invalidated
+        jsonl = rec / "granted.jrnl" / "records.jsonl"
+        assert isinstance(as_view_user(user, [("v", "read", jsonl)])["v"], int)
+        subprocess.run(["setfacl", "-m", f"u:{who}:---", str(mnt / "granted.jrnl")], check=True)
+        assert as_view_user(user, [("v", "read", jsonl)])["v"] == "EACCES"
 
 
 _STAT_ALL = r"""

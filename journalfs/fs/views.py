@@ -484,7 +484,7 @@ class Views:
     async def source_changed(self, rel: bytes) -> None:
         """SOURCE/``rel`` was changed through the mount: make the kernel forget what it
         cached about the views of it (records/ entries up the tree, the journal's attrs)."""
-        self.catalog.discard_where(lambda k: k[0] == "scan")
+        self.catalog.discard_where(lambda k: k[0] == "scan" or k == ("acl", rel))
         info = self.catalog.get(("journal", rel))
         if info is not None:
             info.checked = -TRUST_SECONDS  # stat again; the index may still be extended
@@ -1247,21 +1247,31 @@ class Views:
             return {DAMAGE_XATTR: text.encode("utf-8", "surrogateescape")}
         return {}
 
-    def _acl(self, node: VNode) -> bytes | None:
-        """The view ACL of ``node`` (thread): its SOURCE object's, read-only (view_acl)."""
-        if node.kind not in (RECORDS_DIR, JOURNAL, RECORD, JSONL) or node.rel == LIVE:
-            return None
+    def _source_acl(self, node: VNode) -> bytes | None:
+        """The raw access ACL of the SOURCE object ``node`` stands for (thread)."""
         if node.kind != RECORDS_DIR and self._journal_info(node.rel) is None:
             return None  # no longer a journal: the view is going away
-        raw = self.source.access_acl(node.rel)
-        return None if raw is None else view_acl(raw, node.kind)
+        return self.source.access_acl(node.rel)
+
+    async def _acl(self, node: VNode) -> bytes | None:
+        """The view ACL of ``node``: its SOURCE object's, read-only (:func:`view_acl`).
+        Remembered for TRUST_SECONDS per SOURCE object, so that ``ls -l`` of a journal's
+        many record files (ls asks each for its ACL) reads SOURCE's ACL about once."""
+        if node.kind not in (RECORDS_DIR, JOURNAL, RECORD, JSONL) or node.rel == LIVE:
+            return None
+        key = ("acl", node.rel)
+        cached = self.catalog.get(key)
+        if cached is None or time.monotonic() - cached[0] >= TRUST_SECONDS:
+            cached = (time.monotonic(), await self._on_file(node.rel, self._source_acl, node))
+            self.catalog.put(key, cached, 100 + len(node.rel) + len(cached[1] or b""))
+        return None if cached[1] is None else view_acl(cached[1], node.kind)
 
     async def getxattr(self, ino: int, name: bytes) -> bytes:
         node = self._get(ino)
         if node.kind == ROOT and self.control is not None:
             return await self.control.getxattr(name)
         if name == ACL_XATTR:
-            acl = await self._on_file(node.rel, self._acl, node)
+            acl = await self._acl(node)
             if acl is None:
                 raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
             return acl
@@ -1280,7 +1290,7 @@ class Views:
         if node.kind == ROOT and self.control is not None:
             return await self.control.listxattr()
         names = list(await self._xattrs(node))
-        if await self._on_file(node.rel, self._acl, node) is not None:
+        if await self._acl(node) is not None:
             names.append(ACL_XATTR)
         return names
 
