@@ -23,7 +23,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .formats import CODECS, SNIFF_BYTES, Codec, FormatError, detect
+from .formats import CODECS, SNIFF_BYTES, Codec, FormatError, detect, record_offsets
 from .formats.base import Record, record_json_line, record_to_json
 
 #: A checkpoint is kept every this many records (bounded memory for huge journals).
@@ -139,45 +139,80 @@ def pread_buffer(fd: int, start: int, end: int, size: int | None = None):
             m.close()
 
 
-#: While indexing, bytes read ahead of the record being indexed (a batch spans ~1 MB).
+#: While indexing a file others may change (the views), the bytes held in memory from the
+#: record being indexed on: a window that slides along the file. It doubles only for a batch
+#: whose records or damage reach past it (a single record bigger than it), and shrinks back.
 LOAD_AHEAD = 64 << 20
+_PAGE = mmap.PAGESIZE
+
+
+class WindowedBuffer:
+    """A buffer as long as the file (codecs see its true length) that holds, read with pread
+    into anonymous memory, only the file's first ``HEAD_BYTES`` and one window ``[lo, hi)``;
+    everything else reads as zeros. Moving the window forward gives the pages behind it back
+    to the kernel (``MADV_DONTNEED``), so the process's memory stays about one window, not
+    the file: a 1 GB journal is indexed in ~64 MiB. Never a mapping of the file itself: a
+    file truncated meanwhile only reads short (zeros), and the codec reports damage."""
+
+    def __init__(self, fd: int, size: int):
+        self.fd, self.size = fd, max(0, size)
+        self.buf = mmap.mmap(-1, self.size) if self.size else b""
+        self._view = memoryview(self.buf) if self.size else None
+        self._head = min(HEAD_BYTES, self.size)
+        self.lo = self.hi = self._head  # the window; [0, _head) is always held
+        self.short = False  # the file came out shorter than ``size``: nothing more comes
+        self._read(0, self._head)
+
+    def _read(self, lo: int, hi: int) -> None:
+        pos = lo
+        while pos < hi:
+            got = os.preadv(self.fd, [self._view[pos:hi]], pos)
+            if got <= 0:  # shorter than it was: the rest stays zeros
+                self.short = True
+                return
+            pos += got
+
+    def _drop(self, lo: int, hi: int) -> None:
+        """Give the whole pages inside ``[lo, hi)`` (outside the head) back: they read as zeros."""
+        lo = max(-(-max(lo, self._head) // _PAGE) * _PAGE, 0)
+        hi = min(hi // _PAGE * _PAGE, self.size // _PAGE * _PAGE)
+        if hi > lo:
+            self.buf.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+    def window(self, lo: int, hi: int) -> int:
+        """Hold the file's bytes ``[lo, hi)`` (clipped to the file), dropping what lies
+        before ``lo``; returns how far the buffer now holds the file without a gap from
+        ``lo`` (``size`` once the file's end is held, or it came out short)."""
+        if not self.size:
+            return 0
+        lo, hi = max(0, min(lo, self.size)), max(0, min(hi, self.size))
+        if lo < self.lo or lo > self.hi:  # a jump: start a new window
+            self._drop(self.lo, self.hi + _PAGE)
+            self.lo = self.hi = lo
+        else:
+            self._drop(self.lo, lo)
+            self.lo = max(self.lo, lo // _PAGE * _PAGE)
+        if hi > self.hi and not self.short:
+            self._read(self.hi, hi)
+            self.hi = hi
+        if self.short:
+            return self.size
+        return max(self.hi, self._head) if self.lo <= self._head else self.hi
+
+    def close(self) -> None:
+        if self._view is not None:
+            self._view.release()
+            with contextlib.suppress(BufferError):
+                self.buf.close()
 
 
 @contextlib.contextmanager
-def progressive_buffer(fd: int, start: int, size: int):
-    """(buffer as long as the file, ``load(upto)``): like :func:`pread_buffer`, but the
-    bytes from ``start`` on are read only as ``load`` asks, so indexing a big file can serve
-    its first records before the whole file was read. ``load`` returns how far the buffer
-    holds the file now (``size`` once the file was read to its end, or came out short)."""
-    if size <= 0:
-        yield b"", (lambda upto: 0)
-        return
-    m = mmap.mmap(-1, size)
-    view = memoryview(m)
-    state = [max(0, start)]
-
-    def read(lo: int, hi: int) -> int:
-        pos = lo
-        while pos < hi:
-            got = os.preadv(fd, [view[pos:hi]], pos)
-            if got <= 0:
-                return size  # shorter than it was: nothing more will come
-            pos += got
-        return pos
-
-    def load(upto: int) -> int:
-        upto = min(upto, size)
-        if state[0] < upto:
-            state[0] = read(state[0], upto)
-        return state[0]
-
+def windowed_buffer(fd: int, size: int):
+    win = WindowedBuffer(fd, size)
     try:
-        read(0, min(HEAD_BYTES, size))
-        yield m, load
+        yield win
     finally:
-        view.release()
-        with contextlib.suppress(BufferError):
-            m.close()
+        win.close()
 
 
 def _codec_of(path: str, codec: Codec | None) -> Codec:
@@ -247,37 +282,38 @@ class RecordIndex:
                 with mapped_fd(fd) as buf:
                     idx._index_buffer(buf, previous, progress)
             else:  # a file others may truncate under us (views): read, never mapped
-                lo = 0
-                if previous is not None and previous.fingerprint:
-                    lo = max(0, previous.fingerprint[0] - FINGERPRINT_BYTES)
-                with progressive_buffer(fd, lo, st.st_size) as (buf, load):
-                    idx._index_buffer(buf, previous, progress, load)
+                with windowed_buffer(fd, st.st_size) as win:
+                    idx._index_buffer(win.buf, previous, progress, win)
             idx.complete = True
         finally:
             os.close(fd)
         return idx
 
     def _index_buffer(self, buf, previous: "RecordIndex | None", progress,
-                      load: Callable[[int], int] | None = None) -> None:
-        """Index ``buf``; ``load(upto)`` (see :func:`progressive_buffer`) when only part of
-        it holds the file yet."""
+                      win: WindowedBuffer | None = None) -> None:
+        """Index ``buf``: the file mapped, or (``win``) a :class:`WindowedBuffer` of it that
+        holds one window at a time."""
         path, codec = self.path, self.codec
         try:
             if codec.resumable:
-                if load is not None and previous is not None and previous.fingerprint:
-                    load(previous.fingerprint[0])  # the bytes _resume compares
+                if win is not None and previous is not None and previous.fingerprint:
+                    last = previous.fingerprint[0]  # the bytes _resume compares
+                    win.window(max(0, last - FINGERPRINT_BYTES), last)
                 start, seq = self._resume(previous, buf)
                 try:
-                    for offsets in _offset_batches(codec, buf, path, start, seq, load):
+                    for offsets in _offset_batches(codec, buf, path, start, seq, win):
                         self._add(offsets)
                         if progress is not None:
                             progress(self)
                 finally:  # a torn tail too: it is often completed by the next append
                     if self.offsets:
-                        self.fingerprint = _prefix_fingerprint(buf, self.offsets[-1])
-            else:  # no resuming mid-file: only the count is worth keeping
-                if load is not None:
-                    load(len(buf))
+                        last = self.offsets[-1]
+                        if win is not None:
+                            win.window(max(0, last - FINGERPRINT_BYTES), last)
+                        self.fingerprint = _prefix_fingerprint(buf, last)
+            else:  # no resuming mid-file (a tree): the whole file; only the count is kept
+                if win is not None:
+                    win.window(0, len(buf))
                 for _ in codec.read(buf, path):
                     self.count += 1
         except FormatError as exc:
@@ -659,24 +695,17 @@ def _prefix_fingerprint(buf, upto: int) -> tuple[int, int]:
 
 
 def _offset_batches(codec: Codec, buf, path: str, start: int | None = None,
-                    seq: int = 0, load: Callable[[int], int] | None = None
+                    seq: int = 0, win: WindowedBuffer | None = None
                     ) -> Iterator[Sequence[int]]:
     """The start offsets of every record :meth:`Codec.read` yields for ``path`` (mapped as
     ``buf``) from record ``seq`` at ``start`` on, in batches of bounded size; raises the same
     :class:`FormatError` after the valid prefix.
 
-    Uses the codec's cheapest exact path: a ``record_offsets`` method (starts without
-    decoding), else its own vectorised ``read_columns``, else ``read``."""
-    if hasattr(codec, "record_offsets"):
-        yield from _batched(codec.record_offsets, buf, path, start, seq, load)
-    elif type(codec).read_columns is not Codec.read_columns:
-        def column_offsets(buf, path, start, seq, stop, limit):
-            cols = codec.read_columns(buf, path, start, seq, stop, limit)
-            return cols.data.get("offset", ())[:cols.rows], cols.next_offset, cols.error
-        yield from _batched(column_offsets, buf, path, start, seq, load)
-    else:  # the generic default read_columns is only read() plus columns: use read()
-        if load is not None:
-            load(len(buf))
+    Uses the codec's cheapest exact path (:func:`journalfs.formats.record_offsets`: its own
+    ``record_offsets`` finding starts without decoding, else its ``read_columns``)."""
+    if win is None and not hasattr(codec, "record_offsets") \
+            and type(codec).read_columns is Codec.read_columns:
+        # the generic read_columns is only read() plus columns: use read() directly
         batch: list[int] = []
         try:
             for rec in codec.read(buf, path, start, seq):
@@ -690,25 +719,51 @@ def _offset_batches(codec: Codec, buf, path: str, start: int | None = None,
             raise
         if batch:
             yield batch
+        return
+
+    def starts_of(buf, path, start, seq, stop, limit):
+        return record_offsets(codec, buf, path, start, seq, stop, limit)
+    yield from _batched(starts_of, buf, path, start, seq, win)
 
 
 def _batched(starts_of, buf, path: str, start: int | None, seq: int,
-             load: Callable[[int], int] | None = None) -> Iterator[Sequence[int]]:
+             win: WindowedBuffer | None = None) -> Iterator[Sequence[int]]:
     """Drive ``starts_of(buf, path, start, seq, stop, limit) -> (offsets, next, error)`` from
     ``start`` to the end, sizing each batch so it spans about ``INDEX_BATCH_BYTES``.
 
-    With ``load``, the buffer holds the file only up to what ``load`` returned: a batch is
-    kept only when it ended inside that part; one that ended past it, at the end, or at
-    damage may have read bytes not loaded yet, and is done again with the whole file."""
+    With ``win``, the buffer holds the file only from ``start`` to the window's end. A batch
+    that reached past it -- its resume point beyond it, or its end or damage found before the
+    file's end -- may have read zeros instead of the file: it is done again. When it found
+    records, from its last one on (the window slides there); when the window's first record
+    is itself the trouble, with a window twice as big. Damage is taken as it is once two
+    windows, the second twice the first, both starting at the same record, report the same
+    one: only a record bigger than that could still be read short, so memory stays a window
+    even for a file damaged in its middle. The end of the records is believed only once the
+    window reaches the file's end."""
     limit = FIRST_BATCH_ROWS
+    width, tried = LOAD_AHEAD, None
     while True:
-        loaded = len(buf) if load is None else load((start or 0) + LOAD_AHEAD)
+        at = start or 0
+        held = len(buf) if win is None else win.window(at, at + width)
         offsets, next_offset, error = starts_of(buf, path, start, seq, None, limit)
-        if loaded < len(buf) and (error is not None or next_offset is None
-                                  or next_offset > loaded):
-            load(len(buf))
-            continue
         rows = len(offsets)
+        if held < len(buf) and (error is not None or next_offset is None
+                                or next_offset > held):
+            if rows >= 2 and int(offsets[-1]) < held and \
+                    all(int(offsets[i]) < int(offsets[i + 1]) for i in range(rows - 1)):
+                # the records before the last lie wholly in the window: keep them and
+                # resume at the last one, which may reach past it
+                yield offsets[:-1]
+                start, seq = int(offsets[-1]), seq + rows - 1
+                width, tried = LOAD_AHEAD, None
+                continue
+            verdict = (rows, next_offset, None if error is None else
+                       (error.offset, error.reason))
+            # "no more records" is believed only at the file's end: zeros past the window
+            # look like the end (padding) to several formats
+            if verdict != tried or error is None:
+                tried, width = verdict, width * 2
+                continue
         if rows:
             yield offsets
         if error is not None:
@@ -718,6 +773,7 @@ def _batched(starts_of, buf, path: str, start: int | None, seq: int,
         per_row = max(1, (next_offset - int(offsets[0])) // rows)
         limit = max(1, min(INDEX_BATCH_ROWS, INDEX_BATCH_BYTES // per_row))
         start, seq = next_offset, seq + rows
+        width, tried = LOAD_AHEAD, None
 
 
 # -- related files ---------------------------------------------------------------------------

@@ -527,6 +527,72 @@ def test_views_carry_source_permissions(shared_base, records_corpus):
                           int)
 
 
+def test_views_carry_source_acls(shared_base, records_corpus):
+    """POSIX ACLs on SOURCE decide access through the views exactly as on SOURCE itself
+    (the mount runs in the kernel's POSIX ACL mode; the views answer with the SOURCE
+    object's access ACL, write bits cleared)."""
+    if not shutil.which("setfacl"):
+        pytest.skip("setfacl not installed (acl)")
+    user = view_user()
+    src, mnt = shared_base / "src", shared_base / "mnt"
+    src.mkdir(mode=0o755)
+    mnt.mkdir()
+    journal = records_corpus / "db0.jrnl"
+    for rel, mode in {"denied.jrnl": 0o644, "granted.jrnl": 0o600,
+                      "hidden/inner.jrnl": 0o644}.items():
+        path = src / rel
+        path.parent.mkdir(mode=0o755, exist_ok=True)
+        shutil.copyfile(journal, path)
+        path.chmod(mode)
+    who = user.pw_name
+    for acl, rel in ((f"u:{who}:---", "denied.jrnl"), (f"u:{who}:rw", "granted.jrnl"),
+                     (f"u:{who}:---", "hidden")):
+        subprocess.run(["setfacl", "-m", acl, str(src / rel)], check=True)
+    size = journal.stat().st_size
+    with mounted(src, mnt, "--store", str(shared_base / "store"), "-o", "allow_other,timeout=1"):
+        rec = mnt / ".journalfs" / "records"
+        first = sorted(os.listdir(rec / "denied.jrnl"))[1]
+        native = as_view_user(user, [
+            ("denied", "read", src / "denied.jrnl"), ("granted", "read", src / "granted.jrnl"),
+            ("hidden", "list", src / "hidden"),
+            ("hidden_file", "read", src / "hidden" / "inner.jrnl")])
+        assert native == {"denied": "EACCES", "granted": size, "hidden": "EACCES",
+                          "hidden_file": "EACCES"}
+        seen = as_view_user(user, [
+            ("denied_list", "list", rec / "denied.jrnl"),
+            ("denied_jsonl", "read", rec / "denied.jrnl" / "records.jsonl"),
+            ("denied_record", "read", rec / "denied.jrnl" / first),
+            ("granted_list", "list", rec / "granted.jrnl"),
+            ("granted_jsonl", "read", rec / "granted.jrnl" / "records.jsonl"),
+            ("granted_record", "read", rec / "granted.jrnl" / first),
+            ("hidden", "list", rec / "hidden"),
+            ("hidden_jsonl", "read", rec / "hidden" / "inner.jrnl" / "records.jsonl")])
+        for name in ("denied_list", "denied_jsonl", "denied_record", "hidden", "hidden_jsonl"):
+            assert seen[name] == "EACCES", (name, seen)
+        assert first in seen["granted_list"]
+        assert isinstance(seen["granted_jsonl"], int) and seen["granted_jsonl"] > 0
+        assert isinstance(seen["granted_record"], int)
+        # the ACLs as getfacl shows them: SOURCE's entries, read-only
+        def acl(path):
+            return subprocess.run(["getfacl", "-cp", str(path)], capture_output=True,
+                                  text=True, check=True).stdout.split()
+        assert f"user:{who}:r-x" in acl(rec / "granted.jrnl")
+        assert f"user:{who}:r--" in acl(rec / "granted.jrnl" / "records.jsonl")
+        assert f"user:{who}:---" in acl(rec / "hidden")
+        assert "mask::r-x" in acl(rec / "hidden")
+        # an ACL changed in SOURCE shows once the attribute timeout has passed, as a chmod
+        subprocess.run(["setfacl", "-x", f"u:{who}", str(src / "denied.jrnl")], check=True)
+        time.sleep(1.5)
+        again = as_view_user(user, [("denied", "read", rec / "denied.jrnl" / first),
+                                    ("native", "read", src / "denied.jrnl")])
+        assert again["native"] == size and isinstance(again["denied"], int), again
+        # changed through the mount: at once, the views' cached inodes being invalidated
+        jsonl = rec / "granted.jrnl" / "records.jsonl"
+        assert isinstance(as_view_user(user, [("v", "read", jsonl)])["v"], int)
+        subprocess.run(["setfacl", "-m", f"u:{who}:---", str(mnt / "granted.jrnl")], check=True)
+        assert as_view_user(user, [("v", "read", jsonl)])["v"] == "EACCES"
+
+
 _STAT_ALL = r"""
 import concurrent.futures, os, sys
 def probe(path):
@@ -778,3 +844,29 @@ def test_one_gigabyte_journal(tmp_path):
             while n < 1 << 30 and (chunk := f.read(1 << 20)):
                 n += len(chunk)
         print(f"records.jsonl: {n / (time.monotonic() - t) / 1e6:.0f} MB/s over {n >> 20} MiB")
+
+
+def _peak_rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def test_daemon_memory_while_indexing_a_200mb_journal(tmp_path):
+    """The daemon indexes a 200 MB journal through a 64 MiB window (issue 15): its peak RSS
+    grows by about the window, not by the file (it grew by the file's size when the whole
+    file was read into memory), and records from the end of the file come out right."""
+    from test_journals import write_big_wallaby_log
+    src = tmp_path / "src"
+    src.mkdir()
+    count = write_big_wallaby_log(src / "LOG", 200_000_000)
+    with mounted(src, tmp_path / "mnt", "--store", str(tmp_path / "store")) as m:
+        view = m.mountpoint / ".journalfs" / "records" / "LOG"
+        before = _peak_rss(m.pid)
+        last = json.loads(subprocess.run(
+            ["getfattr", "--only-values", "-n", "user.record.seq",
+             str(view / f"{count - 1:08d}.record")], capture_output=True, text=True,
+            check=True).stdout)
+        assert (view / f"{count - 1:08d}.record").read_bytes() == b"p" * 64
+        growth = _peak_rss(m.pid) - before
+    assert last == count - 1
+    assert growth < (64 << 20) + (32 << 20), growth

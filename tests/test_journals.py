@@ -435,7 +435,7 @@ def test_views_reads_survive_a_truncated_journal(big_journal, tmp_path):
     assert 0 < got <= count
 
 
-@pytest.mark.parametrize("ahead", [1, 4096, 100_000])
+@pytest.mark.parametrize("ahead", [512, 4096, 100_000])
 def test_index_read_progressively_equals_the_mapped_one(big_journal, monkeypatch, ahead):
     """The views read a journal while indexing it, a window ahead of the indexer (batches
     that reach past the window are done again): the index is exactly the mapped one's."""
@@ -447,3 +447,84 @@ def test_index_read_progressively_equals_the_mapped_one(big_journal, monkeypatch
             read_index.fingerprint) == (mapped_index.count, _damage(mapped_index.error),
                                         mapped_index.seqs, mapped_index.offsets,
                                         mapped_index.fingerprint)
+
+
+# -- the views' windowed indexing: exact, and memory bounded by the window (issue 15) ---------
+
+def _damaged_in_the_middle(tmp_path: Path) -> Path:
+    data = bytearray(big_file("wallaby-log", 20_000))
+    middle = len(data) // 2
+    data[middle:middle + 16] = b"\xff" * 16
+    path = tmp_path / "damaged-in-the-middle"
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("ahead", [512, 1 << 16])
+def test_windowed_index_equals_the_whole_file_one(journal_files, tmp_path, monkeypatch, ahead):
+    """The views index a journal through a small sliding window (records and damage that
+    reach past it re-read with a bigger one): count, damage, checkpoints and fingerprint are
+    exactly those of indexing the whole file at once, on every conformance file and on a
+    file damaged in its middle."""
+    monkeypatch.setattr(journals, "LOAD_AHEAD", ahead)
+    monkeypatch.setattr(journals, "HEAD_BYTES", 64)  # so that small files slide too
+    monkeypatch.setattr(journals, "CHECKPOINT_EVERY", 3)
+    damaged = _damaged_in_the_middle(tmp_path)
+    for path in [*journal_files, damaged]:
+        whole = RecordIndex.build(str(path))  # mapped: the whole file at once
+        windowed = RecordIndex.build(str(path), opener=lambda p=path: journals.open_path(str(p)))
+        assert (windowed.count, _damage(windowed.error), windowed.seqs, windowed.offsets,
+                windowed.fingerprint) == (whole.count, _damage(whole.error), whole.seqs,
+                                          whole.offsets, whole.fingerprint), path
+    index = RecordIndex.build(str(damaged), opener=lambda: journals.open_path(str(damaged)))
+    assert 0 < index.count < 20_000 and index.error is not None
+    assert abs(index.error.offset - damaged.stat().st_size // 2) < 200
+
+
+_INDEX_PEAK = r"""
+import sys
+from journalfs import journals
+from journalfs.journals import RecordIndex
+
+def peak():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM:"))
+
+path = sys.argv[1]
+before = peak()
+index = RecordIndex.build(path, opener=lambda: journals.open_path(path))
+print(index.count, index.error is None, peak() - before)
+"""
+
+
+def write_big_wallaby_log(path: Path, size: int) -> int:
+    """A wallaby log of ``size`` bytes: 80-byte records (16-byte header, 64-byte payload)."""
+    import numpy as np
+    dtype = np.dtype([("size", "<u4"), ("flags", "<u4"), ("time", "<i8"), ("payload", "u1", 64)])
+    header = bytes.fromhex("4c4f4701") + bytes(12)
+    total = (size - len(header)) // dtype.itemsize
+    chunk = 1 << 20
+    with open(path, "wb") as f:
+        f.write(header)
+        for first in range(0, total, chunk):
+            rec = np.zeros(min(chunk, total - first), dtype)
+            rec["size"] = 64
+            rec["time"] = 1_700_000_000_000_000_000 + (first + np.arange(len(rec))) * 1_000_003
+            rec["payload"] = ord("p")
+            f.write(rec.tobytes())
+    return total
+
+
+def test_indexing_a_200mb_journal_for_the_views_keeps_memory_to_a_window(tmp_path):
+    """Indexing reads the journal into anonymous memory (never a mapping of it: SIGBUS), one
+    64 MiB window at a time: the process's peak RSS grows by about the window, not by the
+    file's 200 MB as when the whole file was copied in."""
+    path = tmp_path / "LOG"
+    count = write_big_wallaby_log(path, 200_000_000)
+    proc = subprocess.run([sys.executable, "-c", _INDEX_PEAK, str(path)], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got, clean, growth = proc.stdout.split()
+    assert (int(got), clean) == (count, "True")
+    assert int(growth) < journals.LOAD_AHEAD + (24 << 20), int(growth)  # the file: 200 MB
+    assert int(growth) < path.stat().st_size / 2

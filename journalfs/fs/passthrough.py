@@ -1089,6 +1089,8 @@ class JournalFS(pyfuse3.Operations):
             await self._on(node, lambda fd: change(proc_path(fd), *args))
         finally:
             self._attrs_changed(node)  # ctime
+        if bytes(args[0]).startswith(b"system.posix_acl_") and node.path is not None:
+            await self.views.source_changed(node.path)  # the views mirror ACLs (views.py)
 
     @staticmethod
     def _check_user_xattr_allowed(node: Inode) -> None:

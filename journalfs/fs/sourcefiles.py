@@ -18,6 +18,7 @@ from typing import Iterator
 _PATH_FLAGS = os.O_PATH | os.O_CLOEXEC
 _DIR_STEP = _PATH_FLAGS | os.O_DIRECTORY | os.O_NOFOLLOW
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+ACL_ACCESS = "system.posix_acl_access"
 
 
 class NotRegularFile(OSError):
@@ -108,6 +109,31 @@ class SourceTree:
                     yield name, entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
+        finally:
+            os.close(fd)
+
+    def access_acl(self, rel: bytes) -> bytes | None:
+        """The raw ``system.posix_acl_access`` of the directory or regular file SOURCE/``rel``
+        (SOURCE itself for ``b""``), read through an O_PATH fd of that very inode; None when
+        it has none (or is anything else: a symlink swapped in is never followed)."""
+        if _components(rel):
+            dfd, name = self._parent(rel)
+            try:
+                fd = os.open(name, _PATH_FLAGS | os.O_NOFOLLOW, dir_fd=dfd)
+            finally:
+                os.close(dfd)
+        else:
+            fd = os.open(".", _PATH_FLAGS | os.O_DIRECTORY, dir_fd=self.root_fd)
+        try:
+            mode = os.fstat(fd).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                return None
+            try:
+                return os.getxattr(f"/proc/self/fd/{fd}", ACL_ACCESS)
+            except OSError as exc:
+                if exc.errno in (errno.ENODATA, errno.EOPNOTSUPP, errno.ENOTSUP):
+                    return None
+                raise
         finally:
             os.close(fd)
 

@@ -136,6 +136,35 @@ class ViewContext:
 json_line_bytes = json_line  # one records.jsonl line, as `journalfs records --json` prints it
 
 
+#: The access ACL the kernel asks for (POSIX ACL mode) before deciding on a view inode.
+ACL_XATTR = b"system.posix_acl_access"
+_ACL_VERSION = 2
+_ACL_ENTRY = 8  # u16 tag, u16 perm, u32 id (little endian)
+_R, _W, _X = 4, 2, 1
+
+
+def view_acl(raw: bytes, kind: str) -> bytes | None:
+    """The ACL of a view inode made from its SOURCE object's ``raw`` access ACL: every
+    entry's w bit cleared (views are read-only), as the view's mode is made from the mode.
+    ``kind``: RECORDS_DIR keeps r and x (a SOURCE directory); JOURNAL (a journal's view
+    directory) gets x wherever r is set; a record file or records.jsonl keeps r only.
+    None for anything that is not a well-formed version-2 ACL (the mode alone then rules)."""
+    if len(raw) < 4 or (len(raw) - 4) % _ACL_ENTRY or \
+            int.from_bytes(raw[:4], "little") != _ACL_VERSION:
+        return None
+    out = bytearray(raw)
+    for pos in range(4 + 2, len(out), _ACL_ENTRY):
+        perm = int.from_bytes(out[pos:pos + 2], "little")
+        if kind == RECORDS_DIR:
+            perm &= _R | _X
+        elif kind == JOURNAL:
+            perm = _R | _X if perm & _R else 0
+        else:
+            perm &= _R
+        out[pos:pos + 2] = perm.to_bytes(2, "little")
+    return bytes(out)
+
+
 def record_content(rec: dict) -> bytes:
     """What a record file holds: its payload bytes, else its JSON line."""
     if "payload" in rec:
@@ -457,7 +486,7 @@ class Views:
     async def source_changed(self, rel: bytes) -> None:
         """SOURCE/``rel`` was changed through the mount: make the kernel forget what it
         cached about the views of it (records/ entries up the tree, the journal's attrs)."""
-        self.catalog.discard_where(lambda k: k[0] == "scan")
+        self.catalog.discard_where(lambda k: k[0] == "scan" or k == ("acl", rel))
         info = self.catalog.get(("journal", rel))
         if info is not None:
             info.checked = -TRUST_SECONDS  # stat again; the index may still be extended
@@ -468,7 +497,8 @@ class Views:
             if parent is not None:  # async: the kernel may hold that directory's lock now
                 pyfuse3.invalidate_entry_async(parent.ino, name, ignore_enoent=True)
             path = parent_rel
-        for kind in (JOURNAL, JSONL):
+        # records/ dir of rel itself too: its mode or ACL (kernel-cached per inode) changed
+        for kind in (RECORDS_DIR, JOURNAL, JSONL):
             node = self.by_key.get((kind, rel, -1))
             if node is None:
                 continue
@@ -1220,10 +1250,34 @@ class Views:
             return {DAMAGE_XATTR: text.encode("utf-8", "surrogateescape")}
         return {}
 
+    def _source_acl(self, node: VNode) -> bytes | None:
+        """The raw access ACL of the SOURCE object ``node`` stands for (thread)."""
+        if node.kind != RECORDS_DIR and self._journal_info(node.rel) is None:
+            return None  # no longer a journal: the view is going away
+        return self.source.access_acl(node.rel)
+
+    async def _acl(self, node: VNode) -> bytes | None:
+        """The view ACL of ``node``: its SOURCE object's, read-only (:func:`view_acl`).
+        Remembered for TRUST_SECONDS per SOURCE object, so that ``ls -l`` of a journal's
+        many record files (ls asks each for its ACL) reads SOURCE's ACL about once."""
+        if node.kind not in (RECORDS_DIR, JOURNAL, RECORD, JSONL) or node.rel == LIVE:
+            return None
+        key = ("acl", node.rel)
+        cached = self.catalog.get(key)
+        if cached is None or time.monotonic() - cached[0] >= TRUST_SECONDS:
+            cached = (time.monotonic(), await self._on_file(node.rel, self._source_acl, node))
+            self.catalog.put(key, cached, 100 + len(node.rel) + len(cached[1] or b""))
+        return None if cached[1] is None else view_acl(cached[1], node.kind)
+
     async def getxattr(self, ino: int, name: bytes) -> bytes:
         node = self._get(ino)
         if node.kind == ROOT and self.control is not None:
             return await self.control.getxattr(name)
+        if name == ACL_XATTR:
+            acl = await self._acl(node)
+            if acl is None:
+                raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+            return acl
         wanted = (node.kind == RECORD and name.startswith(RECORD_XATTR_PREFIX)) or \
             (node.kind == JOURNAL and name == DAMAGE_XATTR)
         if not wanted:
@@ -1238,7 +1292,10 @@ class Views:
         node = self._get(ino)
         if node.kind == ROOT and self.control is not None:
             return await self.control.listxattr()
-        return list(await self._xattrs(node))
+        names = list(await self._xattrs(node))
+        if await self._acl(node) is not None:
+            names.append(ACL_XATTR)
+        return names
 
     async def setxattr(self, ino: int, name: bytes, value: bytes, ctx) -> None:
         """Only the mount's settings on ``.journalfs`` itself change; the rest is read-only."""
