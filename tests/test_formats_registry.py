@@ -37,6 +37,8 @@ def test_every_format_provides_every_capability(fmt, demo_files):
     assert isinstance(codec.columns, ColumnMap) and codec.columns.time_unit in TIME_UNITS
     assert isinstance(codec.in_file_order, bool) and isinstance(codec.resumable, bool)
     assert isinstance(codec.derived, bool)
+    assert isinstance(codec.partner_formats, tuple) and set(codec.partner_formats) <= set(CODECS)
+    assert codec.store_label is None or isinstance(codec.store_label, str)
     for method in ("sniff", "read", "read_columns", "write", "validate", "repair",
                    "file_key", "partners"):
         assert callable(getattr(codec, method)), method
@@ -68,7 +70,9 @@ def test_partner_rule_is_the_codecs(fmt, demo_files):
     for path in demo_files[fmt]:
         siblings = [(p.name, sniff_file(str(p)).name) for p in path.parent.iterdir()
                     if p != path and p.is_file() and sniff_file(str(p))]
-        named = {role: str(path.parent / name) for role, name in codec.partners(path.name, siblings).items()}
+        partners = codec.partners(path.name, siblings)
+        assert {dict(siblings)[name] for name in partners.values()} <= set(codec.partner_formats)
+        named = {role: str(path.parent / name) for role, name in partners.items()}
         assert named == related_files(str(path), codec), path
 
 

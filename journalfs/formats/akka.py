@@ -90,6 +90,7 @@ class AkkaMeta(Codec):
     def partners(self, name, siblings):
         data = _partner(siblings, "akka-data", "data")
         return {"data": data} if data else {}
+    partner_formats = ("akka-data",)
     kinds = ("meta",)
     magics = META_MAGICS
     header_size = HEADER_SIZE
@@ -152,6 +153,7 @@ class AkkaData(Codec):
     def partners(self, name, siblings):
         meta = _partner(siblings, "akka-meta", "meta")
         return {"meta": meta} if meta else {}
+    partner_formats = ("akka-meta",)
     kinds = ("message",)
     magics = (DATA_MAGIC,)
     header_size = HEADER_SIZE

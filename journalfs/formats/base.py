@@ -99,6 +99,12 @@ class Codec:
     #: True for a file that only indexes a partner file: its repair rebuilds it from that
     #: file, so its own entries are not records a repair must preserve.
     derived: bool = False
+    #: The formats of the files :meth:`partners` may name (empty: it never names one), so a
+    #: caller lists a file's directory only when the file can have partners.
+    partner_formats: tuple[str, ...] = ()
+    #: For the tree file of a metadata store: what fsck reports the store as. fsck checks such
+    #: a file as a store, with the journals that name it as a partner (never them alone).
+    store_label: str | None = None
 
     # -- facts about files -----------------------------------------------------------------
     def file_key(self, name: str) -> str | None:

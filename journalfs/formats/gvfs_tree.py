@@ -1126,6 +1126,7 @@ def tree_bytes(merged: MergedTree, tag: int) -> bytes:
 # ------------------------------------------------------------------------------------------
 class GvfsTree(Codec):
     name = "gvfs-tree"
+    store_label = "gvfs-store"
     columns = ColumnMap(time="mtime", key="path")
     kinds = ("node",)
     resumable = False

@@ -80,6 +80,7 @@ class WallabyLog(Codec):
     def partners(self, name, siblings):
         index = name + ".idx"
         return {"index": index} if (index, "wallaby-index") in siblings else {}
+    partner_formats = ("wallaby-index",)
     kinds = ("record",)
     header_size = FULL_HEADER
 
@@ -404,6 +405,7 @@ class WallabyIndex(Codec):
     def partners(self, name, siblings):
         log = name[:-len(".idx")] if name.endswith(".idx") else None
         return {"log": log} if log and (log, "wallaby-log") in siblings else {}
+    partner_formats = ("wallaby-log",)
     kinds = ("index",)
     record_size = INDEX_RECORD
     header_size = FULL_HEADER
