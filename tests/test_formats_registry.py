@@ -83,10 +83,11 @@ def test_kestrel_queue_names_come_from_the_codec():
     assert CODECS["wallaby-log"].file_key("jobs.1700000000000") is None
 
 
-#: Spark modules that must not know any format by name (derived.py computes per-format tables
-#: and akka_keys.py resolves akka chains: not yet moved into formats/).
+#: Modules that must not know any format by name (spark/derived.py computes the contract's
+#: per-format tables, which are about one format each by definition).
 FORMAT_BLIND = ("spark/read.py", "spark/plan.py", "spark/checkpoints.py", "spark/convert.py",
-                "spark/source.py", "commands/records.py", "commands/pipeline.py")
+                "spark/source.py", "commands/records.py", "commands/pipeline.py",
+                "commands/fsck.py", "journals.py")
 
 
 @pytest.mark.parametrize("module", FORMAT_BLIND)
