@@ -53,6 +53,14 @@ def key_bytes(key: str) -> bytes:
     return key.encode("utf-8", "surrogateescape")
 
 
+def header_tag(head: bytes) -> int | None:
+    """The random tag in a tree's first 16 bytes ``head`` (its journal's name carries it as
+    8 hex digits); None when ``head`` is not the start of a tree."""
+    if len(head) < 16 or bytes(head[:len(MAGIC)]) != MAGIC:
+        return None
+    return struct.unpack_from(">I", head, 12)[0]
+
+
 def split_path(path: str) -> list[bytes]:
     """Canonical gvfs path -> name components as bytes ("/" -> [])."""
     return [p for p in path.encode("utf-8", "surrogateescape").split(b"/") if p]

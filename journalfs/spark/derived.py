@@ -6,13 +6,14 @@ Each function takes the records DataFrame (the data source's schema, e.g. read b
 from __future__ import annotations
 
 import json
-import re
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from ..formats.gvfs_journal import JOURNAL_SUFFIX, GvfsJournal, tree_and_tag
+from ..formats.gvfs_tree import GvfsTree, MergedTree, header_tag
+
 METADATA_DDL = "store string, path string, key string, value string, values array<string>"
-_JOURNAL_SUFFIX = r"-[0-9a-f]{8}\.log$"
 
 
 def _dir(col: str = "source"):
@@ -138,9 +139,9 @@ def metadata(records: DataFrame) -> DataFrame:
     """(store, path, key, value, values): every store's tree + journal replayed to its current
     state. Replay is ordered and path-structured (copy/remove act on subtrees), so each store
     is one group replayed by :func:`replay_store` on an executor."""
-    gvfs = records.where(F.col("format").isin("gvfs-tree", "gvfs-journal")).select(
-        F.when(F.col("format") == "gvfs-tree", F.col("source"))
-        .otherwise(F.regexp_replace("source", _JOURNAL_SUFFIX, "")).alias("store"),
+    gvfs = records.where(F.col("format").isin(GvfsTree.name, GvfsJournal.name)).select(
+        F.when(F.col("format") == GvfsTree.name, F.col("source"))
+        .otherwise(F.regexp_replace("source", JOURNAL_SUFFIX, "")).alias("store"),
         "source", "format", "seq", "kind", "key", "attrs")
     return gvfs.groupBy("store").applyInArrow(_replay_group, METADATA_DDL)
 
@@ -168,52 +169,33 @@ def _tree_tag(tree_path: str) -> str | None:
     """The tree header's random_tag as the 8 hex digits journal names carry."""
     try:
         with open(tree_path, "rb") as f:
-            head = f.read(16)
+            tag = header_tag(f.read(16))
     except OSError:
         return None
-    return head[12:16].hex() if len(head) == 16 and head[:6] == b"\xda\x1ameta" else None
-
-
-def _under(path: str, root: str) -> bool:
-    return root == "/" or path == root or path.startswith(root + "/")
+    return None if tag is None else f"{tag:08x}"
 
 
 def replay_store(store: str | None, rows: list[dict]) -> dict[str, dict]:
     """The merged ``{path: {key: str | [str]}}`` of one store from its record rows: the tree's
-    nodes, then the entries of the journal whose tag matches the tree, oldest first."""
-    state: dict[str, dict] = {}
+    nodes, then the entries of the journal whose tag matches the tree, oldest first, applied
+    as the store's own compaction applies them (:class:`MergedTree`)."""
+    merged = MergedTree(None)
     tag = _tree_tag(store) if store else None
     entries = []
     for r in rows:
         attrs = r["attrs"] or {}
         if isinstance(attrs, list):  # Arrow map -> list of (key, value) pairs
             attrs = dict(attrs)
-        if r["format"] == "gvfs-tree":
-            state[r["key"]] = json.loads(attrs.get("metadata") or "{}")
+        if r["format"] == GvfsTree.name:
+            for key, value in json.loads(attrs.get("metadata") or "{}").items():
+                merged.set(r["key"], key, value, 0)
         else:
-            m = re.search(r"-([0-9a-f]{8})\.log$", r["source"])
-            if tag is None or (m and m.group(1) == tag):
+            named = tree_and_tag(r["source"])
+            if tag is None or (named and named[1] == tag):
                 entries.append((r["source"], r["seq"], r["kind"], r["key"], attrs))
     for _source, _seq, kind, path, attrs in sorted(entries, key=lambda e: (e[0], e[1])):
-        _apply(state, kind, path, attrs)
-    return {p: keys for p, keys in state.items() if keys}
-
-
-def _apply(state: dict[str, dict], kind: str, path: str, attrs: dict) -> None:
-    if kind == "set":
-        state.setdefault(path, {})[attrs["key"]] = attrs.get("value", "")
-    elif kind == "setv":
-        state.setdefault(path, {})[attrs["key"]] = json.loads(attrs.get("value") or "[]")
-    elif kind == "unset":
-        state.get(path, {}).pop(attrs.get("key"), None)
-    elif kind == "remove":
-        for p in [p for p in state if _under(p, path)]:
-            del state[p]
-    elif kind == "copy":
-        source = attrs.get("source")
-        copied = {} if source is None else {
-            path + p[len(source):] if source != "/" else path.rstrip("/") + p: dict(v)
-            for p, v in state.items() if _under(p, source)}
-        for p in [p for p in state if _under(p, path)]:
-            del state[p]
-        state.update(copied)
+        value = attrs.get("value", "")
+        merged.apply({"kind": kind, "path": path, "key": attrs.get("key"), "mtime": 0,
+                      "value": json.loads(value or "[]") if kind == "setv" else value,
+                      "source": attrs.get("source")})
+    return {path: meta for path, meta, _mtime in merged.items()}
