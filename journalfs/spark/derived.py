@@ -1,5 +1,8 @@
 """Derived tables, computed with DataFrame operations on the executors from record rows.
 
+Each table is about one format (the contract's queues, persistence chains, transactions and
+metadata); format names, file-name rules and replay semantics come from the codecs.
+
 Each function takes the records DataFrame (the data source's schema, e.g. read back from
 ``OUTPUT/records``) and returns a DataFrame with the contract's columns.
 """
@@ -10,8 +13,13 @@ import json
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from ..formats.akka import AkkaData, AkkaMeta
 from ..formats.gvfs_journal import JOURNAL_SUFFIX, GvfsJournal, tree_and_tag
 from ..formats.gvfs_tree import GvfsTree, MergedTree, header_tag
+from ..formats.jrnl import Jrnl
+from ..formats.kestrel import READER_SUFFIX, WRITER_SUFFIX, KestrelReader, KestrelWriter
+
+WRITER, READER = KestrelWriter.name, KestrelReader.name
 
 METADATA_DDL = "store string, path string, key string, value string, values array<string>"
 
@@ -36,23 +44,23 @@ def queues(records: DataFrame) -> DataFrame:
 
     Records are first reduced to one row per file (one hash aggregate, no per-record string
     work); directories, file numbers and reader names are then parsed once per file."""
-    kestrel = records.where(F.col("format").startswith("kestrel-") & F.col("key").isNotNull())
-    is_put = (F.col("format") == "kestrel-writer") & (F.col("kind") == "put")
+    kestrel = records.where(F.col("format").isin(WRITER, READER) & F.col("key").isNotNull())
+    is_put = (F.col("format") == WRITER) & (F.col("kind") == "put")
     is_head = F.col("kind") == "read_head"
     files = kestrel.groupBy("source", "format", F.col("key").alias("queue")).agg(
         F.max_by(F.when(is_put, F.col("id")), F.when(is_put, F.col("seq"))).alias("last_id"),
         F.min_by(F.when(is_put, F.col("id")), F.when(is_put, F.col("seq"))).alias("first_id"),
         F.max_by(F.when(is_head, F.col("id")), F.when(is_head, F.col("seq"))).alias("raw_head")
     ).withColumn("dir", _dir())
-    writers = files.where(F.col("format") == "kestrel-writer") \
-        .withColumn("file_no", F.regexp_extract("source", r"\.(\d+)$", 1).cast("decimal(38,0)"))
+    writers = files.where(F.col("format") == WRITER) \
+        .withColumn("file_no", F.regexp_extract("source", WRITER_SUFFIX, 1).cast("decimal(38,0)"))
     with_puts = writers.where(F.col("last_id").isNotNull())
     bounds = with_puts.groupBy("dir", "queue").agg(
         F.max_by("last_id", "file_no").alias("tail"),
         (F.min_by("first_id", "file_no") - 1).alias("floor"))
 
-    reader_files = files.where(F.col("format") == "kestrel-reader") \
-        .withColumn("reader", F.regexp_extract("source", r"\.read\.([^/]*)$", 1))
+    reader_files = files.where(F.col("format") == READER) \
+        .withColumn("reader", F.regexp_extract("source", READER_SUFFIX, 1))
     heads = reader_files.groupBy("dir", "queue", "reader").agg(
         F.max("raw_head").alias("raw_head"))  # one checkpoint file per reader
     default_readers = bounds.select("dir", "queue").join(
@@ -92,11 +100,11 @@ def persistence(records: DataFrame) -> DataFrame:
     is consistent when every ``next`` link lands on a block of the same id that links back and
     has a higher sequence number, it has exactly one tail, and the tail matches the meta
     block's ``last`` and ``highest_seq``."""
-    meta = records.where((F.col("format") == "akka-meta") & (F.col("kind") == "meta")).select(
+    meta = records.where((F.col("format") == AkkaMeta.name) & (F.col("kind") == "meta")).select(
         _dir().alias("dir"), F.col("key").alias("persistence_id"),
         _long_attr("first").alias("first"), _long_attr("last").alias("last"),
         _long_attr("highest_seq").alias("highest_seq"))
-    msgs = records.where((F.col("format") == "akka-data") & (F.col("kind") == "message")
+    msgs = records.where((F.col("format") == AkkaData.name) & (F.col("kind") == "message")
                          & F.col("key").isNotNull()).select(
         _dir().alias("dir"), F.col("key").alias("persistence_id"), _long_attr("self").alias("self"),
         _long_attr("prev").alias("prev"), _long_attr("next").alias("next"),
@@ -128,7 +136,7 @@ def persistence(records: DataFrame) -> DataFrame:
 def transactions(records: DataFrame) -> DataFrame:
     """(source, offset, time, status, ops) per JRNL transaction; ops = the op names in order."""
     op_texts = F.from_json(F.col("attrs").getItem("ops"), "array<string>")
-    return records.where((F.col("format") == "jrnl") & (F.col("kind") == "transaction")).select(
+    return records.where((F.col("format") == Jrnl.name) & (F.col("kind") == "transaction")).select(
         "source", "offset", "time", F.col("attrs").getItem("status").alias("status"),
         F.transform(op_texts, lambda x: F.coalesce(F.get_json_object(x, "$.op"), x)).alias("ops"))
 
