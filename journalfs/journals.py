@@ -766,9 +766,6 @@ def is_backup_name(name: bytes | str) -> bool:
     return BACKUP_MARK in name.rpartition("/")[2]
 
 
-is_backup = is_backup_name  # the earlier name, kept for callers
-
-
 def fsync_dir(directory: str) -> None:
     fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -826,7 +823,7 @@ def replace_atomically(path: str, data: bytes) -> None:
 
 
 __all__ = ["BACKUP_MARK", "CHECKPOINT_EVERY", "CODECS", "Opener", "RecordIndex", "fsync_dir",
-           "is_backup", "is_backup_name", "JsonChunk", "json_chunk", "json_line",
+           "is_backup_name", "JsonChunk", "json_chunk", "json_line",
            "json_lines", "mapped", "mapped_fd", "open_path", "read_file",
            "directory_journals", "related_files", "replace_atomically", "sniff_file",
            "sniff_fd", "write_backup"]
