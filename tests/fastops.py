@@ -85,6 +85,15 @@ async def listdir(ops: JournalFS, inode: int, ctx: Ctx = ROOT) -> list[str]:
     return [n for n in names if n not in (".", "..")]
 
 
+async def error_of(call) -> int:
+    """The errno a handler call (an awaitable that must fail) answers with."""
+    try:
+        await call
+    except pyfuse3.FUSEError as exc:
+        return exc.errno
+    raise AssertionError("the call succeeded")
+
+
 async def read_all(ops: JournalFS, inode: int, ctx: Ctx = ROOT) -> bytes:
     info = await ops.open(inode, os.O_RDONLY, ctx)
     try:

@@ -76,21 +76,24 @@ def _check_total(buf: Buffer, source: str, area_end: int) -> None:
         raise FormatError(source, area_end, f"{len(buf) - declared} bytes after the blocks the header counts")
 
 
-def _partner(siblings, fmt: str, preferred: str) -> str | None:
-    """A store's other file: the one named ``preferred`` if it has format ``fmt``, else the
-    first such file by name (a data file and a meta file live in one directory)."""
-    names = sorted(n for n, f in siblings if f == fmt)
-    return preferred if preferred in names else (names[0] if names else None)
+class _PairedFile:
+    """A meta file and a data file live in one directory; each names the other by its role
+    (``data`` / ``meta``): the file of that name if it has the other's format, else the first
+    such file by name."""
 
-
-class AkkaMeta(Codec):
-    name = "akka-meta"
-    columns = ColumnMap(key="persistence_id")
+    partner_formats: tuple[str, ...]
+    partner_role: str
 
     def partners(self, name, siblings):
-        data = _partner(siblings, "akka-data", "data")
-        return {"data": data} if data else {}
-    partner_formats = ("akka-data",)
+        names = sorted(n for n, f in siblings if f in self.partner_formats)
+        other = self.partner_role if self.partner_role in names else (names[0] if names else None)
+        return {self.partner_role: other} if other else {}
+
+
+class AkkaMeta(_PairedFile, Codec):
+    name = "akka-meta"
+    columns = ColumnMap(key="persistence_id")
+    partner_formats, partner_role = ("akka-data",), "data"
     kinds = ("meta",)
     magics = META_MAGICS
     header_size = HEADER_SIZE
@@ -145,15 +148,11 @@ class AkkaMeta(Codec):
         return findings
 
 
-class AkkaData(Codec):
+class AkkaData(_PairedFile, Codec):
     name = "akka-data"
     in_file_order = True
     columns = ColumnMap(id="seq_nr")
-
-    def partners(self, name, siblings):
-        meta = _partner(siblings, "akka-meta", "meta")
-        return {"meta": meta} if meta else {}
-    partner_formats = ("akka-meta",)
+    partner_formats, partner_role = ("akka-meta",), "meta"
     key_partners = ("meta",)
     kinds = ("message",)
     magics = (DATA_MAGIC,)

@@ -249,12 +249,11 @@ def _runs_past(buf, offset: int, end: int) -> bool:
 class GvfsJournal(Codec):
     name = "gvfs-journal"
     columns = ColumnMap(time="mtime", key="path")
-    partner_formats = ("gvfs-tree",)
     kinds = KIND_OF_OP
+    magics = (MAGIC,)
     header_size = HEADER_SIZE
 
-    def sniff(self, head: bytes) -> bool:
-        return bytes(head[:6]) == MAGIC
+    partner_formats = ("gvfs-tree",)  # a journal belongs to the tree its name carries
 
     def partners(self, name, siblings):
         named = tree_and_tag(name)

@@ -1138,10 +1138,8 @@ class GvfsTree(Codec):
     columns = ColumnMap(time="mtime", key="path")
     kinds = ("node",)
     resumable = False
+    magics = (MAGIC,)
     header_size = HEADER_SIZE
-
-    def sniff(self, head: bytes) -> bool:
-        return bytes(head[:6]) == MAGIC
 
     def read(self, buf, source, start=None, seq=0, stop=None) -> Iterator[Record]:
         tree = TreeView(buf, source)
