@@ -299,16 +299,8 @@ def test_write_through_mount_invalidates_cached_view(fs, cli_output):
 
 def write_wallaby_index(path, count: int) -> None:
     """A valid wallaby-index file of ``count`` fixed-width records (numpy, no per-record loop)."""
-    import struct
-
-    import numpy as np
-    rec = np.zeros(count, dtype=[("time", "<i8"), ("index", "<u8"), ("offset", "<i8")])
-    rec["time"] = 1_700_000_000_000_000_000 + np.arange(count, dtype=np.int64) * 1000
-    rec["index"] = np.arange(count, dtype=np.uint64)
-    rec["offset"] = 16 + np.arange(count, dtype=np.int64) * 40
-    with open(path, "wb") as f:
-        f.write(b"IDX" + struct.pack("<BIq", 1, 0, 0))
-        rec.tofile(f)
+    from journalfs.demo import big_wallaby_index
+    path.write_bytes(big_wallaby_index(count))
 
 
 def check_big_journal(mnt, src, count: int) -> None:

@@ -473,7 +473,7 @@ class WallabyIndex(Codec):
         table = np.zeros(len(records), INDEX_DTYPE)
         for name in INDEX_DTYPE.names:
             table[name] = [r[name] for r in records]
-        return _index_file(table, flags, ttl_ns, version)
+        return index_file(table, flags, ttl_ns, version)
 
     def validate(self, buf: Buffer, source: str, **context: Any) -> list[Finding]:
         findings: list[Finding] = []
@@ -600,10 +600,11 @@ def build_index(log_cols: Columns, flags: int = 0, ttl_ns: int = 0) -> bytes:
     table["time"] = log_cols.data["time"]
     table["index"] = np.arange(log_cols.rows, dtype=np.uint64)
     table["log_offset"] = log_cols.data["offset"]
-    return _index_file(table, flags, ttl_ns)
+    return index_file(table, flags, ttl_ns)
 
 
-def _index_file(table: np.ndarray, flags: int, ttl_ns: int, version: int = VERSION) -> bytes:
+def index_file(table: np.ndarray, flags: int = 0, ttl_ns: int = 0, version: int = VERSION) -> bytes:
+    """A whole index file of ``table`` (rows of :data:`INDEX_DTYPE`), in one pass."""
     return _FILE_HEADER.pack(IDX_MAGIC, version, flags, ttl_ns) + table.tobytes()
 
 
