@@ -14,6 +14,7 @@ import time
 import pytest
 
 from mountutil import mounted
+from users import ensure_user
 
 pytestmark = pytest.mark.fuse
 
@@ -420,15 +421,7 @@ print(json.dumps(out))
 
 
 def view_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(VIEW_USER)
-    except KeyError:
-        pass
-    proc = subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                           "/usr/sbin/nologin", VIEW_USER], capture_output=True, text=True)
-    if proc.returncode not in (0, 9):  # 9: created meanwhile
-        pytest.fail(f"useradd {VIEW_USER}: {proc.stderr.strip()}")
-    return pwd.getpwnam(VIEW_USER)
+    return ensure_user(VIEW_USER)
 
 
 def as_view_user(user, steps: list[tuple[str, str, Path]]) -> dict:

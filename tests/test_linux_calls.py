@@ -28,6 +28,7 @@ from gvfsd import gvfs_session  # noqa: F401  (fixture)
 from mountutil import mounted
 from test_fs_permissions import ensure_test_user
 from test_fs_security import run_as
+from users import ensure_user
 
 pytestmark = pytest.mark.fuse
 
@@ -57,12 +58,7 @@ def drop_caches() -> None:
 
 
 def second_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam("jfs-test2")
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                        "/usr/sbin/nologin", "jfs-test2"], capture_output=True)
-        return pwd.getpwnam("jfs-test2")
+    return ensure_user("jfs-test2")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,18 @@
+"""Real unprivileged users for the tests that act as someone other than root."""
+from __future__ import annotations
+
+import pwd
+import subprocess
+
+
+def ensure_user(name: str) -> pwd.struct_passwd:
+    """The system user ``name`` (no home, no login shell), created when it does not exist."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        pass
+    proc = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                           name], capture_output=True, text=True)
+    if proc.returncode not in (0, 9):  # 9: created meanwhile by someone else
+        raise RuntimeError(f"useradd {name}: {proc.stderr.strip()}")
+    return pwd.getpwnam(name)
