@@ -10,11 +10,9 @@ import errno
 import hashlib
 import os
 import pwd
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -68,10 +66,8 @@ def attacker():
 @pytest.fixture
 def tmp_path():
     """A directory the unprivileged user can reach (pytest's own are root-only 0700)."""
-    base = Path(tempfile.mkdtemp(prefix="jfs-store-sec-", dir="/tmp"))
-    base.chmod(0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+    with users.reachable_dir("jfs-store-sec-") as base:
+        yield base
 
 
 @pytest.fixture
