@@ -26,7 +26,7 @@ import numpy as np
 from .formats import CODECS
 from .formats.akka import AkkaData
 from .formats.base import payload_b64
-from .formats.wallaby import INDEX_DTYPE, index_file, write_log_and_index
+from .formats.wallaby import INDEX_DTYPE, INDEX_SUFFIX, index_file, write_log_and_index
 
 SEED = 20240601
 #: 2023-11-14T22:13:20Z in ms / s / ns: the demo's clock starts here.
@@ -105,7 +105,7 @@ def wallaby_items(rng: random.Random, count: int, payload: tuple[int, int] = (16
 
 def wallaby_files(rng: random.Random, name: str = "events.log") -> dict[str, bytes]:
     log, index = write_log_and_index(wallaby_items(rng, 48), flags=0, ttl_ns=0)
-    return {name: log, name + ".idx": index}
+    return {name: log, name + INDEX_SUFFIX: index}
 
 
 def big_wallaby_index(count: int) -> bytes:

@@ -21,6 +21,7 @@ from .base import Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Recor
 
 LOG_MAGIC = b"LOG"
 IDX_MAGIC = b"IDX"
+INDEX_SUFFIX = ".idx"  # a log's index is named after it: ``<log>.idx``
 VERSION = 1
 #: Version bytes we accept when sniffing: low control bytes, so no text file matches.
 PLAUSIBLE_VERSIONS = range(1, 9)
@@ -78,7 +79,7 @@ class WallabyLog(Codec):
     columns = ColumnMap(time="time", time_unit="ns", id="seq")
 
     def partners(self, name, siblings):
-        index = name + ".idx"
+        index = name + INDEX_SUFFIX
         return {"index": index} if (index, "wallaby-index") in siblings else {}
     partner_formats = ("wallaby-index",)
     kinds = ("record",)
@@ -403,7 +404,7 @@ class WallabyIndex(Codec):
     columns = ColumnMap(time="time", time_unit="ns", id="index")
 
     def partners(self, name, siblings):
-        log = name[:-len(".idx")] if name.endswith(".idx") else None
+        log = name[:-len(INDEX_SUFFIX)] if name.endswith(INDEX_SUFFIX) else None
         return {"log": log} if log and (log, "wallaby-log") in siblings else {}
     partner_formats = ("wallaby-log",)
     kinds = ("index",)
