@@ -26,6 +26,7 @@ import numpy as np
 from .formats import CODECS
 from .formats.akka import AkkaData
 from .formats.base import payload_b64
+from .formats.gvfs_journal import journal_name
 from .formats.wallaby import INDEX_DTYPE, INDEX_SUFFIX, index_file, write_log_and_index
 
 SEED = 20240601
@@ -180,7 +181,7 @@ def gvfs_store_files(rng: random.Random, paths: list[str]) -> dict[str, bytes]:
         "home": CODECS["gvfs-tree"].write(nodes + [{"path": "/docs/old-notes.md",
                                                     "mtime": BASE_S, "metadata": {"x": "1"}}],
                                           tag=GVFS_TAG),
-        f"home-{GVFS_TAG:08x}.log": CODECS["gvfs-journal"].write(entries, tag=GVFS_TAG),
+        journal_name("home", GVFS_TAG): CODECS["gvfs-journal"].write(entries, tag=GVFS_TAG),
     }
 
 
