@@ -247,13 +247,6 @@ def measure(fmt: str, megabytes: int, skip: set[str], master: str | None, timeou
 
 # -- scaling: one process vs Spark executors ------------------------------------------------------
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def single_process(path: Path) -> dict:
     """The data source's own work without Spark, in this one process: plan the file into
     slices, decode and convert every slice to Arrow batches of the contract schema."""
@@ -273,19 +266,19 @@ def cluster_runs(path: Path, executors: list[int], work: Path) -> list[dict]:
     """``spark.read.format("journal")`` of ``path`` forced through a ``noop`` write on a real
     standalone cluster (master + one 1-core worker per executor on 127.0.0.1), for each
     executor count; the daemons are stopped by pid."""
-    import signal
     import pyspark
     from journalfs.spark.session import build_session, package_zip
+    from journalfs.spark.testing import free_port, stop_processes
     spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
     env = dict(os.environ, SPARK_HOME=os.path.dirname(pyspark.__file__),
                SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, SPARK_NO_DAEMONIZE="1")
     results = []
     for count in executors:
-        port = _free_port()
+        port = free_port()
         url = f"spark://127.0.0.1:{port}"
         procs = [subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master",
                                    "--host", "127.0.0.1", "--port", str(port),
-                                   "--webui-port", str(_free_port())],
+                                   "--webui-port", str(free_port())],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                                   start_new_session=True)]
         try:
@@ -293,7 +286,7 @@ def cluster_runs(path: Path, executors: list[int], work: Path) -> list[dict]:
             for n in range(count):
                 procs.append(subprocess.Popen(
                     [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                     "--cores", "1", "--memory", "2g", "--webui-port", str(_free_port()),
+                     "--cores", "1", "--memory", "2g", "--webui-port", str(free_port()),
                      "--work-dir", str(work / f"w{count}-{n}"), url],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                     start_new_session=True))
@@ -314,15 +307,7 @@ def cluster_runs(path: Path, executors: list[int], work: Path) -> list[dict]:
             results.append({"executors": count, "seconds": time.perf_counter() - t0})
             spark.stop()
         finally:
-            for p in reversed(procs):
-                if p.poll() is None:
-                    os.kill(p.pid, signal.SIGTERM)
-            for p in procs:
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.kill(p.pid, signal.SIGKILL)
-                    p.wait()
+            stop_processes(procs)
     return results
 
 

@@ -230,7 +230,7 @@ def decode_only(root: Path) -> int:
 
 def _decode_binary_files(batches):
     from journalfs.formats import detect
-    from journalfs.spark.plan import FileSlice, JournalFile, partner_files
+    from journalfs.spark.plan import FileSlice, JournalFile, key_partners
     from journalfs.spark.read import read_buffer
     from journalfs.spark.source import BATCH_ROWS
     for batch in batches:
@@ -239,8 +239,9 @@ def _decode_binary_files(batches):
             if codec is None:
                 continue
             local = path.removeprefix("file:")
-            meta = partner_files(JournalFile(local, codec.name, len(content)), []).get("meta")
-            yield from read_buffer(content, FileSlice(local, codec.name, meta=meta), False, None, BATCH_ROWS)
+            partners = key_partners(JournalFile(local, codec.name, len(content)), [])
+            yield from read_buffer(content, FileSlice(local, codec.name, partners=partners), False, None,
+                                   BATCH_ROWS)
 
 
 def spark_session(master: str, heap: str):

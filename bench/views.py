@@ -13,26 +13,20 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from journalfs.demo import big_wallaby_index  # noqa: E402  (after the path is set)
 
 
 def write_wallaby_index(path: Path, count: int) -> None:
-    rec = np.zeros(count, dtype=[("time", "<i8"), ("index", "<u8"), ("offset", "<i8")])
-    rec["time"] = 1_700_000_000_000_000_000 + np.arange(count, dtype=np.int64) * 1000
-    rec["index"] = np.arange(count, dtype=np.uint64)
-    rec["offset"] = 16 + np.arange(count, dtype=np.int64) * 40
-    with open(path, "wb") as f:
-        f.write(b"IDX" + struct.pack("<BIq", 1, 0, 0))
-        rec.tofile(f)
+    path.write_bytes(big_wallaby_index(count))
 
 
 def wait_mounted(mnt: Path, proc: subprocess.Popen | None = None, timeout: float = 60) -> None:

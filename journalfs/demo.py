@@ -21,10 +21,13 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
+
 from .formats import CODECS
 from .formats.akka import AkkaData
 from .formats.base import payload_b64
-from .formats.wallaby import write_log_and_index
+from .formats.gvfs_journal import journal_name
+from .formats.wallaby import INDEX_DTYPE, INDEX_SUFFIX, index_file, write_log_and_index
 
 SEED = 20240601
 #: 2023-11-14T22:13:20Z in ms / s / ns: the demo's clock starts here.
@@ -103,7 +106,17 @@ def wallaby_items(rng: random.Random, count: int, payload: tuple[int, int] = (16
 
 def wallaby_files(rng: random.Random, name: str = "events.log") -> dict[str, bytes]:
     log, index = write_log_and_index(wallaby_items(rng, 48), flags=0, ttl_ns=0)
-    return {name: log, name + ".idx": index}
+    return {name: log, name + INDEX_SUFFIX: index}
+
+
+def big_wallaby_index(count: int) -> bytes:
+    """A valid Wallaby index of ``count`` records (for a log of 40-byte records), built in one
+    numpy pass: the big views of the tests and benches."""
+    table = np.zeros(count, INDEX_DTYPE)
+    table["time"] = 1_700_000_000_000_000_000 + np.arange(count, dtype=np.int64) * 1000
+    table["index"] = np.arange(count, dtype=np.uint64)
+    table["log_offset"] = 16 + np.arange(count, dtype=np.int64) * 40
+    return index_file(table)
 
 
 # -- JRNL ----------------------------------------------------------------------------------------
@@ -168,7 +181,7 @@ def gvfs_store_files(rng: random.Random, paths: list[str]) -> dict[str, bytes]:
         "home": CODECS["gvfs-tree"].write(nodes + [{"path": "/docs/old-notes.md",
                                                     "mtime": BASE_S, "metadata": {"x": "1"}}],
                                           tag=GVFS_TAG),
-        f"home-{GVFS_TAG:08x}.log": CODECS["gvfs-journal"].write(entries, tag=GVFS_TAG),
+        journal_name("home", GVFS_TAG): CODECS["gvfs-journal"].write(entries, tag=GVFS_TAG),
     }
 
 

@@ -778,54 +778,35 @@ def _batched(starts_of, buf, path: str, start: int | None, seq: int,
 
 # -- related files ---------------------------------------------------------------------------
 
-def _sibling_of_format(directory: str, fmt: str, preferred: str) -> str | None:
-    """``directory/preferred`` when it is a ``fmt`` file, else the first such file by name."""
-    first = os.path.join(directory, preferred)
-    if _is_format(first, fmt):
-        return first
+def directory_journals(directory: str) -> list[tuple[str, str]]:
+    """``(name, format)`` of every journal file in ``directory`` (by magic; never a backup)."""
     try:
-        names = sorted(os.listdir(directory))
+        names = sorted(os.listdir(directory or "."))
     except OSError:
-        return None
+        return []
+    found = []
     for name in names:
-        candidate = os.path.join(directory, name)
-        if not is_backup(name) and _is_format(candidate, fmt):
-            return candidate
-    return None
+        full = os.path.join(directory, name)
+        if is_backup_name(name) or not os.path.isfile(full):
+            continue
+        codec = sniff_file(full)
+        if codec is not None:
+            found.append((name, codec.name))
+    return found
 
 
-def _is_format(path: str, fmt: str) -> bool:
-    """True when ``path`` is a regular file whose magic names format ``fmt``."""
-    if not os.path.isfile(path):
-        return False
-    codec = sniff_file(path)
-    return codec is not None and codec.name == fmt
-
-
-def related_files(path: str, codec: Codec) -> dict[str, str]:
+def related_files(path: str, codec: Codec,
+                  siblings: Sequence[tuple[str, str]] | None = None) -> dict[str, str]:
     """The files :meth:`Codec.validate` / :meth:`Codec.repair` of ``path`` want as context,
-    by context keyword: a Wallaby index's ``log`` (its name without ``.idx``), a Wallaby log's
-    ``index`` (``<name>.idx``), an akka meta file's ``data`` and an akka data file's ``meta``
-    (same directory, preferably named ``data`` / ``meta``). Only files whose magic matches."""
-    directory = os.path.dirname(path) or "."
-    related: dict[str, str] = {}
-    if codec.name == "wallaby-index" and path.endswith(".idx"):
-        log = path[: -len(".idx")]
-        if _is_format(log, "wallaby-log"):
-            related["log"] = log
-    elif codec.name == "wallaby-log":
-        index = path + ".idx"
-        if _is_format(index, "wallaby-index"):
-            related["index"] = index
-    elif codec.name == "akka-meta":
-        data = _sibling_of_format(directory, "akka-data", "data")
-        if data:
-            related["data"] = data
-    elif codec.name == "akka-data":
-        meta = _sibling_of_format(directory, "akka-meta", "meta")
-        if meta:
-            related["meta"] = meta
-    return related
+    by context keyword, as the codec's :meth:`~Codec.partners` names them among the journals
+    of its directory (``siblings``: their ``(name, format)``, listed here when not given)."""
+    if not codec.partner_formats:
+        return {}
+    directory, name = os.path.split(path)
+    if siblings is None:
+        siblings = directory_journals(directory)
+    partners = codec.partners(name, [s for s in siblings if s[0] != name])
+    return {role: os.path.join(directory, other) for role, other in partners.items()}
 
 
 # -- safe rewriting ----------------------------------------------------------------------------
@@ -839,9 +820,6 @@ def is_backup_name(name: bytes | str) -> bool:
     if isinstance(name, bytes):
         return BACKUP_MARK.encode() in name.rpartition(b"/")[2]
     return BACKUP_MARK in name.rpartition("/")[2]
-
-
-is_backup = is_backup_name  # the earlier name, kept for callers
 
 
 def fsync_dir(directory: str) -> None:
@@ -901,7 +879,7 @@ def replace_atomically(path: str, data: bytes) -> None:
 
 
 __all__ = ["BACKUP_MARK", "CHECKPOINT_EVERY", "CODECS", "Opener", "RecordIndex", "fsync_dir",
-           "is_backup", "is_backup_name", "JsonChunk", "json_chunk", "json_line",
+           "is_backup_name", "JsonChunk", "json_chunk", "json_line",
            "json_lines", "mapped", "mapped_fd", "open_path", "read_file",
-           "related_files", "replace_atomically", "sniff_file",
+           "directory_journals", "related_files", "replace_atomically", "sniff_file",
            "sniff_fd", "write_backup"]

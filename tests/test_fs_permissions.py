@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from mountutil import mounted
+from users import ensure_user
 
 pytestmark = pytest.mark.fuse
 
@@ -59,15 +60,7 @@ print(json.dumps(out))
 
 
 def ensure_test_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(TEST_USER)
-    except KeyError:
-        pass
-    proc = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                           TEST_USER], capture_output=True, text=True)
-    if proc.returncode not in (0, 9):  # 9: created meanwhile by someone else
-        pytest.fail(f"useradd {TEST_USER}: {proc.stderr.strip()}")
-    return pwd.getpwnam(TEST_USER)
+    return ensure_user(TEST_USER)
 
 
 def as_user(user: pwd.struct_passwd, steps: list[tuple[str, str, Path, object]]) -> dict:

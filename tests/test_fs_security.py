@@ -16,6 +16,7 @@ import pytest
 
 from mountutil import mounted
 from test_fs_permissions import SYSTEM_PYTHON, ensure_test_user
+from users import reachable_dir
 
 pytestmark = pytest.mark.fuse
 
@@ -31,11 +32,8 @@ def user():
 @pytest.fixture
 def tmp_path():
     """A directory the test user can reach (pytest's own lives under a 0700 directory)."""
-    import tempfile
-    path = Path(tempfile.mkdtemp(prefix="jfs-sec-", dir="/tmp"))
-    os.chmod(path, 0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with reachable_dir("jfs-sec-") as path:
+        yield path
 
 
 def _shared_tree(tmp_path: Path, user) -> tuple[Path, Path, Path]:

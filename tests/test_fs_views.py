@@ -14,6 +14,7 @@ import time
 import pytest
 
 from mountutil import mounted
+from users import ensure_user
 
 pytestmark = pytest.mark.fuse
 
@@ -299,16 +300,8 @@ def test_write_through_mount_invalidates_cached_view(fs, cli_output):
 
 def write_wallaby_index(path, count: int) -> None:
     """A valid wallaby-index file of ``count`` fixed-width records (numpy, no per-record loop)."""
-    import struct
-
-    import numpy as np
-    rec = np.zeros(count, dtype=[("time", "<i8"), ("index", "<u8"), ("offset", "<i8")])
-    rec["time"] = 1_700_000_000_000_000_000 + np.arange(count, dtype=np.int64) * 1000
-    rec["index"] = np.arange(count, dtype=np.uint64)
-    rec["offset"] = 16 + np.arange(count, dtype=np.int64) * 40
-    with open(path, "wb") as f:
-        f.write(b"IDX" + struct.pack("<BIq", 1, 0, 0))
-        rec.tofile(f)
+    from journalfs.demo import big_wallaby_index
+    path.write_bytes(big_wallaby_index(count))
 
 
 def check_big_journal(mnt, src, count: int) -> None:
@@ -428,15 +421,7 @@ print(json.dumps(out))
 
 
 def view_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(VIEW_USER)
-    except KeyError:
-        pass
-    proc = subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                           "/usr/sbin/nologin", VIEW_USER], capture_output=True, text=True)
-    if proc.returncode not in (0, 9):  # 9: created meanwhile
-        pytest.fail(f"useradd {VIEW_USER}: {proc.stderr.strip()}")
-    return pwd.getpwnam(VIEW_USER)
+    return ensure_user(VIEW_USER)
 
 
 def as_view_user(user, steps: list[tuple[str, str, Path]]) -> dict:

@@ -157,10 +157,15 @@ def test_symlinks_and_fifos_refuse_user_xattrs(fs):
     assert os.getxattr(fs.mountpoint / "f.txt", "user.metadata.via_link") == b"t"
 
 
+def tagged_file(path, key: str, value: bytes) -> None:
+    """A new empty file carrying one metadata key."""
+    path.write_text("")
+    os.setxattr(path, f"user.metadata.{key}", value)
+
+
 def test_metadata_follows_file_rename(fs):
     mnt = fs.mountpoint
-    (mnt / "mv-a").write_text("")
-    os.setxattr(mnt / "mv-a", "user.metadata.k", b"moved")
+    tagged_file(mnt / "mv-a", "k", b"moved")
     os.rename(mnt / "mv-a", mnt / "d" / "mv-b")
     assert os.getxattr(mnt / "d" / "mv-b", "user.metadata.k") == b"moved"
     assert stored(fs, "/d/mv-b") == {"k": "moved"}
@@ -184,10 +189,8 @@ def test_metadata_follows_directory_rename(fs):
 
 def test_metadata_of_overwritten_file_is_replaced(fs):
     mnt = fs.mountpoint
-    (mnt / "ow-src").write_text("")
-    (mnt / "ow-dst").write_text("")
-    os.setxattr(mnt / "ow-src", "user.metadata.a", b"src")
-    os.setxattr(mnt / "ow-dst", "user.metadata.b", b"dst")
+    tagged_file(mnt / "ow-src", "a", b"src")
+    tagged_file(mnt / "ow-dst", "b", b"dst")
     os.rename(mnt / "ow-src", mnt / "ow-dst")
     assert stored(fs, "/ow-dst") == {"a": "src"}
 
@@ -195,10 +198,8 @@ def test_metadata_of_overwritten_file_is_replaced(fs):
 def test_metadata_swaps_with_rename_exchange(fs):
     from test_fs_passthrough import RENAME_EXCHANGE, renameat2
     mnt = fs.mountpoint
-    (mnt / "sw1").write_text("")
-    (mnt / "sw2").write_text("")
-    os.setxattr(mnt / "sw1", "user.metadata.who", b"one")
-    os.setxattr(mnt / "sw2", "user.metadata.who", b"two")
+    tagged_file(mnt / "sw1", "who", b"one")
+    tagged_file(mnt / "sw2", "who", b"two")
     renameat2(mnt / "sw1", mnt / "sw2", RENAME_EXCHANGE)
     assert stored(fs, "/sw1") == {"who": "two"}
     assert stored(fs, "/sw2") == {"who": "one"}
@@ -206,8 +207,7 @@ def test_metadata_swaps_with_rename_exchange(fs):
 
 def test_metadata_removed_with_unlink_and_rmdir(fs):
     mnt = fs.mountpoint
-    (mnt / "rm-f").write_text("")
-    os.setxattr(mnt / "rm-f", "user.metadata.k", b"v")
+    tagged_file(mnt / "rm-f", "k", b"v")
     (mnt / "rm-f").unlink()
     assert stored(fs, "/rm-f") == {}
     (mnt / "rm-d").mkdir()

@@ -28,6 +28,7 @@ from gvfsd import gvfs_session  # noqa: F401  (fixture)
 from mountutil import mounted
 from test_fs_permissions import ensure_test_user
 from test_fs_security import run_as
+from users import ensure_user
 
 pytestmark = pytest.mark.fuse
 
@@ -57,12 +58,7 @@ def drop_caches() -> None:
 
 
 def second_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam("jfs-test2")
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                        "/usr/sbin/nologin", "jfs-test2"], capture_output=True)
-        return pwd.getpwnam("jfs-test2")
+    return ensure_user("jfs-test2")
 
 
 @pytest.fixture(scope="module")
@@ -501,12 +497,9 @@ def test_inode_numbers_with_another_filesystem_below_source(tmp_path):
 @pytest.mark.gvfs
 def test_hard_link_metadata_is_seen_by_gio_on_every_name(gvfs_session, tmp_path,  # noqa: F811
                                                          monkeypatch):
-    src = gvfs_session.home / "links"
-    src.mkdir()
+    from test_fs_gio import desktop_source
+    src, mnt = desktop_source(gvfs_session, tmp_path, monkeypatch)
     (src / "h1").write_text("x")
-    for key, value in gvfs_session.env().items():
-        monkeypatch.setenv(key, value)
-    mnt = tmp_path / "mnt"
     gvfs_session.stop_daemon()  # store mode: journalfs is the only writer
     with mounted(src, mnt, "--store", str(gvfs_session.metadata_dir), "--sync", "always"):
         os.setxattr(mnt / "h1", "user.metadata.comment", b"old")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,15 +12,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from journalfs.spark.testing import free_port, stop_processes
+
 pytestmark = pytest.mark.spark
 REPO = Path(__file__).resolve().parents[1]
 STARTUP_LIMIT = 300  # seconds; a loaded 2-core machine starts JVMs slowly
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spark_home() -> str:
@@ -74,15 +68,7 @@ def cluster(tmp_path):
         wait_for(master_log, "Registering worker", 2, procs)
         yield master_url, work
     finally:
-        for p in reversed(procs):  # stop exactly what we started, by pid
-            if p.poll() is None:
-                os.kill(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.kill(p.pid, signal.SIGKILL)
-                p.wait()
+        stop_processes(procs)
 
 
 def test_pipeline_on_a_standalone_cluster(cluster, tmp_path, shared_dir):

@@ -10,17 +10,17 @@ import errno
 import hashlib
 import os
 import pwd
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from journalfs.metastore.files import UnsafeStoreDir
 from journalfs.metastore.store import MetaStore, lock_holder
+
+import users
 
 TEST_USER = "jfs-store"
 REPO = Path(__file__).resolve().parents[1]
@@ -29,15 +29,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as 
 
 
 def ensure_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(TEST_USER)
-    except KeyError:
-        pass
-    proc = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                           TEST_USER], capture_output=True, text=True)
-    if proc.returncode not in (0, 9):
-        pytest.fail(f"useradd {TEST_USER}: {proc.stderr.strip()}")
-    return pwd.getpwnam(TEST_USER)
+    return users.ensure_user(TEST_USER)
 
 
 def as_user(user: pwd.struct_passwd, *argv: str) -> None:
@@ -74,10 +66,8 @@ def attacker():
 @pytest.fixture
 def tmp_path():
     """A directory the unprivileged user can reach (pytest's own are root-only 0700)."""
-    base = Path(tempfile.mkdtemp(prefix="jfs-store-sec-", dir="/tmp"))
-    base.chmod(0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+    with users.reachable_dir("jfs-store-sec-") as base:
+        yield base
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from mountutil import JOURNALFS, mounted
+from users import ensure_user
 
 REPO = Path(__file__).resolve().parents[1]
 UX_USER = "jfs-ux-test"
@@ -484,13 +485,7 @@ def setfattr(path: Path, name: str, value: str, user=None) -> subprocess.Complet
 
 
 def ux_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(UX_USER)
-    except KeyError:
-        proc = subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                               "/usr/sbin/nologin", UX_USER], capture_output=True, text=True)
-        assert proc.returncode in (0, 9), proc.stderr
-        return pwd.getpwnam(UX_USER)
+    return ensure_user(UX_USER)
 
 
 @pytest.fixture

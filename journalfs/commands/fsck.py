@@ -18,10 +18,11 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ..formats import Codec, Columns, Finding, FormatError
+from ..formats import CODECS, Codec, Columns, Finding, FormatError
 from ..formats.base import Record, record_to_json
-from ..journals import (is_backup_name, mapped, related_files, replace_atomically, sniff_file,
-                        write_backup)
+from ..journals import (directory_journals, mapped, related_files, replace_atomically,
+                        sniff_file, write_backup)
+from ..metastore.fsck import check_store as metastore_check
 from ..pagecache import DroppingPages, Releaser
 from .progress import Progress
 
@@ -73,12 +74,12 @@ def run(args) -> int:
                   file=sys.stderr)
             return EXIT_DAMAGED
         targets = [(path, codec)]
-    total = sum(_size(p) for p, _c in targets)
+    total = sum(_size(t[0]) for t in targets)
     with Progress(total, "fsck") as progress:
         reports = []
-        for p, c in targets:
+        for target in targets:
             progress.base = sum(_size(r.path) for r in reports)
-            reports.append(check_target(p, c, args.repair, progress))
+            reports.append(check_target(*target[:2], args.repair, progress, *target[2:]))
     return _exit_code(reports)
 
 
@@ -97,39 +98,32 @@ def _exit_code(reports: list[Report]) -> int:
     return EXIT_OK
 
 
-def _journal_files(root: str) -> Iterator[tuple[str, Codec]]:
-    """Every journal file below ``root`` in name order, except our own backups and gvfs
-    journals that belong to a tree in the same directory (checked with their store)."""
-    for directory, dirs, files in os.walk(root):
+def _journal_files(root: str) -> Iterator[tuple[str, Codec, list[tuple[str, str]]]]:
+    """Every journal file below ``root`` in name order with the journals of its directory,
+    except our own backups and journals that belong to a store tree beside them (checked
+    with their store)."""
+    for directory, dirs, _files in os.walk(root):
         dirs.sort()
-        found = []
-        for name in sorted(files):
+        siblings = directory_journals(directory)
+        format_of = dict(siblings)
+        for name, fmt in siblings:
             full = os.path.join(directory, name)
-            if is_backup_name(name) or os.path.islink(full) or not os.path.isfile(full):
+            if os.path.islink(full):
                 continue
-            codec = sniff_file(full)
-            if codec is not None:
-                found.append((full, codec))
-        trees = [os.path.basename(p) for p, c in found if c.name == "gvfs-tree"]
-        for full, codec in found:
-            if codec.name == "gvfs-journal" and _store_tree_of(os.path.basename(full), trees):
+            codec = CODECS[fmt]
+            partners = codec.partners(name, [s for s in siblings if s[0] != name])
+            if any(CODECS[format_of[other]].store_label for other in partners.values()):
                 continue
-            yield full, codec
+            yield full, codec, siblings
 
 
-def _store_tree_of(journal_name: str, trees: list[str]) -> str | None:
-    """The tree a journal named ``<tree>-<8 hex>.log`` belongs to, if it is among ``trees``."""
-    stem = journal_name[: -len("-xxxxxxxx.log")] if journal_name.endswith(".log") else None
-    return stem if stem in trees else None
-
-
-def check_target(path: str, codec: Codec, repair: bool, progress: Progress | None = None
-                 ) -> Report:
+def check_target(path: str, codec: Codec, repair: bool, progress: Progress | None = None,
+                 siblings: list[tuple[str, str]] | None = None) -> Report:
     try:
-        if codec.name == "gvfs-tree":
-            report = check_store(path, repair)
+        if codec.store_label:
+            report = check_store(path, repair, codec.store_label)
         else:
-            report = check_file(path, codec, repair, progress)
+            report = check_file(path, codec, repair, progress, siblings)
     except (OSError, FormatError) as exc:  # FormatError here: from context files or validate
         report = Report(path, codec.name, failure=str(exc))
     print_report(report)
@@ -138,9 +132,10 @@ def check_target(path: str, codec: Codec, repair: bool, progress: Progress | Non
 
 # -- one journal file ---------------------------------------------------------------------------
 
-def check_file(path: str, codec: Codec, repair: bool, progress: Progress | None = None) -> Report:
+def check_file(path: str, codec: Codec, repair: bool, progress: Progress | None = None,
+               siblings: list[tuple[str, str]] | None = None) -> Report:
     report = Report(path, codec.name)
-    with _context(path, codec) as context, mapped(path) as buf:
+    with _context(path, codec, siblings) as context, mapped(path) as buf:
         report.records, report.findings = inspect(buf, path, codec, context, progress)
         if not repair:
             return report
@@ -154,18 +149,19 @@ def check_file(path: str, codec: Codec, repair: bool, progress: Progress | None 
     if refusal:
         report.actions.append(f"repair refused: {refusal}")
         return report
-    apply_repair(path, original, fix.data, codec, report)
+    apply_repair(path, original, fix.data, codec, report, siblings)
     report.actions[:0] = fix.actions or ["repaired"]
     return report
 
 
-def apply_repair(path: str, original: bytes, repaired: bytes, codec: Codec, report: Report) -> None:
+def apply_repair(path: str, original: bytes, repaired: bytes, codec: Codec, report: Report,
+                 siblings: list[tuple[str, str]] | None = None) -> None:
     """Backup first, then the atomic replacement; then check the file as it is on disk again
     (putting the original back should it lose a record after all)."""
     backup = write_backup(path, original)
     replace_atomically(path, repaired)
     report.actions.append(f"backup written to {backup}")
-    with _context(path, codec) as context, mapped(path) as buf:
+    with _context(path, codec, siblings) as context, mapped(path) as buf:
         report.records, report.findings = inspect(buf, path, codec, context)
         lost = lost_record(original, buf, path, codec)
     if lost:
@@ -262,11 +258,11 @@ def _unique(findings: list[Finding]) -> list[Finding]:
 
 
 @contextlib.contextmanager
-def _context(path: str, codec: Codec):
+def _context(path: str, codec: Codec, siblings: list[tuple[str, str]] | None = None):
     """The related files of ``path`` mapped read-only, as ``validate``/``repair`` keywords."""
     with contextlib.ExitStack() as stack:
         yield {name: stack.enter_context(mapped(other))
-               for name, other in related_files(path, codec).items()}
+               for name, other in related_files(path, codec, siblings).items()}
 
 
 def lost_record(before, after: bytes, path: str, codec: Codec) -> str | None:
@@ -308,31 +304,10 @@ def _identity(rec: Record) -> str:
 
 # -- gvfs metadata stores -----------------------------------------------------------------------
 
-def check_store(tree_path: str, repair: bool) -> Report:
-    """A gvfs store (tree + journal) is checked as a whole by the metastore's own fsck; while
-    that is unavailable, the tree file is checked like any journal file."""
-    try:
-        from ..metastore.fsck import check_store as metastore_check
-    except ImportError:
-        report = check_file(tree_path, sniff_file(tree_path), repair)
-        report.actions.append("store-level check unavailable (journalfs.metastore.fsck missing)")
-        return report
-    return _store_report(tree_path, metastore_check(tree_path, repair))
-
-
-def _store_report(tree_path: str, result: Any) -> Report:
-    """Adapt whatever the metastore's check returns: a Report-like object, a list of findings
-    (Finding or text), or a bool (True = clean)."""
-    report = Report(tree_path, "gvfs-store")
-    if isinstance(result, bool):
-        if not result:
-            report.findings.append(Finding(0, "store is damaged"))
-        return report
-    findings = getattr(result, "findings", result)
-    report.actions.extend(str(a) for a in getattr(result, "actions", ()) or ())
-    for item in findings or ():
-        report.findings.append(item if isinstance(item, Finding) else Finding(0, str(item)))
-    return report
+def check_store(tree_path: str, repair: bool, label: str) -> Report:
+    """A store (tree + journal) is checked as a whole by the metastore's own fsck."""
+    result = metastore_check(tree_path, repair)
+    return Report(tree_path, label, findings=list(result.findings), actions=list(result.actions))
 
 
 # -- output -------------------------------------------------------------------------------------

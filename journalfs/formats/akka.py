@@ -76,20 +76,24 @@ def _check_total(buf: Buffer, source: str, area_end: int) -> None:
         raise FormatError(source, area_end, f"{len(buf) - declared} bytes after the blocks the header counts")
 
 
-def _partner(siblings, fmt: str, preferred: str) -> str | None:
-    """A store's other file: the one named ``preferred`` if it has format ``fmt``, else the
-    first such file by name (a data file and a meta file live in one directory)."""
-    names = sorted(n for n, f in siblings if f == fmt)
-    return preferred if preferred in names else (names[0] if names else None)
+class _PairedFile:
+    """A meta file and a data file live in one directory; each names the other by its role
+    (``data`` / ``meta``): the file of that name if it has the other's format, else the first
+    such file by name."""
 
-
-class AkkaMeta(Codec):
-    name = "akka-meta"
-    columns = ColumnMap(key="persistence_id")
+    partner_formats: tuple[str, ...]
+    partner_role: str
 
     def partners(self, name, siblings):
-        data = _partner(siblings, "akka-data", "data")
-        return {"data": data} if data else {}
+        names = sorted(n for n, f in siblings if f in self.partner_formats)
+        other = self.partner_role if self.partner_role in names else (names[0] if names else None)
+        return {self.partner_role: other} if other else {}
+
+
+class AkkaMeta(_PairedFile, Codec):
+    name = "akka-meta"
+    columns = ColumnMap(key="persistence_id")
+    partner_formats, partner_role = ("akka-data",), "data"
     kinds = ("meta",)
     magics = META_MAGICS
     header_size = HEADER_SIZE
@@ -144,14 +148,12 @@ class AkkaMeta(Codec):
         return findings
 
 
-class AkkaData(Codec):
+class AkkaData(_PairedFile, Codec):
     name = "akka-data"
     in_file_order = True
     columns = ColumnMap(id="seq_nr")
-
-    def partners(self, name, siblings):
-        meta = _partner(siblings, "akka-meta", "meta")
-        return {"meta": meta} if meta else {}
+    partner_formats, partner_role = ("akka-meta",), "meta"
+    key_partners = ("meta",)
     kinds = ("message",)
     magics = (DATA_MAGIC,)
     header_size = HEADER_SIZE
@@ -286,6 +288,13 @@ class AkkaData(Codec):
                                                   f"after {m['seq_nr']}"))
         return findings
 
+    def key_resolver(self, buf, partners):
+        """Persistence ids for batches of this file's messages, from its ``meta`` partner."""
+        if "meta" not in partners:
+            return None
+        resolver = ChainResolver(chain_heads(partners["meta"], "meta"), buf)
+        return lambda data: resolver.resolve(data["self"], data["prev"])
+
     def repair(self, buf, source, **context) -> Repair | None:
         """Only the safe cases: a torn final block is cut off and/or the header's total is set
         to the blocks actually present. Any other damage is left for a human."""
@@ -313,6 +322,70 @@ class AkkaData(Codec):
         fixed = bytearray(buf[:pos])
         _HEADER.pack_into(fixed, 0, DATA_MAGIC, pos - HEADER_SIZE)
         return Repair(bytes(fixed), actions or [damage.reason])
+
+
+# -- persistence ids of data blocks ---------------------------------------------------------
+# Data blocks carry no persistence id: a chain starts at a meta block's ``first`` offset (a
+# block with ``prev == 0``) and every later block names its predecessor, so in file order
+# ``pid[self] = pid[prev]``. Only the newest block of each chain is remembered (memory grows
+# with the number of ids, not with the file); a batch that starts mid-file walks unknown
+# predecessors back through block headers only.
+
+_PREV = struct.Struct(">i")
+_PREV_AT = 8  # i32 size, i32 self, then i32 prev
+
+
+def chain_heads(meta: Buffer, source: str) -> dict[int, str]:
+    """``{first offset: persistence id}`` from a meta file's bytes (its valid prefix)."""
+    heads: dict[int, str] = {}
+    try:
+        for rec in _META.read(meta, source):
+            heads[int(rec["first"])] = rec["persistence_id"]
+    except FormatError:
+        pass
+    return heads
+
+
+class ChainResolver:
+    """The persistence id of each data block, given the chains' heads."""
+
+    def __init__(self, heads: dict[int, str], buf: Buffer):
+        self.heads = heads
+        self.buf = buf
+        self.tips: dict[int, str | None] = {}  # newest known block of each chain -> pid
+
+    def _walk_back(self, offset: int) -> str | None:
+        """pid of the block at ``offset`` by following ``prev`` links through headers."""
+        seen = 0
+        limit = len(self.buf) // DATA_BLOCK_FIXED + 1  # a longer walk means a cycle
+        while seen <= limit:
+            if offset in self.tips:
+                return self.tips[offset]
+            if offset < HEADER_SIZE or offset + _PREV_AT + _PREV.size > len(self.buf):
+                return None
+            prev = _PREV.unpack_from(self.buf, offset + _PREV_AT)[0]
+            if prev == 0:
+                return self.heads.get(offset)
+            if prev >= offset:  # links point backwards in an append-only file
+                return None
+            offset, seen = prev, seen + 1
+        return None
+
+    def resolve(self, selfs, prevs) -> list[str | None]:
+        """The ids of the blocks at ``selfs`` (in file order) whose ``prev`` links are ``prevs``."""
+        out = []
+        tips = self.tips
+        for s, p in zip(selfs.tolist() if hasattr(selfs, "tolist") else selfs,
+                        prevs.tolist() if hasattr(prevs, "tolist") else prevs):
+            if p == 0:
+                pid = self.heads.get(s)
+            elif p in tips:
+                pid = tips.pop(p)
+            else:
+                pid = self._walk_back(p)
+            tips[s] = pid
+            out.append(pid)
+        return out
 
 
 def _probe(codec: Codec, buf: Buffer, source: str, pos: int, seq: int, stop: int | None,
@@ -395,3 +468,6 @@ def chains(meta_records: Sequence[Record], data_records: Sequence[Record]) -> di
         out[meta["persistence_id"]] = {"messages": len(chain), "highest_seq": meta["highest_seq"],
                                        "consistent": not problems}
     return out
+
+
+_META = AkkaMeta()

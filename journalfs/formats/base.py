@@ -14,7 +14,7 @@ import gc
 import json
 import mmap
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -99,6 +99,14 @@ class Codec:
     #: True for a file that only indexes a partner file: its repair rebuilds it from that
     #: file, so its own entries are not records a repair must preserve.
     derived: bool = False
+    #: The formats of the files :meth:`partners` may name (empty: it never names one), so a
+    #: caller lists a file's directory only when the file can have partners.
+    partner_formats: tuple[str, ...] = ()
+    #: For the tree file of a metadata store: what fsck reports the store as. fsck checks such
+    #: a file as a store, with the journals that name it as a partner (never them alone).
+    store_label: str | None = None
+    #: The partner roles :meth:`key_resolver` reads (empty: the keys need no partner file).
+    key_partners: tuple[str, ...] = ()
 
     # -- facts about files -----------------------------------------------------------------
     def file_key(self, name: str) -> str | None:
@@ -111,6 +119,13 @@ class Codec:
         of the other journals in its directory), by role: what :meth:`validate`/:meth:`repair`
         take as keyword context and the Spark reader uses (an akka data file's ``meta``)."""
         return {}
+
+    def key_resolver(self, buf: Buffer, partners: dict[str, Buffer]
+                     ) -> Callable[[dict], Sequence[str | None]] | None:
+        """For a format whose records' keys only a partner file names (an akka data file's
+        chains start in its meta file): given this file's bytes and its partners' bytes by
+        role, a function from a batch's columns to their keys. None: no such keys."""
+        return None
 
     # -- detection -------------------------------------------------------------------------
     def sniff(self, head: bytes) -> bool:

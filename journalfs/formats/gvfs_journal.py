@@ -5,6 +5,7 @@ same); entries past the header's ``num_entries`` are not part of the journal at 
 """
 from __future__ import annotations
 
+import re
 import struct
 import zlib
 from dataclasses import dataclass
@@ -18,6 +19,20 @@ FIRST_ENTRY = HEADER_SIZE
 #: The size gvfs gives every new journal; ours may be larger (gvfs honours file_size).
 GVFS_JOURNAL_SIZE = 32 * 1024
 MIN_ENTRY = 24
+#: A journal's name: its tree's name and the tree's random tag as 8 hex digits (gvfs's rule).
+JOURNAL_SUFFIX = r"-([0-9a-f]{8})\.log$"
+_JOURNAL_NAME = re.compile(r"(?s)(.+)" + JOURNAL_SUFFIX)
+
+
+def journal_name(tree_name: str, tag: int) -> str:
+    """The journal file name of the tree ``tree_name`` whose header carries ``tag``."""
+    return f"{tree_name}-{tag:08x}.log"
+
+
+def tree_and_tag(journal: str) -> tuple[str, str] | None:
+    """``(tree name, tag as 8 hex digits)`` a journal's name carries; None for other names."""
+    m = _JOURNAL_NAME.search(journal)
+    return (m.group(1), m.group(2)) if m else None
 
 OP_SET, OP_SETV, OP_UNSET, OP_COPY, OP_REMOVE = range(5)
 _SET_OP = bytes((OP_SET,))
@@ -235,10 +250,14 @@ class GvfsJournal(Codec):
     name = "gvfs-journal"
     columns = ColumnMap(time="mtime", key="path")
     kinds = KIND_OF_OP
+    magics = (MAGIC,)
     header_size = HEADER_SIZE
 
-    def sniff(self, head: bytes) -> bool:
-        return bytes(head[:6]) == MAGIC
+    partner_formats = ("gvfs-tree",)  # a journal belongs to the tree its name carries
+
+    def partners(self, name, siblings):
+        named = tree_and_tag(name)
+        return {"tree": named[0]} if named and (named[0], "gvfs-tree") in siblings else {}
 
     def read(self, buf, source, start=None, seq=0, stop=None) -> Iterator[Record]:
         start = FIRST_ENTRY if start is None else start

@@ -53,6 +53,14 @@ def key_bytes(key: str) -> bytes:
     return key.encode("utf-8", "surrogateescape")
 
 
+def header_tag(head: bytes) -> int | None:
+    """The random tag in a tree's first 16 bytes ``head`` (its journal's name carries it as
+    8 hex digits); None when ``head`` is not the start of a tree."""
+    if len(head) < 16 or bytes(head[:len(MAGIC)]) != MAGIC:
+        return None
+    return struct.unpack_from(">I", head, 12)[0]
+
+
 def split_path(path: str) -> list[bytes]:
     """Canonical gvfs path -> name components as bytes ("/" -> [])."""
     return [p for p in path.encode("utf-8", "surrogateescape").split(b"/") if p]
@@ -1126,13 +1134,12 @@ def tree_bytes(merged: MergedTree, tag: int) -> bytes:
 # ------------------------------------------------------------------------------------------
 class GvfsTree(Codec):
     name = "gvfs-tree"
+    store_label = "gvfs-store"
     columns = ColumnMap(time="mtime", key="path")
     kinds = ("node",)
     resumable = False
+    magics = (MAGIC,)
     header_size = HEADER_SIZE
-
-    def sniff(self, head: bytes) -> bool:
-        return bytes(head[:6]) == MAGIC
 
     def read(self, buf, source, start=None, seq=0, stop=None) -> Iterator[Record]:
         tree = TreeView(buf, source)

@@ -168,8 +168,12 @@ def done_ids(buf: Buffer, frame: Frame) -> list[int]:
     return np.frombuffer(buf, dtype="<i8", count=count, offset=frame.data_start).tolist() if count else []
 
 
-_WRITER_NAME = re.compile(r"^(?P<queue>[^.~]+)\.\d+$")
-_READER_NAME = re.compile(r"^(?P<queue>[^~]+?)\.read\.(?P<reader>[^~]*)$")
+#: The file name rule (one definition; Spark's queue table matches the same suffixes):
+#: writer files ``Q.<digits>``, reader files ``Q.read.<reader>``; ``~~`` marks temp files.
+WRITER_SUFFIX = r"\.(\d+)$"
+READER_SUFFIX = r"\.read\.([^/~]*)$"
+_WRITER_NAME = re.compile(r"^(?P<queue>[^.~]+)" + WRITER_SUFFIX)
+_READER_NAME = re.compile(r"^(?P<queue>[^~]+?)" + READER_SUFFIX)
 
 
 def queue_name(name: str) -> str | None:
@@ -516,8 +520,8 @@ def _check_zero_tail(buf: Buffer, source: str) -> list[Finding]:
 # -- queue state -----------------------------------------------------------------------------
 
 def _writer_order(name: str) -> tuple[int, int | str]:
-    suffix = str(name).rsplit("/", 1)[-1].rsplit(".", 1)[-1]
-    return (0, int(suffix)) if suffix.isdigit() else (1, str(name))
+    number = re.search(WRITER_SUFFIX, str(name))
+    return (0, int(number.group(1))) if number else (1, str(name))
 
 
 def queue_state(writer_files: list[tuple[str, list[Record]]], reader_records: list[Record],

@@ -21,6 +21,7 @@ from .base import Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Recor
 
 LOG_MAGIC = b"LOG"
 IDX_MAGIC = b"IDX"
+INDEX_SUFFIX = ".idx"  # a log's index is named after it: ``<log>.idx``
 VERSION = 1
 #: Version bytes we accept when sniffing: low control bytes, so no text file matches.
 PLAUSIBLE_VERSIONS = range(1, 9)
@@ -78,8 +79,9 @@ class WallabyLog(Codec):
     columns = ColumnMap(time="time", time_unit="ns", id="seq")
 
     def partners(self, name, siblings):
-        index = name + ".idx"
+        index = name + INDEX_SUFFIX
         return {"index": index} if (index, "wallaby-index") in siblings else {}
+    partner_formats = ("wallaby-index",)
     kinds = ("record",)
     header_size = FULL_HEADER
 
@@ -402,8 +404,9 @@ class WallabyIndex(Codec):
     columns = ColumnMap(time="time", time_unit="ns", id="index")
 
     def partners(self, name, siblings):
-        log = name[:-len(".idx")] if name.endswith(".idx") else None
+        log = name[:-len(INDEX_SUFFIX)] if name.endswith(INDEX_SUFFIX) else None
         return {"log": log} if log and (log, "wallaby-log") in siblings else {}
+    partner_formats = ("wallaby-log",)
     kinds = ("index",)
     record_size = INDEX_RECORD
     header_size = FULL_HEADER
@@ -471,7 +474,7 @@ class WallabyIndex(Codec):
         table = np.zeros(len(records), INDEX_DTYPE)
         for name in INDEX_DTYPE.names:
             table[name] = [r[name] for r in records]
-        return _index_file(table, flags, ttl_ns, version)
+        return index_file(table, flags, ttl_ns, version)
 
     def validate(self, buf: Buffer, source: str, **context: Any) -> list[Finding]:
         findings: list[Finding] = []
@@ -598,10 +601,11 @@ def build_index(log_cols: Columns, flags: int = 0, ttl_ns: int = 0) -> bytes:
     table["time"] = log_cols.data["time"]
     table["index"] = np.arange(log_cols.rows, dtype=np.uint64)
     table["log_offset"] = log_cols.data["offset"]
-    return _index_file(table, flags, ttl_ns)
+    return index_file(table, flags, ttl_ns)
 
 
-def _index_file(table: np.ndarray, flags: int, ttl_ns: int, version: int = VERSION) -> bytes:
+def index_file(table: np.ndarray, flags: int = 0, ttl_ns: int = 0, version: int = VERSION) -> bytes:
+    """A whole index file of ``table`` (rows of :data:`INDEX_DTYPE`), in one pass."""
     return _FILE_HEADER.pack(IDX_MAGIC, version, flags, ttl_ns) + table.tobytes()
 
 

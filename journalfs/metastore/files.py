@@ -19,6 +19,8 @@ import stat
 import string
 from typing import Any
 
+from ..formats.gvfs_journal import journal_name  # the one naming rule
+
 # every open of a store file: never through a symlink, never inherited by a child
 O_STORE = os.O_NOFOLLOW | os.O_CLOEXEC
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -31,10 +33,6 @@ _TEMP_CHARS = string.ascii_letters + string.digits
 
 class UnsafeStoreDir(PermissionError):
     """A store directory (or one of its parents) that another user could change under us."""
-
-
-def journal_name(tree_name: str, tag: int) -> str:
-    return f"{tree_name}-{tag:08x}.log"
 
 
 def journal_path_for(tree_path: str, tag: int) -> str:

@@ -33,6 +33,9 @@ from jeepney import HeaderFields, MessageFlag, MessageType
 from jeepney.bus_messages import message_bus
 from jeepney.wrappers import new_error, new_method_return, new_signal
 
+from ..formats.gvfs_journal import JOURNAL_SUFFIX
+from ..journals import BACKUP_MARK
+from .files import LOCK_SUFFIX
 from .gvfsd import BUS_NAME, METADATA, REPLY_TIMEOUT, GvfsdBackend, GvfsdUnavailable, StoreBusError
 from .service import MetaService
 
@@ -55,7 +58,9 @@ _INVALID_ARGS = "org.freedesktop.DBus.Error.InvalidArgs"
 # a tree name GIO uses: home, root, uuid-<ID_FS_UUID_ENC>, label-<ID_FS_LABEL_ENC>; never one
 # of the store's own helper files (journals, lock, temporary trees)
 _TREE_NAME = re.compile(r"[A-Za-z0-9][^/\0]*")
-_NOT_A_TREE = re.compile(r".*(-[0-9a-f]{8}\.log|\.journalfs-lock|\.journalfs-backup-.*|\.[A-Za-z0-9]{6,8})")
+_NOT_A_TREE = re.compile(".*(" + "|".join((
+    JOURNAL_SUFFIX.removesuffix("$"), re.escape(LOCK_SUFFIX), re.escape(BACKUP_MARK) + ".*",
+    r"\.[A-Za-z0-9]{6,8}")) + ")")
 
 #: The interface as gvfs defines it (org.gtk.vfs.Metadata), for Introspect callers.
 INTROSPECTION = """<!DOCTYPE node PUBLIC "-//freedesktop//DTD D-BUS Object Introspection 1.0//EN"

@@ -21,11 +21,6 @@ from ..pagecache import Releaser
 WALK_BATCH = 1 << 18
 
 
-def can_split(fmt: str) -> bool:
-    from ..formats import CODECS, splittable
-    return fmt in CODECS and splittable(CODECS[fmt])
-
-
 def walk(path: str, fmt: str, every: int, resume: list[tuple[int, int]] | None = None
          ) -> list[tuple[int, int]]:
     """``(offset, seq)`` of the first record and then of the first record at or after each

@@ -1,18 +1,27 @@
 """Derived tables, computed with DataFrame operations on the executors from record rows.
 
+Each table is about one format (the contract's queues, persistence chains, transactions and
+metadata); format names, file-name rules and replay semantics come from the codecs.
+
 Each function takes the records DataFrame (the data source's schema, e.g. read back from
 ``OUTPUT/records``) and returns a DataFrame with the contract's columns.
 """
 from __future__ import annotations
 
 import json
-import re
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from ..formats.akka import AkkaData, AkkaMeta
+from ..formats.gvfs_journal import JOURNAL_SUFFIX, GvfsJournal, tree_and_tag
+from ..formats.gvfs_tree import GvfsTree, MergedTree, header_tag
+from ..formats.jrnl import Jrnl
+from ..formats.kestrel import READER_SUFFIX, WRITER_SUFFIX, KestrelReader, KestrelWriter
+
+WRITER, READER = KestrelWriter.name, KestrelReader.name
+
 METADATA_DDL = "store string, path string, key string, value string, values array<string>"
-_JOURNAL_SUFFIX = r"-[0-9a-f]{8}\.log$"
 
 
 def _dir(col: str = "source"):
@@ -35,23 +44,23 @@ def queues(records: DataFrame) -> DataFrame:
 
     Records are first reduced to one row per file (one hash aggregate, no per-record string
     work); directories, file numbers and reader names are then parsed once per file."""
-    kestrel = records.where(F.col("format").startswith("kestrel-") & F.col("key").isNotNull())
-    is_put = (F.col("format") == "kestrel-writer") & (F.col("kind") == "put")
+    kestrel = records.where(F.col("format").isin(WRITER, READER) & F.col("key").isNotNull())
+    is_put = (F.col("format") == WRITER) & (F.col("kind") == "put")
     is_head = F.col("kind") == "read_head"
     files = kestrel.groupBy("source", "format", F.col("key").alias("queue")).agg(
         F.max_by(F.when(is_put, F.col("id")), F.when(is_put, F.col("seq"))).alias("last_id"),
         F.min_by(F.when(is_put, F.col("id")), F.when(is_put, F.col("seq"))).alias("first_id"),
         F.max_by(F.when(is_head, F.col("id")), F.when(is_head, F.col("seq"))).alias("raw_head")
     ).withColumn("dir", _dir())
-    writers = files.where(F.col("format") == "kestrel-writer") \
-        .withColumn("file_no", F.regexp_extract("source", r"\.(\d+)$", 1).cast("decimal(38,0)"))
+    writers = files.where(F.col("format") == WRITER) \
+        .withColumn("file_no", F.regexp_extract("source", WRITER_SUFFIX, 1).cast("decimal(38,0)"))
     with_puts = writers.where(F.col("last_id").isNotNull())
     bounds = with_puts.groupBy("dir", "queue").agg(
         F.max_by("last_id", "file_no").alias("tail"),
         (F.min_by("first_id", "file_no") - 1).alias("floor"))
 
-    reader_files = files.where(F.col("format") == "kestrel-reader") \
-        .withColumn("reader", F.regexp_extract("source", r"\.read\.([^/]*)$", 1))
+    reader_files = files.where(F.col("format") == READER) \
+        .withColumn("reader", F.regexp_extract("source", READER_SUFFIX, 1))
     heads = reader_files.groupBy("dir", "queue", "reader").agg(
         F.max("raw_head").alias("raw_head"))  # one checkpoint file per reader
     default_readers = bounds.select("dir", "queue").join(
@@ -91,11 +100,11 @@ def persistence(records: DataFrame) -> DataFrame:
     is consistent when every ``next`` link lands on a block of the same id that links back and
     has a higher sequence number, it has exactly one tail, and the tail matches the meta
     block's ``last`` and ``highest_seq``."""
-    meta = records.where((F.col("format") == "akka-meta") & (F.col("kind") == "meta")).select(
+    meta = records.where((F.col("format") == AkkaMeta.name) & (F.col("kind") == "meta")).select(
         _dir().alias("dir"), F.col("key").alias("persistence_id"),
         _long_attr("first").alias("first"), _long_attr("last").alias("last"),
         _long_attr("highest_seq").alias("highest_seq"))
-    msgs = records.where((F.col("format") == "akka-data") & (F.col("kind") == "message")
+    msgs = records.where((F.col("format") == AkkaData.name) & (F.col("kind") == "message")
                          & F.col("key").isNotNull()).select(
         _dir().alias("dir"), F.col("key").alias("persistence_id"), _long_attr("self").alias("self"),
         _long_attr("prev").alias("prev"), _long_attr("next").alias("next"),
@@ -127,7 +136,7 @@ def persistence(records: DataFrame) -> DataFrame:
 def transactions(records: DataFrame) -> DataFrame:
     """(source, offset, time, status, ops) per JRNL transaction; ops = the op names in order."""
     op_texts = F.from_json(F.col("attrs").getItem("ops"), "array<string>")
-    return records.where((F.col("format") == "jrnl") & (F.col("kind") == "transaction")).select(
+    return records.where((F.col("format") == Jrnl.name) & (F.col("kind") == "transaction")).select(
         "source", "offset", "time", F.col("attrs").getItem("status").alias("status"),
         F.transform(op_texts, lambda x: F.coalesce(F.get_json_object(x, "$.op"), x)).alias("ops"))
 
@@ -138,9 +147,9 @@ def metadata(records: DataFrame) -> DataFrame:
     """(store, path, key, value, values): every store's tree + journal replayed to its current
     state. Replay is ordered and path-structured (copy/remove act on subtrees), so each store
     is one group replayed by :func:`replay_store` on an executor."""
-    gvfs = records.where(F.col("format").isin("gvfs-tree", "gvfs-journal")).select(
-        F.when(F.col("format") == "gvfs-tree", F.col("source"))
-        .otherwise(F.regexp_replace("source", _JOURNAL_SUFFIX, "")).alias("store"),
+    gvfs = records.where(F.col("format").isin(GvfsTree.name, GvfsJournal.name)).select(
+        F.when(F.col("format") == GvfsTree.name, F.col("source"))
+        .otherwise(F.regexp_replace("source", JOURNAL_SUFFIX, "")).alias("store"),
         "source", "format", "seq", "kind", "key", "attrs")
     return gvfs.groupBy("store").applyInArrow(_replay_group, METADATA_DDL)
 
@@ -168,52 +177,33 @@ def _tree_tag(tree_path: str) -> str | None:
     """The tree header's random_tag as the 8 hex digits journal names carry."""
     try:
         with open(tree_path, "rb") as f:
-            head = f.read(16)
+            tag = header_tag(f.read(16))
     except OSError:
         return None
-    return head[12:16].hex() if len(head) == 16 and head[:6] == b"\xda\x1ameta" else None
-
-
-def _under(path: str, root: str) -> bool:
-    return root == "/" or path == root or path.startswith(root + "/")
+    return None if tag is None else f"{tag:08x}"
 
 
 def replay_store(store: str | None, rows: list[dict]) -> dict[str, dict]:
     """The merged ``{path: {key: str | [str]}}`` of one store from its record rows: the tree's
-    nodes, then the entries of the journal whose tag matches the tree, oldest first."""
-    state: dict[str, dict] = {}
+    nodes, then the entries of the journal whose tag matches the tree, oldest first, applied
+    as the store's own compaction applies them (:class:`MergedTree`)."""
+    merged = MergedTree(None)
     tag = _tree_tag(store) if store else None
     entries = []
     for r in rows:
         attrs = r["attrs"] or {}
         if isinstance(attrs, list):  # Arrow map -> list of (key, value) pairs
             attrs = dict(attrs)
-        if r["format"] == "gvfs-tree":
-            state[r["key"]] = json.loads(attrs.get("metadata") or "{}")
+        if r["format"] == GvfsTree.name:
+            for key, value in json.loads(attrs.get("metadata") or "{}").items():
+                merged.set(r["key"], key, value, 0)
         else:
-            m = re.search(r"-([0-9a-f]{8})\.log$", r["source"])
-            if tag is None or (m and m.group(1) == tag):
+            named = tree_and_tag(r["source"])
+            if tag is None or (named and named[1] == tag):
                 entries.append((r["source"], r["seq"], r["kind"], r["key"], attrs))
     for _source, _seq, kind, path, attrs in sorted(entries, key=lambda e: (e[0], e[1])):
-        _apply(state, kind, path, attrs)
-    return {p: keys for p, keys in state.items() if keys}
-
-
-def _apply(state: dict[str, dict], kind: str, path: str, attrs: dict) -> None:
-    if kind == "set":
-        state.setdefault(path, {})[attrs["key"]] = attrs.get("value", "")
-    elif kind == "setv":
-        state.setdefault(path, {})[attrs["key"]] = json.loads(attrs.get("value") or "[]")
-    elif kind == "unset":
-        state.get(path, {}).pop(attrs.get("key"), None)
-    elif kind == "remove":
-        for p in [p for p in state if _under(p, path)]:
-            del state[p]
-    elif kind == "copy":
-        source = attrs.get("source")
-        copied = {} if source is None else {
-            path + p[len(source):] if source != "/" else path.rstrip("/") + p: dict(v)
-            for p, v in state.items() if _under(p, source)}
-        for p in [p for p in state if _under(p, path)]:
-            del state[p]
-        state.update(copied)
+        value = attrs.get("value", "")
+        merged.apply({"kind": kind, "path": path, "key": attrs.get("key"), "mtime": 0,
+                      "value": json.loads(value or "[]") if kind == "setv" else value,
+                      "source": attrs.get("source")})
+    return {path: meta for path, meta, _mtime in merged.items()}

@@ -34,7 +34,8 @@ class FileSlice:
     start: int | None = None
     stop: int | None = None
     seq: int = 0
-    meta: str | None = None  # akka-data: the sibling meta file that names the chains
+    #: (role, path) of the partner files the codec reads keys from (an akka data file's meta)
+    partners: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -90,6 +91,18 @@ def partner_files(f: JournalFile, files: list[JournalFile],
     return {role: os.path.join(d, other) for role, other in partners.items()}
 
 
+def key_partners(f: JournalFile, files: list[JournalFile],
+                 by_dir: dict[str, list[tuple[str, str]]] | None = None
+                 ) -> tuple[tuple[str, str], ...]:
+    """(role, path) of the partner files the codec of ``f`` reads its records' keys from."""
+    from ..formats import CODECS
+    roles = CODECS[f.format].key_partners
+    if not roles:
+        return ()
+    return tuple((role, path) for role, path in partner_files(f, files, by_dir).items()
+                 if role in roles)
+
+
 def siblings_by_dir(files: list[JournalFile]) -> dict[str, list[tuple[str, str]]]:
     by_dir: dict[str, list[tuple[str, str]]] = {}
     for j in files:
@@ -131,13 +144,13 @@ def _fixed_slices(f: JournalFile, record_size: int, header: int, target: int) ->
 
 
 def _checkpoint_slices(f: JournalFile, target: int, cache_dir: str | None,
-                       meta: str | None) -> list[FileSlice]:
+                       partners: tuple[tuple[str, str], ...]) -> list[FileSlice]:
     from .checkpoints import checkpoints
     points = checkpoints(f.path, f.format, target, cache_dir)
     if len(points) < 2:
-        return [FileSlice(f.path, f.format, meta=meta)]
+        return [FileSlice(f.path, f.format, partners=partners)]
     ends = [p[0] for p in points[1:]] + [None]
-    return [FileSlice(f.path, f.format, None if i == 0 else off, stop, seq, meta)
+    return [FileSlice(f.path, f.format, None if i == 0 else off, stop, seq, partners)
             for i, ((off, seq), stop) in enumerate(zip(points, ends))]
 
 
@@ -146,12 +159,12 @@ def slices_for(f: JournalFile, target: int, files: list[JournalFile],
                by_dir: dict[str, list[tuple[str, str]]] | None = None) -> list[FileSlice]:
     from ..formats import CODECS, splittable
     codec = CODECS[f.format]
-    meta = partner_files(f, files, by_dir).get("meta")
+    partners = key_partners(f, files, by_dir)
     if f.size <= target or not splittable(codec):
-        return [FileSlice(f.path, f.format, meta=meta)]
+        return [FileSlice(f.path, f.format, partners=partners)]
     if codec.record_size:
         return _fixed_slices(f, codec.record_size, codec.header_size, target)
-    return _checkpoint_slices(f, target, cache_dir, meta)
+    return _checkpoint_slices(f, target, cache_dir, partners)
 
 
 def plan(files: list[JournalFile], parallelism: int, max_split: int = 128 * MiB,

@@ -1,6 +1,7 @@
 """Executor side of the data source: one file slice -> Arrow record batches."""
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Iterator
 
@@ -18,14 +19,18 @@ from .schema import DAMAGE_KIND
 def _keys_for(sl: FileSlice, buf):
     """A per-file key (the codec reads it from the file name) or a per-batch key function
     (records whose key a partner file names: an akka data file's chains, by its meta file)."""
-    key = CODECS[sl.format].file_key(os.path.basename(sl.path))
-    if key is not None:
+    codec = CODECS[sl.format]
+    key = codec.file_key(os.path.basename(sl.path))
+    if key is not None or not sl.partners:
         return key, None
-    if sl.meta is not None:
-        from .akka_keys import ChainResolver, meta_heads
-        resolver = ChainResolver(meta_heads(sl.meta), buf)
-        return None, lambda data: resolver.resolve(data["self"], data["prev"])
-    return None, None
+    with contextlib.ExitStack() as stack:
+        partners = {}
+        for role, path in sl.partners:
+            try:
+                partners[role] = stack.enter_context(mapped(path))
+            except OSError:  # vanished or unreadable since planning: no keys from it
+                pass
+        return None, codec.key_resolver(buf, partners)
 
 
 def _read_columns(codec, buf, sl: FileSlice, start, seq, batch_rows: int):
