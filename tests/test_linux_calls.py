@@ -424,7 +424,7 @@ def test_posix_acls_are_enforced_as_natively(pair):
         subprocess.run(["setfacl", "-m", f"u:{user.pw_name}:r", str(f)], check=True)
         subprocess.run(["setfacl", "-m", f"u:{user.pw_name}:x", str(sub)], check=True)
         out.append(run_as(user, steps))
-        subprocess.run(["setfacl", "-m", f"m::-", str(f)], check=True)
+        subprocess.run(["setfacl", "-m", "m::-", str(f)], check=True)
         out.append(run_as(user, steps))
         out.append(subprocess.run(["getfacl", "-c", str(f)], capture_output=True,
                                   text=True).stdout)

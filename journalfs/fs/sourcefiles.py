@@ -81,13 +81,17 @@ class SourceTree:
         finally:
             os.close(dfd)
 
-    def listdir(self, rel: bytes) -> list[bytes]:
-        """Names in the directory SOURCE/``rel``."""
+    def _readable_dir(self, rel: bytes) -> int:
+        """A readable fd of the directory SOURCE/``rel`` (reached with no symlink followed)."""
         dfd = self.open_dir(rel)
         try:
-            fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dfd)
+            return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dfd)
         finally:
             os.close(dfd)
+
+    def listdir(self, rel: bytes) -> list[bytes]:
+        """Names in the directory SOURCE/``rel``."""
+        fd = self._readable_dir(rel)
         try:
             return [os.fsencode(n) for n in os.listdir(fd)]
         finally:
@@ -96,11 +100,7 @@ class SourceTree:
     def scan(self, rel: bytes) -> Iterator[tuple[bytes, os.stat_result]]:
         """(name, lstat) of every entry of the directory SOURCE/``rel``; entries that vanish
         meanwhile are skipped."""
-        dfd = self.open_dir(rel)
-        try:
-            fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dfd)
-        finally:
-            os.close(dfd)
+        fd = self._readable_dir(rel)
         try:
             with os.scandir(fd) as it:
                 entries = [(os.fsencode(e.name), e) for e in it]
