@@ -10,6 +10,7 @@ import errno
 import hashlib
 import os
 import pwd
+import shutil
 import stat
 import subprocess
 import sys
@@ -182,8 +183,18 @@ def test_store_dir_owned_by_another_user_is_refused(tmp_path, attacker):
     assert list(store.iterdir()) == []
 
 
-def test_parent_writable_by_others_is_refused_unless_sticky(tmp_path, attacker):
-    public = tmp_path / "public"
+@pytest.fixture
+def searchable_dir():
+    """A directory every user can reach (pytest's own tmp_path sits in a 0700 directory)."""
+    import tempfile
+    path = Path(tempfile.mkdtemp(prefix="jfs-open-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_parent_writable_by_others_is_refused_unless_sticky(searchable_dir, attacker):
+    public = searchable_dir / "public"
     public.mkdir()
     public.chmod(0o777)
     with pytest.raises(UnsafeStoreDir, match="public is writable by other users"):
@@ -198,6 +209,25 @@ def test_parent_writable_by_others_is_refused_unless_sticky(tmp_path, attacker):
     os.chown(store_dir / "home.journalfs-lock", attacker.pw_uid, attacker.pw_gid)
     with pytest.raises(OSError, match="owned by uid"):
         MetaStore.open(str(store_dir / "home"))
+
+
+def test_parent_writable_by_others_is_accepted_where_nobody_else_can_reach_it(searchable_dir):
+    """Like /root/.local made 0777 inside a 0700 /root: no other user can reach it. The store
+    directory itself must still not be writable by others."""
+    private = searchable_dir / "private"
+    private.mkdir(mode=0o700)
+    loose = private / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    with MetaStore.open(str(loose / "store" / "home"), create=True) as store:
+        store.set("/a", "k", "v")
+    (loose / "store").chmod(0o777)
+    with pytest.raises(UnsafeStoreDir, match="store is writable by other users"):
+        MetaStore.open(str(loose / "store" / "home"))
+    private.chmod(0o711)  # searchable by others again: the loose parent is refused
+    (loose / "store").chmod(0o700)
+    with pytest.raises(UnsafeStoreDir, match="loose is writable by other users"):
+        MetaStore.open(str(loose / "store" / "home"))
 
 
 def test_mount_refuses_an_unsafe_store_with_one_line(tmp_path):

@@ -56,12 +56,21 @@ def write_all(fd: int, data, offset: int | None = None) -> None:
         done += n
 
 
-def _unsafe_reason(st: os.stat_result, euid: int, final: bool) -> str | None:
+def _unsafe_reason(st: os.stat_result, euid: int, final: bool, hidden: bool) -> str | None:
+    """Why a directory on the way to a store is unsafe, or None. ``hidden``: an ancestor only
+    its trusted owner can search, so nobody else can reach this parent to use its write bits
+    (e.g. /root/.local made 0777 inside a 0700 /root); the store directory itself must still
+    not be writable by others."""
     if st.st_uid not in (0, euid):
         return f"owned by uid {st.st_uid}"
-    if st.st_mode & 0o022 and not (not final and st.st_mode & stat.S_ISVTX):
+    if st.st_mode & 0o022 and (final or not (hidden or st.st_mode & stat.S_ISVTX)):
         return f"writable by other users (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
+
+
+def _private(st: os.stat_result, euid: int) -> bool:
+    """Only its owner (root or us) can search this directory."""
+    return st.st_uid in (0, euid) and not st.st_mode & 0o011
 
 
 def _open_chain(path: str, create: bool, check: bool) -> int:
@@ -73,6 +82,7 @@ def _open_chain(path: str, create: bool, check: bool) -> int:
     real = os.path.realpath(path)
     euid = os.geteuid()
     parts = [p for p in real.split("/") if p]
+    hidden = False  # below a directory only its trusted owner can search
     # parents need only search permission (O_PATH); the store directory itself is read
     fd = os.open("/", O_DIR if not parts else O_DIR | os.O_PATH)
     try:
@@ -100,7 +110,9 @@ def _open_chain(path: str, create: bool, check: bool) -> int:
             os.close(fd)
             fd = nxt
             if check:
-                why = _unsafe_reason(os.fstat(fd), euid, final)
+                st = os.fstat(fd)
+                why = _unsafe_reason(st, euid, final, hidden)
+                hidden = hidden or _private(st, euid)
                 if why:
                     where = "/" + "/".join(parts[:i + 1])
                     advice = "chmod go-w" if "writable" in why else "chown"
