@@ -112,18 +112,21 @@ class SourceTree:
         finally:
             os.close(fd)
 
+    def _path_fd(self, rel: bytes) -> int:
+        """An O_PATH fd of SOURCE/``rel`` itself (a final symlink is the symlink, never its
+        target); the caller closes it."""
+        dfd, name = self._parent(rel)
+        try:
+            return os.open(name, _PATH_FLAGS | os.O_NOFOLLOW, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+
     def access_acl(self, rel: bytes) -> bytes | None:
         """The raw ``system.posix_acl_access`` of the directory or regular file SOURCE/``rel``
         (SOURCE itself for ``b""``), read through an O_PATH fd of that very inode; None when
         it has none (or is anything else: a symlink swapped in is never followed)."""
-        if _components(rel):
-            dfd, name = self._parent(rel)
-            try:
-                fd = os.open(name, _PATH_FLAGS | os.O_NOFOLLOW, dir_fd=dfd)
-            finally:
-                os.close(dfd)
-        else:
-            fd = os.open(".", _PATH_FLAGS | os.O_DIRECTORY, dir_fd=self.root_fd)
+        fd = self._path_fd(rel) if _components(rel) else \
+            os.open(".", _PATH_FLAGS | os.O_DIRECTORY, dir_fd=self.root_fd)
         try:
             mode = os.fstat(fd).st_mode
             if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
@@ -141,11 +144,7 @@ class SourceTree:
     def open_regular(self, rel: bytes) -> int:
         """A read-only, non-blocking fd of the regular file SOURCE/``rel`` (caller closes it).
         Raises :class:`NotRegularFile` for anything else, never opening it for reading."""
-        dfd, name = self._parent(rel)
-        try:
-            path_fd = os.open(name, _PATH_FLAGS | os.O_NOFOLLOW, dir_fd=dfd)
-        finally:
-            os.close(dfd)
+        path_fd = self._path_fd(rel)
         try:
             return reopen_regular(path_fd, rel)
         finally:
