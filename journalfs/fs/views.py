@@ -42,8 +42,8 @@ import numpy as np
 import pyfuse3
 import trio
 
-from ..journals import (CHECKPOINT_EVERY, FINGERPRINT_BYTES, RecordIndex, is_backup_name,
-                        json_line, sniff_fd)
+from ..journals import CHECKPOINT_EVERY, FINGERPRINT_BYTES, RecordIndex, is_backup_name, sniff_fd
+from ..jsonlines import json_line
 from .catalog import Catalog
 from .indexfiles import IndexDir, matches, may_extend
 from .sourcefiles import SourceTree, open_regular_path
@@ -133,9 +133,6 @@ class ViewContext:
                    watch=getattr(fs, "watch", None))
 
 
-json_line_bytes = json_line  # one records.jsonl line, as `journalfs records --json` prints it
-
-
 #: The access ACL the kernel asks for (POSIX ACL mode) before deciding on a view inode.
 ACL_XATTR = b"system.posix_acl_access"
 _ACL_VERSION = 2
@@ -169,7 +166,7 @@ def record_content(rec: dict) -> bytes:
     """What a record file holds: its payload bytes, else its JSON line."""
     if "payload" in rec:
         return bytes(rec["payload"] or b"")
-    return json_line_bytes(rec)
+    return json_line(rec)
 
 
 def record_file_name(rec: dict) -> bytes:
@@ -232,7 +229,8 @@ class JsonlLayout:
                 size, first = previous.offsets[keep], resume
         step = CHECKPOINT_EVERY if index.codec.resumable else max(1, index.count)
         while first < index.count:
-            data, rows = index.json_lines(first, step)
+            chunk = index.json_chunk(first, step)
+            data, rows = chunk.data, chunk.rows
             if not rows:
                 break
             if first % CHECKPOINT_EVERY == 0:
@@ -298,7 +296,7 @@ class JsonlLayout:
 
 class JsonlReader:
     """Streams records.jsonl for one open handle, a chunk of CHECKPOINT_EVERY lines at a time
-    (rendered from the codec's columns, :meth:`RecordIndex.json_lines`); sequential reads
+    (rendered from the codec's columns, :meth:`RecordIndex.json_chunk`); sequential reads
     continue from the chunk in hand. While records.jsonl's size is unknown the stream ends
     where the records end, and every chunk rendered extends the layout (``on_complete`` is
     called once it is whole)."""
