@@ -114,7 +114,7 @@ def columns_chunk(codec: Codec, buf, path: str, cols: Columns, start: int | None
     if first is not None:
         rendered = render_columns(cols, list(first))
         if rendered is not None:
-            return JsonChunk(rendered[0], cols.rows, lengths=rendered[1], columns=cols)
+            return JsonChunk(rendered, cols.rows, columns=cols)
     with contextlib.closing(codec.read(buf, path, start, seq, stop)) as records:
         return records_chunk(records, cols.rows)
 
@@ -142,108 +142,217 @@ def records_chunk(records: Iterator[Record], count: int) -> JsonChunk:
 
 
 # -- the columnar renderer -----------------------------------------------------------------------
+#
+# A batch is laid out as one byte matrix: a row per record, a block of columns per field, each
+# block as wide as the field's longest text in the batch. Keys and values every row shares are
+# one template row copied into every row; numbers are written four digits at a time as whole
+# columns of 4-byte groups; payloads are base64 of a NUL-padded payload matrix, each row
+# turning into its own 4-character groups. What a shorter value leaves of its block is NUL,
+# and the NULs are deleted in one pass at the end: no JSON text holds a raw NUL (JSON escapes
+# it, base64 and digits have none). Number and payload blocks start at multiples of 4 so
+# that they are written as 32-bit words.
 
-#: Batches smaller than this are written record by record: Arrow's fixed cost per call
-#: (a dozen kernels per batch) only pays off on more rows.
-COLUMNS_MIN_ROWS = 64
+#: Batches smaller than this are written record by record (a dozen numpy calls per batch).
+COLUMNS_MIN_ROWS = 16
+#: A batch whose matrix would exceed both this many bytes and four times its payloads' text
+#: is cut in halves (one huge payload among small ones must not make every row as wide).
+MATRIX_SLACK_BYTES = 8 << 20
 
 
-def render_columns(cols: Columns, order: list[str]) -> tuple[bytes, np.ndarray] | None:
-    """(every row of ``cols`` as :func:`json_line` writes it, each line's length), the fields
-    in ``order`` (the first record's); None when some column has no exact vectorised
-    spelling (or the batch is too small to be worth it).
+def _groups(lead_zero: bytes) -> np.ndarray:
+    """4-character groups as 32-bit words: ``[0, 10000)`` every number zero-padded ("0042"),
+    ``[10000, 20000)`` the leading group of a number, NUL-padded ("\0\042"), whose value 0
+    reads ``lead_zero``."""
+    full = b"".join(b"%04d" % i for i in range(10000))
+    lead = b"".join((b"%4d" % i).replace(b" ", b"\0") for i in range(1, 10000))
+    return np.frombuffer(full + lead_zero + lead, dtype=np.uint32)
 
-    Numbers become text through Arrow's casts, payloads through one base64 pass over all of
-    them (:func:`_base64_texts`), and each row's line is joined by one Arrow kernel; no
-    Python object is made per record but for a payload's padding."""
+
+#: The last group of a number (0 is "0"); every other group (0 is nothing).
+_LOW_GROUPS = _groups(b"\0\0\0" + b"0")
+_HIGH_GROUPS = _groups(b"\0\0\0\0")
+_NULL = np.frombuffer(b"null", dtype=np.uint8)
+_BOOLS = np.frombuffer(b"\0\0\0false\0\0\0\0true", dtype=np.uint8).reshape(2, 8)
+
+
+def render_columns(cols: Columns, order: list[str]) -> bytes | None:
+    """Every row of ``cols`` as :func:`json_line` writes it, the fields in ``order`` (the
+    first record's); None when some column has no exact vectorised spelling (or the batch is
+    too small for it to pay)."""
     data, rows = cols.data, cols.rows
     if set(data) != set(order) or rows < COLUMNS_MIN_ROWS:
         return None
-    import pyarrow as pa  # only here: small outputs never pay for loading Arrow
-    import pyarrow.compute as pc
+    return _render(data, order, 0, rows)
 
-    args: list = []
-    literal: list[str] = []
-    try:
-        for i, name in enumerate(order):
-            key = "payload_b64" if name == "payload" else name
-            literal.append(("{" if i == 0 else ", ") + json.dumps(key, ensure_ascii=False) + ": ")
-            value = _spelling(pa, pc, data[name], rows, name == "payload")
-            if value is None:
-                return None
-            if isinstance(value, str):
-                literal.append(value)
-                continue
-            if name == "payload":
-                literal.append('"')
-            args.append("".join(literal))
-            literal = ['"'] if name == "payload" else []
-            args.append(value)
-        literal.append("}\n")
-        args.append("".join(literal))
-        if not any(isinstance(a, pa.Array) for a in args):
+
+def _render(data: dict, order: list[str], lo: int, hi: int) -> bytes | None:
+    """Rows ``lo .. hi-1`` (see :func:`render_columns`)."""
+    blocks: list = []  # bytes (a literal) or a field writer, left to right
+    text: list[str] = []
+    for i, name in enumerate(order):
+        payload = name == "payload"
+        text.append(("{" if i == 0 else ", ")
+                    + json.dumps("payload_b64" if payload else name, ensure_ascii=False) + ": ")
+        field = _Base64.of(data[name], lo, hi) if payload else _field(data[name], lo, hi)
+        if field is None:
             return None
-        for a in args:
-            if isinstance(a, str):
-                a.encode("utf-8")  # a shared text that is not UTF-8 is only json_line's
-        joined = pc.binary_join_element_wise(*args, "")
-    except (pa.ArrowException, OverflowError, TypeError, ValueError, UnicodeEncodeError):
-        return None
-    if joined.null_count:
-        return None
-    offsets, values = joined.buffers()[1:3]
-    ends = np.frombuffer(offsets, dtype=np.int32, count=rows + 1, offset=joined.offset * 4)
-    return memoryview(values)[int(ends[0]):int(ends[-1])].tobytes(), np.diff(ends)
+        if isinstance(field, str):  # every row has this value: part of the template
+            text.append(field)
+            continue
+        blocks.append("".join(text) + ('"' if payload else ""))
+        blocks.append(field)
+        text = ['"'] if payload else []
+    blocks.append("".join(text) + "}\n")
+    rows = hi - lo
+    payloads = [b for b in blocks if isinstance(b, _Base64)]
+    if rows > 1 and payloads:
+        wide = rows * payloads[0].width
+        if wide > max(MATRIX_SLACK_BYTES, 4 * int(payloads[0].groups.sum()) * 4):
+            mid = (lo + hi) // 2
+            head, tail = _render(data, order, lo, mid), _render(data, order, mid, hi)
+            return None if head is None or tail is None else head + tail
+    template = bytearray()
+    places = []
+    for block in blocks:
+        if isinstance(block, str):
+            try:
+                template += block.encode("utf-8")
+            except UnicodeEncodeError:
+                return None  # text that is not UTF-8: only json_line writes it (as _b64)
+            template += b"\0" * (-len(template) % 4)  # the next block starts at a word
+        else:
+            places.append((block, len(template)))
+            template += bytes(block.width)
+    matrix = np.empty((rows, len(template)), dtype=np.uint8)
+    matrix[...] = np.frombuffer(template, dtype=np.uint8)
+    words = matrix.view(np.uint32)
+    for block, at in places:
+        block.write(matrix, words, at)
+    return matrix.tobytes().translate(None, b"\0")
 
 
-def _spelling(pa, pc, column, rows: int, payload: bool):
-    """One column as an Arrow string array of JSON texts (payloads: the base64 text, without
-    its quotes), or the one JSON text every row shares (a ``str``); None when some value
-    needs general JSON encoding."""
-    if payload:
-        return _base64_texts(pa, column, rows)
+def _field(column, lo: int, hi: int):
+    """The writer of one (non-payload) column's JSON texts for rows ``lo .. hi-1``, the one
+    JSON text every row shares (a ``str``), or None when some value needs general JSON."""
     if isinstance(column, str):
         return json.dumps(column, ensure_ascii=False)
-    if isinstance(column, np.ndarray) and column.dtype.kind in "iub":
-        if isinstance(column, np.ma.MaskedArray):
-            mask = np.ma.getmaskarray(column)[:rows]
-            arr = pa.array(column.data[:rows], mask=mask if mask.any() else None)
-            return pc.fill_null(arr.cast(pa.string()), "null")
-        return pa.array(column[:rows]).cast(pa.string())
-    if isinstance(column, (list, np.ndarray)) and isinstance(column[0], str):
-        head, part = column[0], column[:rows]
+    if isinstance(column, np.ndarray):
+        if column.dtype.kind in "iu":
+            return _Integers.of(column, lo, hi)
+        if column.dtype.kind == "b" and not isinstance(column, np.ma.MaskedArray):
+            return _Bools(column[lo:hi])
+    if isinstance(column, (list, np.ndarray)) and isinstance(column[lo], str):
+        head, part = column[lo], column[lo:hi]
         shared = bool((part == head).all()) if isinstance(part, np.ndarray) \
-            else part.count(head) == rows
+            else part.count(head) == hi - lo
         return json.dumps(head, ensure_ascii=False) if shared else None
     return None
 
 
-#: What makes a payload of ``len % 3`` bytes a whole number of 3-byte groups.
-_PADDING = np.array([b"", b"\0\0", b"\0"], dtype=object)
+class _Integers:
+    """Decimal integers (null where masked), right-aligned in their block, four digits per
+    step: the division is the costly part, and a 4-character group is one word."""
+
+    def __init__(self, magnitude: np.ndarray, negative: np.ndarray | None,
+                 null: np.ndarray | None):
+        self.magnitude, self.negative, self.null = magnitude, negative, null
+        digits = len(str(int(magnitude.max()))) if len(magnitude) else 1
+        self.words = -(-(digits + (negative is not None)) // 4)
+        self.width = 4 * self.words
+
+    @classmethod
+    def of(cls, column: np.ndarray, lo: int, hi: int) -> "_Integers":
+        null = None
+        if isinstance(column, np.ma.MaskedArray):
+            null = np.ma.getmaskarray(column)[lo:hi]
+            values = column.data[lo:hi]
+            null = null if null.any() else None
+        else:
+            values = column[lo:hi]
+        negative = None
+        if values.dtype.kind == "i":
+            magnitude = values.astype(np.int64).view(np.uint64)  # a copy, changed below
+            below = values < 0
+            if below.any():
+                negative = below
+                magnitude[below] = np.negative(magnitude[below])  # two's complement: |v|
+        else:
+            magnitude = values.astype(np.uint64)
+        if null is not None:
+            magnitude[null] = 0
+            negative = None if negative is None or not (negative & ~null).any() \
+                else negative & ~null
+        if int(magnitude.max(initial=0)) < 1 << 63:  # int64 divides faster than uint64
+            magnitude = magnitude.view(np.int64)
+        return cls(magnitude, negative, null)
+
+    def write(self, matrix: np.ndarray, words: np.ndarray, at: int) -> None:
+        col = at // 4 + self.words - 1
+        rest = self.magnitude
+        step = rest.dtype.type(10000)
+        for k in range(self.words):
+            high = rest // step
+            group = rest - high * step
+            group += (high == 0) * step  # the leading group: no zeros before it
+            words[:, col - k] = (_LOW_GROUPS if k == 0 else _HIGH_GROUPS)[group]
+            rest = high
+        end = at + self.width
+        if self.negative is not None:
+            rows = np.flatnonzero(self.negative)
+            digits = np.array([len(str(int(v))) for v in self.magnitude[rows]], dtype=np.int64)
+            matrix[rows, end - 1 - digits] = ord("-")
+        if self.null is not None:
+            rows = np.flatnonzero(self.null)
+            matrix[rows, at:end] = 0
+            matrix[rows, end - 4:end] = _NULL
 
 
-def _base64_texts(pa, column, rows: int):
-    """The base64 text of every payload as one Arrow string array: the payloads, each
-    NUL-padded to whole 3-byte groups, go through one base64 pass (each payload then turns
-    into its own 4-character groups), and each one's last group gets its ``=`` padding."""
-    items = column[:rows]
-    if not isinstance(items, list):
-        items = list(items)
-    try:
-        sizes = np.fromiter(map(len, items), dtype=np.int64, count=rows)
-        padded = b"".join(map(bytes.__add__, items, _PADDING[sizes % 3].tolist()))
-    except TypeError:  # a null payload (or not bytes): only json_line writes it
-        return None
-    text = np.frombuffer(binascii.b2a_base64(padded, newline=False), dtype=np.uint8).copy()
-    ends = np.zeros(rows + 1, dtype=np.int64)
-    np.cumsum(-(-sizes // 3) * 4, out=ends[1:])
-    short = sizes % 3
-    one, two = ends[1:][short == 1], ends[1:][short == 2]
-    text[one - 1] = text[one - 2] = text[two - 1] = ord("=")
-    if ends[-1] >= 1 << 31:
-        return None
-    return pa.StringArray.from_buffers(rows, pa.py_buffer(ends.astype(np.int32)),
-                                       pa.py_buffer(text))
+class _Bools:
+    width = 8
+
+    def __init__(self, values: np.ndarray):
+        self.values = values
+
+    def write(self, matrix: np.ndarray, words: np.ndarray, at: int) -> None:
+        matrix[:, at:at + 8] = _BOOLS[self.values.astype(np.intp)]
+
+
+class _Base64:
+    """Payloads' base64 (the quotes are the template's): the batch's payloads NUL-padded into
+    one matrix whose rows are whole 3-byte groups, base64 of all of it at once, the groups
+    past each payload's end blanked, each one's last group given its ``=`` padding."""
+
+    def __init__(self, packed: np.ndarray, sizes: np.ndarray):
+        self.packed, self.sizes = packed, sizes
+        self.groups = -(-sizes // 3)
+        self.width = 4 * (packed.shape[1] // 3)
+
+    @classmethod
+    def of(cls, column, lo: int, hi: int) -> "_Base64 | None":
+        items = column[lo:hi]
+        if not isinstance(items, list):
+            items = list(items)
+        try:
+            sizes = np.fromiter(map(len, items), dtype=np.int64, count=len(items))
+            width = max(3, -(-int(sizes.max()) // 3) * 3)
+            packed = np.array(items, dtype=f"S{width}")
+        except (TypeError, ValueError):  # a null payload: only json_line writes it
+            return None
+        if packed.dtype.kind != "S" or packed.shape != (len(items),):
+            return None
+        return cls(packed.view(np.uint8).reshape(len(items), width), sizes)
+
+    def write(self, matrix: np.ndarray, words: np.ndarray, at: int) -> None:
+        rows, width = self.packed.shape
+        count = width // 3
+        text = np.frombuffer(binascii.b2a_base64(self.packed, newline=False), dtype=np.uint32)
+        np.multiply(text.reshape(rows, count), np.arange(count) < self.groups[:, None],
+                    out=words[:, at // 4:at // 4 + count])
+        last = at + 4 * self.groups - 1
+        short = self.sizes % 3  # 1 byte past a whole group: "==", 2 bytes: "="
+        for rows_hit, pads in ((np.flatnonzero(short == 1), 2), (np.flatnonzero(short == 2), 1)):
+            for k in range(pads):
+                matrix[rows_hit, last[rows_hit] - k] = ord("=")
 
 
 __all__ = ["EMPTY", "JsonChunk", "columns_chunk", "has_columns", "json_chunk", "json_line",
