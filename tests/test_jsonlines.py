@@ -154,3 +154,34 @@ def test_damaged_file_prints_the_prefix_then_names_file_and_offset(fmt, tmp_path
     message = run.stderr.decode().strip()
     assert message.count("\n") == 0 and str(path) in message
     assert f"byte {error.offset}" in message
+
+
+def test_records_jsonl_reads_answered_from_the_chunk_in_hand(tmp_path):
+    """The views' reader answers a read inside the chunk it holds without rendering (on the
+    request thread); anything else goes to ``read``. Together: exactly records.jsonl,
+    whether its size is known yet or not."""
+    from journalfs.fs.views import JsonlLayout, JsonlReader
+    from journalfs.journals import RecordIndex
+    path = tmp_path / f"jobs.{demo.BASE_MS}"
+    path.write_bytes(CODECS["kestrel-writer"].write(
+        demo.kestrel_put_records(random.Random(5), 40_000, payload=(0, 80))))
+    index = RecordIndex.build(str(path))
+    full = b"".join(json_line(r) for r in index.records())
+    for layout in (JsonlLayout.empty(index), JsonlLayout(index)):
+        reader = JsonlReader(index, layout)
+        assert reader.read_in_hand(0, 4096) is None  # nothing rendered yet
+        got, inline, off = [], 0, 0
+        while True:
+            piece = reader.read_in_hand(off, 128 << 10)
+            if piece is None:
+                piece = reader.read(off, 128 << 10)
+            else:
+                inline += 1
+            if not piece:
+                break
+            got.append(piece)
+            off += len(piece)
+        reader.close()
+        assert b"".join(got) == full
+        assert layout.size == len(full)
+        assert inline > len(got) // 2  # most reads never left the chunk in hand
