@@ -221,11 +221,24 @@ def json_lines(fmt: str, path: Path) -> int:
 
 
 def cli_json(path: Path) -> int:
-    """``journalfs records FILE --json > /dev/null`` as a user runs it (this tree's code)."""
+    """``journalfs records FILE --json > /dev/null`` as a user runs it (this tree's code);
+    returns its peak RSS in KiB, sampled from /proc while it runs (a child's rusage would
+    also count this process's pages it was forked with)."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    subprocess.run([sys.executable, "-m", "journalfs.cli", "records", str(path), "--json"],
-                   stdout=subprocess.DEVNULL, check=True, cwd=REPO, env=env)
-    return 0
+    child = subprocess.Popen([sys.executable, "-m", "journalfs.cli", "records", str(path),
+                              "--json"], stdout=subprocess.DEVNULL, cwd=REPO, env=env)
+    peak = 0
+    while child.poll() is None:
+        try:
+            with open(f"/proc/{child.pid}/status") as f:
+                peak = max(peak, next((int(line.split()[1]) for line in f
+                                       if line.startswith("VmHWM")), 0))
+        except OSError:  # it has just exited
+            pass
+        time.sleep(0.02)
+    if child.returncode:
+        raise SystemExit(f"records --json {path} exited {child.returncode}")
+    return peak
 
 
 def indexed(path: Path) -> int:
@@ -243,13 +256,11 @@ def measure(fmt: str, path: Path, repeat: int) -> dict:
     dict_s, dict_cpu, count = best_of(max(1, repeat - 1), lambda: dicts(fmt, path))
     index_s, index_cpu, indexed_count = best_of(max(1, repeat - 1), lambda: indexed(path))
     json_s, json_cpu, json_count = best_of(max(1, repeat - 1), lambda: json_lines(fmt, path))
-    cli_s, cli_cpu, _ = best_of(max(1, repeat - 1), lambda: cli_json(path))
+    cli_s, cli_cpu, cli_rss_kb = best_of(max(1, repeat - 1), lambda: cli_json(path))
     if not rows == count == indexed_count == json_count:
         raise SystemExit(f"{fmt}: read_columns gave {rows} rows, read gave {count} records, "
                          f"RecordIndex counted {indexed_count}, JSON lines {json_count}")
-    row = {"format": fmt, "bytes": size, "records": rows,
-           # the largest of any child so far: cat's is tiny, so it is the CLI's
-           "cli_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+    row = {"format": fmt, "bytes": size, "records": rows, "cli_peak_rss_mb": cli_rss_kb / 1024}
     for clock, cat, col, dic, idx, jsn, cli in (
             ("", cat_s, col_s, dict_s, index_s, json_s, cli_s),
             ("cpu_", cat_cpu, col_cpu, dict_cpu, index_cpu, json_cpu, cli_cpu)):

@@ -19,6 +19,7 @@ import numpy as np
 from .formats import Codec, FormatError
 from .formats.base import Columns, Record, record_json_line
 
+
 def json_line(rec: Record) -> bytes:
     """One line of `journalfs records --json` (with its newline) as UTF-8 bytes; the reference
     every other way of rendering is held to. (``record_json_line`` already writes text that
@@ -161,8 +162,8 @@ MATRIX_SLACK_BYTES = 8 << 20
 
 def _groups(lead_zero: bytes) -> np.ndarray:
     """4-character groups as 32-bit words: ``[0, 10000)`` every number zero-padded ("0042"),
-    ``[10000, 20000)`` the leading group of a number, NUL-padded ("\0\042"), whose value 0
-    reads ``lead_zero``."""
+    ``[10000, 20000)`` the leading group of a number, padded with NULs instead of zeros,
+    whose value 0 reads ``lead_zero``."""
     full = b"".join(b"%04d" % i for i in range(10000))
     lead = b"".join((b"%4d" % i).replace(b" ", b"\0") for i in range(1, 10000))
     return np.frombuffer(full + lead_zero + lead, dtype=np.uint32)
