@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,9 +24,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
+sys.path[:0] = [str(REPO / "bench"), str(REPO / "tests")]
 
 import bigjournal  # noqa: E402
+from mountutil import mounted  # noqa: E402
 
 
 def daemon_cpu_and_peak(pid: int) -> tuple[float, float]:
@@ -78,30 +78,13 @@ def main() -> int:
     parser.add_argument("--code", default=str(REPO), help="the journalfs tree to mount with")
     args = parser.parse_args()
     path, count = bigjournal.journal("kestrel-writer", args.mb)
-    work = Path(tempfile.mkdtemp(prefix="records-jsonl-"))
-    mnt = work / "mnt"
-    mnt.mkdir()
+    os.chdir(args.code)  # `python -m journalfs.cli` imports from the current directory first
     env = dict(os.environ, PYTHONPATH=args.code)
-    with open(work / "mount.log", "wb") as log:
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "journalfs.cli", "mount", "--foreground", "--store",
-             str(work / "store"), str(path.parent), str(mnt)],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=args.code)
-    try:
-        deadline = time.monotonic() + 60
-        while not os.path.ismount(mnt):
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"mount failed: {(work / 'mount.log').read_text()[-2000:]}")
-            time.sleep(0.05)
-        results = read_passes(mnt / ".journalfs" / "records" / path.name, args.passes,
-                              daemon.pid)
-    finally:
-        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-        shutil.rmtree(work, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="records-jsonl-") as work:
+        with mounted(path.parent, Path(work) / "mnt", "--store", str(Path(work) / "store"),
+                     env=env) as mount:
+            results = read_passes(mount.mountpoint / ".journalfs" / "records" / path.name,
+                                  args.passes, mount.pid)
     print(f"{path.stat().st_size / 1e6:.0f} MB Kestrel journal, {count:,} records")
     print(f"{'pass':>4}{'MB':>7}{'s':>8}{'MB/s':>7}{'CPU s':>8}{'MB/CPU s':>9}{'RSS MB':>8}"
           f"{'other max ms':>13}{'load':>6}")

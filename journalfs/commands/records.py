@@ -19,7 +19,7 @@ from ..formats.base import Record
 from ..journals import mapped, sniff_file
 from ..jsonlines import columns_chunk, has_columns, records_chunk
 from ..pagecache import Releaser
-from .parsing import examples
+from .parsing import add_command
 from .progress import Progress
 
 from . import EXIT_DAMAGED, EXIT_OK  # defined once, for every command
@@ -33,14 +33,18 @@ SUMMARY_VALUE_CHARS = 40
 FIRST_ROWS, MAX_ROWS, BATCH_SPAN = 1024, 16384, 2 << 20
 
 
+DESCRIPTION = (
+    "Decode a journal file of any supported format (found by its content) and print its "
+    "records: a table by default, or with --json one JSON object per record and line (the "
+    "fields are listed in docs/contract.md). On damage the valid records are printed first, "
+    "then one line on stderr names the file, the byte offset and the reason, and the exit "
+    "status is 3.")
+
+
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "records", help="decode a journal file into its records",
-        description="Print every record of a journal file in file order: a table, or with "
-                    "--json one JSON object per line. A damaged file prints its valid "
-                    "records, then names the file and byte offset of the damage (exit 3).",
-        epilog=examples("journalfs records queue/jobs.1700000000000 | less",
-                        "journalfs records db.jrnl --json | jq .status"))
+    p = add_command(sub, "records", "decode a journal file into its records", DESCRIPTION,
+                    "journalfs records /data/queues/jobs.1700000000000",
+                    "journalfs records db.jrnl --json | jq -r .status")
     p.add_argument("file", help="any supported journal file (detected by its magic bytes)")
     p.add_argument("--json", action="store_true",
                    help="one JSON object per record and line (the contract's fields)")
