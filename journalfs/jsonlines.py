@@ -227,8 +227,11 @@ def _render(data: dict, order: list[str], lo: int, hi: int) -> bytes | None:
     matrix = np.empty((rows, len(template)), dtype=np.uint8)
     matrix[...] = np.frombuffer(template, dtype=np.uint8)
     words = matrix.view(np.uint32)
-    for block, at in places:
-        block.write(matrix, words, at)
+    try:
+        for block, at in places:
+            block.write(matrix, words, at)
+    except (TypeError, ValueError):  # payloads that are not bytes: only json_line writes them
+        return None
     return matrix.tobytes().translate(None, b"\0")
 
 
@@ -323,10 +326,11 @@ class _Base64:
     one matrix whose rows are whole 3-byte groups, base64 of all of it at once, the groups
     past each payload's end blanked, each one's last group given its ``=`` padding."""
 
-    def __init__(self, packed: np.ndarray, sizes: np.ndarray):
-        self.packed, self.sizes = packed, sizes
+    def __init__(self, items: list, sizes: np.ndarray):
+        self.items, self.sizes = items, sizes
         self.groups = -(-sizes // 3)
-        self.width = 4 * (packed.shape[1] // 3)
+        self.count = max(1, int(self.groups.max()))  # groups of the longest payload
+        self.width = 4 * self.count
 
     @classmethod
     def of(cls, column, lo: int, hi: int) -> "_Base64 | None":
@@ -335,18 +339,17 @@ class _Base64:
             items = list(items)
         try:
             sizes = np.fromiter(map(len, items), dtype=np.int64, count=len(items))
-            width = max(3, -(-int(sizes.max()) // 3) * 3)
-            packed = np.array(items, dtype=f"S{width}")
-        except (TypeError, ValueError):  # a null payload: only json_line writes it
+        except TypeError:  # a null payload: only json_line writes it
             return None
-        if packed.dtype.kind != "S" or packed.shape != (len(items),):
-            return None
-        return cls(packed.view(np.uint8).reshape(len(items), width), sizes)
+        return cls(items, sizes)
 
     def write(self, matrix: np.ndarray, words: np.ndarray, at: int) -> None:
-        rows, width = self.packed.shape
-        count = width // 3
-        text = np.frombuffer(binascii.b2a_base64(self.packed, newline=False), dtype=np.uint32)
+        rows, count = len(self.items), self.count
+        # packed only now: the caller first checked the matrix's size (see _render)
+        packed = np.array(self.items, dtype=f"S{3 * count}")
+        if packed.dtype.kind != "S" or packed.shape != (rows,):
+            raise TypeError("payloads must be bytes")
+        text = np.frombuffer(binascii.b2a_base64(packed, newline=False), dtype=np.uint32)
         np.multiply(text.reshape(rows, count), np.arange(count) < self.groups[:, None],
                     out=words[:, at // 4:at // 4 + count])
         last = at + 4 * self.groups - 1

@@ -185,3 +185,15 @@ def test_records_jsonl_reads_answered_from_the_chunk_in_hand(tmp_path):
         assert b"".join(got) == full
         assert layout.size == len(full)
         assert inline > len(got) // 2  # most reads never left the chunk in hand
+
+
+def test_one_huge_payload_among_small_ones_is_rendered_in_pieces():
+    """The matrix is as wide as the widest payload: a batch whose one 8 MiB payload would make
+    4,000 rows 11 MB wide each (44 GB) is cut in halves until it fits, exactly."""
+    rows = 4000
+    payloads = [b"x" * 10] * rows
+    payloads[1234] = b"y" * (8 << 20)
+    data = {"format": "kestrel-writer", "seq": np.arange(rows), "kind": "put",
+            "payload": payloads}
+    got = render_columns(Columns(data, rows, None, rows), list(data))
+    assert got == reference(Columns(data, rows, None, rows), list(data))
