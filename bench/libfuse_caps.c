@@ -247,7 +247,7 @@ static const struct fuse_operations caps_ops = {
 
 /* ---- --listing: a synthetic root directory, low-level API ---- */
 
-static void rc_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+static void listing_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct stat st = { .st_ino = ino, .st_nlink = 2, .st_mode = S_IFDIR | 0755 };
 
@@ -259,21 +259,21 @@ static void rc_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	fuse_reply_attr(req, &st, 120.0);
 }
 
-static void rc_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+static void listing_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	(void)parent;
 	(void)name;
 	fuse_reply_err(req, ENOENT);
 }
 
-static void rc_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+static void listing_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	(void)ino;
 	offer_listing_cache(fi);
 	fuse_reply_open(req, fi);
 }
 
-static void rc_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+static void listing_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		       struct fuse_file_info *fi)
 {
 	char *buf = malloc(size), name[32];
@@ -296,11 +296,11 @@ static void rc_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	free(buf);
 }
 
-static const struct fuse_lowlevel_ops rc_ops = {
-	.lookup = rc_lookup,
-	.getattr = rc_getattr,
-	.opendir = rc_opendir,
-	.readdir = rc_readdir,
+static const struct fuse_lowlevel_ops listing_ops = {
+	.lookup = listing_lookup,
+	.getattr = listing_getattr,
+	.opendir = listing_opendir,
+	.readdir = listing_readdir,
 	/* no releasedir: libfuse answers RELEASEDIR with success itself */
 };
 
@@ -311,7 +311,7 @@ static int serve_listing(const char *prog, const char *mountpoint)
 	struct fuse_session *se;
 	int rc;
 
-	se = fuse_session_new(&args, &rc_ops, sizeof(rc_ops), NULL);
+	se = fuse_session_new(&args, &listing_ops, sizeof(listing_ops), NULL);
 	if (!se || fuse_set_signal_handlers(se) || fuse_session_mount(se, mountpoint))
 		return 1;
 	rc = fuse_session_loop(se);
