@@ -32,7 +32,8 @@ import pyfuse3
 import trio
 
 from . import xattrs
-from .caches import UNKNOWN, DirSnapshots, Listing, MetaCache
+from .caches import UNKNOWN, Listing, MetaCache
+from .dirlist import DIR_BLKSIZE, ListingCache, patched
 from .inodes import VIEW_INO_BASE, Inode, InodeTable, O_PATH_FLAGS, join, same_object, stale
 from .views import VIEWS_NAME, Views
 
@@ -218,7 +219,7 @@ class JournalFS(pyfuse3.Operations):
         self.watch = SourceWatcher(self.source_changed)
         self.views = Views(self, options or {})
         self._exchange_tmp = itertools.count()
-        self.snapshots = DirSnapshots(min(timeout, SNAPSHOT_TTL))
+        self.snapshots = ListingCache(min(timeout, SNAPSHOT_TTL))  # + listings kept for readdir
         self.stat_ttl = min(timeout, SNAPSHOT_TTL)
         root = os.fstat(root_fd)
         self.local = _fs_type(root_fd) in LOCAL_FS_TYPES
@@ -280,8 +281,10 @@ class JournalFS(pyfuse3.Operations):
         a.st_atime_ns = st.st_atime_ns
         a.st_mtime_ns = st.st_mtime_ns
         a.st_ctime_ns = st.st_ctime_ns
-        if stat.S_ISDIR(st.st_mode) and node.key is not None:
-            self._watch_directory(node)  # the kernel will know it
+        if stat.S_ISDIR(st.st_mode):
+            a.st_blksize = DIR_BLKSIZE  # big READDIRPLUS replies (see DIR_BLKSIZE)
+            if node.key is not None:
+                self._watch_directory(node)  # the kernel will know it
         return a
 
     def _watch_directory(self, node: Inode) -> None:
@@ -577,18 +580,36 @@ class JournalFS(pyfuse3.Operations):
         if self.views.owns(inode):
             return await self.views.opendir(inode)
         node = self.table.get(inode)
-        rel = node.path
-        listing = self.snapshots.listing(rel) if rel is not None else None
-        skip = VIEWS_NAME if node is self.table.root else None  # shadowed by the virtual tree
-        if listing is None or listing.unknown:
-            generation = self.snapshots.generation
-            listing = await self._on(node, self._scan_sorted, skip)
-            if rel is not None and len(listing.stats) <= self.snapshots.max_entries:
-                self.snapshots.store(rel, generation, listing)
+        listing = await self._dir_listing(node)
         dots = await self._on(node, self._dots, node is self.table.root)
         handle = self.next_handle()
         self.dirs[handle] = (node, listing.frozen(), dots)
         return handle
+
+    async def _dir_listing(self, node: Inode) -> Listing:
+        """The current listing of directory ``node``: the one kept since the last scan when
+        the watcher covers the directory (only names changed since are stat'ed again), else
+        a fresh snapshot or a new scan."""
+        rel = node.path
+        watched = rel is not None and self.watch.watching(node.ino) and not self.watch.pending()
+        listing = None
+        if rel is not None:
+            listing = (self.snapshots.kept(rel, node) if watched else None) \
+                or self.snapshots.listing(rel)
+        generation = self.snapshots.generation
+        fresh = False
+        if listing is not None and listing.unknown:
+            listing = await self._on(node, patched, listing)
+            fresh = True
+        if listing is None:
+            skip = VIEWS_NAME if node is self.table.root else None  # shadowed by the views
+            listing = await self._on(node, self._scan_sorted, skip)
+            fresh = True
+            if rel is not None and len(listing.stats) <= self.snapshots.max_entries:
+                self.snapshots.store(rel, generation, listing)
+        if watched and fresh:
+            self.snapshots.keep(rel, node, generation, listing)
+        return listing
 
     def _scan_sorted(self, fd: int, skip: bytes | None) -> Listing:
         listing = self.snapshots.scan(fd, skip, limit=False)
@@ -612,10 +633,19 @@ class JournalFS(pyfuse3.Operations):
         for i in range(start_id, len(dots)):  # no lookup reference for these two
             if not pyfuse3.readdir_reply(token, dots[i][0], dots[i][1], i + 1):
                 return
-        names = listing.names
+        # Per entry: the attributes built once per stat (shared with lookups and with later
+        # listings of a kept listing), so a repeated listing costs dict lookups and the reply.
+        names, stats, built, by_ino = listing.names, listing.stats, listing.attrs, self.table.by_ino
+        reply, first = pyfuse3.readdir_reply, len(dots) + 1
         for i in range(max(0, start_id - len(dots)), len(names)):
-            child, attrs = self._listed(listing, node, names[i], listing.stats[names[i]])
-            if not pyfuse3.readdir_reply(token, names[i], attrs, i + len(dots) + 1):
+            name = names[i]
+            st = stats[name]
+            entry = built.get(name)
+            if entry is not None and entry[0] is st and by_ino.get(entry[1].ino) is entry[1]:
+                child, attrs = entry[1], entry[2]
+            else:
+                child, attrs = self._listed(listing, node, name, st)
+            if not reply(token, name, attrs, i + first):
                 self.table.drop_if_unused(child)
                 return
             child.lookups += 1
