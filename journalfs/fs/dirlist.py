@@ -84,10 +84,11 @@ class ListingCache(DirSnapshots):
             entry[1].mark_unknown(name)
 
 
-def patched(listing: Listing, dir_fd: int) -> Listing | None:
+def patched(dir_fd: int, listing: Listing, skip: bytes | None) -> Listing | None:
     """A new listing: ``listing`` with its UNKNOWN names stat'ed again in the SOURCE directory
-    ``dir_fd`` (O_PATH; lstat relative to it), vanished names left out. None when too many
-    names changed: scan again. Never changes ``listing`` itself (open handles share it)."""
+    ``dir_fd`` (O_PATH; lstat relative to it), vanished names and ``skip`` left out. None when
+    too many names changed: scan again. Never changes ``listing`` itself (open handles share
+    it)."""
     unknown = [name for name, st in listing.stats.items() if st is UNKNOWN]
     if len(unknown) > PATCH_MAX:
         return None
@@ -95,6 +96,8 @@ def patched(listing: Listing, dir_fd: int) -> Listing | None:
     gone = False
     for name in unknown:
         try:
+            if name == skip:
+                raise FileNotFoundError(name)
             stats[name] = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             del stats[name]

@@ -214,7 +214,7 @@ class JournalFS(pyfuse3.Operations):
         root_fd = os.open(self.src, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self.table = InodeTable(root_fd)
         self.files: dict[int, Handle] = {}                     # file handle -> open file
-        self.dirs: dict[int, tuple[Inode, Listing, list]] = {}  # handle -> (dir, listing, dots)
+        self.dirs: dict[int, list] = {}  # handle -> [dir, listing, dots, read]: _dir_state
         # changes made behind the mount: the watcher asks source_changed what to invalidate
         self.watch = SourceWatcher(self.source_changed)
         self.views = Views(self, options or {})
@@ -580,29 +580,35 @@ class JournalFS(pyfuse3.Operations):
         if self.views.owns(inode):
             return await self.views.opendir(inode)
         node = self.table.get(inode)
+        handle = self.next_handle()
+        self.dirs[handle] = await self._dir_state(node)
+        return handle
+
+    async def _dir_state(self, node: Inode) -> list:
+        """An open directory: [inode, its listing as of now, . and .., read from yet]."""
         listing = await self._dir_listing(node)
         dots = await self._on(node, self._dots, node is self.table.root)
-        handle = self.next_handle()
-        self.dirs[handle] = (node, listing.frozen(), dots)
-        return handle
+        return [node, listing.frozen(), dots, False]
 
     async def _dir_listing(self, node: Inode) -> Listing:
         """The current listing of directory ``node``: the one kept since the last scan when
         the watcher covers the directory (only names changed since are stat'ed again), else
         a fresh snapshot or a new scan."""
         rel = node.path
-        watched = rel is not None and self.watch.watching(node.ino) and not self.watch.pending()
+        # a change behind the mount not yet applied to our caches: none of them is current
+        pending = self.watch.pending()
+        watched = rel is not None and not pending and self.watch.watching(node.ino)
         listing = None
-        if rel is not None:
+        if rel is not None and not pending:
             listing = (self.snapshots.kept(rel, node) if watched else None) \
                 or self.snapshots.listing(rel)
         generation = self.snapshots.generation
         fresh = False
+        skip = VIEWS_NAME if node is self.table.root else None  # shadowed by the views
         if listing is not None and listing.unknown:
-            listing = await self._on(node, patched, listing)
+            listing = await self._on(node, patched, listing, skip)
             fresh = True
         if listing is None:
-            skip = VIEWS_NAME if node is self.table.root else None  # shadowed by the views
             listing = await self._on(node, self._scan_sorted, skip)
             fresh = True
             if rel is not None and len(listing.stats) <= self.snapshots.max_entries:
@@ -629,7 +635,11 @@ class JournalFS(pyfuse3.Operations):
     async def readdir(self, fh, start_id, token):
         if fh not in self.dirs:
             return await self.views.readdir(fh, start_id, token)
-        node, listing, dots = self.dirs[fh]
+        state = self.dirs[fh]
+        if start_id == 0 and state[3]:  # rewinddir: the directory as it is now (POSIX)
+            state[:] = await self._dir_state(state[0])
+        state[3] = True
+        node, listing, dots, _ = state
         for i in range(start_id, len(dots)):  # no lookup reference for these two
             if not pyfuse3.readdir_reply(token, dots[i][0], dots[i][1], i + 1):
                 return

@@ -1042,14 +1042,18 @@ class Views:
         if node.kind in (RECORD, JSONL, STATUS):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         handle = self.ctx.next_handle()
+        self.dirs[handle] = await self._dir_state(node)
+        return handle
+
+    async def _dir_state(self, node: VNode) -> dict:
+        """An open view directory: what its listing needs, as of now."""
         state = {"node": node, "batch_first": 0, "batch": [], "index": None,
                  "names_only": False}
         if node.kind == RECORDS_DIR:
             state["entries"] = await self._on_file(node.rel, self._list_records_dir, node.rel)
         elif node.kind == JOURNAL:  # listing waits for indexing as far as it goes, not here
             state["info"] = await self._on_file(node.rel, self._journal_info, node.rel)
-        self.dirs[handle] = state
-        return handle
+        return state
 
     def _list_records_dir(self, rel: bytes) -> list[tuple[bytes, str, Any]]:
         out = []
@@ -1083,6 +1087,11 @@ class Views:
         if state is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         node: VNode = state["node"]
+        if start_id == 0 and state.get("read"):  # rewinddir: the directory as it is now
+            fresh = await self._dir_state(node)
+            state.clear()
+            state.update(fresh)
+        state["read"] = True
         if node.kind == JOURNAL:
             return await self._readdir_journal(state, start_id, token)
         if node.kind == RECORDS_DIR:
