@@ -27,8 +27,10 @@ from .caches import UNKNOWN, DirSnapshots, Listing
 #: sizes each READDIRPLUS request from that buffer, so 1 MiB brings ~5,000 entries per reply
 #: instead of ~200 (measured on 6.18, docs/posix.md).
 DIR_BLKSIZE = 1 << 20
-#: Kept listings at most (each costs about 1 KiB per entry).
+#: Kept listings at most, and entries in them at most (about 1 KiB each: lstat, attributes,
+#: inode); a bigger directory is scanned at each opendir, as before.
 MAX_KEPT = 64
+MAX_KEPT_ENTRIES = 200_000
 #: Names marked changed above which a listing is scanned again rather than patched.
 PATCH_MAX = 256
 
@@ -50,12 +52,15 @@ class ListingCache(DirSnapshots):
     def keep(self, dir_rel: bytes, directory, started_generation: int, listing: Listing) -> None:
         """Keep ``listing`` of ``directory`` (watched) unless something changed since the scan
         started."""
-        if started_generation != self.generation or not self.enabled:
-            return
         self._kept.pop(dir_rel, None)
+        if started_generation != self.generation or not self.enabled \
+                or len(listing.stats) > MAX_KEPT_ENTRIES:
+            return
         self._kept[dir_rel] = (directory, listing)
-        while len(self._kept) > MAX_KEPT:
-            self._kept.pop(next(iter(self._kept)))
+        entries = sum(len(kept.stats) for _, kept in self._kept.values())
+        while len(self._kept) > MAX_KEPT or entries > MAX_KEPT_ENTRIES:
+            _, oldest = self._kept.pop(next(iter(self._kept)))
+            entries -= len(oldest.stats)
 
     def drop(self, dir_rel: bytes) -> None:
         self._kept.pop(dir_rel, None)

@@ -33,7 +33,7 @@ import trio
 
 from . import xattrs
 from .caches import UNKNOWN, Listing, MetaCache
-from .dirlist import DIR_BLKSIZE, ListingCache, patched
+from .dirlist import DIR_BLKSIZE, ListingCache, NameOnlyEntry, patched
 from .inodes import VIEW_INO_BASE, Inode, InodeTable, O_PATH_FLAGS, join, same_object, stale
 from .views import VIEWS_NAME, Views
 
@@ -214,7 +214,7 @@ class JournalFS(pyfuse3.Operations):
         root_fd = os.open(self.src, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self.table = InodeTable(root_fd)
         self.files: dict[int, Handle] = {}                     # file handle -> open file
-        self.dirs: dict[int, list] = {}  # handle -> [dir, listing, dots, read]: _dir_state
+        self.dirs: dict[int, list] = {}  # handle -> _dir_state
         # changes made behind the mount: the watcher asks source_changed what to invalidate
         self.watch = SourceWatcher(self.source_changed)
         self.views = Views(self, options or {})
@@ -585,15 +585,18 @@ class JournalFS(pyfuse3.Operations):
         return handle
 
     async def _dir_state(self, node: Inode) -> list:
-        """An open directory: [inode, its listing as of now, . and .., read from yet]."""
-        listing = await self._dir_listing(node)
+        """An open directory: [inode, its listing as of now, . and .., read from yet,
+        NameOnlyEntry for names the kernel holds current attributes of, or None]."""
+        listing, current = await self._dir_listing(node)
         dots = await self._on(node, self._dots, node is self.table.root)
-        return [node, listing.frozen(), dots, False]
+        plain = NameOnlyEntry(stat.S_IFREG) if current and NameOnlyEntry.available else None
+        return [node, listing.frozen(), dots, False, plain]
 
-    async def _dir_listing(self, node: Inode) -> Listing:
+    async def _dir_listing(self, node: Inode) -> tuple[Listing, bool]:
         """The current listing of directory ``node``: the one kept since the last scan when
         the watcher covers the directory (only names changed since are stat'ed again), else
-        a fresh snapshot or a new scan."""
+        a fresh snapshot or a new scan; and whether every change in SOURCE has reached the
+        kernel's caches (the directory is watched and no change is waiting)."""
         rel = node.path
         # a change behind the mount not yet applied to our caches: none of them is current
         pending = self.watch.pending()
@@ -615,7 +618,7 @@ class JournalFS(pyfuse3.Operations):
                 self.snapshots.store(rel, generation, listing)
         if watched and fresh:
             self.snapshots.keep(rel, node, generation, listing)
-        return listing
+        return listing, watched
 
     def _scan_sorted(self, fd: int, skip: bytes | None) -> Listing:
         listing = self.snapshots.scan(fd, skip, limit=False)
@@ -639,12 +642,16 @@ class JournalFS(pyfuse3.Operations):
         if start_id == 0 and state[3]:  # rewinddir: the directory as it is now (POSIX)
             state[:] = await self._dir_state(state[0])
         state[3] = True
-        node, listing, dots, _ = state
+        node, listing, dots, _, plain = state
         for i in range(start_id, len(dots)):  # no lookup reference for these two
             if not pyfuse3.readdir_reply(token, dots[i][0], dots[i][1], i + 1):
                 return
         # Per entry: the attributes built once per stat (shared with lookups and with later
         # listings of a kept listing), so a repeated listing costs dict lookups and the reply.
+        # A name whose inode the kernel holds already, with attributes that are current or
+        # invalidated (``plain``: every change has reached it), goes by name only: the kernel
+        # then neither updates that inode nor drops its cached ACLs (which `ls -l` would ask
+        # for again), and counts no lookup.
         names, stats, built, by_ino = listing.names, listing.stats, listing.attrs, self.table.by_ino
         reply, first = pyfuse3.readdir_reply, len(dots) + 1
         for i in range(max(0, start_id - len(dots)), len(names)):
@@ -653,6 +660,12 @@ class JournalFS(pyfuse3.Operations):
             entry = built.get(name)
             if entry is not None and entry[0] is st and by_ino.get(entry[1].ino) is entry[1]:
                 child, attrs = entry[1], entry[2]
+                if plain is not None and child.lookups:
+                    plain.attrs.st_mode = st.st_mode  # the entry's type
+                    plain.ino.value = child.ino
+                    if not reply(token, name, plain.attrs, i + first):
+                        return
+                    continue
             else:
                 child, attrs = self._listed(listing, node, name, st)
             if not reply(token, name, attrs, i + first):
