@@ -654,16 +654,19 @@ class JournalFS(pyfuse3.Operations):
         # for again), and counts no lookup.
         names, stats, built, by_ino = listing.names, listing.stats, listing.attrs, self.table.by_ino
         reply, first = pyfuse3.readdir_reply, len(dots) + 1
+        plain_attrs, plain_ino = (plain.attrs, plain.ino) if plain is not None else (None, None)
+        plain_type = stat.S_IFREG
         for i in range(max(0, start_id - len(dots)), len(names)):
             name = names[i]
             st = stats[name]
             entry = built.get(name)
             if entry is not None and entry[0] is st and by_ino.get(entry[1].ino) is entry[1]:
                 child, attrs = entry[1], entry[2]
-                if plain is not None and child.lookups:
-                    plain.attrs.st_mode = st.st_mode  # the entry's type
-                    plain.ino.value = child.ino
-                    if not reply(token, name, plain.attrs, i + first):
+                if plain_attrs is not None and child.lookups:
+                    if stat.S_IFMT(st.st_mode) != plain_type:  # the entry's type
+                        plain_type = plain_attrs.st_mode = stat.S_IFMT(st.st_mode)
+                    plain_ino.value = child.ino
+                    if not reply(token, name, plain_attrs, i + first):
                         return
                     continue
             else:
