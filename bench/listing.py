@@ -2,12 +2,15 @@
 native, bindfs and journalfs, in rotating rounds.
 
     sudo .venv/bin/python bench/listing.py [--entries 2000] [--rounds 3] [--workdir DIR]
+                                           [--before TREE]
 
 Each cell is the median of the rounds (entries/s; higher is better). For the FUSE daemons it
 also gives the READDIR(PLUS) requests of the first listing (so entries per reply) and the
 daemon's CPU per request and per entry, counted as bench/fuse.py counts them (schedstat and
 the fuse_request_send tracepoint). "cold": a fresh mount with dropped caches; "warm": the same
-command right after, the kernel's dentries and attributes still cached.
+command right after, the kernel's dentries and attributes still cached. ``--before TREE``
+adds a target "journalfs-before": journalfs imported from another source tree (e.g. an
+export of an earlier commit), measured in the same rounds.
 """
 from __future__ import annotations
 
@@ -26,6 +29,17 @@ bench_fuse = sys.modules["bench_fuse"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_fuse)
 
 COMMANDS = {"ls -U": ["ls", "-U"], "ls": ["ls"], "ls -l": ["ls", "-l"]}
+
+
+class OtherTree(bench_fuse.Target):
+    """journalfs as imported from another source tree."""
+
+    def __init__(self, name: str, tree: Path, *args):
+        super().__init__(name, *args)
+        self.tree = tree
+
+    def command(self, sync, timeout) -> list[str]:
+        return ["env", f"PYTHONPATH={self.tree}", *super().command(sync, timeout)]
 
 
 def make_directory(folder: Path, count: int) -> None:
@@ -73,9 +87,10 @@ def measure(t, folder_of, count: int, cells: dict) -> None:
 
 def table(cells: dict, names: list[str], count: int) -> str:
     med = statistics.median
+    daemons = [n for n in names if n != "native"]
     lines = [f"| {count:,} entries | " + " | ".join(names) + " | journalfs ÷ bindfs | "
-             "READDIR(PLUS) requests: bindfs / journalfs | daemon CPU µs per request: "
-             "bindfs / journalfs | journalfs daemon CPU µs per entry |",
+             f"READDIR(PLUS) requests: {' / '.join(daemons)} | daemon CPU µs per request: "
+             f"{' / '.join(daemons)} | daemon CPU µs per entry: {' / '.join(daemons[1:])} |",
              "|---" * (len(names) + 5) + "|"]
     for row, by in cells.items():
         rates = {n: med(by[n]["rate"]) for n in names if n in by}
@@ -87,8 +102,9 @@ def table(cells: dict, names: list[str], count: int) -> str:
         lines.append(f"| {row} | " + " | ".join(f"{rates[n]:,.0f}" if n in rates else "-"
                                                  for n in names)
                      + f" | {'-' if ratio is None else f'{ratio:.2f}'}"
-                     + f" | {fuse_figure('readdir_requests')} | {fuse_figure('cpu_us_request')}"
-                     + f" | {fuse_figure('cpu_us_entry', '{:.1f}', ('journalfs',))} |")
+                     + f" | {fuse_figure('readdir_requests', who=daemons)}"
+                     + f" | {fuse_figure('cpu_us_request', who=daemons)}"
+                     + f" | {fuse_figure('cpu_us_entry', '{:.1f}', daemons[1:])} |")
     return "\n".join(lines)
 
 
@@ -99,6 +115,7 @@ def main() -> int:
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/journalfs-bench-listing"))
     ap.add_argument("--only", default="native,bindfs,journalfs")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--before", type=Path, help="also measure journalfs from this tree")
     args = ap.parse_args()
     work = args.workdir.resolve()
     src = work / "src"
@@ -111,6 +128,11 @@ def main() -> int:
         "journalfs": bench_fuse.Target("journalfs", src, work / "mnt-journalfs", store),
     }
     names = args.only.split(",")
+    if args.before:
+        targets["journalfs-before"] = OtherTree("journalfs-before", args.before.resolve(), src,
+                                                work / "mnt-before", work / "store-before")
+        (work / "store-before").mkdir(exist_ok=True)
+        names.append("journalfs-before")
     order = [targets[n] for n in names]
     cells: dict = {}
     started = time.time()
