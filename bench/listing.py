@@ -39,7 +39,9 @@ class OtherTree(bench_fuse.Target):
         self.tree = tree
 
     def command(self, sync, timeout) -> list[str]:
-        return ["env", f"PYTHONPATH={self.tree}", *super().command(sync, timeout)]
+        # python -m imports from the working directory first: run it in the tree
+        return ["env", "-C", str(self.tree), f"PYTHONPATH={self.tree}",
+                *super().command(sync, timeout)]
 
 
 def make_directory(folder: Path, count: int) -> None:
