@@ -89,15 +89,15 @@ class ListingCache(DirSnapshots):
             entry[1].mark_unknown(name)
 
 
-def patched(dir_fd: int, listing: Listing, skip: bytes | None) -> Listing | None:
-    """A new listing: ``listing`` with its UNKNOWN names stat'ed again in the SOURCE directory
-    ``dir_fd`` (O_PATH; lstat relative to it), vanished names and ``skip`` left out. None when
-    too many names changed: scan again. Never changes ``listing`` itself (open handles share
-    it)."""
-    unknown = [name for name, st in listing.stats.items() if st is UNKNOWN]
+def patched(dir_fd: int, copy: Listing, skip: bytes | None) -> Listing | None:
+    """``copy`` (a ``Listing.frozen()`` copy, taken on the trio thread: this may run in a
+    worker thread while the original is marked) with its UNKNOWN names stat'ed again in the
+    SOURCE directory ``dir_fd`` (O_PATH; lstat relative to it), vanished names and ``skip``
+    left out. None when too many names changed: scan again."""
+    stats = copy.stats
+    unknown = [name for name, st in stats.items() if st is UNKNOWN]
     if len(unknown) > PATCH_MAX:
         return None
-    stats = dict(listing.stats)
     gone = False
     for name in unknown:
         try:
@@ -107,8 +107,8 @@ def patched(dir_fd: int, listing: Listing, skip: bytes | None) -> Listing | None
         except FileNotFoundError:
             del stats[name]
             gone = True
-    names = None if gone or len(stats) != len(listing.names) else listing.names
-    return Listing(stats, listing.taken, listing.attrs, 0, names)
+    names = None if gone or len(stats) != len(copy.names) else copy.names
+    return Listing(stats, copy.taken, copy.attrs, 0, names)
 
 
 def _node_id_offsets() -> tuple[int, int] | None:

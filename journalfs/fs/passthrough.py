@@ -609,7 +609,7 @@ class JournalFS(pyfuse3.Operations):
         fresh = False
         skip = VIEWS_NAME if node is self.table.root else None  # shadowed by the views
         if listing is not None and listing.unknown:
-            listing = await self._on(node, patched, listing, skip)
+            listing = await self._on(node, patched, listing.frozen(), skip)
             fresh = True
         if listing is None:
             listing = await self._on(node, self._scan_sorted, skip)
