@@ -225,3 +225,21 @@ def test_a_small_view_lists_every_record_with_sizes(fs):
     assert set(sizes) == {f"{i:08d}.index" for i in range(300)} | {"records.jsonl"}
     for name in ("00000000.index", "00000299.index"):
         assert sizes[name] == len((view / name).read_bytes())
+
+
+def test_listing_without_a_watch_follows_changes_through_the_mount(tmp_path):
+    """No watcher (JOURNALFS_WATCH=off): listings are not kept, names go with attributes."""
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    (src / "dir").mkdir(parents=True)
+    for i in range(40):
+        (src / "dir" / f"g{i:02d}").write_bytes(b"g")
+    env = dict(os.environ, JOURNALFS_WATCH="off")
+    with mounted(src, mnt, "--store", str(tmp_path / "store"), env=env) as m:
+        same_as_source(m, "dir")
+        (mnt / "dir" / "made").write_bytes(b"m")
+        (mnt / "dir" / "g00").unlink()
+        (mnt / "dir" / "g01").rename(mnt / "dir" / "moved")
+        same_as_source(m, "dir")
+        os.truncate(mnt / "dir" / "g02", 7)
+        with os.scandir(mnt / "dir") as it:
+            assert {e.name: e.stat().st_size for e in it}["g02"] == 7
