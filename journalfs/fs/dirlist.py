@@ -62,9 +62,6 @@ class ListingCache(DirSnapshots):
             _, oldest = self._kept.pop(next(iter(self._kept)))
             entries -= len(oldest.stats)
 
-    def drop(self, dir_rel: bytes) -> None:
-        self._kept.pop(dir_rel, None)
-
     # every change reaches the kept listings the way it reaches the snapshots
     def attrs_changed(self, *rels: bytes) -> None:
         super().attrs_changed(*rels)

@@ -655,7 +655,7 @@ class JournalFS(pyfuse3.Operations):
         names, stats, built, by_ino = listing.names, listing.stats, listing.attrs, self.table.by_ino
         reply, first = pyfuse3.readdir_reply, len(dots) + 1
         plain_attrs, plain_ino = (plain.attrs, plain.ino) if plain is not None else (None, None)
-        plain_type = stat.S_IFREG
+        plain_type = plain_attrs.st_mode if plain is not None else 0  # as the last call left it
         for i in range(max(0, start_id - len(dots)), len(names)):
             name = names[i]
             st = stats[name]
