@@ -257,3 +257,26 @@ def test_listing_without_a_watch_follows_changes_through_the_mount(tmp_path):
         os.truncate(mnt / "dir" / "g02", 7)
         with os.scandir(mnt / "dir") as it:
             assert {e.name: e.stat().st_size for e in it}["g02"] == 7
+
+
+def test_names_from_columns_equal_names_from_lines(records_corpus):
+    """Name-only listings take kinds from the codec's columns; they must name every record
+    exactly as the rendered listing does, from any start, for every conformance journal."""
+    from journalfs.fs.views import Views
+    from journalfs.journals import RecordIndex, sniff_fd
+
+    checked = 0
+    for path in sorted(p for p in records_corpus.rglob("*") if p.is_file()):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            codec = sniff_fd(fd)
+        finally:
+            os.close(fd)
+        if codec is None:
+            continue
+        idx = RecordIndex.build(str(path), codec)
+        for first in sorted({0, 1, idx.count // 2, max(0, idx.count - 1)}):
+            assert Views._list_names(idx, first) == Views._list_batch(idx, first, sizes=False), \
+                (path, first)
+        checked += 1
+    assert checked >= 9

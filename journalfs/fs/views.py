@@ -1188,20 +1188,24 @@ class Views:
         while seq < idx.count and len(out) < LIST_BATCH:
             last = min(idx.count, seq + READ_CHUNK_RECORDS)
             i = bisect.bisect_right(idx.seqs, seq) - 1
-            start = idx.offsets[i] if seq and i >= 0 else None
+            if seq and (i < 0 or idx.seqs[i] != seq):  # no checkpoint here: the slow way
+                return out + Views._list_batch(idx, max(first, seq), sizes=False)
+            start = idx.offsets[i] if seq else None
             # the index's own reader of a record range (bounded pread, never a mapping)
             with idx._range(start, last) as (buf, stop):
                 cols = idx.codec.read_columns(buf, idx.path, start, seq, stop, last - seq)
-            if not cols.rows:
-                break
             skip = max(0, first - seq)
+            if cols.rows <= skip:  # the records end (damage) before ``first``
+                break
             kinds = cols.data["kind"]
             kinds = [kinds] if isinstance(kinds, str) else list(kinds[skip:cols.rows])
             seqs = range(seq + skip, seq + cols.rows)
             if kinds.count(kinds[0]) == len(kinds):  # one kind: one name template
-                names = map((b"%08d." + os.fsencode(kinds[0])).__mod__, seqs)
+                names = map((b"%08d." + kinds[0].encode("utf-8", "surrogateescape")).__mod__,
+                            seqs)
             else:
-                names = (b"%08d.%s" % (n, os.fsencode(k)) for n, k in zip(seqs, kinds))
+                names = (b"%08d.%s" % (n, k.encode("utf-8", "surrogateescape"))
+                         for n, k in zip(seqs, kinds))
             out.extend(names)
             seq += cols.rows
         return out
