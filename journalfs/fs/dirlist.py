@@ -40,7 +40,8 @@ class ListingCache(DirSnapshots):
 
     def __init__(self, ttl: float, **kwargs):
         super().__init__(ttl, **kwargs)
-        self._kept: dict[bytes, tuple[object, Listing]] = {}
+        # dir path -> [directory inode, listing, its rows once all built (see rows)]
+        self._kept: dict[bytes, list] = {}
 
     def kept(self, dir_rel: bytes, directory) -> Listing | None:
         """The listing kept for ``dir_rel`` when it was taken for this very inode object."""
@@ -56,11 +57,31 @@ class ListingCache(DirSnapshots):
         if started_generation != self.generation or not self.enabled \
                 or len(listing.stats) > MAX_KEPT_ENTRIES:
             return
-        self._kept[dir_rel] = (directory, listing)
-        entries = sum(len(kept.stats) for _, kept in self._kept.values())
+        self._kept[dir_rel] = [directory, listing, None]
+        entries = sum(len(kept[1].stats) for kept in self._kept.values())
         while len(self._kept) > MAX_KEPT or entries > MAX_KEPT_ENTRIES:
-            _, oldest = self._kept.pop(next(iter(self._kept)))
-            entries -= len(oldest.stats)
+            oldest = self._kept.pop(next(iter(self._kept)))
+            entries -= len(oldest[1].stats)
+
+    def rows(self, dir_rel: bytes, listing: Listing) -> list | None:
+        """:func:`rows` of the kept ``listing``, remembered once every row holds attributes
+        built for its current lstat: later opendirs reuse them. None if not kept."""
+        entry = self._kept.get(dir_rel)
+        if entry is None or entry[1] is not listing:
+            return None
+        if entry[2] is None:
+            built = rows(listing)
+            if all(attrs is not None and attrs[0] is st for _, st, attrs in built):
+                entry[2] = built
+            return built
+        return entry[2]
+
+    def rows_stale(self, dir_rel: bytes) -> None:
+        """A row of ``dir_rel``'s kept listing named an inode no longer in use: build the
+        rows again at the next opendir."""
+        entry = self._kept.get(dir_rel)
+        if entry is not None:
+            entry[2] = None
 
     # every change reaches the kept listings the way it reaches the snapshots
     def attrs_changed(self, *rels: bytes) -> None:
@@ -84,6 +105,13 @@ class ListingCache(DirSnapshots):
         entry = self._kept.get(directory)
         if entry is not None:
             entry[1].mark_unknown(name)
+
+
+def rows(listing: Listing) -> list[tuple]:
+    """``(name, lstat, (lstat, inode, EntryAttributes) or None)`` of every name of
+    ``listing`` in readdir order: what readdir needs per entry, without a lookup per entry."""
+    names = listing.names
+    return list(zip(names, map(listing.stats.__getitem__, names), map(listing.attrs.get, names)))
 
 
 def patched(dir_fd: int, copy: Listing, skip: bytes | None) -> Listing | None:

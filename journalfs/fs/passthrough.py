@@ -33,7 +33,7 @@ import trio
 
 from . import xattrs
 from .caches import UNKNOWN, Listing, MetaCache
-from .dirlist import DIR_BLKSIZE, ListingCache, NameOnlyEntry, patched
+from .dirlist import DIR_BLKSIZE, ListingCache, NameOnlyEntry, patched, rows
 from .inodes import VIEW_INO_BASE, Inode, InodeTable, O_PATH_FLAGS, join, same_object, stale
 from .views import VIEWS_NAME, Views
 
@@ -586,11 +586,14 @@ class JournalFS(pyfuse3.Operations):
 
     async def _dir_state(self, node: Inode) -> list:
         """An open directory: [inode, its listing as of now, . and .., read from yet,
-        NameOnlyEntry for names the kernel holds current attributes of, or None]."""
+        NameOnlyEntry for names the kernel holds current attributes of, or None, the
+        listing's rows (dirlist.rows)]."""
         listing, current = await self._dir_listing(node)
         dots = await self._on(node, self._dots, node is self.table.root)
         plain = NameOnlyEntry(stat.S_IFREG) if current and NameOnlyEntry.available else None
-        return [node, listing.frozen(), dots, False, plain]
+        frozen = listing.frozen()
+        entries = (self.snapshots.rows(node.path, listing) if current else None) or rows(frozen)
+        return [node, frozen, dots, False, plain, entries]
 
     async def _dir_listing(self, node: Inode) -> tuple[Listing, bool]:
         """The current listing of directory ``node``: the one kept since the last scan when
@@ -642,36 +645,38 @@ class JournalFS(pyfuse3.Operations):
         if start_id == 0 and state[3]:  # rewinddir: the directory as it is now (POSIX)
             state[:] = await self._dir_state(state[0])
         state[3] = True
-        node, listing, dots, _, plain = state
+        node, listing, dots, _, plain, entries = state
         for i in range(start_id, len(dots)):  # no lookup reference for these two
             if not pyfuse3.readdir_reply(token, dots[i][0], dots[i][1], i + 1):
                 return
         # Per entry: the attributes built once per stat (shared with lookups and with later
-        # listings of a kept listing), so a repeated listing costs dict lookups and the reply.
+        # listings of a kept listing), found through the listing's rows, so a repeated
+        # listing costs a few identity checks and the reply.
         # A name whose inode the kernel holds already, with attributes that are current or
         # invalidated (``plain``: every change has reached it), goes by name only: the kernel
         # then neither updates that inode nor drops its cached ACLs (which `ls -l` would ask
         # for again), and counts no lookup.
-        names, stats, built, by_ino = listing.names, listing.stats, listing.attrs, self.table.by_ino
-        reply, first = pyfuse3.readdir_reply, len(dots) + 1
+        by_ino, reply, file_type = self.table.by_ino, pyfuse3.readdir_reply, stat.S_IFMT
         plain_attrs, plain_ino = (plain.attrs, plain.ino) if plain is not None else (None, None)
         plain_type = plain_attrs.st_mode if plain is not None else 0  # as the last call left it
-        for i in range(max(0, start_id - len(dots)), len(names)):
-            name = names[i]
-            st = stats[name]
-            entry = built.get(name)
+        start = max(0, start_id - len(dots))
+        stale = False
+        for i, (name, st, entry) in enumerate(entries[start:], start + len(dots) + 1):
             if entry is not None and entry[0] is st and by_ino.get(entry[1].ino) is entry[1]:
                 child, attrs = entry[1], entry[2]
                 if plain_attrs is not None and child.lookups:
-                    if stat.S_IFMT(st.st_mode) != plain_type:  # the entry's type
-                        plain_type = plain_attrs.st_mode = stat.S_IFMT(st.st_mode)
+                    if file_type(st.st_mode) != plain_type:  # the entry's type
+                        plain_type = plain_attrs.st_mode = file_type(st.st_mode)
                     plain_ino.value = child.ino
-                    if not reply(token, name, plain_attrs, i + first):
+                    if not reply(token, name, plain_attrs, i):
                         return
                     continue
             else:
                 child, attrs = self._listed(listing, node, name, st)
-            if not reply(token, name, attrs, i + first):
+                if not stale and node.path is not None:
+                    stale = True
+                    self.snapshots.rows_stale(node.path)
+            if not reply(token, name, attrs, i):
                 self.table.drop_if_unused(child)
                 return
             child.lookups += 1
