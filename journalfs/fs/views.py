@@ -42,9 +42,11 @@ import numpy as np
 import pyfuse3
 import trio
 
+from ..formats.base import Codec
 from ..journals import CHECKPOINT_EVERY, FINGERPRINT_BYTES, RecordIndex, is_backup_name, sniff_fd
 from ..jsonlines import json_line
 from .catalog import Catalog
+from .dirlist import DIR_BLKSIZE, NameOnlyEntry
 from .indexfiles import IndexDir, matches, may_extend
 from .sourcefiles import SourceTree, open_regular_path
 
@@ -54,6 +56,8 @@ VIEWS_NAME = b".journalfs"
 JSONL_NAME = b"records.jsonl"
 RECORD_XATTR_PREFIX = b"user.record."
 DAMAGE_XATTR = b"user.journal.damage"
+#: Journals with at least this many records are listed by name only (see _readdir_journal).
+NAMES_ONLY_RECORDS = 100_000
 #: Records decoded per directory-listing batch (kept per open directory handle).
 LIST_BATCH = 16 * 1024
 #: Records decoded together for single-record requests; batches with more payload bytes
@@ -848,7 +852,8 @@ class Views:
         a.st_nlink = 2 if stat.S_ISDIR(mode) else 1
         a.st_uid, a.st_gid = owner or self.owner
         a.st_size = size
-        a.st_blksize = 4096
+        # directories: big READDIRPLUS replies, as for mirrored ones (dirlist.DIR_BLKSIZE)
+        a.st_blksize = DIR_BLKSIZE if stat.S_ISDIR(mode) else 4096
         a.st_blocks = (size + 511) // 512
         t = self.started_ns if mtime_ns is None else mtime_ns
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = t
@@ -1051,13 +1056,18 @@ class Views:
         if node.kind in (RECORD, JSONL, STATUS):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         handle = self.ctx.next_handle()
-        state = {"node": node, "batch_first": 0, "batch": [], "index": None}
+        self.dirs[handle] = await self._dir_state(node)
+        return handle
+
+    async def _dir_state(self, node: VNode) -> dict:
+        """An open view directory: what its listing needs, as of now."""
+        state = {"node": node, "batch_first": 0, "batch": [], "index": None,
+                 "names_only": False}
         if node.kind == RECORDS_DIR:
             state["entries"] = await self._on_file(node.rel, self._list_records_dir, node.rel)
         elif node.kind == JOURNAL:  # listing waits for indexing as far as it goes, not here
             state["info"] = await self._on_file(node.rel, self._journal_info, node.rel)
-        self.dirs[handle] = state
-        return handle
+        return state
 
     def _list_records_dir(self, rel: bytes) -> list[tuple[bytes, str, Any]]:
         out = []
@@ -1091,6 +1101,11 @@ class Views:
         if state is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         node: VNode = state["node"]
+        if start_id == 0 and state.get("read"):  # rewinddir: the directory as it is now
+            fresh = await self._dir_state(node)
+            state.clear()
+            state.update(fresh)
+        state["read"] = True
         if node.kind == JOURNAL:
             return await self._readdir_journal(state, start_id, token)
         if node.kind == RECORDS_DIR:
@@ -1146,13 +1161,27 @@ class Views:
                     return
             if seq >= idx.count:
                 return
+            # A big journal is listed by name only: no kernel inode per record (and no
+            # FORGET for it later); `ls -l` looks each record up, as on bindfs.
+            names_only = NameOnlyEntry.available and idx.count >= NAMES_ONLY_RECORDS
             first, batch = state["batch_first"], state["batch"]
-            if not first <= seq < first + len(batch):
-                batch = await self._on_file(node.rel, self._list_batch, idx, seq)
+            if not first <= seq < first + len(batch) or state["names_only"] != names_only:
+                batch = await self._on_file(node.rel, self._list_names if names_only
+                                            else self._list_batch, idx, seq)
                 state["batch_first"], state["batch"] = seq, batch
+                state["names_only"] = names_only
                 first = seq
                 if not batch:
                     return
+            if names_only:
+                plain = state.get("plain") or state.setdefault("plain", NameOnlyEntry(file_mode))
+                ino, plain_attrs = plain.ino, plain.attrs
+                for name in batch[seq - first:]:
+                    ino.value = ino_base | seq
+                    if not reply(token, name, plain_attrs, seq + 2):
+                        return
+                    seq += 1
+                continue
             for name, size in batch[seq - first:]:
                 attrs.st_ino = ino_base | seq
                 attrs.st_size = size
@@ -1162,11 +1191,47 @@ class Views:
                 seq += 1
 
     @staticmethod
-    def _list_batch(idx: RecordIndex, first: int) -> list[tuple[bytes, int]]:
+    def _list_names(idx: RecordIndex, first: int) -> list[bytes]:
+        """The names of records ``first`` on, about LIST_BATCH of them, for entries
+        listed by name only: the names need the records' kinds, not their lines, so a codec
+        with a vectorised column decoder is asked for the columns alone (nothing rendered)."""
+        if type(idx.codec).read_columns is Codec.read_columns or not idx.codec.resumable:
+            return Views._list_batch(idx, first, sizes=False)
+        seq = first - first % CHECKPOINT_EVERY
+        out: list[bytes] = []
+        while seq < idx.count and len(out) < LIST_BATCH:
+            last = min(idx.count, seq + READ_CHUNK_RECORDS)
+            i = bisect.bisect_right(idx.seqs, seq) - 1
+            if seq and (i < 0 or idx.seqs[i] != seq):  # no checkpoint here: the slow way
+                return out + Views._list_batch(idx, max(first, seq), sizes=False)
+            start = idx.offsets[i] if seq else None
+            # the index's own reader of a record range (bounded pread, never a mapping)
+            with idx._range(start, last) as (buf, stop):
+                cols = idx.codec.read_columns(buf, idx.path, start, seq, stop, last - seq)
+            skip = max(0, first - seq)
+            if cols.rows <= skip:  # the records end (damage) before ``first``
+                break
+            kinds = cols.data["kind"]
+            kinds = [kinds] if isinstance(kinds, str) else list(kinds[skip:cols.rows])
+            seqs = range(seq + skip, seq + cols.rows)
+            if kinds.count(kinds[0]) == len(kinds):  # one kind: one name template
+                names = map((b"%08d." + kinds[0].encode("utf-8", "surrogateescape")).__mod__,
+                            seqs)
+            else:
+                names = (b"%08d.%s" % (n, k.encode("utf-8", "surrogateescape"))
+                         for n, k in zip(seqs, kinds))
+            out.extend(names)
+            seq += cols.rows
+        return out
+
+    @staticmethod
+    def _list_batch(idx: RecordIndex, first: int, sizes: bool = True,
+                    ) -> list[tuple[bytes, int]] | list[bytes]:
         """(name, exact size) of records ``first`` on, about LIST_BATCH of them. Exact sizes,
         though JSON-line records need their line rendered: a listing's attributes update
         cached inodes, and a wrong size would cut short a concurrent read. Lines are
-        rendered a checkpoint's worth at a time from the columns (see json_chunk)."""
+        rendered a checkpoint's worth at a time from the columns (see json_chunk).
+        ``sizes=False``: the names alone, for entries listed by name only."""
         step = READ_CHUNK_RECORDS if idx.codec.resumable else max(1, idx.count)
         seq = first - first % CHECKPOINT_EVERY if idx.codec.resumable else 0
         out: list[tuple[bytes, int]] = []
@@ -1183,7 +1248,7 @@ class Views:
             else:
                 names = (b"%08d.%s" % (n, k.encode("utf-8", "surrogateescape"))
                          for n, k in zip(seqs, kinds))
-            out.extend(zip(names, chunk.content_sizes()[skip:]))
+            out.extend(zip(names, chunk.content_sizes()[skip:]) if sizes else names)
             seq += chunk.rows
         return out
 
