@@ -391,6 +391,17 @@ class RecordIndex:
         finally:
             os.close(fd)
 
+    def settled(self) -> int:
+        """How many records can be rendered in checkpoint-aligned pieces now: all of them
+        once the index is complete; while it is still being built, those before its last
+        checkpoint (their bytes end where that checkpoint starts, so no read is open-ended,
+        and the next piece starts at a checkpoint again)."""
+        complete = self.complete  # read first: a count read after it is at least as far
+        if complete or not self.codec.resumable:
+            return self.count
+        seqs = self.seqs
+        return seqs[-1] if seqs else 0
+
     def record(self, seq: int) -> Record:
         for rec in self.records(seq, 1):
             return rec

@@ -1154,9 +1154,13 @@ class Views:
         reply = pyfuse3.readdir_reply
         idx: RecordIndex | None = state["index"]
         while True:
-            if idx is None or (seq >= idx.count and not idx.complete):
+            # An index still being built is listed as far as it has settled (up to its last
+            # checkpoint); past that the listing waits for the indexer, and only this
+            # directory's request waits.
+            while idx is None or (seq >= idx.settled() and not idx.complete):
+                want = seq if idx is None else seq - seq % CHECKPOINT_EVERY + CHECKPOINT_EVERY
                 try:
-                    idx = state["index"] = await self._index(node.rel, seq)
+                    idx = state["index"] = await self._index(node.rel, want)
                 except OSError:
                     return
             if seq >= idx.count:
@@ -1198,9 +1202,10 @@ class Views:
         if type(idx.codec).read_columns is Codec.read_columns or not idx.codec.resumable:
             return Views._list_batch(idx, first, sizes=False)
         seq = first - first % CHECKPOINT_EVERY
+        count = idx.settled()  # a partial index grows meanwhile: list what has settled
         out: list[bytes] = []
-        while seq < idx.count and len(out) < LIST_BATCH:
-            last = min(idx.count, seq + READ_CHUNK_RECORDS)
+        while seq < count and len(out) < LIST_BATCH:
+            last = min(count, seq + READ_CHUNK_RECORDS)
             i = bisect.bisect_right(idx.seqs, seq) - 1
             if seq and (i < 0 or idx.seqs[i] != seq):  # no checkpoint here: the slow way
                 return out + Views._list_batch(idx, max(first, seq), sizes=False)
@@ -1221,6 +1226,8 @@ class Views:
                 names = (b"%08d.%s" % (n, k.encode("utf-8", "surrogateescape"))
                          for n, k in zip(seqs, kinds))
             out.extend(names)
+            if cols.rows < last - seq:  # the records end here (damage)
+                break
             seq += cols.rows
         return out
 
@@ -1232,11 +1239,13 @@ class Views:
         cached inodes, and a wrong size would cut short a concurrent read. Lines are
         rendered a checkpoint's worth at a time from the columns (see json_chunk).
         ``sizes=False``: the names alone, for entries listed by name only."""
-        step = READ_CHUNK_RECORDS if idx.codec.resumable else max(1, idx.count)
+        count = idx.settled()  # a partial index grows meanwhile: list what has settled
+        step = READ_CHUNK_RECORDS if idx.codec.resumable else max(1, count)
         seq = first - first % CHECKPOINT_EVERY if idx.codec.resumable else 0
         out: list[tuple[bytes, int]] = []
-        while seq < idx.count and len(out) < LIST_BATCH:
-            chunk = idx.json_chunk(seq, step)
+        while seq < count and len(out) < LIST_BATCH:
+            want = min(step, count - seq)
+            chunk = idx.json_chunk(seq, want)
             if not chunk.rows:
                 break
             skip = max(0, first - seq)
@@ -1250,6 +1259,8 @@ class Views:
                          for n, k in zip(seqs, kinds))
             out.extend(zip(names, chunk.content_sizes()[skip:]) if sizes else names)
             seq += chunk.rows
+            if chunk.rows < want:  # the records end here (damage)
+                break
         return out
 
     def releasedir(self, fh: int) -> None:
