@@ -290,7 +290,7 @@ class JsonlLayout:
                 self.offsets.extend(starts[first::CHECKPOINT_EVERY].tolist())
             self.measured += rows
             self.measured_bytes = start + length
-            if self.measured >= self.count:
+            if self.count is not None and self.measured >= self.count:
                 self.size = self.measured_bytes
                 return True
             return False
@@ -317,42 +317,72 @@ class JsonlReader:
         self._start = 0          # its byte offset in records.jsonl
         self._chunk = b""
         self._rows = 0
+        self._ended = False      # no records follow the chunk in hand
+        #: the record a read stopped at because the index had not settled it yet (None: the
+        #: read was not cut short by indexing)
+        self.waiting_for: int | None = None
         self._completed = False
         self.lock = threading.Lock()
 
-    def _render(self, seq: int, start: int) -> tuple[bytes, int]:
-        chunk = self.index.json_chunk(seq, self._step)
+    def _render(self, seq: int, start: int) -> tuple[bytes, int, bool]:
+        """(lines, rows, whether the records end after them) from record ``seq`` on. While
+        the index is still being built only records it has settled are rendered (pieces
+        start and end at checkpoints); none yet: ``(b"", 0, False)``, and the caller waits."""
+        idx = self.index
+        complete = idx.complete
+        count = idx.count if complete else idx.settled()
+        want = min(self._step, count - seq)
+        if want <= 0:
+            if not complete:
+                self.waiting_for = seq
+            return b"", 0, complete
+        chunk = idx.json_chunk(seq, want)
+        if complete and self.layout.count is None:  # the index was partial when opened
+            with self.layout.lock:
+                self.layout.count = idx.count
         lengths = chunk.line_lengths() if chunk.rows > CHECKPOINT_EVERY else None
         self._completed |= self.layout.note_chunk(seq, start, len(chunk.data), chunk.rows,
                                                   lengths)
-        return chunk.data, chunk.rows
+        ended = chunk.rows < want or (complete and seq + chunk.rows >= count)
+        return chunk.data, chunk.rows, ended
 
     def _chunk_at(self, pos: int) -> bool:
         """Make the chunk in hand the one holding byte ``pos``; False past the end."""
         if self._seq >= 0 and self._start <= pos < self._start + len(self._chunk):
             return True
         if self._seq >= 0 and pos >= self._start:  # onwards from the chunk in hand
-            seq, start, data, rows = self._seq, self._start, self._chunk, self._rows
+            seq, start, data = self._seq, self._start, self._chunk
+            rows, ended = self._rows, self._ended
         else:
             seq, start = self.layout.checkpoint_before(pos)
-            data, rows = self._render(seq, start)
-        while pos >= start + len(data):
-            if rows < self._step or seq + rows >= self.index.count:
-                return False
-            seq, start = seq + rows, start + len(data)
-            data, rows = self._render(seq, start)
+            data, rows, ended = self._render(seq, start)
             if not rows:
                 return False
-        self._seq, self._start, self._chunk, self._rows = seq, start, data, rows
+        while pos >= start + len(data):
+            if ended:
+                return False
+            seq, start = seq + rows, start + len(data)
+            data, rows, ended = self._render(seq, start)
+            if not rows:
+                return False
+        self._seq, self._start, self._chunk = seq, start, data
+        self._rows, self._ended = rows, ended
         return True
 
     def read(self, off: int, size: int) -> bytes:
+        return self.read_settled(off, size)[0]
+
+    def read_settled(self, off: int, size: int) -> tuple[bytes, int | None]:
+        """(bytes, None) as :meth:`read`; while the index is still being built, a read that
+        reaches past the records it has settled ends there: ``(b"", seq)`` when nothing
+        could be served yet, ``seq`` being the record it waits for."""
         total = self.layout.size
         end = off + size if total is None else min(off + size, total)
         if off >= end:
-            return b""
+            return b"", None
         parts = []
         with self.lock:
+            self.waiting_for = None
             pos = off
             while pos < end and self._chunk_at(pos):
                 inside = pos - self._start
@@ -360,9 +390,10 @@ class JsonlReader:
                 parts.append(piece)
                 pos += len(piece)
             completed, self._completed = self._completed, False
+            waiting = self.waiting_for if pos < end else None
         if completed and self.on_complete is not None:
             self.on_complete(self.layout)
-        return b"".join(parts)
+        return b"".join(parts), waiting
 
     def read_in_hand(self, off: int, size: int) -> bytes | None:
         """``read(off, size)`` when the chunk in hand holds all of it (a copy, no rendering:
@@ -1279,7 +1310,8 @@ class Views:
         if cached is not None:  # decoded moments ago: answered inline
             self.files[handle] = record_content(cached[0])
         elif node.kind == JSONL:
-            idx = await self._index(node.rel)
+            # the start of records.jsonl is served as soon as the index has settled it
+            idx = await self._index(node.rel, 0)
             self.files[handle] = await self._on_file(node.rel, self._jsonl_reader, node.rel, idx)
         else:
             idx = await self._index(node.rel, node.seq)
@@ -1296,7 +1328,10 @@ class Views:
     def _jsonl_reader(self, rel: bytes, idx: RecordIndex) -> JsonlReader:
         info = self.catalog.get(("journal", rel))
         layout = info.layout if info is not None and info.index is idx else None
-        if layout is None or not layout.fits(idx):
+        if not idx.complete:  # still being indexed: its line count is not known yet
+            layout = JsonlLayout.empty(idx)
+            layout.count = None
+        elif layout is None or not layout.fits(idx):
             layout = JsonlLayout.empty(idx)
             if info is not None and info.index is idx:
                 info.layout = layout
@@ -1310,7 +1345,15 @@ class Views:
             data = content.read_in_hand(off, size)
             if data is not None:
                 return data
-            return await self._on_file(content.rel, content.read, off, size)
+            while True:
+                data, waiting = await self._on_file(content.rel, content.read_settled, off, size)
+                if data or waiting is None:
+                    return data
+                # the index has not reached this far yet: wait for its next checkpoint
+                # (this request only; everything else is served meanwhile)
+                idx = await self._index(content.rel, waiting + CHECKPOINT_EVERY)
+                if idx is not content.index and not content.index.complete:
+                    raise pyfuse3.FUSEError(errno.ESTALE)  # that indexing was abandoned
         return content[off:off + size]
 
     def release(self, fh: int) -> None:
