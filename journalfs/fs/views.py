@@ -1230,8 +1230,16 @@ class Views:
         """The names of records ``first`` on, about LIST_BATCH of them, for entries
         listed by name only: the names need the records' kinds, not their lines, so a codec
         with a vectorised column decoder is asked for the columns alone (nothing rendered)."""
-        if type(idx.codec).read_columns is Codec.read_columns or not idx.codec.resumable:
-            return Views._list_batch(idx, first, sizes=False)
+        codec = idx.codec
+        if len(codec.kinds) == 1 and codec.resumable:
+            # one kind of record (jrnl, akka): the names follow from the index's count alone
+            last = min(idx.settled(), first + LIST_BATCH)
+            template = b"%08d." + codec.kinds[0].encode("utf-8", "surrogateescape")
+            return list(map(template.__mod__, range(first, last)))
+        if type(codec).read_columns is Codec.read_columns or not codec.resumable:
+            # no column decoder: the records decoded, their lines never rendered
+            last = min(idx.settled(), first + LIST_BATCH)
+            return [record_file_name(rec) for rec in idx.records(first, last - first)]
         seq = first - first % CHECKPOINT_EVERY
         count = idx.settled()  # a partial index grows meanwhile: list what has settled
         out: list[bytes] = []
