@@ -254,6 +254,9 @@ class RecordIndex:
     dev: int = 0
     #: False while :meth:`build` is still adding records (a partial index serves those it has)
     complete: bool = True
+    #: (views) records.jsonl's line layout, when a reader finished it before the index was
+    #: adopted by the views
+    finished_layout: object = field(default=None, repr=False, compare=False)
 
     @classmethod
     def build(cls, path: str, codec: Codec | None = None,

@@ -792,6 +792,9 @@ class Views:
 
     def _adopt(self, rel: bytes, info: JournalInfo, index: RecordIndex) -> None:
         info.index, info.previous = index, None
+        finished = index.finished_layout
+        if finished is not None and finished.fits(index):
+            info.layout = finished
         if info.layout is not None and not info.layout.fits(index):
             info.layout = None
         self.catalog.put(("journal", rel), info, info.cost())
@@ -865,6 +868,9 @@ class Views:
         def done(layout: JsonlLayout) -> None:
             info = self.catalog.get(("journal", rel))
             if info is None or info.index is not idx:
+                # read to the end the moment its indexing ended, before the index was
+                # adopted: _adopt takes the layout along
+                idx.finished_layout = layout
                 return
             info.layout = layout
             self.catalog.put(("journal", rel), info, info.cost())
