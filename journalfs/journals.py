@@ -385,10 +385,10 @@ class RecordIndex:
             size = os.fstat(fd).st_size
             if stop is not None:
                 end = min(stop, size)
-            elif self.complete or start is None:
+            elif self.complete:
                 end = size
-            else:  # past the checkpoints of an index still being built
-                end = min(size, start + PARTIAL_WINDOW)
+            else:  # past the checkpoints of an index still being built: never the whole file
+                end = min(size, (start or 0) + PARTIAL_WINDOW)
             with pread_buffer(fd, start or 0, end, size) as buf:
                 yield buf, stop
         finally:

@@ -31,6 +31,11 @@ def akka_source(tmp_path_factory) -> tuple[Path, int]:
     return src, ((src / "data").stat().st_size - 8) // BLOCK
 
 
+def _peak_rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
 def _indexing(mnt: Path) -> list:
     status = json.loads((mnt / ".journalfs" / "status.json").read_bytes())
     return status["views"]["indexing"]
@@ -41,9 +46,14 @@ def test_ls_while_indexing_lists_every_record(akka_source, tmp_path):
     passed and waits for the rest (it answered EIO: a batch ended between checkpoints)."""
     src, count = akka_source
     mnt = tmp_path / "mnt"
-    with mounted(src, mnt, "--store", str(tmp_path / "store")):
+    with mounted(src, mnt, "--store", str(tmp_path / "store")) as m:
         view = mnt / ".journalfs" / "records" / "data"
+        before = _peak_rss(m.pid)
         listing = subprocess.run(["ls", "-U", str(view)], capture_output=True)
+        # memory: the indexing window and a batch of names, never the file (the first
+        # batch of a partial index was read from the whole file: +200 MB here)
+        growth = _peak_rss(m.pid) - before
+        assert growth < (64 << 20) + (48 << 20), growth
         assert listing.returncode == 0, listing.stderr.decode(errors="replace")
         names = listing.stdout.split()
         assert len(names) == count + 1
