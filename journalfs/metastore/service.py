@@ -14,8 +14,9 @@ Writes (typed ops, :mod:`.backend`):
 * :meth:`MetaService.sync` makes every earlier acknowledged write durable (fsync, fsyncdir,
   syncfs); shutdown does too.
 
-Reads: :meth:`get` / :meth:`get_all` answer inline when the answer is already in memory
-(``store.peek``: no lock wait, no file access); otherwise in ``trio.to_thread``.
+Reads: :meth:`get` / :meth:`get_all` answer inline on the trio thread whenever the store lock
+is free (``store.try_get_all``: the journal index and the mapped tree, memory only); only
+while a rotation or a worker-thread commit holds the lock do they wait in ``trio.to_thread``.
 
 Rotation runs in a thread when the journal passes ``fill_threshold``, after ``quiet_seconds``
 without writes (if anything changed), on :meth:`compact`, and at shutdown. A background task
@@ -220,17 +221,15 @@ class MetaService:
         return self.store.peek(path, key)
 
     async def get(self, path, key):
-        found, value = self.store.peek(path, key)
-        if found:
-            return value
-        # all keys, so the store caches the node and the next read of this path is inline
-        return (await trio.to_thread.run_sync(self.store.get_all, path)).get(key)
+        return (await self.get_all(path)).get(key)
 
     async def get_all(self, path):
-        found, value = self.store.peek(path)
-        if found:
-            return dict(value)
-        return await trio.to_thread.run_sync(self.store.get_all, path)
+        # inline unless the store lock is busy (a rotation's swap, a thread's commit): all
+        # keys, so the store caches the node and the next read of it is a dict lookup
+        values = self.store.try_get_all(path)
+        if values is None:
+            values = await trio.to_thread.run_sync(self.store.get_all, path)
+        return values
 
     def status(self) -> dict:
         status = dict(self.store.status())

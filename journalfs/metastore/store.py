@@ -445,6 +445,21 @@ class MetaStore:
         finally:
             self._lock.release()
 
+    def try_get_all(self, path: str) -> dict[str, Value] | None:
+        """:meth:`get_all` if the store lock is free right now, else None (a rotation is
+        swapping files in, or a worker thread is appending). Lookups only read memory: the
+        journal index and the mapped tree of this writer's local store, so an event loop may
+        call it inline. Read-only stores say None: they must re-check the files first."""
+        if self.readonly:
+            return None
+        path = canonical(path)
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self._get_all_locked(path)
+        finally:
+            self._lock.release()
+
     def _merged(self, count: int | None = None) -> MergedTree:
         merged = MergedTree(self._tree)
         for rec in self._index.records[:count]:
