@@ -137,3 +137,35 @@ def test_reads_racing_with_rotations_see_every_value(tmp_path):
     assert len(rotations) >= 1
     with MetaStore.open(tree, readonly=True) as reader:  # the service closed the store
         assert reader.get("/d/f0", "k") is not None
+
+
+def test_moves_and_removes_of_paths_without_metadata_write_nothing(tmp_path):
+    tree = _store_with_tree_values(tmp_path, 2)  # /d/f0, /d/f1 in the tree
+    store = MetaStore.open(tree, sync="none")
+    try:
+        async def main():
+            service = MetaService(store, sync="none")
+            await service.set("/j/a", "k", "journal")
+            entries = store.status()["entries"]
+            await service.move("/plain", "/plain2")       # nothing at either: skipped
+            await service.move("/d/none", "/x/y")
+            await service.remove("/d/none")
+            await service.remove("/j/b")
+            assert store.status()["entries"] == entries
+            # metadata at or below the source, or at the destination: written
+            await service.move("/d", "/e")                # the tree has /d below
+            assert await service.get_all("/e/f1") == {"k": "tree 1"}
+            await service.move("/j", "/j2")               # the journal has /j/a below
+            assert await service.get("/j2/a", "k") == "journal"
+            await service.move("/nothing", "/e/f0")       # clears the destination's values
+            assert await service.get_all("/e/f0") == {}
+            await service.remove("/e")
+            assert await service.get_all("/e/f1") == {}
+            assert store.status()["entries"] == entries + 7
+            await service.move("/e/f1", "/e/f9")          # under a removed path: unsure, written
+            assert store.status()["entries"] == entries + 9
+        trio.run(main)
+    finally:
+        store.close()
+    with MetaStore.open(tree, readonly=True) as reader:
+        assert reader.dump() == {"/j2/a": {"k": "journal"}}

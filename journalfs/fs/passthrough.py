@@ -708,7 +708,7 @@ class JournalFS(pyfuse3.Operations):
         self._pin(new_parent, new, name_new)  # a replaced file may still be open
         self.table.hold(new_parent)
         try:
-            replaced, moved, other = await self._change_names(
+            replaced, moved, other, dirs = await self._change_names(
                 old_parent, (old, new), self._rename, old_parent, name_old, new_parent,
                 name_new, flags)
         finally:
@@ -724,7 +724,7 @@ class JournalFS(pyfuse3.Operations):
         await self.views.source_changed(old)
         await self.views.source_changed(new)
         if flags & pyfuse3.RENAME_EXCHANGE:
-            self.table.renamed([(old, new), (new, old)])
+            self.table.renamed([(old, new), (new, old)], dirs)
             tmp = self.store_path(b".journalfs-exchange-%d" % next(self._exchange_tmp))
             await self._meta_restructure("move", self.store_path(old), tmp)
             await self._meta_restructure("move", self.store_path(new), self.store_path(old))
@@ -733,7 +733,7 @@ class JournalFS(pyfuse3.Operations):
         if replaced:
             self.table.unlinked(new)
             await self._meta_restructure("remove", self.store_path(new))
-        self.table.renamed([(old, new)])
+        self.table.renamed([(old, new)], dirs)
         await self._meta_restructure("move", self.store_path(old), self.store_path(new))
 
     def _forget_stat_node(self, node: Inode) -> None:
@@ -741,9 +741,10 @@ class JournalFS(pyfuse3.Operations):
         node.stat = None
 
     def _rename(self, old_parent: Inode, old: bytes, new_parent: Inode, new: bytes,
-                flags: int) -> tuple[bool, tuple | None, tuple | None]:
+                flags: int) -> tuple[bool, tuple | None, tuple | None, bool]:
         """Rename in SOURCE: (whether an existing, different object at ``new`` was
-        replaced, key of the moved object, key of the object exchanged with it)."""
+        replaced, key of the moved object, key of the object exchanged with it, whether
+        a directory moved: then paths below the names change too)."""
         old_fd, new_fd = self.table.fd(old_parent), self.table.fd(new_parent)
         src = os.stat(old, dir_fd=old_fd, follow_symlinks=False)
         dst = None
@@ -759,7 +760,8 @@ class JournalFS(pyfuse3.Operations):
         dst_key = None if dst is None else (dst.st_dev, dst.st_ino)
         replaced = dst_key is not None and dst_key != src_key
         exchanged = dst_key if flags & pyfuse3.RENAME_EXCHANGE else None
-        return replaced, src_key, exchanged
+        dirs = stat.S_ISDIR(src.st_mode) or (exchanged is not None and stat.S_ISDIR(dst.st_mode))
+        return replaced, src_key, exchanged, dirs
 
     @_guarded
     async def symlink(self, parent_inode, name, target, ctx):

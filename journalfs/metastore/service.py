@@ -196,10 +196,20 @@ class MetaService:
     async def unset(self, path, key):
         return await self.write(UnsetOp(path, key))
 
+    def _nothing_to_restructure(self, *paths: str) -> bool:
+        """A remove/move of paths with no metadata at or below them is a no-op: skip its
+        journal entries (a rename of a plain file then costs the store nothing). Only when
+        no write waits in the queue: each acknowledged write is in the store already."""
+        return not self._queued.ops and self.store.holds_nothing_at(*paths)
+
     async def remove(self, path):
+        if self._nothing_to_restructure(path):
+            return self.store.ticket
         return await self.write(RemoveOp(path))
 
     async def move(self, src, dst):
+        if self._nothing_to_restructure(src, dst):  # dst too: a move clears what it had
+            return self.store.ticket
         return await self.write(MoveOp(src, dst))
 
     async def copy(self, src, dst):
