@@ -65,6 +65,9 @@ class Inode:
     stat: os.stat_result | None = None
     stat_time: float = 0.0
     changes: int = 0
+    # (stat, timeout, EntryAttributes) of the last reply built for it: reused while equal
+    reply: tuple | None = None
+    meta_path: tuple | None = None  # (path, its store path): see JournalFS._node_store_path
 
     @property
     def path(self) -> bytes | None:

@@ -94,6 +94,16 @@ def _utime_fd(fd: int, atime_ns: int, mtime_ns: int) -> None:
     _check(_libc.utimensat(fd, b"", times, _AT_EMPTY_PATH | _AT_SYMLINK_NOFOLLOW))
 
 
+def _same_attributes(old: os.stat_result, new: os.stat_result) -> bool:
+    """Whether a reply built from ``old`` is exact for ``new`` (the tuple part compares
+    whole seconds only: the ns times and the block fields are checked on their own)."""
+    return old is new or (old == new and old.st_mtime_ns == new.st_mtime_ns
+                          and old.st_ctime_ns == new.st_ctime_ns
+                          and old.st_atime_ns == new.st_atime_ns
+                          and old.st_blocks == new.st_blocks and old.st_rdev == new.st_rdev
+                          and old.st_blksize == new.st_blksize)
+
+
 def proc_path(fd: int) -> bytes:
     """The kernel's link to exactly the object ``fd`` stands for (no path walk)."""
     return b"/proc/self/fd/%d" % fd
@@ -249,6 +259,18 @@ class JournalFS(pyfuse3.Operations):
     def store_path(self, rel: bytes) -> str:
         return self.location.store_path("/" + os.fsdecode(rel))
 
+    def _node_store_path(self, node: Inode) -> str | None:
+        """The store path of ``node``'s newest name (None once unlinked), kept with the name
+        it was made from: a rename replaces the name, so an identity check tells."""
+        paths = node.paths
+        if not paths:
+            return None
+        rel = paths[-1]
+        made = node.meta_path
+        if made is None or made[0] is not rel:
+            made = node.meta_path = (rel, self.store_path(rel))
+        return made[1]
+
     async def _io(self, fn: Callable, *args: Any) -> Any:
         """Run a SOURCE syscall: inline on a local filesystem, else in a worker thread."""
         if self.local:
@@ -264,23 +286,23 @@ class JournalFS(pyfuse3.Operations):
             self.table.unhold(node)
 
     def attrs(self, node: Inode, st: os.stat_result) -> pyfuse3.EntryAttributes:
-        a = pyfuse3.EntryAttributes()
-        a.st_ino = node.ino
-        a.generation = 0
-        a.entry_timeout = self.timeout
-        a.attr_timeout = self.timeout
-        a.st_mode = st.st_mode
-        a.st_nlink = st.st_nlink
-        a.st_uid = st.st_uid
-        a.st_gid = st.st_gid
-        a.st_rdev = st.st_rdev
-        a.st_size = st.st_size
-        a.st_blksize = st.st_blksize
-        a.st_blocks = st.st_blocks
-        a.st_atime_ns = st.st_atime_ns
-        a.st_mtime_ns = st.st_mtime_ns
-        a.st_ctime_ns = st.st_ctime_ns
-        if stat.S_ISDIR(st.st_mode) and node.key is not None:
+        """The reply for ``node`` with attributes ``st``: the one built last time when
+        nothing in it changed (a getattr at timeout 0 then costs an fstat and a compare)."""
+        timeout = self.timeout
+        built = node.reply
+        if built is not None and built[1] == timeout and _same_attributes(built[0], st):
+            a = built[2]
+        else:
+            a = pyfuse3.EntryAttributes()
+            a.st_ino, a.generation = node.ino, 0
+            a.entry_timeout = a.attr_timeout = timeout
+            a.st_mode, a.st_nlink, a.st_uid, a.st_gid = st.st_mode, st.st_nlink, st.st_uid, st.st_gid
+            a.st_rdev, a.st_size, a.st_blksize, a.st_blocks = (st.st_rdev, st.st_size,
+                                                              st.st_blksize, st.st_blocks)
+            a.st_atime_ns, a.st_mtime_ns, a.st_ctime_ns = (st.st_atime_ns, st.st_mtime_ns,
+                                                           st.st_ctime_ns)
+            node.reply = (st, timeout, a)
+        if node.file_type == stat.S_IFDIR and node.key is not None:
             self._watch_directory(node)  # the kernel will know it
         return a
 
@@ -462,10 +484,24 @@ class JournalFS(pyfuse3.Operations):
                 child, attrs = self._listed(listing, parent, name, st)
                 child.lookups += 1
                 return attrs
-        fd, st = await self._on(parent, self._open_path, name)
         rel = None if parent.path is None else join(parent.path, name)
+        seen = self.table.by_path.get(rel) if rel is not None else None
+        if seen is not None and seen.fd is not None:
+            # a name we know: an fstatat tells whether it still means an object that has
+            # its O_PATH fd already (no open + close of a second one)
+            st = await self._on(parent, self._lstat_at, name)
+            node = self.table.by_key.get((st.st_dev, st.st_ino))
+            if node is not None and node.fd is not None and \
+                    node.file_type == stat.S_IFMT(st.st_mode):
+                node = self.table.remember(rel, st, parent.ino, name)
+                return self.attrs(node, st)
+        fd, st = await self._on(parent, self._open_path, name)
         node = self.table.remember(rel, st, parent.ino, name, fd=fd)
         return self.attrs(node, st)
+
+    @staticmethod
+    def _lstat_at(dir_fd: int, name: bytes) -> os.stat_result:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
 
     @_guarded
     async def forget(self, inode_list):
@@ -1059,9 +1095,10 @@ class JournalFS(pyfuse3.Operations):
         key = xattrs.metadata_key(name)
         if key is None:
             return await self._on(node, self._native_getxattr, name)
-        if node.path is None:  # unlinked: its metadata went with its last name
+        store_path = self._node_store_path(node)
+        if store_path is None:  # unlinked: its metadata went with its last name
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-        value = await self._meta_get(self.store_path(node.path), key)
+        value = await self._meta_get(store_path, key)
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return xattrs.encode_value(value)
@@ -1133,8 +1170,9 @@ class JournalFS(pyfuse3.Operations):
             if hide_trusted and raw.startswith(b"trusted."):
                 continue  # Linux lists these to CAP_SYS_ADMIN only
             names.append(raw)
-        if node.path is not None and node.file_type in (stat.S_IFREG, stat.S_IFDIR):
-            stored = await self._meta_values(self.store_path(node.path))
+        store_path = self._node_store_path(node)
+        if store_path is not None and node.file_type in (stat.S_IFREG, stat.S_IFDIR):
+            stored = await self._meta_values(store_path)
             names += xattrs.metadata_names(stored)
         return names
 
