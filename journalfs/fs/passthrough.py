@@ -1071,15 +1071,15 @@ class JournalFS(pyfuse3.Operations):
         (ENOENT if none: a file deleted behind the mount's back gets no metadata)."""
         if node is self.table.root:
             return [b""]
-        if os.fstat(fd).st_nlink == 0:
-            raise pyfuse3.FUSEError(errno.ENOENT)
         names = []
-        for rel in self.table.names_of(node):
+        for rel in self.table.names_of(node):  # a name that still means it: it is linked
             try:
                 st = os.stat(rel, dir_fd=self.table.root.fd, follow_symlinks=False)
             except OSError as exc:
                 if exc.errno != errno.ENAMETOOLONG:
                     continue
+                if os.fstat(fd).st_nlink == 0:
+                    continue  # no name left at all
                 st = None  # too long to check in one call: trust what we saw
             if st is None or same_object(st, node):
                 names.append(rel)
