@@ -514,6 +514,26 @@ class Recorder:
         return value
 
 
+def listing_rows(t: Target, rec: Recorder, files: list[str]) -> None:
+    """Right after a cold mount: `ls -l`, stat and readdir."""
+    m = rec.measure
+    m(t, "ls -l 2000 entries, cold", "entries/s", ls_l, t.root / "ls2000")
+    m(t, "stat cold", "ops/s", stat_all, files)
+    m(t, "stat warm", "ops/s", stat_all, files)
+    m(t, "readdir (entries/s)", "entries/s", readdir, t.root / "files",
+      readdir_entries=5 * len(files))
+    m(t, "ls -l 2000 entries, warm", "entries/s", ls_l, t.root / "ls2000")
+
+
+def read_rows(t: Target, rec: Recorder, files: list[str]) -> None:
+    """Metadata reads of every file (each already has the xattr): 1, 2 and 4 clients."""
+    m = rec.measure
+    m(t, "getxattr", "ops/s", getxattr_all, files, t.xattr)
+    for n in (1, 2, 4):
+        m(t, f"stat+getxattr, {n} client{'s' if n > 1 else ''}", "pairs/s",
+          parallel_clients, files, t.xattr, n)
+
+
 def run_round(t: Target, rec: Recorder, args, work: Path) -> None:
     m = rec.measure
     files = file_paths(t)
@@ -521,12 +541,7 @@ def run_round(t: Target, rec: Recorder, args, work: Path) -> None:
         run_floor_rows(t, rec, files)
         return
     t.mount()
-    m(t, "ls -l 2000 entries, cold", "entries/s", ls_l, t.root / "ls2000")
-    m(t, "stat cold", "ops/s", stat_all, files)
-    m(t, "stat warm", "ops/s", stat_all, files)
-    m(t, "readdir (entries/s)", "entries/s", readdir, t.root / "files",
-      readdir_entries=5 * len(files))
-    m(t, "ls -l 2000 entries, warm", "entries/s", ls_l, t.root / "ls2000")
+    listing_rows(t, rec, files)
     t.mount(sync="none", cold=False)
     stat_all(files)  # names known to the kernel, as for the other warm rows
     m(t, "setxattr (jfs sync=none)", "ops/s", setxattr_all, files[:2000], t.xattr)
@@ -534,10 +549,7 @@ def run_round(t: Target, rec: Recorder, args, work: Path) -> None:
     t.mount(cold=False)  # default options from here on
     stat_all(files)
     m(t, "setxattr (default: jfs sync=batch)", "ops/s", setxattr_all, files[:2000], t.xattr)
-    m(t, "getxattr", "ops/s", getxattr_all, files, t.xattr)
-    for n in (1, 2, 4):
-        m(t, f"stat+getxattr, {n} client{'s' if n > 1 else ''}", "pairs/s",
-          parallel_clients, files, t.xattr, n)
+    read_rows(t, rec, files)
     m(t, "create+write 4K+close", "ops/s", create_files, t.root / f"new-{t.name}", args.create)
     m(t, "500 x mv (whole command)", "ops/s", mv_500, t)
     m(t, "500 x setfattr (whole command)", "ops/s", setfattr_500, t)
@@ -571,18 +583,10 @@ def run_floor_rows(t: Target, rec: Recorder, files: list[str]) -> None:
     client code: the rate pyfuse3 itself reaches where every call is a FUSE round trip."""
     m = rec.measure
     t.mount()
-    m(t, "ls -l 2000 entries, cold", "entries/s", ls_l, t.root / "ls2000")
-    m(t, "stat cold", "ops/s", stat_all, files)
-    m(t, "stat warm", "ops/s", stat_all, files)
-    m(t, "readdir (entries/s)", "entries/s", readdir, t.root / "files",
-      readdir_entries=5 * len(files))
-    m(t, "ls -l 2000 entries, warm", "entries/s", ls_l, t.root / "ls2000")
+    listing_rows(t, rec, files)
     m(t, "setxattr (jfs sync=none)", "ops/s", setxattr_all, files[:2000], t.xattr)
     m(t, "setxattr (default: jfs sync=batch)", "ops/s", setxattr_all, files[:2000], t.xattr)
-    m(t, "getxattr", "ops/s", getxattr_all, files, t.xattr)
-    for n in (1, 2, 4):
-        m(t, f"stat+getxattr, {n} client{'s' if n > 1 else ''}", "pairs/s",
-          parallel_clients, files, t.xattr, n)
+    read_rows(t, rec, files)
     m(t, "500 x setfattr (whole command)", "ops/s", setfattr_500, t)
     m(t, "getfattr -R, 5,005 files", "files/s", getfattr_tree, t)
     run_cpu_rows(t, rec, files)
