@@ -138,6 +138,10 @@ class Handle:
     written: bool = False
     busy: int = 0
     released: bool = False
+    # (size, mtime_ns) at open and node.changes then: a handle released with no change
+    # through the mount since needs no fstat for the keep_cache test of the next open
+    opened: tuple | None = None
+    changes: int = -1
 
 
 class Caller:
@@ -884,8 +888,13 @@ class JournalFS(pyfuse3.Operations):
             self._attrs_changed(node)
         elif changes == node.changes:
             self._remember_stat(node, st)
-        keep = node.cache_ident == (st.st_size, st.st_mtime_ns)  # unchanged since last close
-        return pyfuse3.FileInfo(fh=self._new_handle(node, fd), keep_cache=keep)
+        ident = (st.st_size, st.st_mtime_ns)
+        keep = node.cache_ident == ident  # unchanged since last close
+        fh = self._new_handle(node, fd)
+        if not flags & os.O_TRUNC:
+            handle = self.files[fh]
+            handle.opened, handle.changes = ident, node.changes
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
     def _new_handle(self, node: Inode, fd: int) -> int:
         fh = next(self._file_handles)
@@ -1013,11 +1022,16 @@ class JournalFS(pyfuse3.Operations):
         node = handle.node
         handle.released = True
         try:
-            changes = node.changes
-            st = await self._io(os.fstat, handle.fd)
-            node.cache_ident = (st.st_size, st.st_mtime_ns)
-            if changes == node.changes:
-                self._remember_stat(node, st)
+            if handle.opened is not None and handle.changes == node.changes:
+                # nothing changed through the mount since the open: what it saw stands (a
+                # change behind the mount makes the next open's fstat differ: no keep_cache)
+                node.cache_ident = handle.opened
+            else:
+                changes = node.changes
+                st = await self._io(os.fstat, handle.fd)
+                node.cache_ident = (st.st_size, st.st_mtime_ns)
+                if changes == node.changes:
+                    self._remember_stat(node, st)
         finally:
             if handle.busy == 0:
                 os.close(handle.fd)
