@@ -1,6 +1,7 @@
 """What the kernel FUSE capabilities that pyfuse3 3.5 does not expose would give, measured
-with a small libfuse3 C passthrough (bench/libfuse_caps.c, compiled into a temporary
-directory here; needs gcc, pkg-config and libfuse3-dev).
+with a small libfuse3 C filesystem (bench/libfuse_caps.c: a passthrough, and a synthetic
+directory for listings; compiled into a temporary directory here; needs gcc, pkg-config and
+libfuse3-dev).
 
     sudo .venv/bin/python bench/libfuse_caps.py [--workdir /var/tmp/journalfs-bench]
 
@@ -12,6 +13,7 @@ Not measurable here: FUSE passthrough (needs libfuse >= 3.16; Debian 12 has 3.14
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -22,78 +24,64 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fuse import RequestCounter, drop_caches  # noqa: E402
+from fuse import RequestCounter, Target  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
 
-def build(where: Path, name: str = "libfuse_caps") -> Path:
+def build(where: Path) -> Path:
     flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], check=True,
                            capture_output=True, text=True).stdout.split()
-    binary = where / name
-    subprocess.run(["gcc", "-Wall", "-O2", "-o", str(binary), str(HERE / f"{name}.c"),
+    binary = where / "libfuse_caps"
+    subprocess.run(["gcc", "-Wall", "-O2", "-o", str(binary), str(HERE / "libfuse_caps.c"),
                     *flags], check=True)
     return binary
 
 
+class CFilesystem(Target):
+    """The C filesystem as one of bench/fuse.py's targets (a foreground child that
+    ``mount`` starts and waits for, its requests counted; ``unmount`` stops it): a
+    passthrough of ``src``, or with ``src=None`` the synthetic directory of ``entries`` names."""
+
+    def __init__(self, binary: Path, mnt: Path, src: Path | None = None, flags: list[str] = (),
+                 entries: int = 0):
+        super().__init__("libfuse_caps", src, mnt)
+        self.binary, self.flags, self.entries = binary, list(flags), entries
+
+    def command(self, sync: str | None, timeout: float | None) -> list[str]:
+        served = [str(self.src)] if self.src is not None else ["--listing", str(self.entries)]
+        return [str(self.binary), *served, str(self.mnt), *self.flags]
+
+
+@contextlib.contextmanager
+def mounted(fs: CFilesystem, cold: bool):
+    fs.mount(cold=cold)
+    try:
+        yield fs
+    finally:
+        fs.unmount()
+
+
 def readdir_cache(binary: Path, mnt: Path, entries: int = 10_000, listings: int = 5) -> dict:
-    """Listings of a synthetic directory (low-level API: the high-level one did not let the
-    kernel keep the listing) with and without cache_readdir."""
+    """Listings of a synthetic directory with and without cache_readdir."""
     out = {}
-    mnt.mkdir(parents=True, exist_ok=True)
     for variant in ([], ["--cache-readdir"]):
-        proc = subprocess.Popen([str(binary), str(mnt), str(entries), *variant])
-        try:
-            deadline = time.monotonic() + 20
-            while not os.path.ismount(mnt):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("libfuse_readdir_cache did not mount")
-                time.sleep(0.02)
-            counter = RequestCounter(os.minor(os.stat(mnt).st_dev))
-            try:
-                first = counter.count()
+        with mounted(CFilesystem(binary, mnt, flags=variant, entries=entries), cold=False) as fs:
+            first = fs.counter.count()
+            os.listdir(mnt)
+            after_first = fs.counter.count()
+            start = time.perf_counter()
+            for _ in range(listings - 1):
                 os.listdir(mnt)
-                after_first = counter.count()
-                start = time.perf_counter()
-                for _ in range(listings - 1):
-                    os.listdir(mnt)
-                seconds = time.perf_counter() - start
-                out["cache_readdir" if variant else "without"] = {
-                    "first listing requests": after_first - first,
-                    "later listings requests each": (counter.count() - after_first) / (listings - 1),
-                    "later listings seconds each": round(seconds / (listings - 1), 4)}
-            finally:
-                counter.close()
-        finally:
-            subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True)
-            proc.wait(timeout=20)
+            seconds = time.perf_counter() - start
+            out["cache_readdir" if variant else "without"] = {
+                "first listing requests": after_first - first,
+                "later listings requests each": (fs.counter.count() - after_first) / (listings - 1),
+                "later listings seconds each": round(seconds / (listings - 1), 4)}
     return out
 
 
-class CMount:
-    def __init__(self, binary: Path, src: Path, mnt: Path, flags: list[str]):
-        self.binary, self.src, self.mnt, self.flags = binary, src, mnt, flags
-
-    def __enter__(self):
-        self.mnt.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen([str(self.binary), str(self.src), str(self.mnt), *self.flags],
-                                     stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 20
-        while not os.path.ismount(self.mnt):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.proc.kill()
-                raise RuntimeError(f"libfuse_caps did not mount: {self.proc.stderr.read()!r}")
-            time.sleep(0.02)
-        self.counter = RequestCounter(os.minor(os.stat(self.mnt).st_dev))
-        return self
-
-    def __exit__(self, *exc):
-        self.counter.close()
-        subprocess.run(["fusermount3", "-u", str(self.mnt)], capture_output=True)
-        self.proc.wait(timeout=20)
-
-
-def measure(mount: CMount, fn) -> dict:
+def measure(mount: CFilesystem, fn) -> dict:
     before = mount.counter.count()
     start = time.perf_counter()
     fn()
@@ -128,7 +116,7 @@ def run(binary: Path, src: Path, mnt: Path) -> dict:
 
     def cleanup():
         shutil.rmtree(src / "caps-create", ignore_errors=True)
-        with contextlib_suppress():
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(src / "caps-stream")
 
     experiments = [
@@ -140,21 +128,12 @@ def run(binary: Path, src: Path, mnt: Path) -> dict:
     for name, fn, flag in experiments:
         for variant in ([], [flag]):
             cleanup()
-            drop_caches()
-            with CMount(binary, src, mnt, variant) as m:
+            with mounted(CFilesystem(binary, mnt, src, variant), cold=True) as m:
                 results.setdefault(name, {})[flag.lstrip("-") if variant else "without"] = \
                     measure(m, fn)
             cleanup()
     list_file.unlink()
     return results
-
-
-class contextlib_suppress:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, value, tb):
-        return kind is not None and issubclass(kind, FileNotFoundError)
 
 
 def main() -> int:
@@ -169,7 +148,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="libfuse-caps-") as tmp:
         binary = build(Path(tmp))
         results = run(binary, src, Path(tmp) / "mnt")
-        listing = readdir_cache(build(Path(tmp), "libfuse_readdir_cache"), Path(tmp) / "mnt2")
+        listing = readdir_cache(binary, Path(tmp) / "mnt2")
     print("| workload | variant | seconds | requests |")
     print("|---|---|---|---|")
     for name, variants in results.items():

@@ -13,6 +13,8 @@ On one pinned core, with the file in the page cache, the run times
   replaced is the ``read`` column),
 - the JSON lines of ``journalfs records --json`` (decoding plus formatting, in-process, the
   output discarded),
+- the command itself, ``journalfs records FILE --json > /dev/null`` (a child process: start-up,
+  decoding, rendering and writing; its peak RSS too),
 
 best of --repeat, and prints a table (MB/s, records/s, ratio to cat) and a JSON blob. Every
 run is timed both by the wall clock and by CPU time (this process's, or cat's as a child):
@@ -214,8 +216,29 @@ def json_lines(fmt: str, path: Path) -> int:
     lines = 0
     with mapped(str(path)) as buf:
         for chunk in json_chunks(CODECS[fmt], buf, str(path)):
-            lines += chunk.count("\n" if isinstance(chunk, str) else b"\n")
+            lines += chunk.count(b"\n")
     return lines
+
+
+def cli_json(path: Path) -> int:
+    """``journalfs records FILE --json > /dev/null`` as a user runs it (this tree's code);
+    returns its peak RSS in KiB, sampled from /proc while it runs (a child's rusage would
+    also count this process's pages it was forked with)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    child = subprocess.Popen([sys.executable, "-m", "journalfs.cli", "records", str(path),
+                              "--json"], stdout=subprocess.DEVNULL, cwd=REPO, env=env)
+    peak = 0
+    while child.poll() is None:
+        try:
+            with open(f"/proc/{child.pid}/status") as f:
+                peak = max(peak, next((int(line.split()[1]) for line in f
+                                       if line.startswith("VmHWM")), 0))
+        except OSError:  # it has just exited
+            pass
+        time.sleep(0.02)
+    if child.returncode:
+        raise SystemExit(f"records --json {path} exited {child.returncode}")
+    return peak
 
 
 def indexed(path: Path) -> int:
@@ -233,14 +256,18 @@ def measure(fmt: str, path: Path, repeat: int) -> dict:
     dict_s, dict_cpu, count = best_of(max(1, repeat - 1), lambda: dicts(fmt, path))
     index_s, index_cpu, indexed_count = best_of(max(1, repeat - 1), lambda: indexed(path))
     json_s, json_cpu, json_count = best_of(max(1, repeat - 1), lambda: json_lines(fmt, path))
+    cli_s, cli_cpu, cli_rss_kb = best_of(max(1, repeat - 1), lambda: cli_json(path))
     if not rows == count == indexed_count == json_count:
         raise SystemExit(f"{fmt}: read_columns gave {rows} rows, read gave {count} records, "
                          f"RecordIndex counted {indexed_count}, JSON lines {json_count}")
-    row = {"format": fmt, "bytes": size, "records": rows}
-    for clock, cat, col, dic, idx, jsn in (("", cat_s, col_s, dict_s, index_s, json_s),
-                                           ("cpu_", cat_cpu, col_cpu, dict_cpu, index_cpu, json_cpu)):
+    row = {"format": fmt, "bytes": size, "records": rows, "cli_peak_rss_mb": cli_rss_kb / 1024}
+    for clock, cat, col, dic, idx, jsn, cli in (
+            ("", cat_s, col_s, dict_s, index_s, json_s, cli_s),
+            ("cpu_", cat_cpu, col_cpu, dict_cpu, index_cpu, json_cpu, cli_cpu)):
         row.update({
             f"{clock}json_s": jsn, f"{clock}json_records_s": rows / jsn,
+            f"{clock}cli_json_s": cli, f"{clock}cli_json_records_s": rows / cli,
+            f"{clock}cli_json_vs_cat": cat / cli,
             f"{clock}cat_s": cat, f"{clock}columns_s": col, f"{clock}read_s": dic,
             f"{clock}index_s": idx,
             f"{clock}cat_mb_s": size / cat / 1e6,
@@ -265,23 +292,30 @@ def _target(fmt: str, row: dict, clock: str) -> tuple[str | None, bool | None]:
 
 
 def print_table(rows: list[dict], clock: str, title: str) -> None:
-    print(title)
-    head = (f"{'format':<15}{'MB':>5}{'records':>11}{'cat MB/s':>9}{'col MB/s':>10}"
-            f"{'col rec/s':>14}{'col/cat':>8}{'read rec/s':>11}{'read/cat':>9}{'col/read':>9}"
-            f"{'index s':>8}{'idx/read':>9}{'json rec/s':>11}  target")
-    print(head)
-    print("-" * len(head))
+    """One row per format: the readers side by side, then what ``records --json`` costs
+    in-process (``json``) and as the command (``CLI --json``) beside ``cat`` and decoding."""
+    columns = (("format", 15, "{format:<15}"), ("MB", 5, "{mb:>5.0f}"),
+               ("records", 11, "{records:>11,}"), ("cat MB/s", 9, "{cat_mb_s:>9.0f}"),
+               ("col MB/s", 10, "{columns_mb_s:>10.0f}"),
+               ("col rec/s", 14, "{columns_records_s:>14,.0f}"),
+               ("col/cat", 8, "{columns_vs_cat:>8.1%}"), ("read rec/s", 11, "{read_records_s:>11,.0f}"),
+               ("read/cat", 9, "{read_vs_cat:>9.1%}"), ("col/read", 9, "{col_read:>8.2f}x"),
+               ("index s", 8, "{index_s:>8.2f}"), ("idx/read", 9, "{index_vs_read:>8.2f}x"),
+               ("json rec/s", 11, "{json_records_s:>11,.0f}"),
+               ("CLI --json rec/s", 17, "{cli_json_records_s:>17,.0f}"),
+               ("CLI/cat", 8, "{cli_json_vs_cat:>8.1%}"), ("MB RSS", 7, "{cli_peak_rss_mb:>7.0f}"))
+    head = "".join(f"{name:<{width}}" if i == 0 else f"{name:>{width}}"
+                   for i, (name, width, _) in enumerate(columns)) + "  target"
+    lines = [title, head, "-" * len(head)]
     for r in rows:
         met = r["target_met"] if clock else r["target_met_wall"]
         verdict = "" if r["target"] is None else ("met" if met else "MISSED") + f" ({r['target']})"
-        c = clock
-        print(f"{r['format']:<15}{r['bytes'] / 1e6:>5.0f}{r['records']:>11,}{r[c + 'cat_mb_s']:>9.0f}"
-              f"{r[c + 'columns_mb_s']:>10.0f}{r[c + 'columns_records_s']:>14,.0f}"
-              f"{r[c + 'columns_vs_cat']:>8.1%}{r[c + 'read_records_s']:>11,.0f}"
-              f"{r[c + 'read_vs_cat']:>9.1%}{r[c + 'read_s'] / r[c + 'columns_s']:>8.2f}x"
-              f"{r[c + 'index_s']:>8.2f}{r[c + 'index_vs_read']:>8.2f}x"
-              f"{r[c + 'json_records_s']:>11,.0f}  {verdict}")
-    print()
+        values = {key[len(clock):]: value for key, value in r.items() if key.startswith(clock)}
+        values.update(format=r["format"], mb=r["bytes"] / 1e6, records=r["records"],
+                      cli_peak_rss_mb=r["cli_peak_rss_mb"],
+                      col_read=r[clock + "read_s"] / r[clock + "columns_s"])
+        lines.append("".join(spec.format(**values) for _, _, spec in columns) + f"  {verdict}")
+    print("\n".join(lines) + "\n")
 
 
 def main() -> int:

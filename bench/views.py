@@ -1,16 +1,19 @@
 """Views on a big journal, side by side with bindfs over a real directory of as many files.
 
-    python bench/views.py [--records N] [--work DIR]
+    python bench/views.py [--records N] [--work DIR] [--listing-only] [--real-dir DIR]
 
 Times, for one wallaby-index journal of N records (24 bytes each) mounted by journalfs:
 the first ``cat`` of a record after a remount (index from the store directory), ``stat`` of
-records.jsonl and of a record, ``ls -U`` of the view (entries/s), and reading records.jsonl
-(MB/s); and ``ls -U`` of a real directory of N empty files through bindfs (entries/s).
-Creating N real files is slow, which is why N defaults to 1M: scale rates, not times.
+records.jsonl and of a record, ``ls -U`` and ``ls`` of the view (entries/s, with the
+READDIR(PLUS) requests and the daemon's CPU per entry), and reading records.jsonl (MB/s);
+then ``ls -U`` and ``ls`` of a real directory of N empty files named like the records,
+through bindfs and natively (entries/s). Creating N real files is slow (the directory is
+kept for reruns, ``--real-dir``), which is why N defaults to 1M: scale rates, not times.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -23,6 +26,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from journalfs.demo import big_wallaby_index  # noqa: E402  (after the path is set)
+
+_spec = importlib.util.spec_from_file_location("bench_listing", Path(__file__).with_name("listing.py"))
+bench_listing = sys.modules["bench_listing"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_listing)
+RequestCounter, cpu_ns = bench_listing.bench_fuse.RequestCounter, bench_listing.bench_fuse.cpu_ns
+LISTINGS = {"ls -U": ["ls", "-U"], "ls": ["ls"]}
 
 
 def write_wallaby_index(path: Path, count: int) -> None:
@@ -60,9 +69,27 @@ def timed(fn) -> tuple[float, object]:
     return time.perf_counter() - t, out
 
 
-def ls_entries(path: Path) -> int:
-    out = subprocess.run(["ls", "-U", str(path)], capture_output=True, check=True).stdout
-    return out.count(b"\n")
+def list_rows(what: str, path: Path, pid: int | None = None) -> list[tuple[str, str]]:
+    """``ls -U`` and ``ls`` of ``path``: entries/s, and for a FUSE daemon ``pid`` its
+    READDIR(PLUS) requests and CPU per entry."""
+    rows = []
+    counter = None
+    if pid is not None and RequestCounter.available():
+        counter = RequestCounter(os.minor(os.stat(path).st_dev), (28, 44))
+    try:
+        for name, command in LISTINGS.items():
+            before = (cpu_ns(pid) if pid else 0, counter.count() if counter else 0)
+            t, listed = bench_listing.list_once(command, path)
+            cpu, calls = (cpu_ns(pid) - before[0] if pid else 0,
+                          counter.count() - before[1] if counter else 0)
+            extra = f", {calls} READDIR(PLUS) requests" if counter else ""
+            extra += f", daemon CPU {cpu / 1e3 / listed:.2f} µs/entry" if pid else ""
+            rows.append((f"{what}: {name} ({listed} entries)",
+                         f"{t:.2f} s = {listed / t:,.0f} entries/s{extra}"))
+    finally:
+        if counter is not None:
+            counter.close()
+    return rows
 
 
 def read_all(path: Path) -> int:
@@ -78,6 +105,9 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--work", default=None, help="scratch directory (default: a new temp dir)")
     ap.add_argument("--skip-bindfs", action="store_true")
+    ap.add_argument("--listing-only", action="store_true", help="only the ls rows")
+    ap.add_argument("--real-dir", type=Path, default=None,
+                    help="the directory of N real files for bindfs (kept; default WORK/real)")
     args = ap.parse_args()
     n = args.records
     work = Path(args.work or tempfile.mkdtemp(prefix="jfs-bench-views-"))
@@ -93,36 +123,32 @@ def main() -> None:
         rows.append(("first cat, no index yet (builds it)", f"{t:.3f} s"))
         unmount(mnt, proc)
         proc = journalfs_mount(src, mnt, store)
-        t, _ = timed(lambda: (view / f"{n // 2:08d}.index").read_bytes())
-        rows.append(("first cat after remount (index on disk)", f"{t:.3f} s"))
-        t, _ = timed(lambda: os.stat(view / "records.jsonl"))
-        rows.append(("stat records.jsonl", f"{t:.4f} s"))
-        t, _ = timed(lambda: os.stat(view / f"{n // 3:08d}.index"))
-        rows.append(("stat of another record", f"{t:.4f} s"))
-        t, count = timed(lambda: ls_entries(view))
-        rows.append((f"ls -U of the view ({count} entries)", f"{t:.2f} s = {count / t:,.0f} entries/s"))
-        t, size = timed(lambda: read_all(view / "records.jsonl"))
-        rows.append((f"read records.jsonl ({size >> 20} MiB)", f"{size / t / 1e6:.0f} MB/s"))
-        t, size = timed(lambda: read_all(view / "records.jsonl"))
-        rows.append(("read records.jsonl again (layout known)", f"{size / t / 1e6:.0f} MB/s"))
+        if not args.listing_only:
+            t, _ = timed(lambda: (view / f"{n // 2:08d}.index").read_bytes())
+            rows.append(("first cat after remount (index on disk)", f"{t:.3f} s"))
+            t, _ = timed(lambda: os.stat(view / "records.jsonl"))
+            rows.append(("stat records.jsonl", f"{t:.4f} s"))
+            t, _ = timed(lambda: os.stat(view / f"{n // 3:08d}.index"))
+            rows.append(("stat of another record", f"{t:.4f} s"))
+        rows += list_rows("journalfs view", view, proc.pid)
+        if not args.listing_only:
+            t, size = timed(lambda: read_all(view / "records.jsonl"))
+            rows.append((f"read records.jsonl ({size >> 20} MiB)", f"{size / t / 1e6:.0f} MB/s"))
+            t, size = timed(lambda: read_all(view / "records.jsonl"))
+            rows.append(("read records.jsonl again (layout known)", f"{size / t / 1e6:.0f} MB/s"))
         unmount(mnt, proc)
         if not args.skip_bindfs:
-            real, bmnt = work / "real", work / "bmnt"
-            real.mkdir(exist_ok=True)
+            real, bmnt = args.real_dir or work / "real", work / "bmnt"
             bmnt.mkdir(exist_ok=True)
-            t, _ = timed(lambda: [os.close(os.open(real / f"{i:08d}.index",
-                                                   os.O_CREAT | os.O_WRONLY, 0o644))
-                                  for i in range(n)])
-            rows.append((f"(creating {n} real files)", f"{t:.1f} s"))
-            subprocess.run(["bindfs", str(real), str(bmnt)], check=True)
+            t, _ = timed(lambda: bench_listing.make_directory(real, n))
+            rows.append((f"(making the directory of {n} real files)", f"{t:.1f} s"))
+            bproc = subprocess.Popen(["bindfs", "-f", str(real), str(bmnt)])
             try:
-                wait_mounted(bmnt)
-                t, count = timed(lambda: ls_entries(bmnt))
-                rows.append((f"bindfs: ls -U of {count} files", f"{t:.2f} s = {count / t:,.0f} entries/s"))
+                wait_mounted(bmnt, bproc)
+                rows += list_rows("bindfs", bmnt, bproc.pid)
             finally:
-                unmount(bmnt)
-            t, count = timed(lambda: ls_entries(real))
-            rows.append((f"native: ls -U of {count} files", f"{t:.2f} s = {count / t:,.0f} entries/s"))
+                unmount(bmnt, bproc)
+            rows += list_rows("native", real)
     finally:
         for m in (mnt, work / "bmnt"):
             if os.path.ismount(m):

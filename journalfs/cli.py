@@ -35,25 +35,9 @@ Exit status: 0 success, 1 error, 2 usage error, 3 damaged input. Errors are one 
 stderr; --debug shows the traceback. Each command has its own --help; the manual page is
 journalfs(1) (journalfs --man prints it)."""
 
-#: What the commands of journalfs.commands.records/fsck/pipeline do for the user, with examples
+#: What journalfs.commands.pipeline does for the user, with examples
 #: (their modules' docstrings are written for developers).
 OTHER_COMMAND_TEXTS = {
-    "records": (
-        "Decode a journal file of any supported format (found by its content) and print its "
-        "records: a table by default, or with --json one JSON object per record and line (the "
-        "fields are listed in docs/contract.md). On damage the valid records are printed "
-        "first, then one line on stderr names the file, the byte offset and the reason, and "
-        "the exit status is 3.",
-        examples("journalfs records /data/queues/jobs.1700000000000",
-                 "journalfs records db.jrnl --json | jq -r .status")),
-    "fsck": (
-        "Check journal files and gvfs metadata stores: PATH is one file, a store's tree file, "
-        "or a directory (every journal file below it). Nothing is written unless --repair is "
-        "given; then each format's own recovery rule rewrites a damaged file, only if every "
-        "record that was valid is kept, after a backup FILE.journalfs-backup-TIME is written. "
-        "Exit status 0 when everything is clean or repaired, 3 when damage remains.",
-        examples("journalfs fsck /data/journals                 # report only",
-                 "journalfs fsck /data/wallaby/events.log --repair")),
     "pipeline": (
         "Read every journal file under INPUT with Apache Spark and write Parquet tables "
         "under OUTPUT: records, metadata, queues, persistence, transactions (and _damage). "

@@ -6,13 +6,10 @@ journal of millions of records can be listed and read piecewise with bounded mem
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import bisect
 import contextlib
 import datetime
 import errno
-import json
 import mmap
 import os
 import stat
@@ -21,10 +18,9 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-import numpy as np
-
 from .formats import CODECS, SNIFF_BYTES, Codec, FormatError, detect, record_offsets
-from .formats.base import Record, record_json_line, record_to_json
+from .formats.base import Record
+from .jsonlines import EMPTY, JsonChunk, json_chunk
 
 #: A checkpoint is kept every this many records (bounded memory for huge journals).
 CHECKPOINT_EVERY = 1024
@@ -400,19 +396,14 @@ class RecordIndex:
             return rec
         raise IndexError(seq)
 
-
-    def json_lines(self, first: int, count: int) -> tuple[bytes, int]:
-        """(the JSON lines -- ``record_json_line`` + newline -- of records ``first ..
-        first+count-1``, how many records they are), clipped to the valid prefix. ``first``
-        must be a checkpointed record (or 0): decoding starts right there."""
-        chunk = self.json_chunk(first, count)
-        return chunk.data, chunk.rows
-
-    def json_chunk(self, first: int, count: int) -> "JsonChunk":
-        """Like :meth:`json_lines`, with each record's kind and payload size (listings)."""
+    def json_chunk(self, first: int, count: int) -> JsonChunk:
+        """The JSON lines -- exactly ``journalfs records --json``'s -- of records ``first ..
+        first+count-1``, clipped to the valid prefix, with each record's kind and payload
+        size (listings). ``first`` must be a checkpointed record (or 0): decoding starts
+        right there."""
         last = min(self.count, first + count)
         if first >= last:
-            return JsonChunk(b"", 0, [], None)
+            return EMPTY
         start = None
         if self.codec.resumable and self.seqs and first:
             i = bisect.bisect_right(self.seqs, first) - 1
@@ -423,260 +414,6 @@ class RecordIndex:
             raise ValueError("only checkpointed records can start JSON lines")
         with self._range(start, last) as (buf, stop):
             return json_chunk(self.codec, buf, self.path, start, first, last - first, stop)
-
-
-@dataclass
-class JsonChunk:
-    """JSON lines of consecutive records, with what a directory listing needs of each."""
-
-    data: bytes
-    rows: int
-    kinds: list[str]
-    #: per record: its payload's length (its record file holds the payload), or None when
-    #: it has no payload field (its record file holds its JSON line); None: no payloads at all
-    payload_sizes: list[int | None] | None
-    #: each line's length, when the renderer knew them already
-    lengths: np.ndarray | None = None
-
-    def line_lengths(self) -> np.ndarray:
-        if self.lengths is not None:
-            return self.lengths
-        ends = np.flatnonzero(np.frombuffer(self.data, dtype=np.uint8) == 10) + 1
-        return np.diff(ends, prepend=0)
-
-    def content_sizes(self) -> list[int]:
-        """The size of every record's file: payload length, else JSON line length."""
-        lines = self.line_lengths().tolist()
-        if self.payload_sizes is None:
-            return lines
-        return [line if p is None else p for line, p in zip(lines, self.payload_sizes)]
-
-
-def json_lines(codec: Codec, buf, path: str, start: int | None, seq: int,
-               count: int) -> tuple[bytes, int]:
-    """(JSON lines of up to ``count`` records of ``buf`` from record ``seq`` at ``start``,
-    their number); stops silently at damage (the caller knows it from the index)."""
-    chunk = json_chunk(codec, buf, path, start, seq, count)
-    return chunk.data, chunk.rows
-
-
-def json_chunk(codec: Codec, buf, path: str, start: int | None, seq: int,
-               count: int, stop: int | None = None) -> JsonChunk:
-    """:func:`json_lines` with kinds and payload sizes.
-
-    Records whose columns all have a fixed JSON spelling per row (numbers, one shared string,
-    payloads) are written through one ``bytes`` template per batch; anything else (text that
-    varies, lists, floats, text that is not UTF-8) one record at a time, exactly the same."""
-    if type(codec).read_columns is not Codec.read_columns:
-        cols = codec.read_columns(buf, path, start, seq, stop, count)
-        if cols.rows:
-            first = next(iter(codec.read(buf, path, start, seq, stop)), None)
-            order = None if first is None else list(first)
-            fast, lengths = None, None
-            if order is not None and cols.rows >= ARROW_MIN_ROWS:
-                fast, lengths = _arrow_lines(cols, order) or (None, None)
-            if fast is None and order is not None:
-                fast = _template_lines(cols, order)
-            if fast is not None:
-                kinds = cols.data["kind"]
-                kinds = [kinds] * cols.rows if isinstance(kinds, str) else list(kinds[:cols.rows])
-                payloads = cols.data.get("payload")
-                sizes = None if payloads is None else [
-                    0 if p is None else len(p) for p in payloads[:cols.rows]]
-                return JsonChunk(fast, cols.rows, kinds, sizes, lengths)
-    lines, kinds, sizes = [], [], []
-    it = codec.read(buf, path, start, seq, stop)
-    try:
-        for rec in it:
-            if len(lines) == count:
-                break
-            lines.append(json_line(rec))
-            kinds.append(rec["kind"])
-            sizes.append(len(rec["payload"] or b"") if "payload" in rec else None)
-    except FormatError:
-        pass
-    finally:
-        it.close()
-    return JsonChunk(b"".join(lines), len(lines), kinds,
-                     sizes if any(v is not None for v in sizes) else None)
-
-
-def json_line(rec: Record) -> bytes:
-    """One line of `journalfs records --json` (with its newline) as UTF-8 bytes."""
-    line = record_json_line(rec)
-    try:
-        return (line + "\n").encode("utf-8")
-    except UnicodeEncodeError:  # text read from bytes (surrogateescape): INTERFACES point 1
-        safe = _b64_fields(record_to_json(rec))
-        return (json.dumps(safe, ensure_ascii=False, separators=(", ", ": ")) + "\n").encode()
-
-
-def _b64_fields(fields: dict) -> dict:
-    """INTERFACES point 1 for one record: text that is not UTF-8 goes as ``<field>_b64``
-    (the shared ``formats.base.json_safe`` does the same once record_json_line applies it)."""
-    def raw(text: str) -> str:
-        return base64.b64encode(text.encode("utf-8", "surrogateescape")).decode("ascii")
-
-    def bad(value) -> bool:
-        if not isinstance(value, str):
-            return False
-        try:
-            value.encode("utf-8")
-            return False
-        except UnicodeEncodeError:
-            return True
-    out = {}
-    for key, value in fields.items():
-        if isinstance(value, dict):
-            out[key] = _b64_fields(value)
-        elif bad(value):
-            out[f"{key}_b64"] = raw(value)
-        elif isinstance(value, list) and any(bad(v) for v in value):
-            out[f"{key}_b64"] = [raw(v) if isinstance(v, str) else v for v in value]
-        else:
-            out[key] = value
-    return out
-
-
-#: From this many records on, lines are joined by Arrow's vectorised kernels (their fixed
-#: cost per call only pays off on big batches); below it, by one Python bytes template.
-ARROW_MIN_ROWS = 2048
-
-
-def _arrow_lines(cols, order: list[str]) -> tuple[bytes, np.ndarray] | None:
-    """(lines, each line's length) as :func:`_template_lines` writes them, through pyarrow:
-    numbers cast to text and every row's line joined in C++ (no Python per row but for
-    payloads' base64); None when some column has no fixed spelling (the caller then tries
-    the other ways)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    data, rows = cols.data, cols.rows
-    if set(data) != set(order):
-        return None
-    args: list = []
-    literal: list[str] = []
-    try:
-        for i, name in enumerate(order):
-            key = "payload_b64" if name == "payload" else name
-            literal.append(("{" if i == 0 else ", ") + json.dumps(key, ensure_ascii=False) + ": ")
-            column = data[name]
-            if name == "payload":
-                b2a = binascii.b2a_base64
-                texts = pa.array([None if p is None else b'"%s"' % b2a(bytes(p), newline=False)
-                                  for p in column[:rows]], pa.binary())
-                value = pc.fill_null(texts.cast(pa.string()), "null")
-            else:
-                value = _arrow_spelling(pa, pc, column, rows)
-                if value is None:
-                    return None
-            if isinstance(value, str):
-                literal.append(value)
-            else:
-                args.append("".join(literal))
-                literal.clear()
-                args.append(value)
-        literal.append("}\n")
-        args.append("".join(literal))
-        if not any(isinstance(a, pa.Array) for a in args):
-            return None
-        joined = pc.binary_join_element_wise(*args, "")
-    except (pa.ArrowException, OverflowError, TypeError, ValueError):
-        return None
-    if joined.null_count:
-        return None
-    offsets, values = joined.buffers()[1:3]
-    ends = np.frombuffer(offsets, dtype=np.int32, count=len(joined) + 1, offset=joined.offset * 4)
-    return memoryview(values)[int(ends[0]):int(ends[-1])].tobytes(), np.diff(ends)
-
-
-def _arrow_spelling(pa, pc, column, rows: int):
-    """A column as an Arrow string array of JSON texts, or the one JSON text every row
-    shares (a ``str``); None when some value needs general JSON encoding."""
-    if isinstance(column, np.ma.MaskedArray):
-        if column.dtype.kind not in "iu":
-            return None
-        arr = pa.array(column.data[:rows], mask=np.ma.getmaskarray(column)[:rows])
-        return pc.fill_null(arr.cast(pa.string()), "null")
-    if isinstance(column, np.ndarray) and column.dtype.kind in "iub":
-        return pa.array(column[:rows]).cast(pa.string())
-    spelled = _column_spelling(column, rows)
-    if spelled is None:
-        return None
-    placeholder, per_row = spelled
-    if per_row is None:
-        return placeholder
-    if placeholder == "%d":
-        return pa.array(per_row, pa.int64()).cast(pa.string())
-    return None
-
-
-def _template_lines(cols, order: list[str]) -> bytes | None:
-    """Every row of ``cols`` as :func:`record_json_line` writes it, or None when some column
-    has no fixed per-row spelling (the caller then writes records one by one)."""
-    data, rows = cols.data, cols.rows
-    if set(data) != set(order):
-        return None
-    parts, values = [], []
-    for i, name in enumerate(order):
-        key = "payload_b64" if name == "payload" else name
-        parts.append(("{" if i == 0 else ", ") + json.dumps(key, ensure_ascii=False) + ": ")
-        column = data[name]
-        if name == "payload":
-            b2a = binascii.b2a_base64
-            parts.append("%s")
-            values.append([b"null" if p is None else b'"%s"' % b2a(bytes(p), newline=False)
-                           for p in column[:rows]])
-            continue
-        spelled = _column_spelling(column, rows)
-        if spelled is None:
-            return None
-        placeholder, per_row = spelled
-        if per_row is None:  # one value for every row: written into the template
-            parts.append(placeholder.replace("%", "%%"))
-        else:
-            parts.append(placeholder)
-            values.append(per_row)
-    parts.append("}\n")
-    try:
-        template = "".join(parts).encode("utf-8")
-    except UnicodeEncodeError:
-        return None
-    if not values:
-        return template * rows
-    return b"".join(map(template.__mod__, zip(*values)))
-
-
-def _column_spelling(column, rows: int) -> tuple[str, list | None] | None:
-    """How a column's values are written: (``"%d"``/``"%s"``, per-row values) or (the JSON
-    text shared by every row, None); None when a row needs general JSON encoding."""
-    if isinstance(column, np.ma.MaskedArray):
-        if column.dtype.kind not in "iu":
-            return None
-        mask = np.ma.getmaskarray(column)[:rows]
-        data = column.data[:rows].tolist()
-        if not mask.any():
-            return "%d", data
-        return "%s", [b"null" if m else b"%d" % v for v, m in zip(data, mask.tolist())]
-    if isinstance(column, np.ndarray) and column.dtype.kind in "iu":
-        return "%d", column[:rows].tolist()
-    if isinstance(column, np.ndarray) and column.dtype.kind == "b":
-        return "%s", [b"true" if v else b"false" for v in column[:rows].tolist()]
-    if isinstance(column, str):
-        return json.dumps(column, ensure_ascii=False), None
-    if rows == 0:
-        return None
-    head = column[0]
-    if isinstance(head, str):  # text: written as is only when every row shares it
-        if isinstance(column, np.ndarray):
-            shared = bool((column[:rows] == head).all())
-        else:
-            shared = list(column[:rows]).count(head) == rows
-        return (json.dumps(head, ensure_ascii=False), None) if shared else None
-    items = column[:rows].tolist() if isinstance(column, np.ndarray) else list(column[:rows])
-    if all(type(v) is int for v in items):
-        return "%d", items
-    return None
 
 
 #: Records per batch while indexing, and the bytes a batch aims to span: together they bound
@@ -879,7 +616,6 @@ def replace_atomically(path: str, data: bytes) -> None:
 
 
 __all__ = ["BACKUP_MARK", "CHECKPOINT_EVERY", "CODECS", "Opener", "RecordIndex", "fsync_dir",
-           "is_backup_name", "JsonChunk", "json_chunk", "json_line",
-           "json_lines", "mapped", "mapped_fd", "open_path", "read_file",
+           "is_backup_name", "mapped", "mapped_fd", "open_path", "read_file",
            "directory_journals", "related_files", "replace_atomically", "sniff_file",
            "sniff_fd", "write_backup"]

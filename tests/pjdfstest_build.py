@@ -154,6 +154,30 @@ def _expand(text: str) -> list[int]:
     return numbers
 
 
+def _output_line(current: FileResult, line: str) -> None:
+    """A line of a test file's own TAP output: its plan, its failures."""
+    plan = re.match(r"^1\.\.(\d+)", line)
+    if plan:
+        current.planned = int(plan.group(1))
+    elif line.startswith("not ok"):
+        current.diagnostics.append(line.strip())
+        number = re.match(r"^not ok (\d+)", line)
+        if number and "# TODO" not in line:
+            current.failed.append(int(number.group(1)))
+
+
+def _summary_line(current: FileResult, line: str) -> FileResult | None:
+    """A line below a file's entry in prove's summary report; None once the entry has ended."""
+    failed = re.match(r"^\s+Failed tests?:\s+(.*)$", line)
+    if failed:
+        current.failed = _expand(failed.group(1))
+    elif re.match(r"^\s+(Non-zero|Parse errors|Bad plan|No plan)", line):
+        current.problems.append(line.strip())
+    elif not line.startswith(" "):
+        return None
+    return current
+
+
 def parse(output: str, tests_dir: Path) -> tuple[dict[str, FileResult], int]:
     """Read ``prove -v`` output: per file its "not ok" lines, then prove's summary report
     (authoritative for failed numbers, bad plans and exit statuses) and the Tests= total."""
@@ -170,36 +194,16 @@ def parse(output: str, tests_dir: Path) -> tuple[dict[str, FileResult], int]:
         if line.startswith("Test Summary Report"):
             summary, current = True, None
             continue
-        header = re.match(r"^(\S+\.t) \.\.", line)
-        if header and not summary:
-            current = result(header.group(1))
-            continue
-        if summary:
-            entry = re.match(r"^(\S+\.t)\s+\(Wstat", line)
-            if entry:
-                current = result(entry.group(1))
-                current.failed = []
-                continue
-            if current is None:
-                continue
-            failed = re.match(r"^\s+Failed tests?:\s+(.*)$", line)
-            if failed:
-                current.failed = _expand(failed.group(1))
-            elif re.match(r"^\s+(Non-zero|Parse errors|Bad plan|No plan)", line):
-                current.problems.append(line.strip())
-            elif not line.startswith(" "):
-                current = None
-            continue
-        if current is None:
-            continue
-        plan = re.match(r"^1\.\.(\d+)", line)
-        if plan:
-            current.planned = int(plan.group(1))
-        elif line.startswith("not ok"):
-            current.diagnostics.append(line.strip())
-            number = re.match(r"^not ok (\d+)", line)
-            if number and "# TODO" not in line:
-                current.failed.append(int(number.group(1)))
+        # in either part, a line naming a test file starts the lines that belong to it
+        named = re.match(r"^(\S+\.t)\s+\(Wstat" if summary else r"^(\S+\.t) \.\.", line)
+        if named:
+            current = result(named.group(1))
+            if summary:
+                current.failed = []  # the summary's list replaces what the output said
+        elif current is not None and summary:
+            current = _summary_line(current, line)
+        elif current is not None:
+            _output_line(current, line)
     totals = re.search(r"^Files=\d+, Tests=(\d+)", output, re.M)
     return files, int(totals.group(1)) if totals else 0
 

@@ -434,6 +434,26 @@ def as_view_user(user, steps: list[tuple[str, str, Path]]) -> dict:
     return json.loads(proc.stdout)
 
 
+def journals_source(base: Path, journal: Path, layout: dict[str, int]) -> tuple[Path, Path]:
+    """(SOURCE, MOUNTPOINT) under ``base``: SOURCE (0755) holds copies of ``journal`` at the
+    relative paths of ``layout`` with its modes (new parent directories 0755)."""
+    src, mnt = base / "src", base / "mnt"
+    src.mkdir(mode=0o755)
+    mnt.mkdir()
+    for rel, mode in layout.items():
+        path = src / rel
+        path.parent.mkdir(mode=0o755, exist_ok=True)
+        shutil.copyfile(journal, path)
+        path.chmod(mode)
+    return src, mnt
+
+
+def journal_view_steps(name: str, view: Path, record: str) -> list[tuple[str, str, Path]]:
+    """as_view_user steps: list a journal's view, read its records.jsonl and one record."""
+    return [(f"{name}_list", "list", view), (f"{name}_jsonl", "read", view / "records.jsonl"),
+            (f"{name}_record", "read", view / record)]
+
+
 @pytest.fixture
 def shared_base():
     """A directory other users can traverse (pytest's tmp_path is private to root)."""
@@ -446,17 +466,10 @@ def shared_base():
 def test_views_carry_source_permissions(shared_base, records_corpus):
     """A user reads through the views exactly the journals they can read in SOURCE."""
     user = view_user()
-    src, mnt = shared_base / "src", shared_base / "mnt"
-    src.mkdir(mode=0o755)
-    mnt.mkdir()
     journal = records_corpus / "db0.jrnl"
-    layout = {"public.jrnl": 0o644, "secret.jrnl": 0o600, "private/inner.jrnl": 0o644,
-              "open/group.jrnl": 0o640, "userdir/mine.jrnl": 0o600}
-    for rel, mode in layout.items():
-        path = src / rel
-        path.parent.mkdir(mode=0o755, exist_ok=True)
-        shutil.copyfile(journal, path)
-        path.chmod(mode)
+    src, mnt = journals_source(shared_base, journal, {
+        "public.jrnl": 0o644, "secret.jrnl": 0o600, "private/inner.jrnl": 0o644,
+        "open/group.jrnl": 0o640, "userdir/mine.jrnl": 0o600})
     (src / "private").chmod(0o700)
     for p in (src / "userdir", src / "userdir" / "mine.jrnl"):
         os.chown(p, user.pw_uid, user.pw_gid)
@@ -466,11 +479,8 @@ def test_views_carry_source_permissions(shared_base, records_corpus):
         first = sorted(os.listdir(rec / "public.jrnl"))[1]  # [0] is records.jsonl
         steps = [
             ("records", "list", rec),
-            ("public", "read", rec / "public.jrnl" / "records.jsonl"),
-            ("public_record", "read", rec / "public.jrnl" / first),
-            ("secret_list", "list", rec / "secret.jrnl"),
-            ("secret_jsonl", "read", rec / "secret.jrnl" / "records.jsonl"),
-            ("secret_record", "read", rec / "secret.jrnl" / first),
+            *journal_view_steps("public", rec / "public.jrnl", first),
+            *journal_view_steps("secret", rec / "secret.jrnl", first),
             ("private_list", "list", rec / "private"),
             ("private_jsonl", "read", rec / "private" / "inner.jrnl" / "records.jsonl"),
             ("group", "read", rec / "open" / "group.jrnl" / "records.jsonl"),
@@ -487,9 +497,10 @@ def test_views_carry_source_permissions(shared_base, records_corpus):
         assert native == {"secret": "EACCES", "private": "EACCES", "group": "EACCES",
                           "mine": journal.stat().st_size}
         assert seen["records"] == ["open", "private", "public.jrnl", "secret.jrnl", "userdir"]
-        assert isinstance(seen["public"], int) and seen["public"] > 0
+        assert first in seen["public_list"]
+        assert isinstance(seen["public_jsonl"], int) and seen["public_jsonl"] > 0
         assert isinstance(seen["public_record"], int)
-        assert isinstance(seen["mine"], int) and seen["mine"] == seen["public"]
+        assert isinstance(seen["mine"], int) and seen["mine"] == seen["public_jsonl"]
         for name in ("secret_list", "secret_jsonl", "secret_record", "private_list",
                      "private_jsonl", "group", "metadata", "status"):
             assert seen[name] == "EACCES", (name, seen[name])
@@ -519,16 +530,9 @@ def test_views_carry_source_acls(shared_base, records_corpus):
     if not shutil.which("setfacl"):
         pytest.skip("setfacl not installed (acl)")
     user = view_user()
-    src, mnt = shared_base / "src", shared_base / "mnt"
-    src.mkdir(mode=0o755)
-    mnt.mkdir()
     journal = records_corpus / "db0.jrnl"
-    for rel, mode in {"denied.jrnl": 0o644, "granted.jrnl": 0o600,
-                      "hidden/inner.jrnl": 0o644}.items():
-        path = src / rel
-        path.parent.mkdir(mode=0o755, exist_ok=True)
-        shutil.copyfile(journal, path)
-        path.chmod(mode)
+    src, mnt = journals_source(shared_base, journal, {
+        "denied.jrnl": 0o644, "granted.jrnl": 0o600, "hidden/inner.jrnl": 0o644})
     who = user.pw_name
     for acl, rel in ((f"u:{who}:---", "denied.jrnl"), (f"u:{who}:rw", "granted.jrnl"),
                      (f"u:{who}:---", "hidden")):
@@ -544,12 +548,8 @@ def test_views_carry_source_acls(shared_base, records_corpus):
         assert native == {"denied": "EACCES", "granted": size, "hidden": "EACCES",
                           "hidden_file": "EACCES"}
         seen = as_view_user(user, [
-            ("denied_list", "list", rec / "denied.jrnl"),
-            ("denied_jsonl", "read", rec / "denied.jrnl" / "records.jsonl"),
-            ("denied_record", "read", rec / "denied.jrnl" / first),
-            ("granted_list", "list", rec / "granted.jrnl"),
-            ("granted_jsonl", "read", rec / "granted.jrnl" / "records.jsonl"),
-            ("granted_record", "read", rec / "granted.jrnl" / first),
+            *journal_view_steps("denied", rec / "denied.jrnl", first),
+            *journal_view_steps("granted", rec / "granted.jrnl", first),
             ("hidden", "list", rec / "hidden"),
             ("hidden_jsonl", "read", rec / "hidden" / "inner.jrnl" / "records.jsonl")])
         for name in ("denied_list", "denied_jsonl", "denied_record", "hidden", "hidden_jsonl"):

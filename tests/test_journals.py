@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from codec_helpers import read_all
-from journalfs import demo, journals
+from journalfs import demo, journals, jsonlines
 from journalfs.formats import CODECS, FormatError
 from journalfs.formats.akka import AkkaData
 from journalfs.journals import RecordIndex, mapped, sniff_file
@@ -251,20 +251,20 @@ def test_a_grown_file_is_indexed_from_its_last_checkpoint_only(big_journal, tmp_
 # -- JSON lines from columns, backups, safe opens, on-disk indexes -----------------------------
 
 @pytest.mark.parametrize("read_by", ["mmap", "pread"])
-@pytest.mark.parametrize("arrow_from", [1, 1 << 40], ids=["arrow", "template"])
-def test_json_chunks_equal_record_json_lines(journal_files, monkeypatch, arrow_from, read_by):
+@pytest.mark.parametrize("columns_from", [1, 1 << 40], ids=["columns", "records"])
+def test_json_chunks_equal_record_json_lines(journal_files, monkeypatch, columns_from, read_by):
     """records.jsonl and listings are rendered a checkpoint at a time from the codecs' columns
-    (Arrow kernels or one bytes template): byte for byte what ``record_json_line`` writes,
-    with each record's kind and file size."""
+    (or record by record): byte for byte what ``record_json_line`` writes, with each
+    record's kind and file size."""
     from journalfs.fs.views import record_content
     monkeypatch.setattr(journals, "CHECKPOINT_EVERY", 4)  # many chunks even on small files
-    monkeypatch.setattr(journals, "ARROW_MIN_ROWS", arrow_from)
+    monkeypatch.setattr(jsonlines, "COLUMNS_MIN_ROWS", columns_from)
     for path in journal_files:
         opener = (lambda p=str(path): journals.open_path(p)) if read_by == "pread" else None
         index = RecordIndex.build(str(path), opener=opener)
         records = list(index.records())
         assert records == list(RecordIndex.build(str(path)).records()), path
-        expected = [journals.json_line(r) for r in records]
+        expected = [jsonlines.json_line(r) for r in records]
         step = 4 if index.codec.resumable else max(1, index.count)
         got, kinds, sizes = [], [], []
         for first in range(0, index.count, step):
@@ -281,7 +281,7 @@ def test_json_chunks_equal_record_json_lines(journal_files, monkeypatch, arrow_f
 def test_json_line_of_text_that_is_not_utf8():
     rec = {"format": "gvfs-journal", "seq": 0, "offset": 0, "kind": "set",
            "path": "/a/\udcff\udcfe", "key": "k", "value": ["ok", "\udcfa"]}
-    line = json.loads(journals.json_line(rec).decode("utf-8"))
+    line = json.loads(jsonlines.json_line(rec).decode("utf-8"))
     assert "path" not in line and base64.b64decode(line["path_b64"]) == b"/a/\xff\xfe"
     assert [base64.b64decode(v) for v in line["value_b64"]] == [b"ok", b"\xfa"]
 

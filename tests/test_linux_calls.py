@@ -302,6 +302,15 @@ except OSError as exc:
 """
 
 
+def _lock(f, kind: str, operation: int) -> None:
+    """``operation`` (LOCK_EX, LOCK_UN) on the whole file with flock, or on bytes 0-9 with a
+    POSIX record lock: the locks LOCKER tries."""
+    if kind == "flock":
+        fcntl.flock(f, operation)
+    else:
+        fcntl.lockf(f, operation, 10, 0)
+
+
 def test_flock_and_posix_locks_between_processes(pair):
     got = []
     for d in pair:
@@ -310,23 +319,25 @@ def test_flock_and_posix_locks_between_processes(pair):
         out = []
         with open(path, "r+") as mine:
             for kind in ("flock", "posix"):
-                if kind == "flock":
-                    fcntl.flock(mine, fcntl.LOCK_EX)
-                else:
-                    fcntl.lockf(mine, fcntl.LOCK_EX, 10, 0)
-                out.append(subprocess.run([sys.executable, "-c", LOCKER, str(path), kind],
-                                          capture_output=True, text=True).stdout.strip())
-                if kind == "flock":
-                    fcntl.flock(mine, fcntl.LOCK_UN)
-                else:
-                    fcntl.lockf(mine, fcntl.LOCK_UN, 10, 0)
-                out.append(subprocess.run([sys.executable, "-c", LOCKER, str(path), kind],
-                                          capture_output=True, text=True).stdout.strip())
+                for operation in (fcntl.LOCK_EX, fcntl.LOCK_UN):  # held, then released
+                    _lock(mine, kind, operation)
+                    out.append(subprocess.run([sys.executable, "-c", LOCKER, str(path), kind],
+                                              capture_output=True, text=True).stdout.strip())
         got.append(out)
     assert got[0] == got[1] == [["EAGAIN", "locked", "EAGAIN", "locked"]][0]
 
 
 # -- permissions with real users ---------------------------------------------------------------
+def make_file(path: Path, text: str = "", mode: int = 0o644,
+              owner: pwd.struct_passwd | None = None) -> Path:
+    """A file with this content and mode, root's or ``owner``'s (and their group)."""
+    path.write_text(text)
+    if owner is not None:
+        os.chown(path, owner.pw_uid, owner.pw_gid)
+    os.chmod(path, mode)
+    return path
+
+
 def test_setgid_and_sticky_directories(pair):
     user, other = ensure_test_user(), second_user()
     group = grp.getgrgid(user.pw_gid)
@@ -362,12 +373,7 @@ def test_chown_chmod_rules_for_non_root(pair):
     user = ensure_test_user()
     got = []
     for d in pair:
-        f, g = d / "f", d / "rootfile"
-        f.write_text("")
-        os.chown(f, user.pw_uid, user.pw_gid)
-        os.chmod(f, 0o644)
-        g.write_text("")
-        os.chmod(g, 0o644)
+        f, g = make_file(d / "f", owner=user), make_file(d / "rootfile")
         res = run_as(user, [
             ("chmod-own", f"os.chmod({str(f)!r}, 0o600)"),
             ("chmod-setgid-foreign-group", f"os.chown({str(f)!r}, -1, 0)"),
@@ -388,12 +394,7 @@ def test_metadata_xattr_permissions_follow_the_files(pair):
     user = ensure_test_user()
     got = []
     for d in pair:
-        ro = d / "readonly"
-        ro.write_text("")
-        os.chmod(ro, 0o644)
-        mine = d / "mine"
-        mine.write_text("")
-        os.chown(mine, user.pw_uid, user.pw_gid)
+        ro, mine = make_file(d / "readonly"), make_file(d / "mine", owner=user)
         name = "user.metadata.k" if d.name.startswith("mounted") else "user.k"
         got.append(run_as(user, [
             ("set-readonly", f"os.setxattr({str(ro)!r}, {name!r}, b'v')"),
@@ -410,13 +411,10 @@ def test_posix_acls_are_enforced_as_natively(pair):
     user = ensure_test_user()
     got = []
     for d in pair:
-        f = d / "f"
-        f.write_text("secret\n")
-        os.chmod(f, 0o600)
+        f = make_file(d / "f", "secret\n", 0o600)
         sub = d / "closed"
         sub.mkdir(mode=0o700)
-        (sub / "in").write_text("inside\n")
-        os.chmod(sub / "in", 0o644)
+        make_file(sub / "in", "inside\n")
         steps = [("read", f"open({str(f)!r}).read()"), ("write", f"open({str(f)!r}, 'a').write('x')"),
                  ("list", f"sorted(os.listdir({str(sub)!r}))"),
                  ("read-in", f"open({str(sub / 'in')!r}).read()")]

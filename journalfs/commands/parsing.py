@@ -67,6 +67,14 @@ def add_commands(parser: argparse.ArgumentParser, dest: str,
     return sub
 
 
+def add_command(sub: argparse._SubParsersAction, name: str, summary: str, description: str,
+                *example_lines: str) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name``: its one-line ``summary`` (the command list), what it
+    does for the user (``description``) and examples (``example_lines``, see :func:`examples`)."""
+    return sub.add_parser(name, help=summary, description=description,
+                          epilog=examples(*example_lines))
+
+
 def examples(*lines: str) -> str:
     """An ``Examples:`` epilog: each line is a command, optionally ``command  # comment``."""
     return "Examples:\n" + "\n".join(f"  {line}" for line in lines)

@@ -9,19 +9,17 @@ journal", exit 3): for ``records`` an input that cannot be decoded is damaged in
 """
 from __future__ import annotations
 
-import binascii
-import itertools
-import json
+import contextlib
 import os
 import sys
 from typing import Iterable, Iterator, TextIO
 
-import numpy as np
-
 from ..formats import Codec, FormatError
-from ..formats.base import Record, record_json_line
+from ..formats.base import Record
 from ..journals import mapped, sniff_file
+from ..jsonlines import columns_chunk, has_columns, records_chunk
 from ..pagecache import Releaser
+from .parsing import add_command
 from .progress import Progress
 
 from . import EXIT_DAMAGED, EXIT_OK  # defined once, for every command
@@ -35,9 +33,18 @@ SUMMARY_VALUE_CHARS = 40
 FIRST_ROWS, MAX_ROWS, BATCH_SPAN = 1024, 16384, 2 << 20
 
 
+DESCRIPTION = (
+    "Decode a journal file of any supported format (found by its content) and print its "
+    "records: a table by default, or with --json one JSON object per record and line (the "
+    "fields are listed in docs/contract.md). On damage the valid records are printed first, "
+    "then one line on stderr names the file, the byte offset and the reason, and the exit "
+    "status is 3.")
+
+
 def add_parser(sub) -> None:
-    p = sub.add_parser("records", help="decode a journal file into its records",
-                       description=__doc__.split("\n\n")[0])
+    p = add_command(sub, "records", "decode a journal file into its records", DESCRIPTION,
+                    "journalfs records /data/queues/jobs.1700000000000",
+                    "journalfs records db.jrnl --json | jq -r .status")
     p.add_argument("file", help="any supported journal file (detected by its magic bytes)")
     p.add_argument("--json", action="store_true",
                    help="one JSON object per record and line (the contract's fields)")
@@ -84,15 +91,14 @@ def _damaged(exc: FormatError) -> int:
     return EXIT_DAMAGED
 
 
-def _write(out: TextIO, chunk: bytes | str) -> None:
-    """One chunk of output lines, straight to the byte stream when there is one."""
-    if isinstance(chunk, str):
-        out.write(chunk)
-    elif hasattr(out, "buffer"):  # (bytes or a memoryview of Arrow memory)
+def _write(out: TextIO, chunk: bytes) -> None:
+    """One chunk of whole output lines (about a megabyte), straight to the byte stream when
+    there is one, and flushed: the output streams."""
+    if hasattr(out, "buffer"):
         out.flush()
         out.buffer.write(chunk)
     else:  # an in-memory text stream (tests)
-        out.write(bytes(chunk).decode("utf-8"))
+        out.write(chunk.decode("utf-8"))
     out.flush()
 
 
@@ -133,27 +139,32 @@ def _flush_batch(out: TextIO, batch: list[str]) -> None:
 # -- JSON lines ---------------------------------------------------------------------------------
 
 def json_chunks(codec: Codec, buf, path: str, progress: Progress | None = None
-                ) -> Iterator[bytes | str]:
+                ) -> Iterator[bytes]:
     """The ``--json`` output of ``path`` (mapped as ``buf``) in chunks of whole lines, each
-    exactly :func:`record_json_line` of every record, in file order; raises the codec's
-    :class:`FormatError` after the chunks of the valid prefix.
+    line exactly :func:`journalfs.jsonlines.json_line` of a record, in file order; raises the
+    codec's :class:`FormatError` after the chunks of the valid prefix.
 
-    Codecs with a vectorised ``read_columns`` are decoded in batches and their lines built
-    from the columns (a batch whose rows are not all alike falls back to one dict
-    per record); the others stream :meth:`Codec.read`. Pages behind the reader are released."""
+    Codecs that decode columns are read in batches of about ``BATCH_SPAN`` bytes and rendered
+    by :func:`journalfs.jsonlines.columns_chunk`; the others stream :meth:`Codec.read` (a
+    gvfs tree cannot resume mid-file). Pages behind the reader are released."""
     progress = progress or Progress(0, "", enabled=False)
-    if not (codec.resumable and type(codec).read_columns is not Codec.read_columns):
-        lines = (record_json_line(r) for r in _released(codec.read(buf, path), buf, progress))
-        yield from _line_batches(lines)
-        return
+    if not (codec.resumable and has_columns(codec)):
+        with contextlib.closing(_released(codec.read(buf, path), buf, progress)) as records:
+            while True:
+                chunk = records_chunk(records, BATCH)
+                if chunk.rows:
+                    yield chunk.data
+                if chunk.error is not None:
+                    raise chunk.error
+                if chunk.rows < BATCH:
+                    return
     releaser = Releaser(buf)
     start, seq, rows, count = None, 0, FIRST_ROWS, 0
     while True:
         cols = codec.read_columns(buf, path, start, seq, None, rows)
         if cols.rows:
             stop = cols.next_offset if cols.error is None else cols.error.offset
-            chunk = columns_json(codec, buf, path, cols, start, seq, stop)
-            yield chunk
+            yield columns_chunk(codec, buf, path, cols, start, seq, stop).data
             first, last = int(cols.data["offset"][0]), int(cols.data["offset"][-1])
             rows = _next_rows(cols.rows, (stop if stop is not None else last + 1) - first)
             count += cols.rows
@@ -169,129 +180,6 @@ def json_chunks(codec: Codec, buf, path: str, progress: Progress | None = None
 def _next_rows(rows: int, span: int) -> int:
     per_record = max(1, span // max(rows, 1))
     return int(min(MAX_ROWS, max(16, BATCH_SPAN // per_record)))
-
-
-def _line_batches(lines: Iterator[str]) -> Iterator[str]:
-    """``lines`` joined into chunks of :data:`BATCH`; at damage, the lines before it first."""
-    batch: list[str] = []
-    try:
-        for line in lines:
-            batch.append(line)
-            if len(batch) >= BATCH:
-                batch.append("")
-                yield "\n".join(batch)
-                batch = []
-    except FormatError:
-        if batch:
-            batch.append("")
-            yield "\n".join(batch)
-        raise
-    if batch:
-        batch.append("")
-        yield "\n".join(batch)
-
-
-def columns_json(codec: Codec, buf, path: str, cols, start, seq: int, stop) -> bytes | str:
-    """The JSON lines of one batch of columns; when the batch's records are not all alike
-    (a field some lack, a value Arrow cannot carry as is), its records are decoded again
-    one by one over the same byte range and written the ordinary way."""
-    first = next(iter(codec.read(buf, path, start, seq)), None)
-    fast = None if first is None else _columnar_lines(cols, list(first))
-    if fast is not None:
-        return fast
-    lines = []
-    it = codec.read(buf, path, start, seq, stop)
-    try:
-        for rec in it:
-            if len(lines) == cols.rows:
-                break
-            lines.append(record_json_line(rec))
-    except FormatError:
-        pass  # the batch's own error is raised by the caller after this chunk
-    finally:
-        it.close()
-    lines.append("")
-    return "\n".join(lines)
-
-
-def _columnar_lines(cols, order: list[str]) -> bytes | None:
-    """Every row of ``cols`` as ``record_json_line`` writes it, or None when this batch cannot
-    be written exactly this way (then the caller decodes it record by record).
-
-    One ``bytes`` template per batch: a value every row shares (format, kind) is written into
-    it once; integer columns go in as ``%d``; payloads as their base64. No Arrow here: the
-    command stays within a small resident set."""
-    data, rows = cols.data, cols.rows
-    if set(data) != set(order):
-        return None  # some record lacks a field the columns hold
-    template, columns = [], []
-    for i, name in enumerate(order):
-        key = "payload_b64" if name == "payload" else name
-        template.append(("{" if i == 0 else ", ") + json.dumps(key).replace("%", "%%") + ": ")
-        values = data[name]
-        if name == "payload":
-            template.append("%s")
-            columns.append(_base64_texts(values))
-            continue
-        shared = _shared_value(values, rows)
-        if shared is not _NOTHING:
-            if name == "kind" or isinstance(shared, str):
-                template.append(json.dumps(shared, ensure_ascii=False).replace("%", "%%"))
-                continue
-        if name == "kind":
-            return None  # mixed kinds may carry different fields
-        texts = _number_texts(values, rows)
-        if texts is None:
-            return None
-        template.append(texts[0])
-        columns.append(texts[1])
-    template.append("}")
-    line = "".join(template).encode("utf-8")
-    lines = map(line.__mod__, zip(*columns)) if columns else [line % ()] * rows
-    return b"\n".join(itertools.chain(lines, (b"",)))
-
-
-_NOTHING = object()
-
-
-def _shared_value(values, rows: int):
-    """The one value every row has when the column is a constant string, else _NOTHING."""
-    if isinstance(values, str):
-        return values
-    if isinstance(values, np.ndarray) and values.dtype.kind != "O":
-        return _NOTHING
-    if isinstance(values, (list, np.ndarray)) and rows and isinstance(values[0], str):
-        first = values[0]
-        if len(set(values[:rows].tolist() if isinstance(values, np.ndarray) else values)) == 1:
-            return first
-    return _NOTHING
-
-
-def _number_texts(values, rows: int) -> tuple[str, list] | None:
-    """(placeholder, per-row values) for an integer column, nulls allowed; None otherwise."""
-    if isinstance(values, np.ma.MaskedArray):
-        if values.dtype.kind not in "iu":
-            return None
-        mask = np.ma.getmaskarray(values)
-        if not mask.any():
-            return "%d", values.data[:rows].tolist()
-        return "%s", [b"null" if m else b"%d" % v
-                      for v, m in zip(values.data[:rows].tolist(), mask[:rows].tolist())]
-    if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
-        return "%d", values[:rows].tolist()
-    if isinstance(values, np.ndarray) and values.dtype.kind == "b":
-        return "%s", [b"true" if v else b"false" for v in values[:rows].tolist()]
-    return None
-
-
-def _base64_texts(payloads) -> list[bytes]:
-    """``"<base64>"`` (or null) of every payload."""
-    b2a = binascii.b2a_base64
-    try:
-        return [b'"%s"' % b2a(p, newline=False) for p in payloads]
-    except TypeError:  # None among them, or memoryviews
-        return [b"null" if p is None else b'"%s"' % b2a(bytes(p), newline=False)
-                for p in payloads]
 
 
 # -- the readable table -------------------------------------------------------------------------

@@ -16,15 +16,13 @@ from typing import Any, Iterator, Sequence
 from .base import Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record, Repair, payload_b64
 
 MAGIC = b"JRNL"
-HEADER = 20
-TX_HEADER = 25
-OP_HEADER = 5
 COMPLETE_FLAG = 0x01
 
 _HEADER = struct.Struct("<4sQQ")
 _LINKS = struct.Struct("<QQ")
 _TX_HEADER = struct.Struct("<QQqB")
 _OP_HEADER = struct.Struct("<BI")
+HEADER, TX_HEADER, OP_HEADER = _HEADER.size, _TX_HEADER.size, _OP_HEADER.size  # 20, 25, 5
 _ALLOC = struct.Struct("<QQQ")
 _MODIFY = struct.Struct("<QHH")
 _REMOVE = struct.Struct("<QQ")

@@ -25,17 +25,14 @@ INDEX_SUFFIX = ".idx"  # a log's index is named after it: ``<log>.idx``
 VERSION = 1
 #: Version bytes we accept when sniffing: low control bytes, so no text file matches.
 PLAUSIBLE_VERSIONS = range(1, 9)
-SHORT_HEADER = 8  # magic, version, flags (the original writer's layout)
-FULL_HEADER = 16  # ... plus the TTL (the seed's layout, what we write)
-RECORD_HEADER = 16
-INDEX_RECORD = 24
-
-_FILE_HEADER = struct.Struct("<3sBIq")
-_SHORT_FILE_HEADER = struct.Struct("<3sBI")
+_FILE_HEADER = struct.Struct("<3sBIq")  # magic, version, flags, TTL: the seed's layout (we write it)
+_SHORT_FILE_HEADER = struct.Struct("<3sBI")  # without the TTL: the original writer's layout
 _RECORD_HEADER = struct.Struct("<IIq")
 _SIZE = struct.Struct("<I")
 _TIME = struct.Struct("<q")
 _INDEX_RECORD = struct.Struct("<qQq")
+SHORT_HEADER, FULL_HEADER = _SHORT_FILE_HEADER.size, _FILE_HEADER.size  # 8, 16
+RECORD_HEADER, INDEX_RECORD = _RECORD_HEADER.size, _INDEX_RECORD.size  # 16, 24
 INDEX_DTYPE = np.dtype([("time", "<i8"), ("index", "<u8"), ("log_offset", "<i8")])
 #: How many records each candidate header layout must survive when telling 8 from 16 bytes.
 LAYOUT_PROBE_RECORDS = 4

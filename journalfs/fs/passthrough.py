@@ -32,7 +32,8 @@ import pyfuse3
 import trio
 
 from . import xattrs
-from .caches import UNKNOWN, DirSnapshots, Listing, MetaCache
+from .caches import UNKNOWN, Listing, MetaCache
+from .dirlist import DIR_BLKSIZE, ListingCache, NameOnlyEntry, patched, rows
 from .inodes import VIEW_INO_BASE, Inode, InodeTable, O_PATH_FLAGS, join, same_object, stale
 from .views import VIEWS_NAME, Views
 
@@ -227,12 +228,12 @@ class JournalFS(pyfuse3.Operations):
         root_fd = os.open(self.src, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self.table = InodeTable(root_fd)
         self.files: dict[int, Handle] = {}                     # file handle -> open file
-        self.dirs: dict[int, tuple[Inode, Listing, list]] = {}  # handle -> (dir, listing, dots)
+        self.dirs: dict[int, list] = {}  # handle -> _dir_state
         # changes made behind the mount: the watcher asks source_changed what to invalidate
         self.watch = SourceWatcher(self.source_changed)
         self.views = Views(self, options or {})
         self._exchange_tmp = itertools.count()
-        self.snapshots = DirSnapshots(min(timeout, SNAPSHOT_TTL))
+        self.snapshots = ListingCache(min(timeout, SNAPSHOT_TTL))  # + listings kept for readdir
         self.stat_ttl = min(timeout, SNAPSHOT_TTL)
         root = os.fstat(root_fd)
         self.local = _fs_type(root_fd) in LOCAL_FS_TYPES
@@ -314,6 +315,8 @@ class JournalFS(pyfuse3.Operations):
                                                               st.st_blksize, st.st_blocks)
             a.st_atime_ns, a.st_mtime_ns, a.st_ctime_ns = (st.st_atime_ns, st.st_mtime_ns,
                                                            st.st_ctime_ns)
+            if stat.S_ISDIR(st.st_mode):
+                a.st_blksize = DIR_BLKSIZE  # big READDIRPLUS replies (see DIR_BLKSIZE)
             node.reply = (st, timeout, a)
         if node.file_type == stat.S_IFDIR and node.key is not None:
             self._watch_directory(node)  # the kernel will know it
@@ -628,18 +631,48 @@ class JournalFS(pyfuse3.Operations):
         if self.views.owns(inode):
             return await self.views.opendir(inode)
         node = self.table.get(inode)
+        handle = self.next_handle()
+        self.dirs[handle] = await self._dir_state(node)
+        return handle
+
+    async def _dir_state(self, node: Inode) -> list:
+        """An open directory: [inode, its listing as of now, . and .., read from yet,
+        NameOnlyEntry for names the kernel holds current attributes of, or None, the
+        listing's rows (dirlist.rows)]."""
+        listing, current = await self._dir_listing(node)
+        dots = await self._on(node, self._dots, node is self.table.root)
+        plain = NameOnlyEntry(stat.S_IFREG) if current and NameOnlyEntry.available else None
+        frozen = listing.frozen()
+        entries = (self.snapshots.rows(node.path, listing) if current else None) or rows(frozen)
+        return [node, frozen, dots, False, plain, entries]
+
+    async def _dir_listing(self, node: Inode) -> tuple[Listing, bool]:
+        """The current listing of directory ``node``: the one kept since the last scan when
+        the watcher covers the directory (only names changed since are stat'ed again), else
+        a fresh snapshot or a new scan; and whether every change in SOURCE has reached the
+        kernel's caches (the directory is watched and no change is waiting)."""
         rel = node.path
-        listing = self.snapshots.listing(rel) if rel is not None else None
-        skip = VIEWS_NAME if node is self.table.root else None  # shadowed by the virtual tree
-        if listing is None or listing.unknown:
-            generation = self.snapshots.generation
+        # a change behind the mount not yet applied to our caches: none of them is current
+        pending = self.watch.pending()
+        watched = rel is not None and not pending and self.watch.watching(node.ino)
+        listing = None
+        if rel is not None and not pending:
+            listing = (self.snapshots.kept(rel, node) if watched else None) \
+                or self.snapshots.listing(rel)
+        generation = self.snapshots.generation
+        fresh = False
+        skip = VIEWS_NAME if node is self.table.root else None  # shadowed by the views
+        if listing is not None and listing.unknown:
+            listing = await self._on(node, patched, listing.frozen(), skip)
+            fresh = True
+        if listing is None:
             listing = await self._on(node, self._scan_sorted, skip)
+            fresh = True
             if rel is not None and len(listing.stats) <= self.snapshots.max_entries:
                 self.snapshots.store(rel, generation, listing)
-        dots = await self._on(node, self._dots, node is self.table.root)
-        handle = self.next_handle()
-        self.dirs[handle] = (node, listing.frozen(), dots)
-        return handle
+        if watched and fresh:
+            self.snapshots.keep(rel, node, generation, listing)
+        return listing, watched
 
     def _scan_sorted(self, fd: int, skip: bytes | None) -> Listing:
         listing = self.snapshots.scan(fd, skip, limit=False)
@@ -659,14 +692,42 @@ class JournalFS(pyfuse3.Operations):
     async def readdir(self, fh, start_id, token):
         if fh not in self.dirs:
             return await self.views.readdir(fh, start_id, token)
-        node, listing, dots = self.dirs[fh]
+        state = self.dirs[fh]
+        if start_id == 0 and state[3]:  # rewinddir: the directory as it is now (POSIX)
+            state[:] = await self._dir_state(state[0])
+        state[3] = True
+        node, listing, dots, _, plain, entries = state
         for i in range(start_id, len(dots)):  # no lookup reference for these two
             if not pyfuse3.readdir_reply(token, dots[i][0], dots[i][1], i + 1):
                 return
-        names = listing.names
-        for i in range(max(0, start_id - len(dots)), len(names)):
-            child, attrs = self._listed(listing, node, names[i], listing.stats[names[i]])
-            if not pyfuse3.readdir_reply(token, names[i], attrs, i + len(dots) + 1):
+        # Per entry: the attributes built once per stat (shared with lookups and with later
+        # listings of a kept listing), found through the listing's rows, so a repeated
+        # listing costs a few identity checks and the reply.
+        # A name whose inode the kernel holds already, with attributes that are current or
+        # invalidated (``plain``: every change has reached it), goes by name only: the kernel
+        # then neither updates that inode nor drops its cached ACLs (which `ls -l` would ask
+        # for again), and counts no lookup.
+        by_ino, reply, file_type = self.table.by_ino, pyfuse3.readdir_reply, stat.S_IFMT
+        plain_attrs, plain_ino = (plain.attrs, plain.ino) if plain is not None else (None, None)
+        plain_type = plain_attrs.st_mode if plain is not None else 0  # as the last call left it
+        start = max(0, start_id - len(dots))
+        stale = False
+        for i, (name, st, entry) in enumerate(entries[start:], start + len(dots) + 1):
+            if entry is not None and entry[0] is st and by_ino.get(entry[1].ino) is entry[1]:
+                child, attrs = entry[1], entry[2]
+                if plain_attrs is not None and child.lookups:
+                    if file_type(st.st_mode) != plain_type:  # the entry's type
+                        plain_type = plain_attrs.st_mode = file_type(st.st_mode)
+                    plain_ino.value = child.ino
+                    if not reply(token, name, plain_attrs, i):
+                        return
+                    continue
+            else:
+                child, attrs = self._listed(listing, node, name, st)
+                if not stale and node.path is not None:
+                    stale = True
+                    self.snapshots.rows_stale(node.path)
+            if not reply(token, name, attrs, i):
                 self.table.drop_if_unused(child)
                 return
             child.lookups += 1

@@ -42,9 +42,11 @@ import numpy as np
 import pyfuse3
 import trio
 
-from ..journals import (CHECKPOINT_EVERY, FINGERPRINT_BYTES, RecordIndex, is_backup_name,
-                        json_line, sniff_fd)
+from ..formats.base import Codec
+from ..journals import CHECKPOINT_EVERY, FINGERPRINT_BYTES, RecordIndex, is_backup_name, sniff_fd
+from ..jsonlines import json_line
 from .catalog import Catalog
+from .dirlist import DIR_BLKSIZE, NameOnlyEntry
 from .indexfiles import IndexDir, matches, may_extend
 from .sourcefiles import SourceTree, open_regular_path
 
@@ -54,6 +56,8 @@ VIEWS_NAME = b".journalfs"
 JSONL_NAME = b"records.jsonl"
 RECORD_XATTR_PREFIX = b"user.record."
 DAMAGE_XATTR = b"user.journal.damage"
+#: Journals with at least this many records are listed by name only (see _readdir_journal).
+NAMES_ONLY_RECORDS = 100_000
 #: Records decoded per directory-listing batch (kept per open directory handle).
 LIST_BATCH = 16 * 1024
 #: Records decoded together for single-record requests; batches with more payload bytes
@@ -74,7 +78,8 @@ DISK_INDEX_MIN_BYTES = 1 << 20
 #: that other requests never queue behind them).
 INDEX_THREADS = 2
 #: Records rendered together when records.jsonl is read (a multiple of CHECKPOINT_EVERY):
-#: big enough for Arrow's vectorised joining to pay off, small enough to stay ~2 MB.
+#: big enough for the vectorised renderer's fixed cost per batch to vanish, small enough that
+#: a chunk stays a few MB.
 READ_CHUNK_RECORDS = 16 * CHECKPOINT_EVERY
 #: Worker threads the views use at most, and at most on one SOURCE path (see _on_file).
 VIEW_THREADS = 16
@@ -133,9 +138,6 @@ class ViewContext:
                    watch=getattr(fs, "watch", None))
 
 
-json_line_bytes = json_line  # one records.jsonl line, as `journalfs records --json` prints it
-
-
 #: The access ACL the kernel asks for (POSIX ACL mode) before deciding on a view inode.
 ACL_XATTR = b"system.posix_acl_access"
 _ACL_VERSION = 2
@@ -169,7 +171,7 @@ def record_content(rec: dict) -> bytes:
     """What a record file holds: its payload bytes, else its JSON line."""
     if "payload" in rec:
         return bytes(rec["payload"] or b"")
-    return json_line_bytes(rec)
+    return json_line(rec)
 
 
 def record_file_name(rec: dict) -> bytes:
@@ -232,7 +234,8 @@ class JsonlLayout:
                 size, first = previous.offsets[keep], resume
         step = CHECKPOINT_EVERY if index.codec.resumable else max(1, index.count)
         while first < index.count:
-            data, rows = index.json_lines(first, step)
+            chunk = index.json_chunk(first, step)
+            data, rows = chunk.data, chunk.rows
             if not rows:
                 break
             if first % CHECKPOINT_EVERY == 0:
@@ -298,7 +301,7 @@ class JsonlLayout:
 
 class JsonlReader:
     """Streams records.jsonl for one open handle, a chunk of CHECKPOINT_EVERY lines at a time
-    (rendered from the codec's columns, :meth:`RecordIndex.json_lines`); sequential reads
+    (rendered from the codec's columns, :meth:`RecordIndex.json_chunk`); sequential reads
     continue from the chunk in hand. While records.jsonl's size is unknown the stream ends
     where the records end, and every chunk rendered extends the layout (``on_complete`` is
     called once it is whole)."""
@@ -360,6 +363,21 @@ class JsonlReader:
         if completed and self.on_complete is not None:
             self.on_complete(self.layout)
         return b"".join(parts)
+
+    def read_in_hand(self, off: int, size: int) -> bytes | None:
+        """``read(off, size)`` when the chunk in hand holds all of it (a copy, no rendering:
+        cheaper on the request thread than a hop to a worker), else None."""
+        if not self.lock.acquire(blocking=False):  # a worker is rendering for this handle
+            return None
+        try:
+            total = self.layout.size
+            end = off + size if total is None else min(off + size, total)
+            inside = off - self._start
+            if self._seq < 0 or inside < 0 or end > self._start + len(self._chunk) or off >= end:
+                return None
+            return self._chunk[inside:inside + end - off]
+        finally:
+            self.lock.release()
 
     def close(self) -> None:
         self._seq, self._chunk = -1, b""
@@ -834,7 +852,8 @@ class Views:
         a.st_nlink = 2 if stat.S_ISDIR(mode) else 1
         a.st_uid, a.st_gid = owner or self.owner
         a.st_size = size
-        a.st_blksize = 4096
+        # directories: big READDIRPLUS replies, as for mirrored ones (dirlist.DIR_BLKSIZE)
+        a.st_blksize = DIR_BLKSIZE if stat.S_ISDIR(mode) else 4096
         a.st_blocks = (size + 511) // 512
         t = self.started_ns if mtime_ns is None else mtime_ns
         a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = t
@@ -1037,13 +1056,18 @@ class Views:
         if node.kind in (RECORD, JSONL, STATUS):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         handle = self.ctx.next_handle()
-        state = {"node": node, "batch_first": 0, "batch": [], "index": None}
+        self.dirs[handle] = await self._dir_state(node)
+        return handle
+
+    async def _dir_state(self, node: VNode) -> dict:
+        """An open view directory: what its listing needs, as of now."""
+        state = {"node": node, "batch_first": 0, "batch": [], "index": None,
+                 "names_only": False}
         if node.kind == RECORDS_DIR:
             state["entries"] = await self._on_file(node.rel, self._list_records_dir, node.rel)
         elif node.kind == JOURNAL:  # listing waits for indexing as far as it goes, not here
             state["info"] = await self._on_file(node.rel, self._journal_info, node.rel)
-        self.dirs[handle] = state
-        return handle
+        return state
 
     def _list_records_dir(self, rel: bytes) -> list[tuple[bytes, str, Any]]:
         out = []
@@ -1077,6 +1101,11 @@ class Views:
         if state is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         node: VNode = state["node"]
+        if start_id == 0 and state.get("read"):  # rewinddir: the directory as it is now
+            fresh = await self._dir_state(node)
+            state.clear()
+            state.update(fresh)
+        state["read"] = True
         if node.kind == JOURNAL:
             return await self._readdir_journal(state, start_id, token)
         if node.kind == RECORDS_DIR:
@@ -1132,13 +1161,27 @@ class Views:
                     return
             if seq >= idx.count:
                 return
+            # A big journal is listed by name only: no kernel inode per record (and no
+            # FORGET for it later); `ls -l` looks each record up, as on bindfs.
+            names_only = NameOnlyEntry.available and idx.count >= NAMES_ONLY_RECORDS
             first, batch = state["batch_first"], state["batch"]
-            if not first <= seq < first + len(batch):
-                batch = await self._on_file(node.rel, self._list_batch, idx, seq)
+            if not first <= seq < first + len(batch) or state["names_only"] != names_only:
+                batch = await self._on_file(node.rel, self._list_names if names_only
+                                            else self._list_batch, idx, seq)
                 state["batch_first"], state["batch"] = seq, batch
+                state["names_only"] = names_only
                 first = seq
                 if not batch:
                     return
+            if names_only:
+                plain = state.get("plain") or state.setdefault("plain", NameOnlyEntry(file_mode))
+                ino, plain_attrs = plain.ino, plain.attrs
+                for name in batch[seq - first:]:
+                    ino.value = ino_base | seq
+                    if not reply(token, name, plain_attrs, seq + 2):
+                        return
+                    seq += 1
+                continue
             for name, size in batch[seq - first:]:
                 attrs.st_ino = ino_base | seq
                 attrs.st_size = size
@@ -1148,11 +1191,47 @@ class Views:
                 seq += 1
 
     @staticmethod
-    def _list_batch(idx: RecordIndex, first: int) -> list[tuple[bytes, int]]:
+    def _list_names(idx: RecordIndex, first: int) -> list[bytes]:
+        """The names of records ``first`` on, about LIST_BATCH of them, for entries
+        listed by name only: the names need the records' kinds, not their lines, so a codec
+        with a vectorised column decoder is asked for the columns alone (nothing rendered)."""
+        if type(idx.codec).read_columns is Codec.read_columns or not idx.codec.resumable:
+            return Views._list_batch(idx, first, sizes=False)
+        seq = first - first % CHECKPOINT_EVERY
+        out: list[bytes] = []
+        while seq < idx.count and len(out) < LIST_BATCH:
+            last = min(idx.count, seq + READ_CHUNK_RECORDS)
+            i = bisect.bisect_right(idx.seqs, seq) - 1
+            if seq and (i < 0 or idx.seqs[i] != seq):  # no checkpoint here: the slow way
+                return out + Views._list_batch(idx, max(first, seq), sizes=False)
+            start = idx.offsets[i] if seq else None
+            # the index's own reader of a record range (bounded pread, never a mapping)
+            with idx._range(start, last) as (buf, stop):
+                cols = idx.codec.read_columns(buf, idx.path, start, seq, stop, last - seq)
+            skip = max(0, first - seq)
+            if cols.rows <= skip:  # the records end (damage) before ``first``
+                break
+            kinds = cols.data["kind"]
+            kinds = [kinds] if isinstance(kinds, str) else list(kinds[skip:cols.rows])
+            seqs = range(seq + skip, seq + cols.rows)
+            if kinds.count(kinds[0]) == len(kinds):  # one kind: one name template
+                names = map((b"%08d." + kinds[0].encode("utf-8", "surrogateescape")).__mod__,
+                            seqs)
+            else:
+                names = (b"%08d.%s" % (n, k.encode("utf-8", "surrogateescape"))
+                         for n, k in zip(seqs, kinds))
+            out.extend(names)
+            seq += cols.rows
+        return out
+
+    @staticmethod
+    def _list_batch(idx: RecordIndex, first: int, sizes: bool = True,
+                    ) -> list[tuple[bytes, int]] | list[bytes]:
         """(name, exact size) of records ``first`` on, about LIST_BATCH of them. Exact sizes,
         though JSON-line records need their line rendered: a listing's attributes update
         cached inodes, and a wrong size would cut short a concurrent read. Lines are
-        rendered a checkpoint's worth at a time from the columns (see json_chunk)."""
+        rendered a checkpoint's worth at a time from the columns (see json_chunk).
+        ``sizes=False``: the names alone, for entries listed by name only."""
         step = READ_CHUNK_RECORDS if idx.codec.resumable else max(1, idx.count)
         seq = first - first % CHECKPOINT_EVERY if idx.codec.resumable else 0
         out: list[tuple[bytes, int]] = []
@@ -1169,7 +1248,7 @@ class Views:
             else:
                 names = (b"%08d.%s" % (n, k.encode("utf-8", "surrogateescape"))
                          for n, k in zip(seqs, kinds))
-            out.extend(zip(names, chunk.content_sizes()[skip:]))
+            out.extend(zip(names, chunk.content_sizes()[skip:]) if sizes else names)
             seq += chunk.rows
         return out
 
@@ -1217,6 +1296,9 @@ class Views:
         if content is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         if isinstance(content, JsonlReader):
+            data = content.read_in_hand(off, size)
+            if data is not None:
+                return data
             return await self._on_file(content.rel, content.read, off, size)
         return content[off:off + size]
 

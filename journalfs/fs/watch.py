@@ -42,6 +42,7 @@ import ctypes
 import errno
 import logging
 import os
+import select
 import struct
 from typing import Awaitable, Callable
 
@@ -131,6 +132,7 @@ class SourceWatcher:
         self._mount_of: dict[bytes, int] = {}   # fanotify: handle -> mount id
         self._mount_fds: dict[int, int] = {}    # mount id -> an O_PATH fd on it
         self.limit_reached = False
+        self.applying = False  # events read from the queue, their caches not yet dropped
         self.events = 0
         self.invalidations = 0
         self.overflows = 0
@@ -187,6 +189,22 @@ class SourceWatcher:
             self._fan_watch(ino, fd, target)
         else:
             self._in_watch(ino, fd, target)
+
+    def watching(self, ino: int) -> bool:
+        """Whether every change in directory ``ino`` reaches the passthrough's hooks."""
+        return self.fd >= 0 and ino in self._key_of
+
+    def pending(self) -> bool:
+        """Whether changes have happened that the hooks have not been told about yet (the
+        queue is not empty, or events read from it are still being applied). A change made
+        in SOURCE is queued before the syscall making it returns."""
+        if self.applying:
+            return True
+        if self.fd < 0:
+            return False
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        return bool(poller.poll(0))
 
     def directory_forgotten(self, ino: int) -> None:
         key = self._key_of.pop(ino, None)
@@ -281,9 +299,13 @@ class SourceWatcher:
         try:
             while True:
                 await trio.lowlevel.wait_readable(self.fd)
-                changes = self._read_all()
-                if changes:
-                    await self._apply(changes)
+                self.applying = True
+                try:
+                    changes = self._read_all()
+                    if changes:
+                        await self._apply(changes)
+                finally:
+                    self.applying = False
         finally:
             self.close()
 

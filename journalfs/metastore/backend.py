@@ -11,37 +11,50 @@ from typing import Protocol, Union, runtime_checkable
 Value = Union[str, list[str]]
 
 
-@dataclass(frozen=True, slots=True)
-class SetOp:
+# Each write operation is its own frozen type (the store dispatches on ``type(op)``); the
+# fields they share are declared once, in the private bases below.
+_operation = dataclass(frozen=True, slots=True)
+
+
+@_operation
+class _OnPath:
     path: str
+
+
+@_operation
+class _OnKey(_OnPath):
     key: str
+
+
+@_operation
+class _FromTo:
+    src: str
+    dst: str
+
+
+@_operation
+class SetOp(_OnKey):
     value: Value
 
 
-@dataclass(frozen=True, slots=True)
-class UnsetOp:
-    path: str
-    key: str
+@_operation
+class UnsetOp(_OnKey):
+    """Drop one key of a path."""
 
 
-@dataclass(frozen=True, slots=True)
-class RemoveOp:
+@_operation
+class RemoveOp(_OnPath):
     """Remove a path and everything below it."""
-    path: str
 
 
-@dataclass(frozen=True, slots=True)
-class CopyOp:
+@_operation
+class CopyOp(_FromTo):
     """dst (and below) becomes a copy of src (and below)."""
-    src: str
-    dst: str
 
 
-@dataclass(frozen=True, slots=True)
-class MoveOp:
+@_operation
+class MoveOp(_FromTo):
     """COPY(dst <- src) then REMOVE(src), as gvfs journals a move."""
-    src: str
-    dst: str
 
 
 WriteOp = Union[SetOp, UnsetOp, RemoveOp, CopyOp, MoveOp]

@@ -1,0 +1,199 @@
+"""The one JSON-lines renderer (journalfs/jsonlines.py): the columnar way writes exactly what
+the reference (`json_line` of each record) writes, or declines; damage keeps the prefix."""
+from __future__ import annotations
+
+import base64
+import json
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from journalfs import demo, jsonlines
+from journalfs.formats import CODECS, FormatError
+from journalfs.formats.base import Columns
+from journalfs.jsonlines import json_chunk, json_line, render_columns
+
+INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
+UINT64 = st.integers(0, (1 << 64) - 1)
+
+
+@st.composite
+def batches(draw):
+    """Columns as the vectorised codecs make them, with values at every edge."""
+    rows = draw(st.integers(1, 80))
+    data: dict = {"format": "kestrel-writer",
+                  "seq": np.arange(rows, dtype=np.int64) + draw(st.integers(0, 10 ** 12)),
+                  "offset": np.array(draw(st.lists(INT64, min_size=rows, max_size=rows))),
+                  "kind": [draw(st.sampled_from(["put", "x\"y\\é"]))] * rows}
+    data["big"] = np.array(draw(st.lists(UINT64, min_size=rows, max_size=rows)), dtype=np.uint64)
+    small = draw(st.lists(st.integers(-5, 99_999), min_size=rows, max_size=rows))
+    data["small"] = np.array(small, dtype=draw(st.sampled_from([np.int32, np.int64])))
+    mask = draw(st.lists(st.booleans(), min_size=rows, max_size=rows))
+    data["maybe"] = np.ma.masked_array(np.array(draw(st.lists(
+        INT64, min_size=rows, max_size=rows))), mask=mask)
+    data["flag"] = np.array(draw(st.lists(st.booleans(), min_size=rows, max_size=rows)))
+    data["payload"] = draw(st.lists(st.binary(max_size=draw(st.sampled_from([0, 5, 300]))),
+                                    min_size=rows, max_size=rows))
+    order = list(data)
+    draw(st.randoms()).shuffle(order)
+    return Columns(data, rows, None, rows), order
+
+
+def reference(cols: Columns, order: list[str]) -> bytes:
+    lines = []
+    for i in range(cols.rows):
+        rec = {}
+        for name in order:
+            column = cols.data[name]
+            value = column if isinstance(column, str) else column[i]
+            if value is np.ma.masked:
+                value = None
+            elif isinstance(value, np.generic):
+                value = value.item()
+            rec[name] = value
+        lines.append(json_line(rec))
+    return b"".join(lines)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches(), st.sampled_from([1 << 30, 64]))
+def test_columns_render_exactly_the_reference(batch, slack):
+    cols, order = batch
+    old = jsonlines.COLUMNS_MIN_ROWS, jsonlines.MATRIX_SLACK_BYTES
+    # every batch size goes the columnar way; a tiny slack cuts wide batches in halves
+    jsonlines.COLUMNS_MIN_ROWS, jsonlines.MATRIX_SLACK_BYTES = 1, slack
+    try:
+        got = render_columns(cols, order)
+    finally:
+        jsonlines.COLUMNS_MIN_ROWS, jsonlines.MATRIX_SLACK_BYTES = old
+    assert got is not None
+    assert got == reference(cols, order)
+
+
+@pytest.mark.parametrize("change", ["text_not_utf8", "text_varies", "null_payload",
+                                    "float", "missing_field"])
+def test_what_columns_cannot_write_exactly_is_declined(change, monkeypatch):
+    """render_columns declines (None) what only the reference writes right; json_chunk then
+    writes those records one by one, e.g. text that is not UTF-8 as <field>_b64."""
+    monkeypatch.setattr(jsonlines, "COLUMNS_MIN_ROWS", 1)
+    rows = 3
+    data = {"format": "gvfs-journal", "seq": np.arange(rows), "kind": ["set"] * rows,
+            "payload": [b"a", b"bc", b""]}
+    if change == "text_not_utf8":
+        data["kind"] = ["\udcff"] * rows
+    elif change == "text_varies":
+        data["kind"] = ["set", "unset", "set"]
+    elif change == "null_payload":
+        data["payload"] = [b"a", None, b""]
+    elif change == "float":
+        data["seq"] = np.arange(rows, dtype=np.float64)
+    order = list(data)
+    if change == "missing_field":
+        order.remove("kind")
+    assert render_columns(Columns(data, rows, None, rows), order) is None
+    if change == "text_not_utf8":
+        line = json.loads(reference(Columns(data, rows, None, rows), order).splitlines()[0])
+        assert base64.b64decode(line["kind_b64"]) == b"\xff" and "kind" not in line
+
+
+def test_a_big_columnar_file_renders_as_the_reference(tmp_path):
+    """A file of many full-size batches (the default thresholds) through json_chunk."""
+    data = CODECS["kestrel-writer"].write(
+        demo.kestrel_put_records(random.Random(3), 40_000, payload=(0, 400)))
+    codec, path = CODECS["kestrel-writer"], str(tmp_path / "q")
+    want = b"".join(json_line(r) for r in codec.read(data, path))
+    got, start, seq = [], None, 0
+    while True:
+        cols = codec.read_columns(data, path, start, seq, None, 16384)
+        chunk = json_chunk(codec, data, path, start, seq, 16384)
+        got.append(chunk.data)
+        assert chunk.rows == cols.rows and chunk.kinds == ["put"] * cols.rows
+        assert chunk.line_lengths().sum() == len(chunk.data)
+        if cols.next_offset is None:
+            break
+        start, seq = cols.next_offset, cols.next_seq
+    assert b"".join(got) == want
+
+
+@pytest.mark.parametrize("fmt", ["kestrel-writer", "akka-data", "wallaby-log", "gvfs-journal"])
+def test_damaged_file_prints_the_prefix_then_names_file_and_offset(fmt, tmp_path):
+    """`records --json` of a file cut inside a record, far past the first batch: every valid
+    record's line, byte for byte, then one line naming the file and the offset; exit 3."""
+    rng = random.Random(fmt)
+    if fmt == "kestrel-writer":
+        whole = CODECS[fmt].write(demo.kestrel_put_records(rng, 30_000, payload=(0, 60)))
+    elif fmt == "akka-data":
+        whole, _meta = CODECS[fmt].build(demo.akka_messages(rng, 30_000, ("a", "b"),
+                                                             payload=(0, 60)))
+    elif fmt == "wallaby-log":
+        whole = CODECS[fmt].write([{"time": t, "payload": p} for t, p in
+                                   demo.wallaby_items(rng, 30_000, payload=(0, 60))])
+    else:
+        whole = CODECS[fmt].write([{"kind": "set", "mtime": demo.BASE_S + i, "path": f"/p/{i}",
+                                    "key": "k", "value": "v"} for i in range(30_000)],
+                                  tag=0x1234)
+    path = tmp_path / fmt
+    path.write_bytes(whole[:len(whole) * 3 // 4 + 1])
+    data = path.read_bytes()
+    lines, error = [], None
+    try:
+        for rec in CODECS[fmt].read(data, str(path)):
+            lines.append(json_line(rec))
+    except FormatError as exc:
+        error = exc
+    assert error is not None and len(lines) > 16384
+    run = subprocess.run([sys.executable, "-m", "journalfs.cli", "records", str(path), "--json"],
+                         capture_output=True)
+    assert run.returncode == 3
+    assert run.stdout == b"".join(lines)
+    message = run.stderr.decode().strip()
+    assert message.count("\n") == 0 and str(path) in message
+    assert f"byte {error.offset}" in message
+
+
+def test_records_jsonl_reads_answered_from_the_chunk_in_hand(tmp_path):
+    """The views' reader answers a read inside the chunk it holds without rendering (on the
+    request thread); anything else goes to ``read``. Together: exactly records.jsonl,
+    whether its size is known yet or not."""
+    from journalfs.fs.views import JsonlLayout, JsonlReader
+    from journalfs.journals import RecordIndex
+    path = tmp_path / f"jobs.{demo.BASE_MS}"
+    path.write_bytes(CODECS["kestrel-writer"].write(
+        demo.kestrel_put_records(random.Random(5), 40_000, payload=(0, 80))))
+    index = RecordIndex.build(str(path))
+    full = b"".join(json_line(r) for r in index.records())
+    for layout in (JsonlLayout.empty(index), JsonlLayout(index)):
+        reader = JsonlReader(index, layout)
+        assert reader.read_in_hand(0, 4096) is None  # nothing rendered yet
+        got, inline, off = [], 0, 0
+        while True:
+            piece = reader.read_in_hand(off, 128 << 10)
+            if piece is None:
+                piece = reader.read(off, 128 << 10)
+            else:
+                inline += 1
+            if not piece:
+                break
+            got.append(piece)
+            off += len(piece)
+        reader.close()
+        assert b"".join(got) == full
+        assert layout.size == len(full)
+        assert inline > len(got) // 2  # most reads never left the chunk in hand
+
+
+def test_one_huge_payload_among_small_ones_is_rendered_in_pieces():
+    """The matrix is as wide as the widest payload: a batch whose one 8 MiB payload would make
+    4,000 rows 11 MB wide each (44 GB) is cut in halves until it fits, exactly."""
+    rows = 4000
+    payloads = [b"x" * 10] * rows
+    payloads[1234] = b"y" * (8 << 20)
+    data = {"format": "kestrel-writer", "seq": np.arange(rows), "kind": "put",
+            "payload": payloads}
+    got = render_columns(Columns(data, rows, None, rows), list(data))
+    assert got == reference(Columns(data, rows, None, rows), list(data))
