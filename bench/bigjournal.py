@@ -34,6 +34,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+#: Where generated journals are cached (``--out``).
 OUT = REPO / "bench" / "out" / "bigjournal"
 #: Records generated per chunk (bounds the generator's memory).
 CHUNK = 1 << 20
@@ -89,9 +90,181 @@ def write_wallaby_log(path: Path, size: int, seed: int = 2) -> int:
     return total
 
 
-#: format -> (generator, file name, kind of its records)
+def _check_against_writer(fmt: str, records: list[dict], produced: bytes, **header) -> None:
+    """The numpy layout of a generator must be byte for byte what the codec's own writer makes
+    of the same records (checked on the first few records of every generated file)."""
+    from journalfs.formats import CODECS
+    expected = CODECS[fmt].write(records, **header)
+    if expected != produced:
+        raise SystemExit(f"{fmt} generator disagrees with the codec's writer "
+                         f"({len(produced)} vs {len(expected)} bytes)")
+
+
+def _write_chunks(path: Path, head: bytes, total: int, chunk_bytes) -> None:
+    """``head`` then ``chunk_bytes(first, n)`` for record ranges of ``CHUNK`` records."""
+    with open(path, "wb") as f:
+        f.write(head)
+        for first in range(0, total, CHUNK):
+            f.write(chunk_bytes(first, min(CHUNK, total - first)))
+
+
+def write_kestrel_reader(path: Path, size: int, seed: int = 3) -> int:
+    """A reader checkpoint file of READ_HEAD(h) + READ_DONE(h+1 .. h+8) pairs, h = 0, 8, 16, ..."""
+    from journalfs.formats.kestrel import CMD_READ_DONE, CMD_READ_HEAD, READER_MAGIC
+    per_done = 8
+    dtype = np.dtype([("head_cmd", "u1"), ("head", "<i8"), ("done_cmd", "u1"),
+                      ("done_length", "<i4"), ("done", "<i8", per_done)])
+    pairs = (size - len(READER_MAGIC)) // dtype.itemsize
+
+    def chunk(first: int, n: int) -> bytes:
+        rec = np.zeros(n, dtype)
+        rec["head_cmd"] = (CMD_READ_HEAD << 4) | 2
+        rec["head"] = np.arange(first, first + n) * per_done
+        rec["done_cmd"] = (CMD_READ_DONE << 4) | 1
+        rec["done_length"] = per_done * 8
+        rec["done"] = rec["head"][:, None] + np.arange(1, per_done + 1)
+        return rec.tobytes()
+
+    sample = chunk(0, 2)
+    _check_against_writer("kestrel-reader", [
+        {"kind": "read_head", "id": 0}, {"kind": "read_done", "ids": list(range(1, 9))},
+        {"kind": "read_head", "id": 8}, {"kind": "read_done", "ids": list(range(9, 17))}],
+        READER_MAGIC + sample)
+    _write_chunks(path, READER_MAGIC, pairs, chunk)
+    return 2 * pairs
+
+
+def write_akka_meta(path: Path, size: int, seed: int = 4) -> int:
+    """Metadata blocks of distinct 16-byte persistence ids ``pid-000000000001``, ..."""
+    from journalfs.formats.akka import HEADER_SIZE, META_BLOCK_FIXED, META_WRITE_MAGIC
+    digits = 12
+    dtype = np.dtype([("size", ">i2"), ("first", ">i8"), ("last", ">i8"), ("highest", ">i8"),
+                      ("prefix", "S4"), ("digits", "u1", digits)])
+    total = (size - HEADER_SIZE) // dtype.itemsize
+    powers = 10 ** np.arange(digits - 1, -1, -1, dtype=np.int64)
+
+    def chunk(first: int, n: int) -> bytes:
+        ids = np.arange(first + 1, first + n + 1, dtype=np.int64)
+        rec = np.zeros(n, dtype)
+        rec["size"] = META_BLOCK_FIXED + 4 + digits
+        rec["first"] = HEADER_SIZE
+        rec["last"] = HEADER_SIZE + ids * 48
+        rec["highest"] = ids
+        rec["prefix"] = b"pid-"
+        rec["digits"] = ord("0") + (ids[:, None] // powers) % 10
+        return rec.tobytes()
+
+    def header(count: int) -> bytes:
+        return META_WRITE_MAGIC + (count * dtype.itemsize).to_bytes(4, "big")
+
+    _check_against_writer("akka-meta", [
+        {"persistence_id": f"pid-{i:012d}", "first": HEADER_SIZE, "last": HEADER_SIZE + i * 48,
+         "highest_seq": i} for i in (1, 2, 3)], header(3) + chunk(0, 3))
+    _write_chunks(path, header(total), total, chunk)
+    return total
+
+
+def write_akka_data(path: Path, size: int, seed: int = 5) -> int:
+    """A linked data file of 64 persistence ids and its ``meta`` partner (bench/spark.py's)."""
+    from bench.spark import _akka_data
+    from journalfs.formats.akka import DATA_BLOCK_FIXED, HEADER_SIZE
+    payload = 150
+    _akka_data(path, path.parent / "meta", size, payload=payload)
+    return (path.stat().st_size - HEADER_SIZE) // (DATA_BLOCK_FIXED + payload)
+
+
+def write_wallaby_index(path: Path, size: int, seed: int = 6) -> int:
+    """Index rows (time, index, log offset) of a log of ``PAYLOAD``-byte records."""
+    from journalfs.formats.wallaby import INDEX_DTYPE, index_file
+    head = index_file(np.zeros(0, INDEX_DTYPE))
+    total = (size - len(head)) // INDEX_DTYPE.itemsize
+
+    def chunk(first: int, n: int) -> bytes:
+        table = np.zeros(n, INDEX_DTYPE)
+        idx = np.arange(first, first + n)
+        table["time"] = BASE_MS * 1_000_000 + idx * 1_000_003
+        table["index"] = idx
+        table["log_offset"] = 16 + idx * (16 + PAYLOAD)
+        return table.tobytes()
+
+    first3 = np.frombuffer(chunk(0, 3), INDEX_DTYPE)
+    _check_against_writer("wallaby-index", [dict(zip(INDEX_DTYPE.names, map(int, row)))
+                                            for row in first3], head + first3.tobytes())
+    _write_chunks(path, head, total, chunk)
+    return total
+
+
+def write_jrnl(path: Path, size: int, seed: int = 7) -> int:
+    """Complete transactions of one page allocation each, linked both ways."""
+    from journalfs.formats.jrnl import COMPLETE_FLAG, HEADER, OP_ALLOC, OP_COMPLETE
+    dtype = np.dtype([("prev", "<u8"), ("next", "<u8"), ("time", "<i8"), ("flags", "u1"),
+                      ("alloc", "u1"), ("alloc_size", "<u4"), ("page", "<u8"),
+                      ("free_before", "<u8"), ("free_after", "<u8"),
+                      ("complete", "u1"), ("complete_size", "<u4")])
+    total = (size - HEADER) // dtype.itemsize
+
+    def header(count: int) -> bytes:
+        last = HEADER + (count - 1) * dtype.itemsize
+        return b"JRNL" + HEADER.to_bytes(8, "little") + last.to_bytes(8, "little")
+
+    def chunk(first: int, n: int, count: int = total) -> bytes:
+        idx = np.arange(first, first + n, dtype=np.uint64)
+        at = HEADER + idx * dtype.itemsize
+        rec = np.zeros(n, dtype)
+        rec["prev"] = np.where(idx > 0, at - dtype.itemsize, 0)
+        rec["next"] = np.where(idx + 1 < count, at + dtype.itemsize, 0)
+        rec["time"] = BASE_MS // 1000 + idx.astype(np.int64)
+        rec["flags"] = COMPLETE_FLAG
+        rec["alloc"], rec["alloc_size"] = OP_ALLOC, 24
+        rec["page"] = idx
+        rec["free_before"], rec["free_after"] = 1 << 30, (1 << 30) - 1
+        rec["complete"] = OP_COMPLETE
+        return rec.tobytes()
+
+    _check_against_writer("jrnl", [
+        {"time": BASE_MS // 1000 + i, "complete": True,
+         "ops": [{"op": "alloc", "page": i, "free_before": 1 << 30, "free_after": (1 << 30) - 1},
+                 {"op": "complete"}]} for i in range(3)], header(3) + chunk(0, 3, 3))
+    _write_chunks(path, header(total), total, chunk)
+    return total
+
+
+def write_gvfs_journal(path: Path, size: int, seed: int = 8) -> int:
+    """A gvfs metadata journal (tag 0x0badcafe) of SET entries over 4096 distinct paths, as a
+    long-lived store's journal would hold; the header's file_size and num_entries are exact."""
+    import struct
+    from journalfs.formats.gvfs_journal import HEADER_SIZE, MAGIC, encode_entry
+    tag = 0x0BADCAFE
+    block = [encode_entry("set", 1_700_000_000 + i, f"/home/user/dir{i % 64}/file{i}.txt",
+                          "metadata::emblems", f"value-{i:06d}") for i in range(4096)]
+    body = b"".join(block)
+    copies = (size - HEADER_SIZE) // len(body)
+    count = copies * len(block)
+
+    def header(entries: int, file_size: int) -> bytes:
+        return struct.pack(">6sBBIII", MAGIC, 1, 0, tag, file_size, entries)
+
+    sample = [{"kind": "set", "mtime": 1_700_000_000 + i, "path": f"/home/user/dir{i % 64}/file{i}.txt",
+               "key": "metadata::emblems", "value": f"value-{i:06d}"} for i in range(3)]
+    used = HEADER_SIZE + sum(map(len, block[:3]))
+    _check_against_writer("gvfs-journal", sample, header(3, used) + b"".join(block[:3]),
+                          tag=tag, file_size=used)
+    with open(path, "wb") as f:
+        f.write(header(count, HEADER_SIZE + copies * len(body)))
+        for _ in range(copies):
+            f.write(body)
+    return count
+
+
+#: format -> (generator, file name, kind of its first record)
 GENERATORS = {"kestrel-writer": (write_kestrel_writer, "jobs.1700000000000", "put"),
-              "wallaby-log": (write_wallaby_log, "LOG", "record")}
+              "kestrel-reader": (write_kestrel_reader, "jobs.read.reader", "read_head"),
+              "wallaby-log": (write_wallaby_log, "LOG", "record"),
+              "wallaby-index": (write_wallaby_index, "LOG.idx", "index"),
+              "akka-data": (write_akka_data, "data", "message"),
+              "akka-meta": (write_akka_meta, "meta", "meta"),
+              "jrnl": (write_jrnl, "pages.jrnl", "transaction"),
+              "gvfs-journal": (write_gvfs_journal, "home-0badcafe.log", "set")}
 
 
 def journal(fmt: str, megabytes: int) -> tuple[Path, int]:
@@ -175,51 +348,91 @@ def _timed(fn, timeout: float) -> dict:
     return result
 
 
+class Mounted:
+    """``journalfs mount`` of ``source`` with ``store`` on a fresh mount point, in the
+    foreground; unmounted (lazily, so a step left waiting cannot block) on exit."""
+
+    def __init__(self, source: Path, store: Path, work: Path, env: dict):
+        self.source, self.store, self.work, self.env = source, store, work, env
+
+    def __enter__(self) -> Path:
+        self.mnt = Path(tempfile.mkdtemp(prefix="mnt-", dir=self.work))
+        self.log = open(self.work / "mount.log", "ab")
+        self.daemon = subprocess.Popen(
+            [sys.executable, "-m", "journalfs.cli", "mount", "--foreground", "--store",
+             str(self.store), str(self.source), str(self.mnt)],
+            stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
+        deadline = time.monotonic() + 60
+        while not os.path.ismount(self.mnt):
+            if self.daemon.poll() is not None or time.monotonic() > deadline:
+                self.__exit__()
+                raise SystemExit(f"mount failed: {(self.work / 'mount.log').read_text()[-2000:]}")
+            time.sleep(0.05)
+        return self.mnt
+
+    def peak_rss_mb(self) -> float | None:
+        try:
+            with open(f"/proc/{self.daemon.pid}/status") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+        except OSError:
+            return None
+
+    def __exit__(self, *exc) -> None:
+        subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], capture_output=True)
+        try:
+            self.daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.daemon.kill()
+            self.daemon.wait()
+        self.log.close()
+
+
 def measure_mount(path: Path, count: int, timeout: float, env: dict) -> dict:
-    """First record, stat, ls and records.jsonl of ``path``'s view through a real mount."""
+    """Through a real mount of ``path``'s directory: first record, stat, ls and records.jsonl
+    of its view on a new store (nothing indexed yet); then, after a remount on the same store
+    (the index on disk), the first ``cat`` of a record in the middle and of the last record
+    and ``stat`` of records.jsonl and of a record."""
     out: dict = {}
     work = Path(tempfile.mkdtemp(prefix="bigjournal-mnt-"))
-    mnt, store = work / "mnt", work / "store"
-    mnt.mkdir()
-    log = open(work / "mount.log", "wb")
-    daemon = subprocess.Popen([sys.executable, "-m", "journalfs.cli", "mount", "--foreground",
-                               "--store", str(store), str(path.parent), str(mnt)],
-                              stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    try:
-        deadline = time.monotonic() + 60
-        while not os.path.ismount(mnt):
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"mount failed: {(work / 'mount.log').read_text()[-2000:]}")
-            time.sleep(0.05)
-        view = mnt / ".journalfs" / "records" / path.name
-        kind = next(k for _fmt, (_g, name, k) in GENERATORS.items() if name == path.name)
-        out["first_record"] = _timed(lambda: len((view / f"00000000.{kind}").read_bytes()), timeout)
-        out["stat_records_jsonl"] = _timed(lambda: os.stat(view / "records.jsonl").st_size, timeout)
-        out["ls_view"] = _timed(lambda: sum(1 for _ in os.scandir(view)), timeout)
+    store = work / "store"
+    kind = next(k for _fmt, (_g, name, k) in GENERATORS.items() if name == path.name)
+    fixed_kind = kind not in ("read_head",)  # a reader file alternates read_head / read_done
 
-        def read_jsonl() -> int:
-            total = 0
-            with open(view / "records.jsonl", "rb", buffering=0) as f:
-                while chunk := f.read(1 << 20):
-                    total += len(chunk)
-            return total
-        jsonl = _timed(read_jsonl, timeout)
-        if jsonl.get("seconds"):
-            jsonl["mb_s"] = jsonl.get("value", 0) / jsonl["seconds"] / MB
-        out["read_records_jsonl"] = jsonl
-        try:
-            with open(f"/proc/{daemon.pid}/status") as f:
-                out["daemon_peak_rss_mb"] = next(int(l.split()[1]) for l in f
-                                                 if l.startswith("VmHWM")) / 1024
-        except OSError:
-            pass
+    def record(view: Path, seq: int) -> Path:
+        seq = seq if fixed_kind else seq - seq % 2
+        return view / f"{seq:08d}.{kind}"
+
+    try:
+        mounted = Mounted(path.parent, store, work, env)
+        with mounted as mnt:
+            view = mnt / ".journalfs" / "records" / path.name
+            out["first_record"] = _timed(lambda: len(record(view, 0).read_bytes()), timeout)
+            out["stat_records_jsonl"] = _timed(lambda: os.stat(view / "records.jsonl").st_size,
+                                               timeout)
+            out["ls_view"] = _timed(lambda: sum(1 for _ in os.scandir(view)), timeout)
+
+            def read_jsonl() -> int:
+                total = 0
+                with open(view / "records.jsonl", "rb", buffering=0) as f:
+                    while chunk := f.read(1 << 20):
+                        total += len(chunk)
+                return total
+            jsonl = _timed(read_jsonl, timeout)
+            if jsonl.get("seconds"):
+                jsonl["mb_s"] = jsonl.get("value", 0) / jsonl["seconds"] / MB
+            out["read_records_jsonl"] = jsonl
+            out["daemon_peak_rss_mb"] = mounted.peak_rss_mb()
+        remounted = Mounted(path.parent, store, work, env)
+        with remounted as mnt:
+            view = mnt / ".journalfs" / "records" / path.name
+            middle, last = record(view, count // 2), record(view, count - 1)
+            out["remount_first_cat_middle"] = _timed(lambda: len(middle.read_bytes()), timeout)
+            out["remount_stat_records_jsonl"] = _timed(
+                lambda: os.stat(view / "records.jsonl").st_size, timeout)
+            out["remount_stat_last"] = _timed(lambda: os.stat(last).st_size, timeout)
+            out["remount_cat_last"] = _timed(lambda: len(last.read_bytes()), timeout)
+            out["remount_daemon_peak_rss_mb"] = remounted.peak_rss_mb()
     finally:
-        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-        log.close()
         shutil.rmtree(work, ignore_errors=True)
     return out
 
@@ -340,17 +553,61 @@ def print_table(rows: list[dict]) -> None:
               f"{_cell(pipe):>11}{(pipe['peak_rss_mb'] if pipe else 0):>8.0f}")
 
 
+def markdown_table(rows: list[dict]) -> str:
+    """The README's table: seconds, and peak RSS in MB of the whole process tree."""
+    def sec(entry: dict | None) -> str:
+        if not entry:
+            return "-"
+        if entry.get("timeout"):
+            return f"> {entry['timeout']:.0f}"
+        if entry.get("error") or entry.get("seconds") is None:
+            return "error"
+        return f"{entry['seconds']:.2f}" if entry["seconds"] < 10 else f"{entry['seconds']:.0f}"
+
+    def run(entry: dict | None) -> str:
+        if not entry:
+            return "-"
+        failed = "" if entry.get("exit") == 0 else f" (exit {entry.get('exit')})"
+        return f"{sec(entry)} / {entry['peak_rss_mb']:.0f}{failed}"
+
+    lines = ["| format | MB | records | `records --json` s / MB | `fsck` s / MB "
+             "| 1st `cat` s (new store) | `stat` jsonl s | `ls` s | records.jsonl MB/s "
+             "| after remount: 1st `cat` s | `stat` s | pipeline s / MB (largest process) |",
+             "|" + "---|" * 12]
+    for r in rows:
+        m = r.get("mount", {})
+        jsonl = m.get("read_records_jsonl", {})
+        speed = f"{jsonl['mb_s']:.0f}" if jsonl.get("mb_s") else sec(jsonl or None)
+        stats = [m.get("remount_stat_records_jsonl"), m.get("remount_stat_last")]
+        stat_s = max((e["seconds"] for e in stats if e and e.get("seconds") is not None),
+                     default=None)
+        pipe = r.get("pipeline")
+        pipe_cell = (f"{run(pipe)} ({pipe['peak_process']} {pipe['peak_process_mb']:.0f})"
+                     if pipe else "-")
+        lines.append(
+            f"| {r['format']} | {r['bytes'] / MB:.0f} | {r['records']:,} "
+            f"| {run(r['cli_records_json'])} | {run(r['cli_fsck'])} "
+            f"| {sec(m.get('first_record'))} | {sec(m.get('stat_records_jsonl'))} "
+            f"| {sec(m.get('ls_view'))} | {speed} "
+            f"| {sec(m.get('remount_first_cat_middle'))} "
+            f"| {'-' if stat_s is None else f'{stat_s:.3f}'} | {pipe_cell} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
+    global OUT
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=int, default=1000, help="journal size per format (MB)")
     parser.add_argument("--formats", default=",".join(GENERATORS))
     parser.add_argument("--skip", default="", help="comma list of: mount, pipeline")
     parser.add_argument("--master", default=None, help="Spark master for the pipeline")
     parser.add_argument("--timeout", type=float, default=600, help="per step, seconds")
+    parser.add_argument("--out", default=str(OUT), help="where generated journals are cached")
     parser.add_argument("--scaling", action="store_true",
                         help="instead: the first format's journal read by one process and by "
                              "1 and 2 executors of a standalone cluster")
     args = parser.parse_args()
+    OUT = Path(args.out)
     formats = [f for f in args.formats.split(",") if f]
     unknown = set(formats) - set(GENERATORS)
     if unknown:
@@ -380,8 +637,10 @@ def main() -> int:
     rows = []
     for fmt in formats:
         rows.append(measure(fmt, args.mb, skip, args.master, args.timeout))
+        (OUT / f"results-{fmt}-{args.mb}mb.json").write_text(json.dumps(rows[-1], indent=1))
         print(f"measured {fmt}", file=sys.stderr, flush=True)
     print_table(rows)
+    print(markdown_table(rows))
     print(json.dumps({"benchmark": "bigjournal", "mb": args.mb, "load": os.getloadavg()[0],
                       "results": rows}, indent=1))
     return 0
