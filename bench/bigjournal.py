@@ -298,6 +298,13 @@ def _session_rss(sid: int) -> dict[int, tuple[str, int]]:
         name = stat[stat.index("(") + 1:stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2:].split()
         if int(fields[3]) == sid:  # field 6 of stat: the session id
+            if name.startswith("python"):  # Spark's Python workers apart from the CLI
+                try:
+                    with open(f"/proc/{entry}/cmdline", "rb") as f:
+                        if b"pyspark" in f.read():
+                            name = "python-worker"
+                except OSError:
+                    pass
             out[int(entry)] = (name, int(fields[21]) * resource.getpagesize())
     return out
 
@@ -305,26 +312,42 @@ def _session_rss(sid: int) -> dict[int, tuple[str, int]]:
 def run_measured(argv: list[str], *, stdout=subprocess.DEVNULL, env: dict | None = None,
                  timeout: float = 3600) -> dict:
     """Run ``argv`` in a session of its own; wall seconds, exit code, and the peak RSS of the
-    whole session (the sum over its processes: CLI, JVM, Python workers) and of its largest
-    process, sampled every 0.2 s."""
+    whole session (the sum over its processes: CLI, JVM, Python workers), of its largest
+    process and of the largest process of each command name, sampled every 0.2 s."""
     started = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, env=env,
+    err_file = tempfile.TemporaryFile()  # not a pipe: nobody reads it while the run lasts
+    proc = subprocess.Popen(argv, stdout=stdout, stderr=err_file, env=env,
                             cwd=REPO, start_new_session=True)  # -m imports from the cwd first
     peak_total, peak_one, peak_name = 0, 0, ""
+    by_name: dict[str, int] = {}  # the largest single process of each command name
+    timeline = []  # every ~10 s: (seconds, MB of the session, MB of its largest process by name)
+    next_mark = 0.0
     while proc.poll() is None:
         sample = _session_rss(proc.pid)
         total = sum(rss for _name, rss in sample.values())
         peak_total = max(peak_total, total)
+        now_by_name: dict[str, int] = {}
         for name, rss in sample.values():
             if rss > peak_one:
                 peak_one, peak_name = rss, name
-        if time.perf_counter() - started > timeout:
+            now_by_name[name] = max(now_by_name.get(name, 0), rss)
+            by_name[name] = max(by_name.get(name, 0), rss)
+        elapsed = time.perf_counter() - started
+        if elapsed >= next_mark:
+            timeline.append([round(elapsed), round(total / 2**20),
+                             {n: round(v / 2**20) for n, v in now_by_name.items()}])
+            next_mark += 10
+        if elapsed > timeout:
             os.killpg(proc.pid, 9)
         time.sleep(0.2)
-    err = proc.stderr.read().decode(errors="replace")
+    err_file.seek(0)
+    err = err_file.read().decode(errors="replace")
+    err_file.close()
     return {"seconds": time.perf_counter() - started, "exit": proc.returncode,
             "peak_rss_mb": peak_total / 2**20, "peak_process_mb": peak_one / 2**20,
-            "peak_process": peak_name, "stderr_tail": err.strip().splitlines()[-3:]}
+            "peak_process": peak_name, "stderr_tail": err.strip().splitlines()[-3:],
+            "peak_by_name_mb": {n: round(v / 2**20) for n, v in by_name.items()},
+            "timeline": timeline, "stderr": err}
 
 
 def _timed(fn, timeout: float) -> dict:
@@ -553,6 +576,32 @@ def print_table(rows: list[dict]) -> None:
               f"{_cell(pipe):>11}{(pipe['peak_rss_mb'] if pipe else 0):>8.0f}")
 
 
+def pipeline_directory(directory: Path, work_parent: Path, master: str | None,
+                       timeout: float) -> dict:
+    """``journalfs pipeline`` of a whole directory with default settings: wall time, rows
+    written (from the Parquet footers), and peak RSS of the JVM and of each Python worker,
+    with a timeline to show whether memory stays flat while the files go by."""
+    import pyarrow.parquet as pq
+    total_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(directory)
+                      for f in fs)
+    work = Path(tempfile.mkdtemp(prefix="bigjournal-dir-", dir=work_parent))
+    out = work / "tables"
+    argv = [sys.executable, "-m", "journalfs.cli", "pipeline", str(directory), str(out)]
+    if master:
+        argv += ["--master", master]
+    try:
+        run = run_measured(argv, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=timeout)
+        rows = sum(pq.ParquetFile(os.path.join(d, f)).metadata.num_rows
+                   for d, _, fs in os.walk(out / "records") for f in fs
+                   if f.endswith(".parquet")) if run["exit"] == 0 else 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    run.update({"directory": str(directory), "bytes": total_bytes, "records": rows,
+                "records_per_s": rows / run["seconds"],
+                "mb_per_s": total_bytes / MB / run["seconds"], "load": os.getloadavg()})
+    return run
+
+
 def markdown_table(rows: list[dict]) -> str:
     """The README's table: seconds, and peak RSS in MB of the whole process tree."""
     def sec(entry: dict | None) -> str:
@@ -603,6 +652,8 @@ def main() -> int:
     parser.add_argument("--master", default=None, help="Spark master for the pipeline")
     parser.add_argument("--timeout", type=float, default=600, help="per step, seconds")
     parser.add_argument("--out", default=str(OUT), help="where generated journals are cached")
+    parser.add_argument("--dir", default=None,
+                        help="instead: `journalfs pipeline` of this directory, default settings")
     parser.add_argument("--scaling", action="store_true",
                         help="instead: the first format's journal read by one process and by "
                              "1 and 2 executors of a standalone cluster")
@@ -614,6 +665,19 @@ def main() -> int:
         parser.error(f"no generator for: {', '.join(sorted(unknown))} "
                      f"(have: {', '.join(GENERATORS)})")
     skip = {s for s in args.skip.split(",") if s}
+    if args.dir:
+        result = pipeline_directory(Path(args.dir), OUT, args.master, args.timeout)
+        peaks = result["peak_by_name_mb"]
+        print(f"pipeline {args.dir}: {result['bytes'] / MB:,.0f} MB, {result['records']:,} "
+              f"records in {result['seconds']:.0f} s (exit {result['exit']}): "
+              f"{result['records_per_s']:,.0f} records/s, {result['mb_per_s']:.1f} MB/s; "
+              f"peak RSS: all {result['peak_rss_mb']:,.0f} MB, JVM {peaks.get('java', 0):,} MB, "
+              f"largest Python worker {peaks.get('python-worker', 0):,} MB")
+        for seconds, total, by_name in result["timeline"]:
+            print(f"  t={seconds:>5} s  all {total:>6} MB  " + "  ".join(
+                f"{n} {v}" for n, v in sorted(by_name.items())))
+        print(json.dumps({k: v for k, v in result.items() if k != "stderr"}))
+        return 0 if result["exit"] == 0 else 1
     if args.scaling:
         path, count = journal(formats[0], args.mb)
         work = Path(tempfile.mkdtemp(prefix="bigjournal-cluster-"))
