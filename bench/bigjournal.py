@@ -284,8 +284,9 @@ def journal(fmt: str, megabytes: int) -> tuple[Path, int]:
 
 # -- measuring -------------------------------------------------------------------------------
 
-def _session_rss(sid: int) -> dict[int, tuple[str, int]]:
-    """``{pid: (command name, RSS bytes)}`` of every process in session ``sid``."""
+def _session_rss(sid: int, cpu: dict[int, float] | None = None) -> dict[int, tuple[str, int]]:
+    """``{pid: (command name, RSS bytes)}`` of every process in session ``sid``; ``cpu``
+    gets each one's CPU seconds so far (user + system)."""
     out = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -306,6 +307,8 @@ def _session_rss(sid: int) -> dict[int, tuple[str, int]]:
                 except OSError:
                     pass
             out[int(entry)] = (name, int(fields[21]) * resource.getpagesize())
+            if cpu is not None:  # fields 14 and 15: utime, stime in clock ticks
+                cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return out
 
 
@@ -335,8 +338,9 @@ def run_measured(argv: list[str], *, stdout=subprocess.DEVNULL, env: dict | None
     by_name: dict[str, int] = {}  # the largest single process of each command name
     timeline = []  # every ~10 s: (seconds, MB of the session, MB of its largest process by name)
     next_mark = 0.0
+    cpu: dict[int, float] = {}  # CPU seconds per process, as last seen (sampled, so a floor)
     while proc.poll() is None:
-        sample = _session_rss(proc.pid)
+        sample = _session_rss(proc.pid, cpu)
         total = sum(rss for _name, rss in sample.values())
         peak_total = max(peak_total, total)
         now_by_name: dict[str, int] = {}
@@ -360,7 +364,7 @@ def run_measured(argv: list[str], *, stdout=subprocess.DEVNULL, env: dict | None
             "peak_rss_mb": peak_total / 2**20, "peak_process_mb": peak_one / 2**20,
             "peak_process": peak_name, "stderr_tail": err.strip().splitlines()[-3:],
             "peak_by_name_mb": {n: round(v / 2**20) for n, v in by_name.items()},
-            "timeline": timeline, "stderr": err}
+            "timeline": timeline, "stderr": err, "cpu_seconds": sum(cpu.values())}
 
 
 def _timed(fn, timeout: float) -> dict:
@@ -613,6 +617,7 @@ def pipeline_directory(directory: Path, work_parent: Path, master: str | None,
         shutil.rmtree(work, ignore_errors=True)
     run.update({"directory": str(directory), "bytes": total_bytes, "records": rows,
                 "records_per_s": rows / run["seconds"],
+                "records_per_cpu_s": rows / run["cpu_seconds"] if run["cpu_seconds"] else None,
                 "mb_per_s": total_bytes / MB / run["seconds"], "load": os.getloadavg()})
     return run
 
@@ -685,7 +690,9 @@ def main() -> int:
         peaks = result["peak_by_name_mb"]
         print(f"pipeline {args.dir}: {result['bytes'] / MB:,.0f} MB, {result['records']:,} "
               f"records in {result['seconds']:.0f} s (exit {result['exit']}): "
-              f"{result['records_per_s']:,.0f} records/s, {result['mb_per_s']:.1f} MB/s; "
+              f"{result['records_per_s']:,.0f} records/s, {result['mb_per_s']:.1f} MB/s, "
+              f"{result['cpu_seconds']:,.0f} CPU-s ({result['records_per_cpu_s'] or 0:,.0f} "
+              f"records per CPU-second); "
               f"peak RSS: all {result['peak_rss_mb']:,.0f} MB, JVM {peaks.get('java', 0):,} MB, "
               f"largest Python worker {peaks.get('python-worker', 0):,} MB")
         for seconds, total, by_name in result["timeline"]:
