@@ -517,6 +517,23 @@ def single_process(path: Path) -> dict:
     return {"rows": rows, "seconds": wall, "cpu_seconds": cpu, "rows_per_cpu_s": rows / cpu}
 
 
+def _executor_cpu(workers: list) -> float:
+    """CPU seconds so far of every process in the workers' sessions: the worker daemons, the
+    executor JVMs they launch and those executors' Python workers."""
+    cpu: dict[int, float] = {}
+    for worker in workers:
+        _session_rss(worker.pid, cpu)
+    return sum(cpu.values())
+
+
+def _machine_busy() -> tuple[int, int]:
+    """(busy, total) clock ticks of all cores since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
 def cluster_runs(path: Path, executors: list[int], work: Path) -> list[dict]:
     """``spark.read.format("journal")`` of ``path`` forced through a ``noop`` write on a real
     standalone cluster (master + one 1-core worker per executor on 127.0.0.1), for each
@@ -556,10 +573,16 @@ def cluster_runs(path: Path, executors: list[int], work: Path) -> list[dict]:
                     raise SystemExit(f"only {jsc.getExecutorMemoryStatus().size() - 1} executors")
                 time.sleep(0.5)
             spark.range(4).repartition(count).count()  # warm the executors' Python workers
+            before, busy_before = _executor_cpu(procs[1:]), _machine_busy()
             t0 = time.perf_counter()
             spark.read.format("journal").option("parallelism", str(count)).load(str(path)) \
                 .write.format("noop").mode("overwrite").save()
-            results.append({"executors": count, "seconds": time.perf_counter() - t0})
+            seconds = time.perf_counter() - t0
+            after, busy_after = _executor_cpu(procs[1:]), _machine_busy()
+            busy = (busy_after[0] - busy_before[0]) / max(1e-9, busy_after[1] - busy_before[1])
+            results.append({"executors": count, "seconds": seconds,
+                            "executor_cpu_seconds": after - before,
+                            "machine_busy_pct": 100 * busy})
             spark.stop()
         finally:
             stop_processes(procs)
@@ -714,8 +737,12 @@ def main() -> int:
         print(f"one process (no Spark): {single['rows_per_cpu_s']:,.0f} rows per CPU-second "
               f"({single['seconds']:.1f} s wall)")
         for run in runs:
+            run["rows_per_executor_cpu_s"] = count / run["executor_cpu_seconds"]
             print(f"{run['executors']} executor(s): {run['seconds']:.1f} s, "
-                  f"{run['rows_per_s']:,.0f} rows/s, {run['rows_per_s_per_executor']:,.0f} per executor")
+                  f"{run['rows_per_s']:,.0f} rows/s, {run['rows_per_s_per_executor']:,.0f} per "
+                  f"executor; executors' CPU {run['executor_cpu_seconds']:.0f} s "
+                  f"({run['rows_per_executor_cpu_s']:,.0f} rows per CPU-second); machine "
+                  f"{run['machine_busy_pct']:.0f} % busy")
         print(json.dumps({"benchmark": "bigjournal-scaling", "format": formats[0], "mb": args.mb,
                           "records": count, "load": os.getloadavg()[0], "single": single,
                           "cluster": runs}, indent=1))
