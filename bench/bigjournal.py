@@ -427,11 +427,14 @@ class Mounted:
         self.log.close()
 
 
-def measure_mount(path: Path, count: int, timeout: float, env: dict) -> dict:
+def measure_mount(path: Path, count: int, timeout: float, env: dict,
+                  budget: float | None = None) -> dict:
     """Through a real mount of ``path``'s directory: first record, stat, ls and records.jsonl
     of its view on a new store (nothing indexed yet); then, after a remount on the same store
     (the index on disk), the first ``cat`` of a record in the middle and of the last record
-    and ``stat`` of records.jsonl and of a record."""
+    and ``stat`` of records.jsonl and of a record. With ``budget``, ``ls`` and reading
+    records.jsonl stop after that many seconds and report their rate so far (a remount then
+    finds a partial index: its first ``cat`` in the middle may extend it)."""
     out: dict = {}
     work = Path(tempfile.mkdtemp(prefix="bigjournal-mnt-"))
     store = work / "store"
@@ -449,13 +452,27 @@ def measure_mount(path: Path, count: int, timeout: float, env: dict) -> dict:
             out["first_record"] = _timed(lambda: len(record(view, 0).read_bytes()), timeout)
             out["stat_records_jsonl"] = _timed(lambda: os.stat(view / "records.jsonl").st_size,
                                                timeout)
-            out["ls_view"] = _timed(lambda: sum(1 for _ in os.scandir(view)), timeout)
+            def list_view() -> int:
+                """Entries listed, stopping after ``budget`` seconds (then a rate, not a total)."""
+                listed, t0 = 0, time.perf_counter()
+                for _ in os.scandir(view):
+                    listed += 1
+                    if budget and not listed % 4096 and time.perf_counter() - t0 > budget:
+                        break
+                return listed
+            ls = _timed(list_view, timeout)
+            if ls.get("seconds"):
+                ls["entries_per_s"] = ls.get("value", 0) / ls["seconds"]
+                ls["complete"] = ls.get("value") == count + 1  # the records and records.jsonl
+            out["ls_view"] = ls
 
             def read_jsonl() -> int:
-                total = 0
+                total, t0 = 0, time.perf_counter()
                 with open(view / "records.jsonl", "rb", buffering=0) as f:
                     while chunk := f.read(1 << 20):
                         total += len(chunk)
+                        if budget and time.perf_counter() - t0 > budget:
+                            break
                 return total
             jsonl = _timed(read_jsonl, timeout)
             if jsonl.get("seconds"):
@@ -477,7 +494,8 @@ def measure_mount(path: Path, count: int, timeout: float, env: dict) -> dict:
     return out
 
 
-def measure(fmt: str, megabytes: int, skip: set[str], master: str | None, timeout: float) -> dict:
+def measure(fmt: str, megabytes: int, skip: set[str], master: str | None, timeout: float,
+            budget: float | None = None) -> dict:
     path, count = journal(fmt, megabytes)
     size = path.stat().st_size
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -491,7 +509,7 @@ def measure(fmt: str, megabytes: int, skip: set[str], master: str | None, timeou
         row["cli_fsck"] = run_measured([*cli, "fsck", str(path)], env=env, timeout=timeout,
                                        data_limit=CLI_DATA_LIMIT)
     if "mount" not in skip:
-        row["mount"] = measure_mount(path, count, timeout, env)
+        row["mount"] = measure_mount(path, count, timeout, env, budget)
     if "pipeline" not in skip:
         out = Path(tempfile.mkdtemp(prefix="bigjournal-out-")) / "tables"
         argv = [*cli, "pipeline", str(path), str(out)] + (["--master", master] if master else [])
@@ -662,6 +680,11 @@ def markdown_table(rows: list[dict]) -> str:
         failed = "" if entry.get("exit") == 0 else f" (exit {entry.get('exit')})"
         return f"{sec(entry)} / {entry['peak_rss_mb']:.0f}{failed}"
 
+    def ls_cell(entry: dict | None) -> str:
+        if entry and entry.get("entries_per_s") and not entry.get("complete", True):
+            return f"stopped at {sec(entry)} s: {entry['value']:,} entries, {entry['entries_per_s']:,.0f}/s"
+        return sec(entry)
+
     lines = ["| format | MB | records | `records --json` s / MB | `fsck` s / MB "
              "| 1st `cat` s (new store) | `stat` jsonl s | `ls` s | records.jsonl MB/s "
              "| after remount: 1st `cat` s | `stat` s | pipeline s / MB (largest process) |",
@@ -680,7 +703,7 @@ def markdown_table(rows: list[dict]) -> str:
             f"| {r['format']} | {r['bytes'] / MB:.0f} | {r['records']:,} "
             f"| {run(r.get('cli_records_json'))} | {run(r.get('cli_fsck'))} "
             f"| {sec(m.get('first_record'))} | {sec(m.get('stat_records_jsonl'))} "
-            f"| {sec(m.get('ls_view'))} | {speed} "
+            f"| {ls_cell(m.get('ls_view'))} | {speed} "
             f"| {sec(m.get('remount_first_cat_middle'))} "
             f"| {'-' if stat_s is None else f'{stat_s:.3f}'} | {pipe_cell} |")
     return "\n".join(lines)
@@ -695,6 +718,9 @@ def main() -> int:
     parser.add_argument("--master", default=None, help="Spark master for the pipeline")
     parser.add_argument("--timeout", type=float, default=600, help="per step, seconds")
     parser.add_argument("--out", default=str(OUT), help="where generated journals are cached")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="stop ls and the records.jsonl read after this many seconds and "
+                             "report their rates (on a busy machine)")
     parser.add_argument("--dir", default=None,
                         help="instead: `journalfs pipeline` of this directory, default settings")
     parser.add_argument("--scaling", action="store_true",
@@ -749,7 +775,7 @@ def main() -> int:
         return 0
     rows = []
     for fmt in formats:
-        rows.append(measure(fmt, args.mb, skip, args.master, args.timeout))
+        rows.append(measure(fmt, args.mb, skip, args.master, args.timeout, args.budget))
         (OUT / f"results-{fmt}-{args.mb}mb.json").write_text(json.dumps(rows[-1], indent=1))
         print(f"measured {fmt}", file=sys.stderr, flush=True)
     if all("cli_records_json" in r for r in rows):  # the fixed-width table wants every column
