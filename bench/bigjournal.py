@@ -677,7 +677,12 @@ def markdown_table(rows: list[dict]) -> str:
     def run(entry: dict | None) -> str:
         if not entry:
             return "-"
-        failed = "" if entry.get("exit") == 0 else f" (exit {entry.get('exit')})"
+        code = entry.get("exit")
+        failed = "" if code == 0 else f" (exit {code})"
+        if code == -9:
+            failed = " (killed at the time limit)"
+        elif code == 1 and entry["peak_rss_mb"] > 0.85 * CLI_DATA_LIMIT / 2**20:
+            failed = f" (out of memory at the {CLI_DATA_LIMIT >> 30} GiB limit)"
         return f"{sec(entry)} / {entry['peak_rss_mb']:.0f}{failed}"
 
     def ls_cell(entry: dict | None) -> str:
@@ -721,6 +726,9 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=None,
                         help="stop ls and the records.jsonl read after this many seconds and "
                              "report their rates (on a busy machine)")
+    parser.add_argument("--table", nargs="+", metavar="JSON",
+                        help="instead: the markdown table of saved results-*.json files "
+                             "(several per format are merged, later ones win)")
     parser.add_argument("--dir", default=None,
                         help="instead: `journalfs pipeline` of this directory, default settings")
     parser.add_argument("--scaling", action="store_true",
@@ -734,6 +742,13 @@ def main() -> int:
         parser.error(f"no generator for: {', '.join(sorted(unknown))} "
                      f"(have: {', '.join(GENERATORS)})")
     skip = {s for s in args.skip.split(",") if s}
+    if args.table:
+        merged: dict[str, dict] = {}  # per format; a later file's steps win
+        for name in args.table:
+            row = json.loads(Path(name).read_text())
+            merged.setdefault(row["format"], {}).update(row)
+        print(markdown_table(list(merged.values())))
+        return 0
     if args.dir:
         result = pipeline_directory(Path(args.dir), OUT, args.master, args.timeout)
         peaks = result["peak_by_name_mb"]
