@@ -697,7 +697,10 @@ def markdown_table(rows: list[dict]) -> str:
     for r in rows:
         m = r.get("mount", {})
         jsonl = m.get("read_records_jsonl", {})
-        speed = f"{jsonl['mb_s']:.0f}" if jsonl.get("mb_s") else sec(jsonl or None)
+        speed = sec(jsonl or None)
+        if jsonl.get("mb_s"):
+            speed = f"{jsonl['mb_s']:.0f}" if jsonl["mb_s"] >= 1 else \
+                f"{jsonl['value'] / MB:.0f} MB in {jsonl['seconds']:.0f} s"
         stats = [m.get("remount_stat_records_jsonl"), m.get("remount_stat_last")]
         stat_s = max((e["seconds"] for e in stats if e and e.get("seconds") is not None),
                      default=None)
