@@ -692,7 +692,7 @@ def markdown_table(rows: list[dict]) -> str:
 
     lines = ["| format | MB | records | `records --json` s / MB | `fsck` s / MB "
              "| 1st `cat` s (new store) | `stat` jsonl s | `ls` s | records.jsonl MB/s "
-             "| after remount: 1st `cat` s | `stat` s | pipeline s / MB (largest process) |",
+             "| after remount: 1st `cat` s | `stat` s | pipeline s / JVM MB / Python worker MB |",
              "|" + "---|" * 12]
     for r in rows:
         m = r.get("mount", {})
@@ -705,8 +705,12 @@ def markdown_table(rows: list[dict]) -> str:
         stat_s = max((e["seconds"] for e in stats if e and e.get("seconds") is not None),
                      default=None)
         pipe = r.get("pipeline")
-        pipe_cell = (f"{run(pipe)} ({pipe['peak_process']} {pipe['peak_process_mb']:.0f})"
-                     if pipe else "-")
+        pipe_cell = "-"
+        if pipe:  # by process: a whole-tree sum can count a forking JVM twice for a moment
+            peaks = pipe.get("peak_by_name_mb", {})
+            pipe_cell = (f"{sec(pipe)} / {peaks.get('java', 0):,} / "
+                         f"{peaks.get('python-worker', 0):,}"
+                         + ("" if pipe.get("exit") == 0 else f" (exit {pipe.get('exit')})"))
         lines.append(
             f"| {r['format']} | {r['bytes'] / MB:.0f} | {r['records']:,} "
             f"| {run(r.get('cli_records_json'))} | {run(r.get('cli_fsck'))} "
