@@ -1,20 +1,28 @@
 """Big-journal benchmark: one generated ~1 GB journal per format, as a new user meets it.
 
     .venv/bin/python bench/bigjournal.py [--mb 1000] [--formats kestrel-writer,wallaby-log]
-                                         [--skip mount,pipeline] [--master spark://...]
+                                         [--skip cli,mount,pipeline] [--budget S] [--out DIR]
+                                         [--timeout S] [--master spark://...]
+    .venv/bin/python bench/bigjournal.py --dir DIRECTORY     # the pipeline of a directory
+    .venv/bin/python bench/bigjournal.py --scaling [--mb N]  # one process vs 1, 2 executors
+    .venv/bin/python bench/bigjournal.py --table OUT/results-*.json
 
-For each format a journal of about --mb MB is generated once (numpy, written in chunks, so
-generating needs little memory) and cached in bench/out/bigjournal/. Then, timed with the wall
-clock and with the peak RSS of every process involved:
+For each format (every codec but gvfs-tree) a journal of about --mb MB is generated once
+(numpy, written in chunks, checked against the codec's own writer on its first records) and
+cached in --out (bench/out/bigjournal/). Then, timed with the wall clock and with the peak
+RSS of every process involved:
 
 - ``cat FILE > /dev/null`` (reading the bytes, nothing else),
-- ``journalfs records FILE --json > /dev/null`` and ``journalfs fsck FILE``,
-- through a real mount of the file's directory (``journalfs mount``): the first ``cat`` of
-  record 0 of the view, ``stat`` of ``records.jsonl``, ``ls`` of the view, and reading
-  ``records.jsonl`` whole (MB/s),
+- ``journalfs records FILE --json > /dev/null`` and ``journalfs fsck FILE`` (under a data
+  limit, so that a command that does not stream fails instead of taking the machine's RAM),
+- through a real mount of the file's directory (``journalfs mount``) on a new store: the
+  first ``cat`` of record 0 of the view, ``stat`` of ``records.jsonl``, ``ls`` of the view,
+  and reading ``records.jsonl`` (MB/s; ``--budget`` bounds these two in time); after a
+  remount on the same store, the first ``cat`` of the middle record and ``stat``,
 - ``journalfs pipeline`` of the file into Parquet (default settings, local[*]).
 
-Prints a table and a JSON blob. Each figure is one run (these take tens of seconds each).
+Prints a table, the README's markdown table and a JSON blob, and keeps each format's results
+in OUT/results-<format>-<mb>mb.json. Each figure is one run.
 """
 from __future__ import annotations
 
