@@ -17,9 +17,12 @@ the requests the kernel sent it (the fuse:fuse_request_send tracepoint, counted 
 tracefs instance filtered to the mount's connection). Wall-clock rates swing with the other
 load on a shared machine; CPU per request does not.
 
-`floor` is a minimal pyfuse3 filesystem (this file, --serve-floor) answering lookup, getattr
-and getxattr from a dict: pyfuse3's own cost per request. It runs only the CPU rows, as does
-journalfs with `-o timeout=0` (so every stat is a request).
+`floor` is a minimal pyfuse3 filesystem (this file, --serve-floor) answering lookup, getattr,
+readdir and the xattr calls from dicts: pyfuse3's own cost per request. It runs every row it
+can serve (listing, stat, xattr rows, parallel clients, setfattr/getfattr commands; not
+file data, creation or renames) and the CPU rows, which journalfs also runs with
+`-o timeout=0` (so every stat is a request). Its rate beside bindfs's (`floor/bindfs`) is
+the bound pyfuse3 itself puts on a row.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import stat
 import statistics
 import struct
 import subprocess
@@ -510,19 +514,34 @@ class Recorder:
         return value
 
 
-def run_round(t: Target, rec: Recorder, args, work: Path) -> None:
+def listing_rows(t: Target, rec: Recorder, files: list[str]) -> None:
+    """Right after a cold mount: `ls -l`, stat and readdir."""
     m = rec.measure
-    files = file_paths(t)
-    if t.name == "floor":
-        run_cpu_rows(t, rec, files)
-        return
-    t.mount()
     m(t, "ls -l 2000 entries, cold", "entries/s", ls_l, t.root / "ls2000")
     m(t, "stat cold", "ops/s", stat_all, files)
     m(t, "stat warm", "ops/s", stat_all, files)
     m(t, "readdir (entries/s)", "entries/s", readdir, t.root / "files",
       readdir_entries=5 * len(files))
     m(t, "ls -l 2000 entries, warm", "entries/s", ls_l, t.root / "ls2000")
+
+
+def read_rows(t: Target, rec: Recorder, files: list[str]) -> None:
+    """Metadata reads of every file (each already has the xattr): 1, 2 and 4 clients."""
+    m = rec.measure
+    m(t, "getxattr", "ops/s", getxattr_all, files, t.xattr)
+    for n in (1, 2, 4):
+        m(t, f"stat+getxattr, {n} client{'s' if n > 1 else ''}", "pairs/s",
+          parallel_clients, files, t.xattr, n)
+
+
+def run_round(t: Target, rec: Recorder, args, work: Path) -> None:
+    m = rec.measure
+    files = file_paths(t)
+    if t.name == "floor":
+        run_floor_rows(t, rec, files)
+        return
+    t.mount()
+    listing_rows(t, rec, files)
     t.mount(sync="none", cold=False)
     stat_all(files)  # names known to the kernel, as for the other warm rows
     m(t, "setxattr (jfs sync=none)", "ops/s", setxattr_all, files[:2000], t.xattr)
@@ -530,10 +549,7 @@ def run_round(t: Target, rec: Recorder, args, work: Path) -> None:
     t.mount(cold=False)  # default options from here on
     stat_all(files)
     m(t, "setxattr (default: jfs sync=batch)", "ops/s", setxattr_all, files[:2000], t.xattr)
-    m(t, "getxattr", "ops/s", getxattr_all, files, t.xattr)
-    for n in (1, 2, 4):
-        m(t, f"stat+getxattr, {n} client{'s' if n > 1 else ''}", "pairs/s",
-          parallel_clients, files, t.xattr, n)
+    read_rows(t, rec, files)
     m(t, "create+write 4K+close", "ops/s", create_files, t.root / f"new-{t.name}", args.create)
     m(t, "500 x mv (whole command)", "ops/s", mv_500, t)
     m(t, "500 x setfattr (whole command)", "ops/s", setfattr_500, t)
@@ -559,6 +575,21 @@ def run_round(t: Target, rec: Recorder, args, work: Path) -> None:
     m(t, "cat record files warm", "files/s", cat_files, records, work / f"list-{t.name}")
     if t.fuse:
         run_cpu_rows(t, rec, files)
+    t.unmount()
+
+
+def run_floor_rows(t: Target, rec: Recorder, files: list[str]) -> None:
+    """The rows the floor filesystem (pyfuse3 answering from dicts) can serve, by the same
+    client code: the rate pyfuse3 itself reaches where every call is a FUSE round trip."""
+    m = rec.measure
+    t.mount()
+    listing_rows(t, rec, files)
+    m(t, "setxattr (jfs sync=none)", "ops/s", setxattr_all, files[:2000], t.xattr)
+    m(t, "setxattr (default: jfs sync=batch)", "ops/s", setxattr_all, files[:2000], t.xattr)
+    read_rows(t, rec, files)
+    m(t, "500 x setfattr (whole command)", "ops/s", setfattr_500, t)
+    m(t, "getfattr -R, 5,005 files", "files/s", getfattr_tree, t)
+    run_cpu_rows(t, rec, files)
     t.unmount()
 
 
@@ -596,7 +627,11 @@ def ratio(row: Row, a: str, b: str) -> float | None:
 
 def report(rec: Recorder, names: list[str], meta: dict) -> dict:
     fuse = [n for n in names if n != "native"]
-    head = ["workload", "unit", *names, "jfs/bindfs", "jfs/native",
+    pairs = [("journalfs", "bindfs"), ("journalfs", "native")]
+    if "floor" in names:  # what pyfuse3 itself reaches on the rows the floor can serve
+        pairs += [("floor", "bindfs"), ("journalfs", "floor")]
+    head = ["workload", "unit", *names, *(f"{a[:3]}/{b}" if a == "journalfs" else f"{a}/{b}"
+                                          for a, b in pairs),
             *(f"{n} µs/req" for n in fuse)]
     rows = []
     for r in rec.rows.values():
@@ -609,7 +644,7 @@ def report(rec: Recorder, names: list[str], meta: dict) -> dict:
                 cells.append(f"{fmt(statistics.median(v))} ({fmt(min(v))}..{fmt(max(v))})")
             else:
                 cells.append(fmt(v[0]))
-        for a, b in (("journalfs", "bindfs"), ("journalfs", "native")):
+        for a, b in pairs:
             q = ratio(r, a, b)
             cells.append(f"{q:.2f}" if q else "-")
         for n in fuse:
@@ -637,6 +672,7 @@ def report(rec: Recorder, names: list[str], meta: dict) -> dict:
          "requests": r.requests, "notes": r.note,
          "ratio_journalfs_bindfs": ratio(r, "journalfs", "bindfs"),
          "ratio_journalfs_native": ratio(r, "journalfs", "native"),
+         "ratio_floor_bindfs": ratio(r, "floor", "bindfs"),
          "ratio_journalfs_floor_cpu": (statistics.median(r.cpu_us["journalfs"])
                                        / statistics.median(r.cpu_us["floor"])
                                        if r.cpu_us.get("journalfs") and r.cpu_us.get("floor")
@@ -648,15 +684,22 @@ def report(rec: Recorder, names: list[str], meta: dict) -> dict:
 
 # ---------------------------------------------------------------- the floor filesystem
 
+#: The parts of SOURCE the floor filesystem serves (everything its rows touch).
+FLOOR_DIRS = ("files", "ls2000", "tree5005")
+
+
 def serve_floor(src: Path, mnt: Path, timeout: float, dir_blksize: int | None = None) -> None:
-    """A pyfuse3 filesystem answering from dicts built at start: ``files/`` of SOURCE with
-    every file's stat and a ``user.metadata.bench`` xattr. What pyfuse3 itself costs."""
+    """A pyfuse3 filesystem answering from dicts built at start: the directories
+    ``FLOOR_DIRS`` of SOURCE with every entry's stat, and xattrs kept in a dict (every file
+    starts with ``user.metadata.bench``). What pyfuse3 itself costs per request."""
     import pyfuse3
     import trio
 
     attrs: dict[int, pyfuse3.EntryAttributes] = {}
     children: dict[tuple[int, bytes], int] = {}
     names: dict[int, list[bytes]] = {}
+    xattrs: dict[int, dict[bytes, bytes]] = {}
+    numbers = iter(range(pyfuse3.ROOT_INODE + 1, 1 << 62))
 
     def entry(ino: int, st: os.stat_result) -> None:
         a = pyfuse3.EntryAttributes()
@@ -665,18 +708,30 @@ def serve_floor(src: Path, mnt: Path, timeout: float, dir_blksize: int | None = 
             setattr(a, key, getattr(st, key))
         a.st_ino, a.entry_timeout, a.attr_timeout = ino, timeout, timeout
         attrs[ino] = a
+        xattrs[ino] = {} if stat.S_ISDIR(st.st_mode) else {b"user.metadata.bench": b"floor-value"}
+
+    def add_tree(parent: int, path: Path) -> None:
+        names[parent] = []
+        for name in sorted(os.listdir(path)):
+            ino = next(numbers)
+            st = os.lstat(path / name)
+            entry(ino, st)
+            children[(parent, os.fsencode(name))] = ino
+            names[parent].append(os.fsencode(name))
+            if stat.S_ISDIR(st.st_mode):
+                add_tree(ino, path / name)
 
     entry(pyfuse3.ROOT_INODE, os.lstat(src))
-    entry(2, os.lstat(src / "files"))
-    if dir_blksize:
-        attrs[2].st_blksize = dir_blksize
-    children[(pyfuse3.ROOT_INODE, b"files")] = 2
-    names[pyfuse3.ROOT_INODE], names[2] = [b"files"], []
-    for i, name in enumerate(sorted(os.listdir(src / "files")), start=3):
-        entry(i, os.lstat(src / "files" / name))
-        children[(2, os.fsencode(name))] = i
-        names[2].append(os.fsencode(name))
-    value = b"floor-value"
+    names[pyfuse3.ROOT_INODE] = []
+    for top in FLOOR_DIRS:
+        if (src / top).is_dir():
+            ino = next(numbers)
+            entry(ino, os.lstat(src / top))
+            if dir_blksize:
+                attrs[ino].st_blksize = dir_blksize
+            children[(pyfuse3.ROOT_INODE, top.encode())] = ino
+            names[pyfuse3.ROOT_INODE].append(top.encode())
+            add_tree(ino, src / top)
 
     class Floor(pyfuse3.Operations):
         async def lookup(self, parent, name, ctx=None):
@@ -689,9 +744,16 @@ def serve_floor(src: Path, mnt: Path, timeout: float, dir_blksize: int | None = 
             return attrs[ino]
 
         async def getxattr(self, ino, name, ctx=None):
-            if name == b"user.metadata.bench":
-                return value
-            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+            value = xattrs[ino].get(name)
+            if value is None:
+                raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+            return value
+
+        async def setxattr(self, ino, name, value, ctx):
+            xattrs[ino][name] = bytes(value)
+
+        async def listxattr(self, ino, ctx):
+            return list(xattrs[ino])
 
         async def open(self, ino, flags, ctx):
             return pyfuse3.FileInfo(fh=ino)

@@ -236,7 +236,8 @@ def test_damaged_files_keep_their_prefix_and_never_fail_the_job(spark, tmp_path,
 # -- columnar conversion (no Spark needed) --------------------------------------------------
 
 field_values = st.one_of(st.none(), st.integers(-2**63, 2**63 - 1), st.text(max_size=8), st.booleans(),
-                         st.lists(st.text(max_size=4), max_size=3))
+                         st.lists(st.text(max_size=4), max_size=3),
+                         st.lists(st.integers(-2**63, 2**63 - 1), max_size=3))
 
 
 @settings(max_examples=60, deadline=None)
@@ -244,6 +245,12 @@ field_values = st.one_of(st.none(), st.integers(-2**63, 2**63 - 1), st.text(max_
                                        "key": st.one_of(st.none(), st.text(max_size=5)),
                                        "value": field_values}), max_size=20))
 def test_to_batch_attrs_equal_row_wise_conversion(records):
+    # a column of integer lists alone (Kestrel's READ_DONE ids) takes the Arrow path
+    ids = [r["value"] if isinstance(r["value"], list) and all(isinstance(i, int) for i in r["value"])
+           else None for r in records]
+    assert list(to_batch({"seq": list(range(len(ids))), "offset": [0] * len(ids), "kind": ["x"] * len(ids),
+                          "ids": ids}, len(ids), "/s", "kestrel-reader").column("attrs").to_pylist()) \
+        == [[("ids", json.dumps(v))] if v is not None else [] for v in ids]
     rows = [dict(r, format="gvfs-journal", seq=i, offset=20 + i, kind="set") for i, r in enumerate(records)]
     data = {k: [r[k] for r in rows] for k in ("seq", "offset", "kind", "mtime", "path", "key", "value")}
     batch = to_batch(data, len(rows), "/s", "gvfs-journal")

@@ -65,6 +65,9 @@ class Inode:
     stat: os.stat_result | None = None
     stat_time: float = 0.0
     changes: int = 0
+    # (stat, timeout, EntryAttributes) of the last reply built for it: reused while equal
+    reply: tuple | None = None
+    meta_path: tuple | None = None  # (path, its store path): see JournalFS._node_store_path
 
     @property
     def path(self) -> bytes | None:
@@ -333,8 +336,24 @@ class InodeTable:
             out.append(p)
         return out
 
-    def renamed(self, moves: list[tuple[bytes, bytes]]) -> None:
-        """Apply simultaneous renames ``[(old, new), ...]`` to every known path."""
+    def renamed(self, moves: list[tuple[bytes, bytes]], dirs: bool = True) -> None:
+        """Apply simultaneous renames ``[(old, new), ...]`` to every known path. ``dirs``
+        False (no directory among the objects moved): nothing lies below them, so only the
+        inodes named by the moved paths change -- dict lookups, not a pass over every inode."""
+        if not dirs:
+            nodes = {id(n): n for n in (self.by_path.get(old) for old, _ in moves) if n is not None}
+            for node in nodes.values():
+                for old in node.paths:
+                    if self.by_path.get(old) is node:
+                        del self.by_path[old]
+                node.paths = self._moved(node.paths, moves)
+                names = self.links.get(node.key)
+                if names is not None:
+                    self.links[node.key] = self._moved(names, moves)
+            for node in nodes.values():
+                for rel in node.paths:
+                    self.by_path[rel] = node
+            return
         for node in self.by_ino.values():
             if node is not self.root:
                 node.paths = self._moved(node.paths, moves)

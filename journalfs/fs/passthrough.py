@@ -95,6 +95,16 @@ def _utime_fd(fd: int, atime_ns: int, mtime_ns: int) -> None:
     _check(_libc.utimensat(fd, b"", times, _AT_EMPTY_PATH | _AT_SYMLINK_NOFOLLOW))
 
 
+def _same_attributes(old: os.stat_result, new: os.stat_result) -> bool:
+    """Whether a reply built from ``old`` is exact for ``new`` (the tuple part compares
+    whole seconds only: the ns times and the block fields are checked on their own)."""
+    return old is new or (old == new and old.st_mtime_ns == new.st_mtime_ns
+                          and old.st_ctime_ns == new.st_ctime_ns
+                          and old.st_atime_ns == new.st_atime_ns
+                          and old.st_blocks == new.st_blocks and old.st_rdev == new.st_rdev
+                          and old.st_blksize == new.st_blksize)
+
+
 def proc_path(fd: int) -> bytes:
     """The kernel's link to exactly the object ``fd`` stands for (no path walk)."""
     return b"/proc/self/fd/%d" % fd
@@ -129,6 +139,10 @@ class Handle:
     written: bool = False
     busy: int = 0
     released: bool = False
+    # (size, mtime_ns) at open and node.changes then: a handle released with no change
+    # through the mount since needs no fstat for the keep_cache test of the next open
+    opened: tuple | None = None
+    changes: int = -1
 
 
 class Caller:
@@ -250,11 +264,32 @@ class JournalFS(pyfuse3.Operations):
     def store_path(self, rel: bytes) -> str:
         return self.location.store_path("/" + os.fsdecode(rel))
 
+    def _node_store_path(self, node: Inode) -> str | None:
+        """The store path of ``node``'s newest name (None once unlinked), kept with the name
+        it was made from: a rename replaces the name, so an identity check tells."""
+        paths = node.paths
+        if not paths:
+            return None
+        rel = paths[-1]
+        made = node.meta_path
+        if made is None or made[0] is not rel:
+            made = node.meta_path = (rel, self.store_path(rel))
+        return made[1]
+
     async def _io(self, fn: Callable, *args: Any) -> Any:
         """Run a SOURCE syscall: inline on a local filesystem, else in a worker thread."""
         if self.local:
             return fn(*args)
         return await _in_thread(fn, *args)
+
+    def _inline(self, node: Inode, fn: Callable, *args: Any) -> Any:
+        """``fn(fd, *args)`` with ``node``'s O_PATH fd, on this thread (local SOURCE only):
+        the hot handlers' way to :meth:`_on` without its coroutines."""
+        fd = self.table.fd(node)
+        try:
+            return fn(fd, *args)
+        finally:
+            self.table.let_go(node)
 
     async def _on(self, node: Inode, fn: Callable, *args: Any) -> Any:
         """``fn(fd, *args)`` with ``node``'s O_PATH fd, kept open for the whole call."""
@@ -265,26 +300,26 @@ class JournalFS(pyfuse3.Operations):
             self.table.unhold(node)
 
     def attrs(self, node: Inode, st: os.stat_result) -> pyfuse3.EntryAttributes:
-        a = pyfuse3.EntryAttributes()
-        a.st_ino = node.ino
-        a.generation = 0
-        a.entry_timeout = self.timeout
-        a.attr_timeout = self.timeout
-        a.st_mode = st.st_mode
-        a.st_nlink = st.st_nlink
-        a.st_uid = st.st_uid
-        a.st_gid = st.st_gid
-        a.st_rdev = st.st_rdev
-        a.st_size = st.st_size
-        a.st_blksize = st.st_blksize
-        a.st_blocks = st.st_blocks
-        a.st_atime_ns = st.st_atime_ns
-        a.st_mtime_ns = st.st_mtime_ns
-        a.st_ctime_ns = st.st_ctime_ns
-        if stat.S_ISDIR(st.st_mode):
-            a.st_blksize = DIR_BLKSIZE  # big READDIRPLUS replies (see DIR_BLKSIZE)
-            if node.key is not None:
-                self._watch_directory(node)  # the kernel will know it
+        """The reply for ``node`` with attributes ``st``: the one built last time when
+        nothing in it changed (a getattr at timeout 0 then costs an fstat and a compare)."""
+        timeout = self.timeout
+        built = node.reply
+        if built is not None and built[1] == timeout and _same_attributes(built[0], st):
+            a = built[2]
+        else:
+            a = pyfuse3.EntryAttributes()
+            a.st_ino, a.generation = node.ino, 0
+            a.entry_timeout = a.attr_timeout = timeout
+            a.st_mode, a.st_nlink, a.st_uid, a.st_gid = st.st_mode, st.st_nlink, st.st_uid, st.st_gid
+            a.st_rdev, a.st_size, a.st_blksize, a.st_blocks = (st.st_rdev, st.st_size,
+                                                              st.st_blksize, st.st_blocks)
+            a.st_atime_ns, a.st_mtime_ns, a.st_ctime_ns = (st.st_atime_ns, st.st_mtime_ns,
+                                                           st.st_ctime_ns)
+            if stat.S_ISDIR(st.st_mode):
+                a.st_blksize = DIR_BLKSIZE  # big READDIRPLUS replies (see DIR_BLKSIZE)
+            node.reply = (st, timeout, a)
+        if node.file_type == stat.S_IFDIR and node.key is not None:
+            self._watch_directory(node)  # the kernel will know it
         return a
 
     def _watch_directory(self, node: Inode) -> None:
@@ -465,10 +500,26 @@ class JournalFS(pyfuse3.Operations):
                 child, attrs = self._listed(listing, parent, name, st)
                 child.lookups += 1
                 return attrs
-        fd, st = await self._on(parent, self._open_path, name)
         rel = None if parent.path is None else join(parent.path, name)
+        seen = self.table.by_path.get(rel) if rel is not None else None
+        if seen is not None and seen.fd is not None:
+            # a name we know: an fstatat tells whether it still means an object that has
+            # its O_PATH fd already (no open + close of a second one)
+            st = self._inline(parent, self._lstat_at, name) if self.local else \
+                await self._on(parent, self._lstat_at, name)
+            node = self.table.by_key.get((st.st_dev, st.st_ino))
+            if node is not None and node.fd is not None and \
+                    node.file_type == stat.S_IFMT(st.st_mode):
+                node = self.table.remember(rel, st, parent.ino, name)
+                return self.attrs(node, st)
+        fd, st = self._inline(parent, self._open_path, name) if self.local else \
+            await self._on(parent, self._open_path, name)
         node = self.table.remember(rel, st, parent.ino, name, fd=fd)
         return self.attrs(node, st)
+
+    @staticmethod
+    def _lstat_at(dir_fd: int, name: bytes) -> os.stat_result:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
 
     @_guarded
     async def forget(self, inode_list):
@@ -488,7 +539,7 @@ class JournalFS(pyfuse3.Operations):
         st = self._fresh_stat(node)
         if st is None:  # e.g. right after a write: the write's own fstat usually answers
             changes = node.changes
-            st = await self._stat(node)
+            st = self._inline(node, os.fstat) if self.local else await self._stat(node)
             if changes == node.changes:
                 self._remember_stat(node, st)
         return self.attrs(node, st)
@@ -769,7 +820,7 @@ class JournalFS(pyfuse3.Operations):
         self._pin(new_parent, new, name_new)  # a replaced file may still be open
         self.table.hold(new_parent)
         try:
-            replaced, moved, other = await self._change_names(
+            replaced, moved, other, dirs = await self._change_names(
                 old_parent, (old, new), self._rename, old_parent, name_old, new_parent,
                 name_new, flags)
         finally:
@@ -785,7 +836,7 @@ class JournalFS(pyfuse3.Operations):
         await self.views.source_changed(old)
         await self.views.source_changed(new)
         if flags & pyfuse3.RENAME_EXCHANGE:
-            self.table.renamed([(old, new), (new, old)])
+            self.table.renamed([(old, new), (new, old)], dirs)
             tmp = self.store_path(b".journalfs-exchange-%d" % next(self._exchange_tmp))
             await self._meta_restructure("move", self.store_path(old), tmp)
             await self._meta_restructure("move", self.store_path(new), self.store_path(old))
@@ -794,7 +845,7 @@ class JournalFS(pyfuse3.Operations):
         if replaced:
             self.table.unlinked(new)
             await self._meta_restructure("remove", self.store_path(new))
-        self.table.renamed([(old, new)])
+        self.table.renamed([(old, new)], dirs)
         await self._meta_restructure("move", self.store_path(old), self.store_path(new))
 
     def _forget_stat_node(self, node: Inode) -> None:
@@ -802,9 +853,10 @@ class JournalFS(pyfuse3.Operations):
         node.stat = None
 
     def _rename(self, old_parent: Inode, old: bytes, new_parent: Inode, new: bytes,
-                flags: int) -> tuple[bool, tuple | None, tuple | None]:
+                flags: int) -> tuple[bool, tuple | None, tuple | None, bool]:
         """Rename in SOURCE: (whether an existing, different object at ``new`` was
-        replaced, key of the moved object, key of the object exchanged with it)."""
+        replaced, key of the moved object, key of the object exchanged with it, whether
+        a directory moved: then paths below the names change too)."""
         old_fd, new_fd = self.table.fd(old_parent), self.table.fd(new_parent)
         src = os.stat(old, dir_fd=old_fd, follow_symlinks=False)
         dst = None
@@ -820,7 +872,8 @@ class JournalFS(pyfuse3.Operations):
         dst_key = None if dst is None else (dst.st_dev, dst.st_ino)
         replaced = dst_key is not None and dst_key != src_key
         exchanged = dst_key if flags & pyfuse3.RENAME_EXCHANGE else None
-        return replaced, src_key, exchanged
+        dirs = stat.S_ISDIR(src.st_mode) or (exchanged is not None and stat.S_ISDIR(dst.st_mode))
+        return replaced, src_key, exchanged, dirs
 
     @_guarded
     async def symlink(self, parent_inode, name, target, ctx):
@@ -896,8 +949,13 @@ class JournalFS(pyfuse3.Operations):
             self._attrs_changed(node)
         elif changes == node.changes:
             self._remember_stat(node, st)
-        keep = node.cache_ident == (st.st_size, st.st_mtime_ns)  # unchanged since last close
-        return pyfuse3.FileInfo(fh=self._new_handle(node, fd), keep_cache=keep)
+        ident = (st.st_size, st.st_mtime_ns)
+        keep = node.cache_ident == ident  # unchanged since last close
+        fh = self._new_handle(node, fd)
+        if not flags & os.O_TRUNC:
+            handle = self.files[fh]
+            handle.opened, handle.changes = ident, node.changes
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
     def _new_handle(self, node: Inode, fd: int) -> int:
         fh = next(self._file_handles)
@@ -1025,11 +1083,16 @@ class JournalFS(pyfuse3.Operations):
         node = handle.node
         handle.released = True
         try:
-            changes = node.changes
-            st = await self._io(os.fstat, handle.fd)
-            node.cache_ident = (st.st_size, st.st_mtime_ns)
-            if changes == node.changes:
-                self._remember_stat(node, st)
+            if handle.opened is not None and handle.changes == node.changes:
+                # nothing changed through the mount since the open: what it saw stands (a
+                # change behind the mount makes the next open's fstat differ: no keep_cache)
+                node.cache_ident = handle.opened
+            else:
+                changes = node.changes
+                st = await self._io(os.fstat, handle.fd)
+                node.cache_ident = (st.st_size, st.st_mtime_ns)
+                if changes == node.changes:
+                    self._remember_stat(node, st)
         finally:
             if handle.busy == 0:
                 os.close(handle.fd)
@@ -1094,15 +1157,15 @@ class JournalFS(pyfuse3.Operations):
         (ENOENT if none: a file deleted behind the mount's back gets no metadata)."""
         if node is self.table.root:
             return [b""]
-        if os.fstat(fd).st_nlink == 0:
-            raise pyfuse3.FUSEError(errno.ENOENT)
         names = []
-        for rel in self.table.names_of(node):
+        for rel in self.table.names_of(node):  # a name that still means it: it is linked
             try:
                 st = os.stat(rel, dir_fd=self.table.root.fd, follow_symlinks=False)
             except OSError as exc:
                 if exc.errno != errno.ENAMETOOLONG:
                     continue
+                if os.fstat(fd).st_nlink == 0:
+                    continue  # no name left at all
                 st = None  # too long to check in one call: trust what we saw
             if st is None or same_object(st, node):
                 names.append(rel)
@@ -1118,9 +1181,10 @@ class JournalFS(pyfuse3.Operations):
         key = xattrs.metadata_key(name)
         if key is None:
             return await self._on(node, self._native_getxattr, name)
-        if node.path is None:  # unlinked: its metadata went with its last name
+        store_path = self._node_store_path(node)
+        if store_path is None:  # unlinked: its metadata went with its last name
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-        value = await self._meta_get(self.store_path(node.path), key)
+        value = await self._meta_get(store_path, key)
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return xattrs.encode_value(value)
@@ -1192,8 +1256,9 @@ class JournalFS(pyfuse3.Operations):
             if hide_trusted and raw.startswith(b"trusted."):
                 continue  # Linux lists these to CAP_SYS_ADMIN only
             names.append(raw)
-        if node.path is not None and node.file_type in (stat.S_IFREG, stat.S_IFDIR):
-            stored = await self._meta_values(self.store_path(node.path))
+        store_path = self._node_store_path(node)
+        if store_path is not None and node.file_type in (stat.S_IFREG, stat.S_IFDIR):
+            stored = await self._meta_values(store_path)
             names += xattrs.metadata_names(stored)
         return names
 

@@ -13,14 +13,25 @@ METADATA_PREFIX = b"user.metadata."
 XATTR_SIZE_MAX = 65536
 
 
+_KEYS: dict[bytes, str] = {}  # attribute name -> store key, for names seen recently
+_KEYS_KEPT = 4096
+
+
 def metadata_key(name: bytes) -> str | None:
     """The store key behind ``user.metadata.<key>``, None for any other attribute name."""
+    key = _KEYS.get(name)
+    if key is not None:
+        return key
     if not name.startswith(METADATA_PREFIX):
         return None
-    key = name[len(METADATA_PREFIX):]
-    if not key:
+    raw = name[len(METADATA_PREFIX):]
+    if not raw:
         raise pyfuse3.FUSEError(errno.EINVAL)
-    return key.decode("utf-8", "surrogateescape")
+    key = raw.decode("utf-8", "surrogateescape")
+    if len(_KEYS) >= _KEYS_KEPT:
+        _KEYS.clear()
+    _KEYS[bytes(name)] = key
+    return key
 
 
 def encode_value(value: str | list[str]) -> bytes:

@@ -14,8 +14,9 @@ Writes (typed ops, :mod:`.backend`):
 * :meth:`MetaService.sync` makes every earlier acknowledged write durable (fsync, fsyncdir,
   syncfs); shutdown does too.
 
-Reads: :meth:`get` / :meth:`get_all` answer inline when the answer is already in memory
-(``store.peek``: no lock wait, no file access); otherwise in ``trio.to_thread``.
+Reads: :meth:`get` / :meth:`get_all` answer inline on the trio thread whenever the store lock
+is free (``store.try_get_all``: the journal index and the mapped tree, memory only); only
+while a rotation or a worker-thread commit holds the lock do they wait in ``trio.to_thread``.
 
 Rotation runs in a thread when the journal passes ``fill_threshold``, after ``quiet_seconds``
 without writes (if anything changed), on :meth:`compact`, and at shutdown. A background task
@@ -195,10 +196,20 @@ class MetaService:
     async def unset(self, path, key):
         return await self.write(UnsetOp(path, key))
 
+    def _nothing_to_restructure(self, *paths: str) -> bool:
+        """A remove/move of paths with no metadata at or below them is a no-op: skip its
+        journal entries (a rename of a plain file then costs the store nothing). Only when
+        no write waits in the queue: each acknowledged write is in the store already."""
+        return not self._queued.ops and self.store.holds_nothing_at(*paths)
+
     async def remove(self, path):
+        if self._nothing_to_restructure(path):
+            return self.store.ticket
         return await self.write(RemoveOp(path))
 
     async def move(self, src, dst):
+        if self._nothing_to_restructure(src, dst):  # dst too: a move clears what it had
+            return self.store.ticket
         return await self.write(MoveOp(src, dst))
 
     async def copy(self, src, dst):
@@ -220,17 +231,15 @@ class MetaService:
         return self.store.peek(path, key)
 
     async def get(self, path, key):
-        found, value = self.store.peek(path, key)
-        if found:
-            return value
-        # all keys, so the store caches the node and the next read of this path is inline
-        return (await trio.to_thread.run_sync(self.store.get_all, path)).get(key)
+        return (await self.get_all(path)).get(key)
 
     async def get_all(self, path):
-        found, value = self.store.peek(path)
-        if found:
-            return dict(value)
-        return await trio.to_thread.run_sync(self.store.get_all, path)
+        # inline unless the store lock is busy (a rotation's swap, a thread's commit): all
+        # keys, so the store caches the node and the next read of it is a dict lookup
+        values = self.store.try_get_all(path)
+        if values is None:
+            values = await trio.to_thread.run_sync(self.store.get_all, path)
+        return values
 
     def status(self) -> dict:
         status = dict(self.store.status())

@@ -116,7 +116,31 @@ class JournalIndex:
         if rec["kind"] in ("copy", "remove"):
             self.structural.setdefault(rec["path"], []).append(idx)
         else:
-            self.keyed.setdefault(rec["path"], {}).setdefault(rec["key"], []).append(idx)
+            path = rec["path"]
+            keys = self.keyed.get(path)
+            if keys is None:
+                keys = self.keyed[path] = {}
+                if self._sorted_paths is not None:
+                    bisect.insort(self._sorted_paths, path)
+            keys.setdefault(rec["key"], []).append(idx)
+
+    _sorted_paths: list[str] | None = None  # keyed paths in order, built on first need
+
+    def touches(self, path: str) -> bool:
+        """Whether any entry is about ``path``, a path below it, or (structurally: a REMOVE
+        or COPY) one of its ancestors -- i.e. whether the journal may decide anything at or
+        below ``path``."""
+        if path in self.keyed:
+            return True
+        below = path + "/"
+        for spath, idxs in self.structural.items():
+            if spath.startswith(below) or spath == path or path.startswith(spath + "/") \
+                    or spath == "/":
+                return True
+        if self._sorted_paths is None:
+            self._sorted_paths = sorted(self.keyed)
+        i = bisect.bisect_left(self._sorted_paths, below)
+        return i < len(self._sorted_paths) and self._sorted_paths[i].startswith(below)
 
     def _newest_structural(self, cur: str, before: int) -> int:
         best = -1
@@ -445,6 +469,45 @@ class MetaStore:
         finally:
             self._lock.release()
 
+    def try_get_all(self, path: str) -> dict[str, Value] | None:
+        """:meth:`get_all` if the store lock is free right now, else None (a rotation is
+        swapping files in, or a worker thread is appending). Lookups only read memory: the
+        journal index and the mapped tree of this writer's local store, so an event loop may
+        call it inline. Read-only stores say None: they must re-check the files first."""
+        if self.readonly:
+            return None
+        path = canonical(path)
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self._get_all_locked(path)
+        finally:
+            self._lock.release()
+
+    def holds_nothing_at(self, *paths: str) -> bool:
+        """True when no metadata lies at or below any of ``paths`` (so moving or removing
+        them changes nothing), decided from memory without waiting for the store lock;
+        False when unsure (lock busy, read-only store, the root)."""
+        if self.readonly:
+            return False
+        paths = tuple(canonical(p) for p in paths)
+        if "/" in paths or not self._lock.acquire(blocking=False):
+            return False
+        try:
+            index, tree = self._index, self._tree
+            if index.error is not None:
+                return False
+            for path in paths:
+                if index.records and index.touches(path):
+                    return False
+                if tree is not None and tree.lookup(path) is not None:
+                    return False
+            return True
+        except FormatError:  # a damaged tree: let the real write report it
+            return False
+        finally:
+            self._lock.release()
+
     def _merged(self, count: int | None = None) -> MergedTree:
         merged = MergedTree(self._tree)
         for rec in self._index.records[:count]:
@@ -668,6 +731,11 @@ class MetaStore:
     def needs_rotation(self, threshold: float = 0.75) -> bool:
         with self._lock:
             return self._index.error is not None or self.fill() >= threshold
+
+    @property
+    def ticket(self) -> int:
+        """The newest write's ticket."""
+        return self._ticket
 
     @property
     def dirty(self) -> bool:

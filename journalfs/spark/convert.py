@@ -80,7 +80,16 @@ def _text_column(values: Any) -> pa.Array:
             return arr
         if any(test(arr.type) for test in _CASTABLE):
             return pc.cast(arr, pa.string())
+        if pa.types.is_list(arr.type) and pa.types.is_integer(arr.type.value_type):
+            return _int_lists_as_json(arr)
     return pa.array([_text(v) for v in values], type=pa.string())
+
+
+def _int_lists_as_json(arr: pa.ListArray) -> pa.Array:
+    """Lists of integers as json.dumps writes them (``[1, 2, 3]``), in Arrow: a Kestrel
+    READ_DONE's id list per row went through Python one row at a time (5x slower)."""
+    joined = pc.binary_join(arr.cast(pa.list_(pa.string())), ", ")
+    return pc.binary_join_element_wise("[", joined, "]", "")
 
 
 def _attrs(fields: dict[str, Any], rows: int) -> pa.Array:

@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 
 from ..formats import CODECS, FormatError
 from ..journals import mapped
-from ..pagecache import Releaser
+from ..pagecache import DroppingPages, Releaser
 from .convert import damage_batch, to_batch
 from .plan import FileSlice
 from .schema import DAMAGE_KIND
@@ -83,7 +83,11 @@ def read_buffer(buf, sl: FileSlice, include_damage: bool, kinds: set | None,
         except Exception as exc:  # a decoder bug on hostile bytes must not kill the job
             cols, error = None, FormatError(sl.path, start or 0, f"decoder failed: {exc!r}")
         if cols is not None and cols.rows:
-            key = batch_key(cols.data) if batch_key else file_key
+            if batch_key:  # may follow back links through the whole file before the slice:
+                with DroppingPages(buf):  # keep those pages out of the worker's RSS
+                    key = batch_key(cols.data)
+            else:
+                key = file_key
             batch = to_batch(cols.data, cols.rows, sl.path, sl.format, first_seq=seq, key=key)
             row_bytes = max(1, batch.nbytes // batch.num_rows)
             batch_rows = max(1, min(max_rows, BATCH_BYTES // row_bytes))
