@@ -6,6 +6,8 @@ i32 total size of the blocks after the 8-byte header; the header total must matc
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import struct
 from typing import Any, Iterator, Sequence
 
@@ -166,11 +168,19 @@ class AkkaData(_PairedFile, Codec):
         The loop accepts exactly the blocks :meth:`read` accepts; wherever it stops,
         :meth:`read` takes one step to name the damage or the next record, so the result is
         always exactly what :meth:`read` yields."""
+        starts, next_offset, error = self.record_offsets(buf, source, start, seq, stop, limit)
+        rows = len(starts)
+        return Columns(self._columns(buf, starts, seq), rows, next_offset, seq + rows, error)
+
+    def record_offsets(self, buf, source, start=None, seq=0, stop=None, limit=None
+                       ) -> tuple[np.ndarray, int | None, FormatError | None]:
+        """Where the blocks :meth:`read` yields start (up to ``limit``), without decoding
+        them: (int64 offsets, where a next call resumes or None, the damage they end at)."""
         try:
             area_end = _blocks_area(buf, source, self.magics, "data")
             pos = start_offset(source, start, HEADER_SIZE, area_end)
         except FormatError as exc:
-            return Columns(self._columns(buf, [], seq), 0, None, seq, exc)
+            return np.zeros(0, np.int64), None, exc
         end = area_end if stop is None else min(stop, area_end)
         wanted = -1 if limit is None else limit
         starts: list[int] = []
@@ -187,12 +197,10 @@ class AkkaData(_PairedFile, Codec):
             append(pos)
             pos += size
         next_offset, error = _probe(self, buf, source, pos, seq + len(starts), stop, len(starts) == wanted)
-        rows = len(starts)
-        return Columns(self._columns(buf, starts, seq), rows, next_offset, seq + rows, error)
+        return np.array(starts, dtype=np.int64), next_offset, error
 
-    def _columns(self, buf: Buffer, starts: list[int], seq: int) -> dict[str, Any]:
-        rows = len(starts)
-        offsets = np.array(starts, dtype=np.int64)
+    def _columns(self, buf: Buffer, offsets: np.ndarray, seq: int) -> dict[str, Any]:
+        rows = len(offsets)
         sizes = field_at(buf, offsets, 0, ">i4").astype(np.int64)
         return {
             "format": [self.name] * rows,
@@ -264,9 +272,9 @@ class AkkaData(_PairedFile, Codec):
         by reading the linked blocks' headers in place."""
         starts = _BlockStarts.of(buf, source)[0]
         findings: list[Finding] = []
-        for cols in _data_batches(buf, source):
-            if cols.rows:
-                findings.extend(_link_findings(buf, starts, cols.data))
+        for fields, _error in _data_batches(buf, source):
+            if len(fields["offset"]):
+                findings.extend(_link_findings(buf, starts, fields))
         return findings
 
     def key_resolver(self, buf, partners):
@@ -459,24 +467,31 @@ _META = AkkaMeta()
 # memory is a table of block starts (1/24 of the data file) and one batch at a time.
 
 #: Blocks per batch when validating.
-VALIDATE_BATCH = 1 << 16
+VALIDATE_BATCH = 1 << 14
 #: Persistence-id hashes held at once when looking for duplicate ids (8 bytes each).
 IDS_PER_PASS = 4_000_000
 #: Bytes of persistence ids hashed in one vectorised step (bounds its temporary arrays).
 HASH_RUN_BYTES = 1 << 18
+#: Chains followed together in one file-order pass over the data file.
+CHAINS_PER_PASS = 1 << 14
 
 
-def _data_batches(data: Buffer, source: str) -> Iterator[Columns]:
-    """Columns of the data blocks :meth:`AkkaData.read` yields, in batches; the damage that
-    ends them (if any) is the last batch's ``error``."""
+def _data_batches(data: Buffer, source: str) -> Iterator[tuple[dict[str, np.ndarray], FormatError | None]]:
+    """The link fields (offset = self, prev, next, seq_nr) of the data blocks
+    :meth:`AkkaData.read` yields, in batches without payloads; the damage that ends them (if
+    any) comes with the last batch."""
     codec = AkkaData()
     start, seq = None, 0
     while True:
-        cols = codec.read_columns(data, source, start, seq, None, VALIDATE_BATCH)
-        yield cols
-        if cols.error is not None or cols.next_offset is None:
+        offsets, next_offset, error = codec.record_offsets(data, source, start, seq, None,
+                                                           VALIDATE_BATCH)
+        yield {"offset": offsets, "self": offsets,
+               "prev": field_at(data, offsets, 8, ">i4").astype(np.int64),
+               "next": field_at(data, offsets, 12, ">i4").astype(np.int64),
+               "seq_nr": field_at(data, offsets, 16, ">i8")}, error
+        if error is not None or next_offset is None:
             return
-        start, seq = cols.next_offset, cols.next_seq
+        start, seq = next_offset, seq + len(offsets)
 
 
 class _BlockStarts:
@@ -492,9 +507,8 @@ class _BlockStarts:
     def of(cls, data: Buffer, source: str) -> tuple["_BlockStarts", FormatError | None]:
         """The starts of ``data``'s valid blocks and the damage that ends them (or None)."""
         starts, error = cls(len(data)), None
-        for cols in _data_batches(data, source):
-            starts.add(cols.data["offset"])
-            error = cols.error
+        for fields, error in _data_batches(data, source):
+            starts.add(fields["offset"])
         return starts, error
 
     def add(self, offsets: np.ndarray) -> None:
@@ -638,54 +652,102 @@ def _duplicate_ids(meta: Buffer, source: str) -> list[Finding]:
 
 
 def _chain_findings(meta: Buffer, source: str, data: Buffer) -> list[Finding]:
-    """Each meta block's chain in the data file, followed in place (see :func:`follow_chain`
-    for the rules; the same problems in the same words)."""
+    """Each meta block's chain in the data file (see :func:`follow_chain` for the rules; the
+    same problems in the same words, in meta order). Chains are followed in groups of
+    :data:`CHAINS_PER_PASS`, each group's blocks visited in file order."""
     starts, error = _BlockStarts.of(data, "data")
     findings = []
     if error is not None:
         findings.append(Finding(0, f"data file is damaged, links checked up to byte {error.offset}"))
     records = _META.read(meta, source)
     try:
-        for rec in records:
-            for reason in _chain_problems(rec, data, starts):
-                findings.append(Finding(rec["offset"], f"{rec['persistence_id']!r}: {reason}"))
+        while True:
+            group = [(rec["offset"], rec["persistence_id"], rec["first"], rec["last"], rec["highest_seq"])
+                     for rec in itertools.islice(records, CHAINS_PER_PASS)]
+            if not group:
+                break
+            for (offset, pid, *_chain), reasons in zip(group, _group_problems(group, data, starts)):
+                findings.extend(Finding(offset, f"{pid!r}: {reason}") for reason in reasons)
     finally:
         records.close()
     return findings
 
 
-def _chain_problems(meta: Record, data: Buffer, starts: _BlockStarts) -> list[str]:
-    """:func:`follow_chain`'s problems, reading blocks from ``data`` instead of a dict of
-    records. While links only go forward every block is new; only a chain that turns back
-    gets a set of its visited blocks (to tell a loop from a jump)."""
-    problems: list[str] = []
-    link, prev = meta["first"], 0
-    count, last_self, last_seq, furthest = 0, 0, 0, -1
+class _Walk:
+    """Where one chain's walk stands: the previous block, how many blocks, the last one's
+    offset and sequence number, and the problems met."""
+
+    __slots__ = ("first", "prev", "count", "last_self", "last_seq", "problems")
+
+    def __init__(self, first: int):
+        self.first, self.prev, self.count, self.last_self, self.last_seq = first, 0, 0, 0, 0
+        self.problems: list[str] = []
+
+    def step(self, link: int, data: Buffer) -> int:
+        """Check the block at ``link`` (a block start) and move past it; its next link."""
+        _size, _self, block_prev, block_next, seq_nr = _DATA_BLOCK.unpack_from(data, link)
+        if block_prev != self.prev:
+            self.problems.append(f"block {link} has prev {block_prev}, expected {self.prev}")
+        if self.count and seq_nr <= self.last_seq:
+            self.problems.append(f"block {link} has sequence number {seq_nr} after {self.last_seq}")
+        self.count, self.last_self, self.last_seq, self.prev = self.count + 1, link, seq_nr, link
+        return block_next
+
+
+def _group_problems(group: list[tuple], data: Buffer, starts: _BlockStarts) -> list[list[str]]:
+    """The problems of each chain of ``group`` ((offset, pid, first, last, highest) each).
+    Forward links are followed through a heap, so the data file is read in file order once
+    per group; a chain whose link turns back is finished in place (only a damaged or hostile
+    file has one, and it needs the set of its visited blocks to tell a loop)."""
+    walks = [_Walk(first) for _offset, _pid, first, _last, _highest in group]
+    heap: list[tuple[int, int]] = []
+
+    def enter(i: int, link: int) -> None:
+        if not link:
+            return
+        if link not in starts:
+            walks[i].problems.append(f"link {link} does not point at a data block")
+            return
+        heapq.heappush(heap, (link, i))
+
+    for i, walk in enumerate(walks):
+        enter(i, walk.first)
+    while heap:
+        link, i = heapq.heappop(heap)
+        walk = walks[i]
+        following = walk.step(link, data)
+        if following and following <= link:
+            _finish_in_place(walk, following, link, data, starts)
+        else:
+            enter(i, following)
+    out = []
+    for (_offset, _pid, _first, last, highest), walk in zip(group, walks):
+        problems = walk.problems
+        if not problems and walk.last_self != last:
+            problems.append(f"chain ends at {walk.last_self}, meta says last is {last}")
+        if not problems and walk.last_seq != highest:
+            problems.append(f"last sequence number is {walk.last_seq}, meta says highest is {highest}")
+        out.append(problems)
+    return out
+
+
+def _finish_in_place(walk: _Walk, link: int, furthest: int, data: Buffer,
+                     starts: _BlockStarts) -> None:
+    """Follow the rest of a chain from ``link`` block by block, as :func:`follow_chain` does."""
     seen: set[int] | None = None
     while link:
         if link not in starts:
-            problems.append(f"link {link} does not point at a data block")
-            break
+            walk.problems.append(f"link {link} does not point at a data block")
+            return
         if seen is None and link <= furthest:
-            seen = set(_chain_blocks(meta["first"], data, count))
+            seen = set(_chain_blocks(walk.first, data, walk.count))
         if seen is not None:
             if link in seen:
-                problems.append(f"chain loops back to block {link}")
-                break
+                walk.problems.append(f"chain loops back to block {link}")
+                return
             seen.add(link)
         furthest = max(furthest, link)
-        _size, _self, block_prev, block_next, seq_nr = _DATA_BLOCK.unpack_from(data, link)
-        if block_prev != prev:
-            problems.append(f"block {link} has prev {block_prev}, expected {prev}")
-        if count and seq_nr <= last_seq:
-            problems.append(f"block {link} has sequence number {seq_nr} after {last_seq}")
-        count, last_self, last_seq = count + 1, link, seq_nr
-        prev, link = link, block_next
-    if not problems and last_self != meta["last"]:
-        problems.append(f"chain ends at {last_self}, meta says last is {meta['last']}")
-    if not problems and last_seq != meta["highest_seq"]:
-        problems.append(f"last sequence number is {last_seq}, meta says highest is {meta['highest_seq']}")
-    return problems
+        link = walk.step(link, data)
 
 
 def _chain_blocks(first: int, data: Buffer, count: int) -> Iterator[int]:
