@@ -471,7 +471,7 @@ VALIDATE_BATCH = 1 << 14
 #: Persistence-id hashes held at once when looking for duplicate ids (8 bytes each).
 IDS_PER_PASS = 4_000_000
 #: Bytes of persistence ids hashed in one vectorised step (bounds its temporary arrays).
-HASH_RUN_BYTES = 1 << 18
+HASH_RUN_BYTES = 1 << 16
 #: Chains followed together in one file-order pass over the data file.
 CHAINS_PER_PASS = 1 << 14
 
@@ -627,12 +627,18 @@ def _duplicate_ids(meta: Buffer, source: str) -> list[Finding]:
     passes = max(1, -(-count // IDS_PER_PASS))
     twice: list[np.ndarray] = []
     for part in range(passes):
-        kept = []
+        # one array filled in place (grown should a hash range hold more than its share)
+        hashes = np.empty(count // passes + count // (8 * passes) + 1024, np.uint64)
+        filled = 0
         for offs in _meta_offsets(meta):
-            hashes = _id_hashes(meta, offs)
-            kept.append(hashes[hashes % np.uint64(passes) == part] if passes > 1 else hashes)
-        hashes = np.concatenate(kept) if kept else np.zeros(0, np.uint64)
-        del kept
+            batch = _id_hashes(meta, offs)
+            if passes > 1:
+                batch = batch[batch % np.uint64(passes) == part]
+            if filled + len(batch) > len(hashes):
+                hashes = np.resize(hashes, 2 * (filled + len(batch)))
+            hashes[filled:filled + len(batch)] = batch
+            filled += len(batch)
+        hashes = hashes[:filled]
         hashes.sort()
         twice.append(np.unique(hashes[1:][hashes[1:] == hashes[:-1]]))
         del hashes

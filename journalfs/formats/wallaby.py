@@ -39,7 +39,7 @@ LAYOUT_PROBE_RECORDS = 4
 #: The original writer's payload cap: a longer payload cut by the end of file is not a torn write.
 MAX_PLAUSIBLE_PAYLOAD = 65536
 #: Records per batch when validating: bounds validation's memory whatever the file size.
-VALIDATE_BATCH = 1 << 16
+VALIDATE_BATCH = 1 << 14
 
 
 def _sniff(head: bytes, magic: bytes) -> bool:
