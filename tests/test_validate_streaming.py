@@ -198,22 +198,3 @@ def test_jrnl_header_last_mid_chain_keeps_its_finding():
     got = [(f.offset, f.reason) for f in Jrnl().validate(bytes(buf), "j")]
     assert got == [(12, "header's last offset 50 is not the chain's end 110; last transaction "
                         "at 50 has a non-zero next link (80)")]
-
-
-def test_both_forms_of_block_starts_agree():
-    data, _meta = _akka_damaged()
-    offsets = AkkaData().record_offsets(data, "data")[0]
-    as_slots, as_sorted = akka_mod._BlockStarts(len(data)), akka_mod._BlockStarts(len(data))
-    as_sorted.slot_count = 1 << 30  # never worth switching: keeps the sorted starts
-    as_slots.add(offsets[:5])
-    as_slots.add(offsets[5:])
-    as_sorted.add(offsets[:5])
-    as_sorted.add(offsets[5:])
-    assert as_slots.slots is not None and as_sorted.slots is None
-    links = np.arange(-3, len(data) + 3)
-    expected = np.isin(links, offsets)
-    assert (as_slots.contains(links) == expected).all()
-    assert (as_sorted.contains(links) == expected).all()
-    assert [int(x) in as_sorted for x in links] == expected.tolist()
-    assert [int(x) in as_slots for x in links] == expected.tolist()
-    assert not as_sorted.contains(np.array([2**40, -2**40])).any()

@@ -495,18 +495,13 @@ def _data_batches(data: Buffer, source: str) -> Iterator[tuple[dict[str, np.ndar
 
 
 class _BlockStarts:
-    """Which offsets start a block of a data file's valid prefix, in the smaller of two forms:
-    the sorted starts (4 bytes a block), or once those would outgrow it, a byte per
-    DATA_BLOCK_FIXED-byte slot of the file (a block is at least that long, so a slot holds at
-    most one start) saying where in the slot it starts (1 + offset within; 0 = none). Either
-    way at most 1/24 of the file's size."""
+    """Which offsets start a block of a data file's valid prefix. A block is at least
+    DATA_BLOCK_FIXED bytes long, so each DATA_BLOCK_FIXED-byte slot of the file holds at most
+    one start: a byte per slot saying where in it (1 + offset within the slot; 0 = none)."""
 
     def __init__(self, size: int):
+        self.slots = np.zeros(size // DATA_BLOCK_FIXED + 1, np.uint8)
         self.limit = size
-        self.slot_count = size // DATA_BLOCK_FIXED + 1
-        self.starts: np.ndarray | None = np.zeros(1024, np.int32)  # akka offsets are i32
-        self.count = 0
-        self.slots: np.ndarray | None = None
 
     @classmethod
     def of(cls, data: Buffer, source: str) -> tuple["_BlockStarts", FormatError | None]:
@@ -517,22 +512,6 @@ class _BlockStarts:
         return starts, error
 
     def add(self, offsets: np.ndarray) -> None:
-        """Record ``offsets`` (increasing, after every earlier one)."""
-        need = self.count + len(offsets)
-        if self.slots is None and need * 4 > self.slot_count:
-            self.slots = np.zeros(self.slot_count, np.uint8)
-            self._mark(self.starts[:self.count])
-            self.starts = None
-        if self.slots is not None:
-            self._mark(offsets)
-            return
-        if need > len(self.starts):
-            self.starts = np.resize(self.starts, min(max(2 * len(self.starts), need),
-                                                     self.slot_count // 4 + 1))
-        self.starts[self.count:need] = offsets
-        self.count = need
-
-    def _mark(self, offsets: np.ndarray) -> None:
         self.slots[offsets // DATA_BLOCK_FIXED] = offsets % DATA_BLOCK_FIXED + 1
 
     def contains(self, links: np.ndarray) -> np.ndarray:
@@ -540,21 +519,12 @@ class _BlockStarts:
         inside = (links >= 0) & (links < self.limit)
         out = np.zeros(len(links), bool)
         at = links[inside]
-        if self.slots is not None:
-            out[inside] = self.slots[at // DATA_BLOCK_FIXED] == at % DATA_BLOCK_FIXED + 1
-        else:
-            starts = self.starts[:self.count]
-            where = np.minimum(np.searchsorted(starts, at), max(self.count - 1, 0))
-            out[inside] = (starts[where] == at) if self.count else False
+        out[inside] = self.slots[at // DATA_BLOCK_FIXED] == at % DATA_BLOCK_FIXED + 1
         return out
 
     def __contains__(self, link: int) -> bool:
-        if not 0 <= link < self.limit:
-            return False
-        if self.slots is not None:
-            return int(self.slots[link // DATA_BLOCK_FIXED]) == link % DATA_BLOCK_FIXED + 1
-        where = int(np.searchsorted(self.starts[:self.count], link))
-        return where < self.count and int(self.starts[where]) == link
+        return 0 <= link < self.limit and \
+            int(self.slots[link // DATA_BLOCK_FIXED]) == link % DATA_BLOCK_FIXED + 1
 
 
 def _link_findings(buf: Buffer, starts: _BlockStarts, data: dict[str, Any]) -> list[Finding]:
