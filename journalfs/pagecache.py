@@ -13,7 +13,7 @@ import threading
 #: process (they stay in the page cache): bounds RSS whatever the file size.
 RELEASE_EVERY = 8 << 20
 #: How often :class:`DroppingPages` drops the pages of files a codec reads by itself.
-DROP_EVERY_S = 0.1
+DROP_EVERY_S = 0.02
 
 
 class Releaser:

@@ -6,6 +6,8 @@ i32 total size of the blocks after the 8-byte header; the header total must matc
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import struct
 from typing import Any, Iterator, Sequence
 
@@ -123,28 +125,20 @@ class AkkaMeta(_PairedFile, Codec):
         return _HEADER.pack(magic, len(blocks)) + bytes(blocks)
 
     def validate(self, buf, source, **context) -> list[Finding]:
+        """Duplicate persistence ids, and with ``data=`` each id's chain against its block.
+        Streams: memory stays flat in both files' sizes (no list of records is kept)."""
+        records = self.read(buf, source)
         try:
-            metas = list(self.read(buf, source))
+            for _ in records:
+                pass
         except FormatError:
-            return []
-        findings = []
-        seen: set[str] = set()
-        for meta in metas:
-            if meta["persistence_id"] in seen:
-                findings.append(Finding(meta["offset"], f"persistence id {meta['persistence_id']!r} appears twice"))
-            seen.add(meta["persistence_id"])
+            return []  # the damage itself is what read() reports
+        finally:
+            records.close()
+        findings = _duplicate_ids(buf, source)
         data = context.get("data")
-        if data is None:
-            return findings
-        try:
-            messages = list(AkkaData().read(data, "data"))
-        except FormatError as exc:
-            findings.append(Finding(0, f"data file is damaged, links checked up to byte {exc.offset}"))
-            messages = list(_valid_prefix(data))
-        by_offset = {m["self"]: m for m in messages}
-        for meta in metas:
-            for reason in follow_chain(meta, by_offset)[1]:
-                findings.append(Finding(meta["offset"], f"{meta['persistence_id']!r}: {reason}"))
+        if data is not None:
+            findings.extend(_chain_findings(buf, source, data))
         return findings
 
 
@@ -174,11 +168,19 @@ class AkkaData(_PairedFile, Codec):
         The loop accepts exactly the blocks :meth:`read` accepts; wherever it stops,
         :meth:`read` takes one step to name the damage or the next record, so the result is
         always exactly what :meth:`read` yields."""
+        starts, next_offset, error = self.record_offsets(buf, source, start, seq, stop, limit)
+        rows = len(starts)
+        return Columns(self._columns(buf, starts, seq), rows, next_offset, seq + rows, error)
+
+    def record_offsets(self, buf, source, start=None, seq=0, stop=None, limit=None
+                       ) -> tuple[np.ndarray, int | None, FormatError | None]:
+        """Where the blocks :meth:`read` yields start (up to ``limit``), without decoding
+        them: (int64 offsets, where a next call resumes or None, the damage they end at)."""
         try:
             area_end = _blocks_area(buf, source, self.magics, "data")
             pos = start_offset(source, start, HEADER_SIZE, area_end)
         except FormatError as exc:
-            return Columns(self._columns(buf, [], seq), 0, None, seq, exc)
+            return np.zeros(0, np.int64), None, exc
         end = area_end if stop is None else min(stop, area_end)
         wanted = -1 if limit is None else limit
         starts: list[int] = []
@@ -195,12 +197,10 @@ class AkkaData(_PairedFile, Codec):
             append(pos)
             pos += size
         next_offset, error = _probe(self, buf, source, pos, seq + len(starts), stop, len(starts) == wanted)
-        rows = len(starts)
-        return Columns(self._columns(buf, starts, seq), rows, next_offset, seq + rows, error)
+        return np.array(starts, dtype=np.int64), next_offset, error
 
-    def _columns(self, buf: Buffer, starts: list[int], seq: int) -> dict[str, Any]:
-        rows = len(starts)
-        offsets = np.array(starts, dtype=np.int64)
+    def _columns(self, buf: Buffer, offsets: np.ndarray, seq: int) -> dict[str, Any]:
+        rows = len(offsets)
         sizes = field_at(buf, offsets, 0, ">i4").astype(np.int64)
         return {
             "format": [self.name] * rows,
@@ -266,26 +266,15 @@ class AkkaData(_PairedFile, Codec):
         return cls().write(data), AkkaMeta().write(metas)
 
     def validate(self, buf, source, **context) -> list[Finding]:
-        try:
-            messages = list(self.read(buf, source))
-        except FormatError:
-            messages = list(_valid_prefix(buf))
-        by_offset = {m["self"]: m for m in messages}
-        findings = []
-        for m in messages:
-            for field_name, back in (("next", "prev"), ("prev", "next")):
-                link = m[field_name]
-                if not link:
-                    continue
-                other = by_offset.get(link)
-                if other is None:
-                    findings.append(Finding(m["offset"], f"{field_name} link {link} is not a block start"))
-                elif other[back] != m["self"]:
-                    findings.append(Finding(m["offset"], f"{field_name} link to {link} is not mutual "
-                                                         f"(its {back} is {other[back]})"))
-                elif field_name == "next" and other["seq_nr"] <= m["seq_nr"]:
-                    findings.append(Finding(link, f"sequence number {other['seq_nr']} does not increase "
-                                                  f"after {m['seq_nr']}"))
+        """Every ``next``/``prev`` link of the valid blocks names a block start whose link
+        back is mutual, and sequence numbers increase along ``next``. Two streamed passes: the
+        first marks block starts (:class:`_BlockStarts`), the second checks each batch's links
+        by reading the linked blocks' headers in place."""
+        starts = _BlockStarts.of(buf, source)[0]
+        findings: list[Finding] = []
+        for fields, _error in _data_batches(buf, source):
+            if len(fields["offset"]):
+                findings.extend(_link_findings(buf, starts, fields))
         return findings
 
     def key_resolver(self, buf, partners):
@@ -471,3 +460,305 @@ def chains(meta_records: Sequence[Record], data_records: Sequence[Record]) -> di
 
 
 _META = AkkaMeta()
+
+
+# -- streamed validation ---------------------------------------------------------------------
+# The checks read linked blocks' headers straight from the buffer instead of keeping records:
+# memory is a table of block starts (1/24 of the data file) and one batch at a time.
+
+#: Blocks per batch when validating.
+VALIDATE_BATCH = 1 << 14
+#: Persistence-id hashes held at once when looking for duplicate ids (8 bytes each).
+IDS_PER_PASS = 4_000_000
+#: Bytes of persistence ids hashed in one vectorised step (bounds its temporary arrays).
+HASH_RUN_BYTES = 1 << 16
+#: Chains followed together in one file-order pass over the data file.
+CHAINS_PER_PASS = 1 << 14
+
+
+def _data_batches(data: Buffer, source: str) -> Iterator[tuple[dict[str, np.ndarray], FormatError | None]]:
+    """The link fields (offset = self, prev, next, seq_nr) of the data blocks
+    :meth:`AkkaData.read` yields, in batches without payloads; the damage that ends them (if
+    any) comes with the last batch."""
+    codec = AkkaData()
+    start, seq = None, 0
+    while True:
+        offsets, next_offset, error = codec.record_offsets(data, source, start, seq, None,
+                                                           VALIDATE_BATCH)
+        yield {"offset": offsets, "self": offsets,
+               "prev": field_at(data, offsets, 8, ">i4").astype(np.int64),
+               "next": field_at(data, offsets, 12, ">i4").astype(np.int64),
+               "seq_nr": field_at(data, offsets, 16, ">i8")}, error
+        if error is not None or next_offset is None:
+            return
+        start, seq = next_offset, seq + len(offsets)
+
+
+class _BlockStarts:
+    """Which offsets start a block of a data file's valid prefix. A block is at least
+    DATA_BLOCK_FIXED bytes long, so each DATA_BLOCK_FIXED-byte slot of the file holds at most
+    one start: a byte per slot saying where in it (1 + offset within the slot; 0 = none)."""
+
+    def __init__(self, size: int):
+        self.slots = np.zeros(size // DATA_BLOCK_FIXED + 1, np.uint8)
+        self.limit = size
+
+    @classmethod
+    def of(cls, data: Buffer, source: str) -> tuple["_BlockStarts", FormatError | None]:
+        """The starts of ``data``'s valid blocks and the damage that ends them (or None)."""
+        starts, error = cls(len(data)), None
+        for fields, error in _data_batches(data, source):
+            starts.add(fields["offset"])
+        return starts, error
+
+    def add(self, offsets: np.ndarray) -> None:
+        self.slots[offsets // DATA_BLOCK_FIXED] = offsets % DATA_BLOCK_FIXED + 1
+
+    def contains(self, links: np.ndarray) -> np.ndarray:
+        links = np.asarray(links, dtype=np.int64)
+        inside = (links >= 0) & (links < self.limit)
+        out = np.zeros(len(links), bool)
+        at = links[inside]
+        out[inside] = self.slots[at // DATA_BLOCK_FIXED] == at % DATA_BLOCK_FIXED + 1
+        return out
+
+    def __contains__(self, link: int) -> bool:
+        return 0 <= link < self.limit and \
+            int(self.slots[link // DATA_BLOCK_FIXED]) == link % DATA_BLOCK_FIXED + 1
+
+
+def _link_findings(buf: Buffer, starts: _BlockStarts, data: dict[str, Any]) -> list[Finding]:
+    """The findings of one batch of data blocks' links, in block order (next, then prev)."""
+    selfs, seq_nrs = data["self"], data["seq_nr"]
+    rows = len(selfs)
+    checks = {}
+    for field_name, back_at in (("next", 8), ("prev", 12)):  # the other block's prev / next
+        link = data[field_name]
+        known = starts.contains(link) & (link != 0)
+        back = np.zeros(rows, np.int64)
+        back[known] = field_at(buf, link[known], back_at, ">i4")
+        other_seq = np.zeros(rows, np.int64)
+        if field_name == "next":
+            other_seq[known] = field_at(buf, link[known], 16, ">i8")
+        missing = (link != 0) & ~known
+        unmutual = known & (back != selfs)
+        falling = known & ~unmutual & (other_seq <= seq_nrs) if field_name == "next" \
+            else np.zeros(rows, bool)
+        checks[field_name] = (link, back, other_seq, missing, unmutual, falling)
+    flagged = np.zeros(rows, bool)
+    for _link, _back, _seq, missing, unmutual, falling in checks.values():
+        flagged |= missing | unmutual | falling
+    findings = []
+    for i in np.flatnonzero(flagged).tolist():
+        offset = int(data["offset"][i])
+        for field_name, back_name in (("next", "prev"), ("prev", "next")):
+            link, back, other_seq, missing, unmutual, falling = checks[field_name]
+            target = int(link[i])
+            if missing[i]:
+                findings.append(Finding(offset, f"{field_name} link {target} is not a block start"))
+            elif unmutual[i]:
+                findings.append(Finding(offset, f"{field_name} link to {target} is not mutual "
+                                                f"(its {back_name} is {int(back[i])})"))
+            elif falling[i]:
+                findings.append(Finding(target, f"sequence number {int(other_seq[i])} does not "
+                                                f"increase after {int(seq_nrs[i])}"))
+    return findings
+
+
+def _meta_offsets(meta: Buffer) -> Iterator[np.ndarray]:
+    """Batches of block offsets of a meta file :meth:`AkkaMeta.read` accepts whole."""
+    area_end = HEADER_SIZE + _HEADER.unpack_from(meta, 0)[1]
+    unpack = _META_SIZE.unpack_from
+    pos = HEADER_SIZE
+    while pos < area_end:
+        starts = []
+        append = starts.append
+        for _ in range(VALIDATE_BATCH):
+            if pos >= area_end:
+                break
+            append(pos)
+            pos += unpack(meta, pos)[0]
+        yield np.array(starts, dtype=np.int64)
+
+
+_META_SIZE = struct.Struct(">h")
+_HASH_MULTIPLIER = np.uint64(0x100000001B3)  # FNV's 64-bit prime: an odd multiplier
+_HASH_POWERS = np.cumprod(np.full(0x8000, _HASH_MULTIPLIER, np.uint64), dtype=np.uint64)
+
+
+def _id_hashes(meta: Buffer, offsets: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each block's persistence id bytes, vectorised over runs of ids of at
+    most :data:`HASH_RUN_BYTES` bytes together (duplicates are confirmed on the bytes
+    themselves, so a collision costs only time)."""
+    lengths = field_at(meta, offsets, 0, ">i2").astype(np.int64) - META_BLOCK_FIXED
+    ends = np.cumsum(lengths)
+    out = np.empty(len(offsets), np.uint64)
+    i = 0
+    while i < len(offsets):
+        j = max(i + 1, int(np.searchsorted(ends, ends[i] - lengths[i] + HASH_RUN_BYTES, "right")))
+        out[i:j] = _hash_run(meta, offsets[i:j], lengths[i:j])
+        i = j
+    return out
+
+
+def _hash_run(meta: Buffer, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    ends = np.cumsum(lengths)
+    begins = ends - lengths
+    within = np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(begins, lengths)
+    raw = np.frombuffer(meta, np.uint8)[np.repeat(offsets + META_BLOCK_FIXED, lengths) + within]
+    terms = (raw.astype(np.uint64) + np.uint64(1)) * _HASH_POWERS[within]
+    hashes = lengths.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    filled = lengths > 0
+    if filled.any():
+        hashes[filled] += np.add.reduceat(terms, begins[filled])
+    hashes ^= hashes >> np.uint64(31)  # spread the high bits into the low ones used to partition
+    hashes *= np.uint64(0xBF58476D1CE4E5B9)
+    hashes ^= hashes >> np.uint64(29)
+    return hashes
+
+
+def _duplicate_ids(meta: Buffer, source: str) -> list[Finding]:
+    """A finding at every block whose persistence id an earlier block already has.
+
+    Memory is bounded whatever the number of ids: the ids' hashes are sorted in passes of at
+    most :data:`IDS_PER_PASS` (one hash range each) to find hashes seen twice, then one last
+    pass compares the bytes of only the ids with such a hash."""
+    count = sum(len(offs) for offs in _meta_offsets(meta))
+    passes = max(1, -(-count // IDS_PER_PASS))
+    twice: list[np.ndarray] = []
+    for part in range(passes):
+        # one array filled in place (grown should a hash range hold more than its share)
+        hashes = np.empty(count // passes + count // (8 * passes) + 1024, np.uint64)
+        filled = 0
+        for offs in _meta_offsets(meta):
+            batch = _id_hashes(meta, offs)
+            if passes > 1:
+                batch = batch[batch % np.uint64(passes) == part]
+            if filled + len(batch) > len(hashes):
+                hashes = np.resize(hashes, 2 * (filled + len(batch)))
+            hashes[filled:filled + len(batch)] = batch
+            filled += len(batch)
+        hashes = hashes[:filled]
+        hashes.sort()
+        twice.append(np.unique(hashes[1:][hashes[1:] == hashes[:-1]]))
+        del hashes
+    suspects = np.concatenate(twice)
+    if not len(suspects):
+        return []
+    findings = []
+    first_seen: set[bytes] = set()
+    for offs in _meta_offsets(meta):
+        for pos in offs[np.isin(_id_hashes(meta, offs), suspects)].tolist():
+            size = _META_SIZE.unpack_from(meta, pos)[0]
+            pid = bytes(meta[pos + META_BLOCK_FIXED:pos + size])
+            if pid in first_seen:
+                findings.append(Finding(pos, f"persistence id {pid.decode('utf-8')!r} appears twice"))
+            first_seen.add(pid)
+    return findings
+
+
+def _chain_findings(meta: Buffer, source: str, data: Buffer) -> list[Finding]:
+    """Each meta block's chain in the data file (see :func:`follow_chain` for the rules; the
+    same problems in the same words, in meta order). Chains are followed in groups of
+    :data:`CHAINS_PER_PASS`, each group's blocks visited in file order."""
+    starts, error = _BlockStarts.of(data, "data")
+    findings = []
+    if error is not None:
+        findings.append(Finding(0, f"data file is damaged, links checked up to byte {error.offset}"))
+    records = _META.read(meta, source)
+    try:
+        while True:
+            group = [(rec["offset"], rec["persistence_id"], rec["first"], rec["last"], rec["highest_seq"])
+                     for rec in itertools.islice(records, CHAINS_PER_PASS)]
+            if not group:
+                break
+            for (offset, pid, *_chain), reasons in zip(group, _group_problems(group, data, starts)):
+                findings.extend(Finding(offset, f"{pid!r}: {reason}") for reason in reasons)
+    finally:
+        records.close()
+    return findings
+
+
+class _Walk:
+    """Where one chain's walk stands: the previous block, how many blocks, the last one's
+    offset and sequence number, and the problems met."""
+
+    __slots__ = ("first", "prev", "count", "last_self", "last_seq", "problems")
+
+    def __init__(self, first: int):
+        self.first, self.prev, self.count, self.last_self, self.last_seq = first, 0, 0, 0, 0
+        self.problems: list[str] = []
+
+    def step(self, link: int, data: Buffer) -> int:
+        """Check the block at ``link`` (a block start) and move past it; its next link."""
+        _size, _self, block_prev, block_next, seq_nr = _DATA_BLOCK.unpack_from(data, link)
+        if block_prev != self.prev:
+            self.problems.append(f"block {link} has prev {block_prev}, expected {self.prev}")
+        if self.count and seq_nr <= self.last_seq:
+            self.problems.append(f"block {link} has sequence number {seq_nr} after {self.last_seq}")
+        self.count, self.last_self, self.last_seq, self.prev = self.count + 1, link, seq_nr, link
+        return block_next
+
+
+def _group_problems(group: list[tuple], data: Buffer, starts: _BlockStarts) -> list[list[str]]:
+    """The problems of each chain of ``group`` ((offset, pid, first, last, highest) each).
+    Forward links are followed through a heap, so the data file is read in file order once
+    per group; a chain whose link turns back is finished in place (only a damaged or hostile
+    file has one, and it needs the set of its visited blocks to tell a loop)."""
+    walks = [_Walk(first) for _offset, _pid, first, _last, _highest in group]
+    heap: list[tuple[int, int]] = []
+
+    def enter(i: int, link: int) -> None:
+        if not link:
+            return
+        if link not in starts:
+            walks[i].problems.append(f"link {link} does not point at a data block")
+            return
+        heapq.heappush(heap, (link, i))
+
+    for i, walk in enumerate(walks):
+        enter(i, walk.first)
+    while heap:
+        link, i = heapq.heappop(heap)
+        walk = walks[i]
+        following = walk.step(link, data)
+        if following and following <= link:
+            _finish_in_place(walk, following, link, data, starts)
+        else:
+            enter(i, following)
+    out = []
+    for (_offset, _pid, _first, last, highest), walk in zip(group, walks):
+        problems = walk.problems
+        if not problems and walk.last_self != last:
+            problems.append(f"chain ends at {walk.last_self}, meta says last is {last}")
+        if not problems and walk.last_seq != highest:
+            problems.append(f"last sequence number is {walk.last_seq}, meta says highest is {highest}")
+        out.append(problems)
+    return out
+
+
+def _finish_in_place(walk: _Walk, link: int, furthest: int, data: Buffer,
+                     starts: _BlockStarts) -> None:
+    """Follow the rest of a chain from ``link`` block by block, as :func:`follow_chain` does."""
+    seen: set[int] | None = None
+    while link:
+        if link not in starts:
+            walk.problems.append(f"link {link} does not point at a data block")
+            return
+        if seen is None and link <= furthest:
+            seen = set(_chain_blocks(walk.first, data, walk.count))
+        if seen is not None:
+            if link in seen:
+                walk.problems.append(f"chain loops back to block {link}")
+                return
+            seen.add(link)
+        furthest = max(furthest, link)
+        link = walk.step(link, data)
+
+
+def _chain_blocks(first: int, data: Buffer, count: int) -> Iterator[int]:
+    """The first ``count`` blocks of a chain (already walked, so each is a block start)."""
+    link = first
+    for _ in range(count):
+        yield link
+        link = _DATA_BLOCK.unpack_from(data, link)[3]

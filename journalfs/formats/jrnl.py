@@ -265,22 +265,21 @@ class Jrnl(Codec):
         if state.fatal:
             return None
         data = bytearray(buf)
-        chain = state.chain
-        if state.torn is not None or (chain and chain[-1].status == "rollback"):
-            cut = min(state.torn.tx_offset, len(buf)) if state.torn is not None \
-                else chain[-1].offset
-            kept = chain if state.torn is not None else chain[:-1]
-            _rollback(data, kept, cut)
+        tail = state.tail
+        if state.torn is not None or (tail is not None and tail.status == "rollback"):
+            cut = min(state.torn.tx_offset, len(buf)) if state.torn is not None else tail.offset
+            kept = tail if state.torn is not None else state.before_tail
+            _rollback(data, kept.offset if kept is not None else None, cut)
             return Repair(bytes(data), [
                 f"rolled back the incomplete transaction at byte {cut}: "
-                + (f"journal now ends at transaction {kept[-1].offset}" if kept
+                + (f"journal now ends at transaction {kept.offset}" if kept is not None
                    else "journal now empty")])
         actions: list[str] = []
-        if chain and _last_offset(data) != chain[-1].offset:
-            _set_last(data, chain[-1].offset)
-            actions.append(f"header's last offset set to the chain's end ({chain[-1].offset})")
-        if chain and chain[-1].status == "redo":
-            tail = chain[-1].offset
+        if tail is not None and _last_offset(data) != tail.offset:
+            _set_last(data, tail.offset)
+            actions.append(f"header's last offset set to the chain's end ({tail.offset})")
+        if tail is not None and tail.status == "redo":
+            tail = tail.offset
             if context.get("table"):
                 actions.append(f"redo of transaction {tail} left to the table file "
                                f"{context['table']} (not applied here)")
@@ -299,13 +298,14 @@ def _set_last(data: bytearray, last: int) -> None:
     struct.pack_into("<Q", data, 12, last)
 
 
-def _rollback(data: bytearray, chain: list[Transaction], cut: int) -> None:
-    """Unlink everything from ``cut`` on and truncate there (20 bytes when nothing is left)."""
-    if not chain:
+def _rollback(data: bytearray, last: int | None, cut: int) -> None:
+    """Unlink everything from ``cut`` on and truncate there, ``last`` (the offset of the
+    transaction that stays the chain's end) keeping a zero next link (20 bytes when nothing
+    is left)."""
+    if last is None:
         struct.pack_into("<QQ", data, 4, 0, 0)
         del data[HEADER:]
         return
-    last = chain[-1].offset
     struct.pack_into("<Q", data, last + 8, 0)
     _set_last(data, last)
     del data[cut:]
@@ -313,20 +313,27 @@ def _rollback(data: bytearray, chain: list[Transaction], cut: int) -> None:
 
 @dataclass
 class _Scan:
-    chain: list[Transaction]
+    """What validation and recovery need of the chain, kept in constant memory: its last two
+    transactions and the one the header names as last, never the whole chain."""
+
     findings: list[Finding]
+    tail: Transaction | None = None  # the chain's last transaction
+    before_tail: Transaction | None = None  # the one before it
+    at_last: Transaction | None = None  # the first transaction at the header's last offset
     torn: TornTransaction | None = None
     fatal: bool = False  # damage a recovery rule cannot fix
     needed: tuple[str, int, str] | None = None  # (status, offset, sentence)
 
 
 def _scan(buf: Buffer, source: str) -> _Scan:
-    """The chain, the damage in it and what recovery it needs."""
-    scan = _Scan([], [])
+    """The chain's end, the damage in the chain and what recovery it needs."""
+    scan = _Scan([])
     try:
         first, last = read_header(buf, source)
         for tx in walk(buf, source):
-            scan.chain.append(tx)
+            scan.before_tail, scan.tail = scan.tail, tx
+            if scan.at_last is None and tx.offset == last:
+                scan.at_last = tx
     except TornTransaction as exc:
         scan.findings.append(Finding(exc.offset, exc.reason))
         if exc.tx_offset > len(buf):  # a link past the end is corruption, not a torn write
@@ -337,16 +344,15 @@ def _scan(buf: Buffer, source: str) -> _Scan:
         scan.fatal = True
         scan.findings.append(Finding(exc.offset, exc.reason))
         return scan
-    chain = scan.chain
     if scan.torn is not None:
         scan.needed = ("rollback", scan.torn.tx_offset,
                        f"needs rollback: transaction at byte {scan.torn.tx_offset} is torn")
         return scan
-    if not chain:
+    tail = scan.tail
+    if tail is None:
         return scan
-    tail = chain[-1]
     if last != tail.offset:
-        at_last = next((tx for tx in chain if tx.offset == last), None)
+        at_last = scan.at_last
         reason = (f"header's last offset {last} is not the chain's end {tail.offset}")
         if at_last is not None and at_last.next:
             reason += f"; last transaction at {last} has a non-zero next link ({at_last.next})"

@@ -360,25 +360,29 @@ class KestrelReader(_QueueFile, Codec):
         return bytes(out)
 
     def validate(self, buf, source, **context) -> list[Finding]:
+        # streamed record by record (no list of the whole file); damaged input reports only
+        # the damage itself, which read() names, so findings before it are dropped then
         findings: list[Finding] = []
         head = None
+        records = self.read(buf, source)
         try:
-            records = list(self.read(buf, source))
+            for rec in records:
+                if rec["kind"] == "read_head":
+                    head = rec["id"]
+                    if head < 0:
+                        findings.append(Finding(rec["offset"], f"negative head id {head}"))
+                    continue
+                ids = rec["ids"]
+                if len(set(ids)) != len(ids):
+                    findings.append(Finding(rec["offset"], "READ_DONE lists an id twice", "warning"))
+                if any(i <= 0 for i in ids):
+                    findings.append(Finding(rec["offset"], "READ_DONE lists an id that is not positive"))
+                if head is not None and any(i <= head for i in ids):
+                    findings.append(Finding(rec["offset"], f"READ_DONE id at or below the head {head}"))
         except FormatError:
-            return findings
-        for rec in records:
-            if rec["kind"] == "read_head":
-                head = rec["id"]
-                if head < 0:
-                    findings.append(Finding(rec["offset"], f"negative head id {head}"))
-                continue
-            ids = rec["ids"]
-            if len(set(ids)) != len(ids):
-                findings.append(Finding(rec["offset"], "READ_DONE lists an id twice", "warning"))
-            if any(i <= 0 for i in ids):
-                findings.append(Finding(rec["offset"], "READ_DONE lists an id that is not positive"))
-            if head is not None and any(i <= head for i in ids):
-                findings.append(Finding(rec["offset"], f"READ_DONE id at or below the head {head}"))
+            return []
+        finally:
+            records.close()
         findings += _check_zero_tail(buf, source)
         return findings
 

@@ -38,6 +38,8 @@ INDEX_DTYPE = np.dtype([("time", "<i8"), ("index", "<u8"), ("log_offset", "<i8")
 LAYOUT_PROBE_RECORDS = 4
 #: The original writer's payload cap: a longer payload cut by the end of file is not a torn write.
 MAX_PLAUSIBLE_PAYLOAD = 65536
+#: Records per batch when validating: bounds validation's memory whatever the file size.
+VALIDATE_BATCH = 1 << 14
 
 
 def _sniff(head: bytes, magic: bytes) -> bool:
@@ -233,6 +235,22 @@ class WallabyLog(Codec):
         done = pos >= bound or (pos > last_header and len(walked) < max_rows)
         return offs, heads, times, None if done else pos
 
+    def _header_batches(self, buf: Buffer, source: str, pos: int
+                        ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, FormatError | None]]:
+        """(offsets, size|flags<<32 words, times, damage) of the records from ``pos`` in
+        batches of :data:`VALIDATE_BATCH`, without payloads; the damage (or None) that ends
+        the walk comes with the last batch. The same records as one :meth:`_boundaries`."""
+        while True:
+            try:
+                offs, heads, times, nxt = self._boundaries(buf, source, pos, None, VALIDATE_BATCH)
+            except FormatError as exc:
+                yield (*exc.columns, exc)
+                return
+            yield offs, heads, times, None
+            if nxt is None or (not len(offs) and nxt == pos):
+                return
+            pos = nxt
+
     def _check_damage(self, buf: Buffer, source: str, pos: int, runs_to: int | None,
                       prefix: tuple) -> None:
         try:
@@ -265,16 +283,30 @@ class WallabyLog(Codec):
             return [Finding(exc.offset, exc.reason)]
         if head.version != VERSION:
             findings.append(Finding(3, f"unknown log version {head.version}", "warning"))
-        cols = self.read_columns(buf, source)
-        if cols.error is not None:
-            findings.append(Finding(cols.error.offset, cols.error.reason))
-        odd = np.flatnonzero(cols.data["flags"] != head.flags)
-        if len(odd):
-            findings.append(Finding(int(cols.data["offset"][odd[0]]),
-                                    f"{len(odd)} record(s) carry flags other than the log's "
-                                    f"({head.flags})", "warning"))
-        findings.extend(_expiry_findings(cols.data["time"], cols.data["offset"], head.ttl_ns,
-                                         context.get("now_ns")))
+        # batch by batch, keeping counts and first offsets only: memory stays flat in file size
+        error = None
+        odd_count, odd_first = 0, None
+        expired_count, expired_first = 0, None
+        expiry_clock = context.get("now_ns")
+        if expiry_clock is None:
+            expiry_clock = _time.time_ns()  # one "now" for every batch
+        for offs, heads, times, error in self._header_batches(buf, source, head.size):
+            odd = np.flatnonzero((heads >> np.uint64(32)) != head.flags)
+            if len(odd) and odd_first is None:
+                odd_first = int(offs[odd[0]])
+            odd_count += len(odd)
+            expired = np.flatnonzero(_expired_mask(times, head.ttl_ns, expiry_clock))
+            if len(expired) and expired_first is None:
+                expired_first = int(offs[expired[0]])
+            expired_count += len(expired)
+        if error is not None:
+            findings.append(Finding(error.offset, error.reason))
+        if odd_count:
+            findings.append(Finding(odd_first, f"{odd_count} record(s) carry flags other than "
+                                               f"the log's ({head.flags})", "warning"))
+        if expired_count:
+            findings.append(Finding(expired_first, f"{expired_count} record(s) expired "
+                                                   f"(TTL {head.ttl_ns} ns)", "warning"))
         index = context.get("index")
         if index is not None:
             findings.extend(_index_vs_log(index, buf, source, from_log=True).findings)
@@ -380,16 +412,6 @@ def _expired_mask(times: np.ndarray, ttl_ns: int, now_ns: int | None) -> np.ndar
     # now > time + ttl  <=>  time < now - ttl; clip so the threshold fits in int64
     threshold = max(min(now - ttl_ns, 2**63 - 1), -2**63)
     return times < np.int64(threshold)
-
-
-def _expiry_findings(times: np.ndarray, offsets: np.ndarray, ttl_ns: int,
-                     now_ns: int | None) -> list[Finding]:
-    expired = _expired_mask(times, ttl_ns, now_ns)
-    count = int(expired.sum())
-    if not count:
-        return []
-    first = int(offsets[np.flatnonzero(expired)[0]])
-    return [Finding(first, f"{count} record(s) expired (TTL {ttl_ns} ns)", "warning")]
 
 
 # -- the index ----------------------------------------------------------------------------------
@@ -547,18 +569,18 @@ def _index_vs_log(index: Buffer, log: Buffer, source: str, from_log: bool) -> In
     (the index unless ``from_log``)."""
     check = IndexCheck()
     idx = WallabyIndex().read_columns(index, "index")
-    recs = WallabyLog().read_columns(log, "log")
+    log_offs, log_error = _log_offsets(log)
     if idx.error is not None:
         check.problem(idx.error.offset if not from_log else 0,
                       f"index damaged: {idx.error.reason}")
-    log_offs, log_times = recs.data["offset"], recs.data["time"]
     entry_offs, numbers = idx.data["offset"], idx.data["index"]
     targets, times = idx.data["log_offset"], idx.data["time"]
     at = np.searchsorted(log_offs, targets)
     found = at < len(log_offs)
     found[found] = log_offs[at[found]] == targets[found]
     bad = ~found
-    bad[found] = log_times[at[found]] != times[found]
+    # a found target is a record start: its time is the i64 8 bytes in
+    bad[found] = _gather_u64(log, targets[found] + 8).view(np.int64) != times[found]
     if bad.any():
         first = int(np.flatnonzero(bad)[0])
         where = int(entry_offs[first]) if not from_log else _within(int(targets[first]), log)
@@ -577,14 +599,28 @@ def _index_vs_log(index: Buffer, log: Buffer, source: str, from_log: bool) -> In
                       f"index numbers do not match log record numbers from entry {first} "
                       "(numbering restarted after a reopen?)", "warning")
     covered = int(at[-1]) + 1 if idx.rows and not bad.any() else idx.rows
-    lag = recs.rows - covered
+    lag = len(log_offs) - covered
     if lag > 0:
-        first_missing = int(log_offs[covered]) if covered < recs.rows else 0
+        first_missing = int(log_offs[covered]) if covered < len(log_offs) else 0
         check.problem(first_missing if from_log else len(index),
                       f"index lags the log: {lag} log record(s) not indexed", "warning")
-    if recs.error is not None and not from_log:
-        check.findings.append(Finding(0, f"log damaged: {recs.error.reason}", "warning"))
+    if log_error is not None and not from_log:
+        check.findings.append(Finding(0, f"log damaged: {log_error.reason}", "warning"))
     return check
+
+
+def _log_offsets(log: Buffer) -> tuple[np.ndarray, FormatError | None]:
+    """The offsets of a log's records (its valid prefix) and the damage that ends it: 8 bytes
+    a record, no payloads or other columns (the index check needs only these)."""
+    codec = WallabyLog()
+    try:
+        start = codec.header(log, "log").size
+    except FormatError as exc:
+        return np.zeros(0, np.int64), exc
+    parts, error = [], None
+    for offs, _heads, _times, error in codec._header_batches(log, "log", start):
+        parts.append(offs)
+    return (np.concatenate(parts) if parts else np.zeros(0, np.int64)), error
 
 
 def _within(offset: int, buf: Buffer) -> int:
