@@ -481,10 +481,11 @@ class JournalFS(pyfuse3.Operations):
 
     # -- lookup / attributes ---------------------------------------------------------------
     async def lookup(self, parent_inode, name, ctx=None):
-        # A name already known to mean an object whose O_PATH fd is kept, in a directory on
-        # local SOURCE with no listing cache in use (timeout 0): one fstatat to see it still
-        # means that object, no call that could yield (tests/test_fs_hotpath.py).
-        # Everything else (views, dots, listings, new names, hard links) takes _lookup.
+        # In a directory on local SOURCE with no listing cache in use (timeout 0): a name
+        # not seen yet is opened O_PATH and remembered; a name known to mean an object whose
+        # O_PATH fd is kept costs one fstatat to see it still means that object. No call
+        # that could yield (tests/test_fs_hotpath.py). Everything else (views, dots,
+        # listings, hard links, a name that now means another object) takes _lookup.
         try:
             parent = self.table.by_ino.get(parent_inode)
             if parent is not None and parent.fd is not None and not parent.transient and \
@@ -494,8 +495,11 @@ class JournalFS(pyfuse3.Operations):
                 directory = parent.paths[-1]
                 rel = name if directory == b"" else directory + b"/" + name
                 node = self.table.by_path.get(rel)
-                if node is not None and node.fd is not None and not node.transient and \
-                        node is not self.table.root:
+                if node is None:  # a name not seen yet: pin its object with an O_PATH fd
+                    fd, st = self._open_path(parent.fd, name)
+                    node = self.table.remember(rel, st, parent.ino, name, fd=fd)
+                    return self.attrs(node, st)
+                if node.fd is not None and not node.transient and node is not self.table.root:
                     st = os.stat(name, dir_fd=parent.fd, follow_symlinks=False)
                     key = (st.st_dev, st.st_ino)
                     if key == node.key and self.table.by_key.get(key) is node and \
