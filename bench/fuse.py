@@ -23,6 +23,13 @@ can serve (listing, stat, xattr rows, parallel clients, setfattr/getfattr comman
 file data, creation or renames) and the CPU rows, which journalfs also runs with
 `-o timeout=0` (so every stat is a request). Its rate beside bindfs's (`floor/bindfs`) is
 the bound pyfuse3 itself puts on a row.
+
+`--cpu-rows-only` runs just the CPU rows (plus fsetxattr) on the FUSE targets, and
+`--tree NAME=DIR` adds journalfs from another checkout as target `journalfs-NAME`, so two
+branches are measured side by side in one run, e.g.
+
+    .venv/bin/python bench/fuse.py --cpu-rows-only --rounds 3 --files 2000 \
+        --tree main=/work/main --only journalfs,journalfs-main,floor
 """
 from __future__ import annotations
 
