@@ -23,6 +23,13 @@ can serve (listing, stat, xattr rows, parallel clients, setfattr/getfattr comman
 file data, creation or renames) and the CPU rows, which journalfs also runs with
 `-o timeout=0` (so every stat is a request). Its rate beside bindfs's (`floor/bindfs`) is
 the bound pyfuse3 itself puts on a row.
+
+`--cpu-rows-only` runs just the CPU rows (plus fsetxattr) on the FUSE targets, and
+`--tree NAME=DIR` adds journalfs from another checkout as target `journalfs-NAME`, so two
+branches are measured side by side in one run, e.g.
+
+    .venv/bin/python bench/fuse.py --cpu-rows-only --rounds 3 --files 2000 \
+        --tree main=/work/main --only journalfs,journalfs-main,floor
 """
 from __future__ import annotations
 
@@ -173,9 +180,10 @@ class Target:
     (its pid is the daemon) and mounted fresh by ``mount``."""
 
     def __init__(self, name: str, src: Path, mnt: Path | None, store: Path | None = None,
-                 extra: list[str] | None = None):
+                 extra: list[str] | None = None, tree: Path | None = None):
         self.name, self.src, self.mnt, self.store = name, src, mnt, store
         self.extra = extra or []
+        self.tree = tree  # another checkout whose journalfs this target runs
         self.proc: subprocess.Popen | None = None
         self.counter: RequestCounter | None = None
         self.readdirs: RequestCounter | None = None
@@ -213,7 +221,7 @@ class Target:
         self.mnt.mkdir(parents=True, exist_ok=True)
         # a PYTHONPATH given to the bench comes first: it can measure another tree's journalfs
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            filter(None, [os.environ.get("PYTHONPATH"), str(REPO)])))
+            filter(None, [self.tree and str(self.tree), os.environ.get("PYTHONPATH"), str(REPO)])))
         self.proc = subprocess.Popen(self.command(sync, timeout), env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 30
@@ -309,6 +317,13 @@ def setxattr_all(paths: list[str], name: str) -> float:
         for i, p in enumerate(paths):
             os.setxattr(p, name, b"value-%d" % i)
     return len(paths) / timed(run)
+
+
+def fsetxattr_all(fds: list[int], name: str) -> float:
+    def run():
+        for i, fd in enumerate(fds):
+            os.setxattr(fd, name, b"value-%d" % i)
+    return len(fds) / timed(run)
 
 
 def create_files(folder: Path, count: int) -> float:
@@ -537,6 +552,10 @@ def read_rows(t: Target, rec: Recorder, files: list[str]) -> None:
 def run_round(t: Target, rec: Recorder, args, work: Path) -> None:
     m = rec.measure
     files = file_paths(t)
+    if args.cpu_rows_only:
+        if t.fuse:
+            run_cpu_rows(t, rec, files, with_setxattr=True)
+        return
     if t.name == "floor":
         run_floor_rows(t, rec, files)
         return
@@ -593,10 +612,18 @@ def run_floor_rows(t: Target, rec: Recorder, files: list[str]) -> None:
     t.unmount()
 
 
-def run_cpu_rows(t: Target, rec: Recorder, files: list[str]) -> None:
-    """Rows where every call is one request (timeout 0): CPU per LOOKUP, GETATTR, GETXATTR."""
+def run_cpu_rows(t: Target, rec: Recorder, files: list[str], with_setxattr: bool = False) -> None:
+    """Rows where every call is one request (timeout 0): CPU per LOOKUP, GETATTR, GETXATTR
+    (and SETXATTR, which also gives the getxattr row its values, with ``with_setxattr``)."""
     subset = files[:1000]
     t.mount(timeout=0, cold=False)
+    if with_setxattr:
+        fds = [os.open(p, os.O_RDONLY) for p in subset]  # one LOOKUP each before the row
+        try:
+            rec.measure(t, "CPU row: setxattr (fsetxattr)", "ops/s", fsetxattr_all, fds, t.xattr)
+        finally:
+            for fd in fds:
+                os.close(fd)
     rec.measure(t, "CPU row: lookup (timeout=0)", "ops/s", stat_all, subset)
     rec.measure(t, "CPU row: getattr (fstat, timeout=0)", "ops/s", fstat_all, subset)
     rec.measure(t, "CPU row: getxattr", "ops/s", getxattr_all, subset, t.xattr, 2)
@@ -658,10 +685,11 @@ def report(rec: Recorder, names: list[str], meta: dict) -> dict:
     for row in rows:
         print("| " + line(row) + " |")
     for r in rec.rows.values():
-        if r.cpu_us.get("journalfs") and r.cpu_us.get("floor"):
-            jfs, floor = (statistics.median(r.cpu_us[k]) for k in ("journalfs", "floor"))
-            print(f"- {r.workload}: journalfs CPU per request = {jfs / floor:.2f} x the "
-                  f"pyfuse3 floor ({jfs:.1f} vs {floor:.1f} µs)")
+        for n in (n for n in names if n.startswith("journalfs")):
+            if r.cpu_us.get(n) and r.cpu_us.get("floor"):
+                jfs, floor = (statistics.median(r.cpu_us[k]) for k in (n, "floor"))
+                print(f"- {r.workload}: {n} CPU per request = {jfs / floor:.2f} x the "
+                      f"pyfuse3 floor ({jfs:.1f} vs {floor:.1f} µs)")
     notes = [(r.workload, n, text) for r in rec.rows.values() for n, text in r.note.items()]
     for workload, n, text in notes:
         print(f"- {workload}, {n}: {text}")
@@ -824,6 +852,13 @@ def main() -> int:
     ap.add_argument("--journalfs-arg", action="append", default=[],
                     help="extra argument for journalfs mount (repeatable), e.g. --journalfs-arg=--sync=batch")
     ap.add_argument("--json", type=Path, help="also write the JSON result here")
+    ap.add_argument("--cpu-rows-only", action="store_true",
+                    help="only the CPU rows (setxattr, lookup, getattr, getxattr at timeout=0) "
+                         "on the FUSE targets; builds only files/ of SOURCE")
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                    help="also run journalfs from another checkout DIR as target "
+                         "journalfs-NAME (repeatable; add it to --only), e.g. to compare "
+                         "branches in one run: --tree main=/work/main --only journalfs,journalfs-main")
     ap.add_argument("--serve-floor", nargs=2, metavar=("SRC", "MNT"), help=argparse.SUPPRESS)
     ap.add_argument("--floor-timeout", type=float, default=120, help=argparse.SUPPRESS)
     ap.add_argument("--floor-dir-blksize", type=int, default=0, help=argparse.SUPPRESS)
@@ -838,7 +873,10 @@ def main() -> int:
 
     work = args.workdir.resolve()
     src = work / "src"
-    build_source(src, args.files, args.big_mib)
+    if args.cpu_rows_only:
+        _fill(src / "files", args.files, lambda d, i: (d / f"f{i:05d}").write_bytes(b"x" * 100))
+    else:
+        build_source(src, args.files, args.big_mib)
     store = work / "store"
     shutil.rmtree(store, ignore_errors=True)
     store.mkdir(parents=True)
@@ -848,6 +886,14 @@ def main() -> int:
         "journalfs": Target("journalfs", src, work / "mnt-journalfs", store, args.journalfs_arg),
         "floor": Target("floor", src, work / "mnt-floor"),
     }
+    for spec in args.tree:
+        label, _, tree = spec.partition("=")
+        name = f"journalfs-{label}"
+        tree_store = work / f"store-{label}"
+        shutil.rmtree(tree_store, ignore_errors=True)
+        tree_store.mkdir(parents=True)
+        all_targets[name] = Target(name, src, work / f"mnt-{name}", tree_store,
+                                   args.journalfs_arg, tree=Path(tree).resolve())
     if args.readdir_experiment:
         readdir_experiment(src, work / "mnt-floor")
         return 0

@@ -7,6 +7,7 @@ the nursery so the service flushes and syncs its store, and finally releases the
 from __future__ import annotations
 
 import errno
+import gc
 import hashlib
 import logging
 import os
@@ -632,6 +633,11 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
                 raise MountError(f"cannot mount on {config.mountpoint}: {exc}") from None
             nursery.start_soon(_when_served, mountpoint, config.readahead, ready)
             nursery.start_soon(ops.watch.run)  # SOURCE changes made behind the mount
+            # Everything made so far (modules, the store's index) lives as long as the mount:
+            # out of the collector's sight, a full collection no longer walks it (it cost
+            # tens of ms each, about 1 us per request on average).
+            gc.collect()
+            gc.freeze()
             try:
                 await pyfuse3.main()
             finally:

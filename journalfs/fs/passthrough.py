@@ -110,19 +110,27 @@ def proc_path(fd: int) -> bytes:
     return b"/proc/self/fd/%d" % fd
 
 
+def _fuse_error(exc: Exception, what: str) -> pyfuse3.FUSEError:
+    """What a handler raises for ``exc``: FUSEError as is, OSError with its errno, anything
+    else logged and EIO."""
+    if isinstance(exc, pyfuse3.FUSEError):
+        return exc
+    if isinstance(exc, OSError):
+        return pyfuse3.FUSEError(exc.errno or errno.EIO)
+    log.error("%s failed", what, exc_info=exc)
+    return pyfuse3.FUSEError(errno.EIO)
+
+
 def _guarded(fn: Callable) -> Callable:
-    """Only FUSEError may leave a handler: OSError keeps its errno, anything else is EIO."""
+    """Only FUSEError may leave a handler: OSError keeps its errno, anything else is EIO.
+    (The hottest handlers, getattr, lookup and getxattr, do the same in their own body: one
+    coroutine less per request.)"""
     @functools.wraps(fn)
     async def handler(*args, **kwargs):
         try:
             return await fn(*args, **kwargs)
-        except pyfuse3.FUSEError:
-            raise
-        except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
-        except Exception:
-            log.exception("%s failed", fn.__name__)
-            raise pyfuse3.FUSEError(errno.EIO) from None
+        except Exception as exc:
+            raise _fuse_error(exc, fn.__name__) from None
     return handler
 
 
@@ -318,7 +326,8 @@ class JournalFS(pyfuse3.Operations):
             if stat.S_ISDIR(st.st_mode):
                 a.st_blksize = DIR_BLKSIZE  # big READDIRPLUS replies (see DIR_BLKSIZE)
             node.reply = (st, timeout, a)
-        if node.file_type == stat.S_IFDIR and node.key is not None:
+        if node.file_type == stat.S_IFDIR and node.key is not None and \
+                not self.watch.watching(node.ino):
             self._watch_directory(node)  # the kernel will know it
         return a
 
@@ -471,8 +480,45 @@ class JournalFS(pyfuse3.Operations):
             raise
 
     # -- lookup / attributes ---------------------------------------------------------------
-    @_guarded
     async def lookup(self, parent_inode, name, ctx=None):
+        # In a directory on local SOURCE with no listing cache in use (timeout 0): a name
+        # not seen yet is opened O_PATH and remembered; a name known to mean an object whose
+        # O_PATH fd is kept costs one fstatat to see it still means that object. No call
+        # that could yield (tests/test_fs_hotpath.py). Everything else (views, dots,
+        # listings, hard links, a name that now means another object) takes _lookup.
+        try:
+            parent = self.table.by_ino.get(parent_inode)
+            if parent is not None and parent.fd is not None and not parent.transient and \
+                    self.local and not self.snapshots.enabled and parent.paths and \
+                    name not in (b".", b"..") and len(name) <= self.name_max and \
+                    not (parent is self.table.root and name == VIEWS_NAME):
+                directory = parent.paths[-1]
+                rel = name if directory == b"" else directory + b"/" + name
+                node = self.table.by_path.get(rel)
+                if node is None:  # a name not seen yet: pin its object with an O_PATH fd
+                    fd, st = self._open_path(parent.fd, name)
+                    node = self.table.remember(rel, st, parent.ino, name, fd=fd)
+                    return self.attrs(node, st)
+                if node.fd is not None and not node.transient and node is not self.table.root:
+                    st = os.stat(name, dir_fd=parent.fd, follow_symlinks=False)
+                    key = (st.st_dev, st.st_ino)
+                    if key == node.key and self.table.by_key.get(key) is node and \
+                            stat.S_IFMT(st.st_mode) == node.file_type and \
+                            (st.st_nlink == 1 or node.file_type == stat.S_IFDIR):
+                        node.parent, node.name = parent.ino, name
+                        node.lookups += 1
+                        built = node.reply
+                        if built is not None and built[1] == self.timeout and \
+                                _same_attributes(built[0], st) and \
+                                (node.file_type != stat.S_IFDIR or
+                                 self.watch.watching(node.ino)):
+                            return built[2]
+                        return self.attrs(node, st)
+            return await self._lookup(parent_inode, name)
+        except Exception as exc:
+            raise _fuse_error(exc, "lookup") from None
+
+    async def _lookup(self, parent_inode, name):
         if parent_inode == pyfuse3.ROOT_INODE and name == VIEWS_NAME:
             return self.views.lookup_root()
         if self.views.owns(parent_inode):
@@ -531,13 +577,37 @@ class JournalFS(pyfuse3.Operations):
                 if ino not in self.table.by_ino:
                     self.watch.directory_forgotten(ino)
 
-    @_guarded
     async def getattr(self, inode, ctx=None):
+        # The most frequent request (every stat at timeout 0, and before each xattr call
+        # the kernel checks permissions with): a known inode with a kept fd on local SOURCE
+        # costs one fstat and a compare with the last reply, with no call that could yield
+        # to trio's scheduler and as few Python calls as possible (tests/test_fs_hotpath.py).
+        try:
+            node = self.table.by_ino.get(inode)
+            if node is None or node.fd is None or node.transient or not self.local:
+                return await self._getattr(inode)
+            ttl = self.stat_ttl
+            st = node.stat if ttl > 0 else None
+            if st is None or time.monotonic() - node.stat_time > ttl:
+                # e.g. right after a write, the write's own fstat usually answers
+                st = os.fstat(node.fd)
+                if ttl > 0:
+                    node.stat, node.stat_time = st, time.monotonic()
+            built = node.reply
+            if built is not None and built[1] == self.timeout and \
+                    _same_attributes(built[0], st) and \
+                    (node.file_type != stat.S_IFDIR or self.watch.watching(node.ino)):
+                return built[2]
+            return self.attrs(node, st)
+        except Exception as exc:
+            raise _fuse_error(exc, "getattr") from None
+
+    async def _getattr(self, inode: int) -> pyfuse3.EntryAttributes:
         if self.views.owns(inode):
             return await self.views.getattr(inode)
         node = self.table.get(inode)
         st = self._fresh_stat(node)
-        if st is None:  # e.g. right after a write: the write's own fstat usually answers
+        if st is None:
             changes = node.changes
             st = self._inline(node, os.fstat) if self.local else await self._stat(node)
             if changes == node.changes:
@@ -1173,8 +1243,27 @@ class JournalFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)
         return names
 
-    @_guarded
     async def getxattr(self, inode, name, ctx=None):
+        # A cached user.metadata.* value of a known inode is a few dict lookups, with no
+        # call that could yield (tests/test_fs_hotpath.py); anything else takes _getxattr.
+        try:
+            node = self.table.by_ino.get(inode)
+            cache = self.meta_cache
+            key = xattrs.known_metadata_key(name)
+            if node is not None and cache is not None and key is not None:
+                made, paths = node.meta_path, node.paths
+                if made is not None and paths and made[0] is paths[-1]:
+                    values = cache.get_all(made[1])
+                    if values is not None:
+                        value = values.get(key)
+                        if value is None:
+                            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+                        return xattrs.encode_value(value)
+            return await self._getxattr(inode, name)
+        except Exception as exc:
+            raise _fuse_error(exc, "getxattr") from None
+
+    async def _getxattr(self, inode: int, name: bytes) -> bytes:
         if self.views.owns(inode):
             return await self.views.getxattr(inode, name)
         node = self.table.get(inode)

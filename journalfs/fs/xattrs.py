@@ -17,6 +17,11 @@ _KEYS: dict[bytes, str] = {}  # attribute name -> store key, for names seen rece
 _KEYS_KEPT = 4096
 
 
+def known_metadata_key(name: bytes) -> str | None:
+    """:func:`metadata_key` for a name seen recently (one dict lookup), else None."""
+    return _KEYS.get(name)
+
+
 def metadata_key(name: bytes) -> str | None:
     """The store key behind ``user.metadata.<key>``, None for any other attribute name."""
     key = _KEYS.get(name)
