@@ -22,6 +22,9 @@ INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
 UINT64 = st.integers(0, (1 << 64) - 1)
 
 
+TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
+
+
 @st.composite
 def batches(draw):
     """Columns as the vectorised codecs make them, with values at every edge."""
@@ -37,8 +40,25 @@ def batches(draw):
     data["maybe"] = np.ma.masked_array(np.array(draw(st.lists(
         INT64, min_size=rows, max_size=rows))), mask=mask)
     data["flag"] = np.array(draw(st.lists(st.booleans(), min_size=rows, max_size=rows)))
-    data["payload"] = draw(st.lists(st.binary(max_size=draw(st.sampled_from([0, 5, 300]))),
-                                    min_size=rows, max_size=rows))
+    # every row as wide as the next (no NUL to delete) or not
+    same = draw(st.booleans())
+    if same:
+        data["fixed"] = np.full(rows, draw(st.sampled_from([0, 7, 1234, 10 ** 12, 2 ** 64 - 1])),
+                                dtype=np.uint64)
+        size = draw(st.sampled_from([0, 1, 2, 3, 64, 65]))
+        data["payload"] = [bytes(draw(st.binary(min_size=size, max_size=size))) for _ in range(rows)]
+    else:
+        data["payload"] = draw(st.lists(st.binary(max_size=draw(st.sampled_from([0, 5, 300]))),
+                                        min_size=rows, max_size=rows))
+    # columns the generic codecs (colcodecs) make: texts and values that vary per row
+    data["path"] = draw(st.lists(TEXT if draw(st.booleans()) else st.sampled_from(["a", "bc"]),
+                                 min_size=rows, max_size=rows))
+    data["count"] = draw(st.lists(INT64 if draw(st.booleans()) else UINT64,
+                                  min_size=rows, max_size=rows))
+    data["value"] = draw(st.lists(st.one_of(TEXT, st.lists(TEXT, max_size=3),
+                                            st.dictionaries(TEXT, st.integers(), max_size=2),
+                                            st.booleans(), st.floats(allow_nan=False)),
+                                  min_size=rows, max_size=rows))
     order = list(data)
     draw(st.randoms()).shuffle(order)
     return Columns(data, rows, None, rows), order
@@ -75,8 +95,8 @@ def test_columns_render_exactly_the_reference(batch, slack):
     assert got == reference(cols, order)
 
 
-@pytest.mark.parametrize("change", ["text_not_utf8", "text_varies", "null_payload",
-                                    "float", "missing_field"])
+@pytest.mark.parametrize("change", ["text_not_utf8", "text_absent", "null_payload",
+                                    "float", "missing_field", "value_not_utf8"])
 def test_what_columns_cannot_write_exactly_is_declined(change, monkeypatch):
     """render_columns declines (None) what only the reference writes right; json_chunk then
     writes those records one by one, e.g. text that is not UTF-8 as <field>_b64."""
@@ -86,8 +106,10 @@ def test_what_columns_cannot_write_exactly_is_declined(change, monkeypatch):
             "payload": [b"a", b"bc", b""]}
     if change == "text_not_utf8":
         data["kind"] = ["\udcff"] * rows
-    elif change == "text_varies":
-        data["kind"] = ["set", "unset", "set"]
+    elif change == "text_absent":  # the generic read_columns: None where a record lacks it
+        data["kind"] = ["set", None, "set"]
+    elif change == "value_not_utf8":
+        data["value"] = [["a"], ["b", "\udcfe"], []]
     elif change == "null_payload":
         data["payload"] = [b"a", None, b""]
     elif change == "float":

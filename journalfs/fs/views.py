@@ -406,7 +406,7 @@ class JsonlReader:
             inside = off - self._start
             if self._seq < 0 or inside < 0 or end > self._start + len(self._chunk) or off >= end:
                 return None
-            return self._chunk[inside:inside + end - off]
+            return bytes(self._chunk[inside:inside + end - off])
         finally:
             self.lock.release()
 
