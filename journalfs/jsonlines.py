@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import binascii
 import contextlib
+import ctypes
 import json
-from typing import Iterator
+import threading
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -33,12 +35,14 @@ class JsonChunk:
 
     def __init__(self, data: bytes, rows: int, kinds: list[str] | None = None,
                  payload_sizes: list[int | None] | None = None,
-                 lengths: np.ndarray | None = None, columns: Columns | None = None):
+                 lengths: np.ndarray | None = None, columns: Columns | None = None,
+                 measure: Callable[[], np.ndarray] | None = None):
         self.data, self.rows = data, rows
         self._kinds, self._payload_sizes = kinds, payload_sizes
         #: each line's length, when the renderer knew them already
         self.lengths = lengths
         self._columns = columns
+        self._measure = measure  # the renderer's way to each line's length (no scan)
         #: the damage that ended a chunk rendered record by record (see records_chunk)
         self.error: FormatError | None = None
 
@@ -61,6 +65,8 @@ class JsonChunk:
         return self._payload_sizes
 
     def line_lengths(self) -> np.ndarray:
+        if self.lengths is None and self._measure is not None:
+            self.lengths = self._measure()
         if self.lengths is None:
             ends = np.flatnonzero(np.frombuffer(self.data, dtype=np.uint8) == 10) + 1
             self.lengths = np.diff(ends, prepend=0)
@@ -113,9 +119,9 @@ def columns_chunk(codec: Codec, buf, path: str, cols: Columns, start: int | None
     finally:
         it.close()
     if first is not None:
-        rendered = render_columns(cols, list(first))
+        rendered = render_columns_measured(cols, list(first))
         if rendered is not None:
-            return JsonChunk(rendered, cols.rows, columns=cols)
+            return JsonChunk(rendered[0], cols.rows, columns=cols, measure=rendered[1])
     with contextlib.closing(codec.read(buf, path, start, seq, stop)) as records:
         return records_chunk(records, cols.rows)
 
@@ -140,6 +146,28 @@ def records_chunk(records: Iterator[Record], count: int) -> JsonChunk:
                       sizes if any(v is not None for v in sizes) else None)
     chunk.error = error
     return chunk
+
+
+#: glibc's mallopt() parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_heap_kept = threading.Lock()
+
+
+def keep_freed_memory() -> None:
+    """Let glibc keep the big buffers each rendered batch frees, for the next batch. By
+    default it hands them back to the kernel after every batch (they are larger than its trim
+    threshold) and the next batch faults every page in again: a quarter to a third of the
+    rendering time. What is kept is bounded by one batch's buffers (tens of MB). Process-wide,
+    so called by what streams many batches (``records --json``, ``records.jsonl``), once;
+    a no-op without glibc."""
+    if not _heap_kept.acquire(blocking=False):
+        return  # done already
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+    mallopt(_M_TRIM_THRESHOLD, 128 << 20)
 
 
 # -- the columnar renderer -----------------------------------------------------------------------
@@ -179,21 +207,30 @@ _LOW_GROUPS = _groups(b"\0\0\0" + b"0")
 _HIGH_GROUPS = _groups(b"\0\0\0\0")
 _NULL = np.frombuffer(b"null", dtype=np.uint8)
 _BOOLS = np.frombuffer(b"false\0true", dtype=np.uint8).reshape(2, 5)
-_POWERS = [10 ** k for k in range(1, 20)]
+_POWERS = np.array([10 ** k for k in range(1, 20)], dtype=np.uint64)
 
 
 def render_columns(cols: Columns, order: list[str]) -> bytes | bytearray | None:
     """Every row of ``cols`` as :func:`json_line` writes it, the fields in ``order`` (the
     first record's); None when some column has no exact vectorised spelling (or the batch is
     too small for it to pay)."""
+    rendered = render_columns_measured(cols, order)
+    return None if rendered is None else rendered[0]
+
+
+def render_columns_measured(cols: Columns, order: list[str]
+                            ) -> tuple[bytes | bytearray, Callable[[], np.ndarray]] | None:
+    """:func:`render_columns`, and a function giving each line's length (from the columns:
+    cheaper than looking for the newlines)."""
     data, rows = cols.data, cols.rows
     if set(data) != set(order) or rows < COLUMNS_MIN_ROWS:
         return None
     return _render(data, order, 0, rows)
 
 
-def _render(data: dict, order: list[str], lo: int, hi: int) -> bytes | bytearray | None:
-    """Rows ``lo .. hi-1`` (see :func:`render_columns`)."""
+def _render(data: dict, order: list[str], lo: int, hi: int
+            ) -> tuple[bytes | bytearray, Callable[[], np.ndarray]] | None:
+    """Rows ``lo .. hi-1`` and their lengths (see :func:`render_columns_measured`)."""
     fields: list = []  # (text before the field, its writer), left to right
     text: list[str] = []
     for i, name in enumerate(order):
@@ -216,7 +253,9 @@ def _render(data: dict, order: list[str], lo: int, hi: int) -> bytes | bytearray
         if wide > max(MATRIX_SLACK_BYTES, 4 * sum(f.content for f in packed)):
             mid = (lo + hi) // 2
             head, rest = _render(data, order, lo, mid), _render(data, order, mid, hi)
-            return None if head is None or rest is None else head + rest
+            if head is None or rest is None:
+                return None
+            return head[0] + rest[0], lambda: np.concatenate([head[1](), rest[1]()])
     # Every block full in every row: the rows need no NUL, hence no deleting pass. Otherwise
     # blocks written as 32-bit words start at multiples of 4 (the NULs before them go too).
     full = all(f.full for _, f in fields)
@@ -247,7 +286,14 @@ def _render(data: dict, order: list[str], lo: int, hi: int) -> bytes | bytearray
     except (TypeError, ValueError):  # payloads that are not bytes: only json_line writes them
         return None
     del matrix  # releases ``out``'s buffer
-    return out if full else out.translate(None, b"\0")
+
+    def measure() -> np.ndarray:
+        text = np.count_nonzero(np.frombuffer(template, dtype=np.uint8))
+        lengths = np.full(rows, text, dtype=np.int64)
+        for field, _at in places:
+            lengths += field.lengths(not full)
+        return lengths
+    return (out if full else out.translate(None, b"\0")), measure
 
 
 def _field(column, lo: int, hi: int):
@@ -298,7 +344,7 @@ class _Integers:
                  null: np.ndarray | None):
         self.magnitude, self.negative, self.null = magnitude, negative, null
         top = int(magnitude.max(initial=0))
-        bottom = int(magnitude.min(initial=0))
+        bottom = int(magnitude.min()) if len(magnitude) else 0
         self.digits = len(str(top))
         self.short = len(str(bottom))  # digits of the shortest number
         self.shared = 0  # trailing digits written when the leading ones are shared (0: none)
@@ -335,7 +381,7 @@ class _Integers:
             negative = None if negative is None or not (negative & ~null).any() \
                 else negative & ~null
         top = int(magnitude.max(initial=0))
-        if null is None and negative is None and top == int(magnitude.min(initial=0)):
+        if null is None and negative is None and len(magnitude) and top == int(magnitude.min()):
             return str(top)  # one value in every row: the template's
         if top < 1 << 32:  # narrower integers divide faster
             magnitude = magnitude.astype(np.uint32)
@@ -361,6 +407,17 @@ class _Integers:
         width = k or max(self.digits + (self.negative is not None),
                          4 if self.null is not None else 1)
         return -(-width // 4) * 4 if aligned else width
+
+    def lengths(self, aligned: bool) -> np.ndarray | int:
+        k = self._trailing(aligned)
+        if k or self.full:
+            return k or self.digits
+        digits = np.searchsorted(_POWERS, self.magnitude.astype(np.uint64), side="right") + 1
+        if self.negative is not None:
+            digits += self.negative
+        if self.null is not None:
+            digits[self.null] = 4
+        return digits
 
     def write(self, matrix: np.ndarray, at: int, aligned: bool) -> None:
         k = self._trailing(aligned)
@@ -418,6 +475,9 @@ class _Bools:
     def size(aligned: bool) -> int:
         return 5
 
+    def lengths(self, aligned: bool) -> np.ndarray:
+        return 5 - self.values.astype(np.int64)
+
     def write(self, matrix: np.ndarray, at: int, aligned: bool) -> None:
         matrix[:, at:at + 5] = _BOOLS[self.values.astype(np.intp)]
 
@@ -430,10 +490,10 @@ class _Packed:
 
     def __init__(self, items: list[bytes], quoted: bool):
         self.items, self.quoted = items, quoted
-        sizes = np.fromiter(map(len, items), dtype=np.int64, count=len(items))
+        self.sizes = sizes = np.fromiter(map(len, items), dtype=np.int64, count=len(items))
         self.width = int(sizes.max(initial=0))
         self.content = int(sizes.sum())
-        self.full = int(sizes.min(initial=0)) == self.width
+        self.full = not len(items) or int(sizes.min()) == self.width
 
     @classmethod
     def texts(cls, part: list[str]) -> "_Packed | None":
@@ -469,6 +529,9 @@ class _Packed:
     def size(self, aligned: bool) -> int:
         return self.width
 
+    def lengths(self, aligned: bool) -> np.ndarray:
+        return self.sizes
+
     def write(self, matrix: np.ndarray, at: int, aligned: bool) -> None:
         if not self.width:
             return
@@ -490,7 +553,10 @@ class _Base64(_Packed):
         self.count = int(self.groups.max(initial=0))  # groups of the longest payload
         self.width = 4 * self.count
         self.content = 4 * int(self.groups.sum())
-        self.full = int(self.groups.min(initial=0)) == self.count
+        self.full = not len(items) or int(self.groups.min()) == self.count
+
+    def lengths(self, aligned: bool) -> np.ndarray:
+        return 4 * self.groups
 
     @classmethod
     def of(cls, column, lo: int, hi: int) -> "_Base64 | None":
@@ -530,4 +596,4 @@ class _Base64(_Packed):
 
 
 __all__ = ["EMPTY", "JsonChunk", "columns_chunk", "has_columns", "json_chunk", "json_line",
-           "records_chunk", "render_columns"]
+           "keep_freed_memory", "records_chunk", "render_columns", "render_columns_measured"]

@@ -88,11 +88,68 @@ def test_columns_render_exactly_the_reference(batch, slack):
     # every batch size goes the columnar way; a tiny slack cuts wide batches in halves
     jsonlines.COLUMNS_MIN_ROWS, jsonlines.MATRIX_SLACK_BYTES = 1, slack
     try:
-        got = render_columns(cols, order)
+        got, measure = jsonlines.render_columns_measured(cols, order)
     finally:
         jsonlines.COLUMNS_MIN_ROWS, jsonlines.MATRIX_SLACK_BYTES = old
-    assert got is not None
-    assert got == reference(cols, order)
+    want = reference(cols, order)
+    assert got == want
+    # each line's length, worked out from the columns, is the line's
+    assert measure().tolist() == [len(line) + 1 for line in want.split(b"\n")[:-1]]
+
+
+@st.composite
+def big_journal_batches(draw):
+    """What big journals' batches look like: counters and timestamps whose leading digits
+    every row shares (or not quite: a power of ten crossed), payloads all of one size (or
+    not), so that rows come out as wide as each other or need their NULs deleted."""
+    rows = draw(st.integers(1, 70))
+    base = draw(st.sampled_from([0, 1, 9_990, 99_999_960, 10 ** 12, 1_700_000_000_000_000_000,
+                                 2 ** 64 - 80]))
+    steps = np.array(draw(st.lists(st.integers(0, 3), min_size=rows, max_size=rows)),
+                     dtype=np.uint64)
+    data: dict = {"format": "wallaby-log", "seq": np.arange(rows, dtype=np.int64) + 5_000,
+                  "offset": np.uint64(base) + np.cumsum(steps, dtype=np.uint64),
+                  "kind": "record"}
+    if base < 2 ** 63 - 1000:
+        data["time"] = (np.cumsum(steps, dtype=np.int64) * draw(st.sampled_from([1, 7, 1003]))
+                        + np.int64(base))
+    size = draw(st.integers(0, 70))
+    vary = draw(st.booleans())
+    data["payload"] = [draw(st.binary(min_size=size, max_size=size + (2 if vary else 0)))
+                       for _ in range(rows)]
+    if draw(st.booleans()):
+        data["flag"] = np.full(rows, draw(st.booleans()))
+    return Columns(data, rows, None, rows), list(data)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(big_journal_batches())
+def test_rows_of_equal_width_render_exactly_the_reference(batch):
+    cols, order = batch
+    old = jsonlines.COLUMNS_MIN_ROWS
+    jsonlines.COLUMNS_MIN_ROWS = 1
+    try:
+        got, measure = jsonlines.render_columns_measured(cols, order)
+    finally:
+        jsonlines.COLUMNS_MIN_ROWS = old
+    want = reference(cols, order)
+    assert got == want
+    assert measure().tolist() == [len(line) + 1 for line in want.split(b"\n")[:-1]]
+
+
+def test_shared_leading_digits_are_written_once():
+    """A batch of timestamps sharing their leading digits and payloads of one size renders
+    with no NUL to delete, exactly as the reference."""
+    rows = 1000
+    data = {"format": "wallaby-log", "seq": np.arange(rows) + 10_000,
+            "time": 1_700_000_000_000_000_000 + np.arange(rows) * 1_000_003, "kind": "record",
+            "payload": [bytes([i % 251]) * 64 for i in range(rows)]}
+    cols = Columns(data, rows, None, rows)
+    fields = [jsonlines._field(data[name], 0, rows) for name in ("seq", "time")]
+    assert all(f.full for f in fields)
+    prefix = fields[1].prefix(False)  # the digits above the last 9 are shared
+    assert prefix == "1700000000" and fields[1].size(False) == 9
+    assert render_columns(cols, list(data)) == reference(cols, list(data))
 
 
 @pytest.mark.parametrize("change", ["text_not_utf8", "text_absent", "null_payload",

@@ -10,7 +10,6 @@ journal", exit 3): for ``records`` an input that cannot be decoded is damaged in
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import sys
 from typing import Iterable, Iterator, TextIO
@@ -18,7 +17,7 @@ from typing import Iterable, Iterator, TextIO
 from ..formats import Codec, FormatError
 from ..formats.base import Record
 from ..journals import mapped, sniff_file
-from ..jsonlines import columns_chunk, has_columns, records_chunk
+from ..jsonlines import columns_chunk, has_columns, keep_freed_memory, records_chunk
 from ..pagecache import Releaser
 from .parsing import add_command
 from .progress import Progress
@@ -32,8 +31,6 @@ SUMMARY_VALUE_CHARS = 40
 #: Columnar decoding: rows of the first batch, the most rows per batch, and the file bytes a
 #: batch aims to span (so that records with big payloads still make small batches).
 FIRST_ROWS, MAX_ROWS, BATCH_SPAN = 1024, 16384, 2 << 20
-#: glibc's mallopt() parameters (malloc.h)
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 
 
 DESCRIPTION = (
@@ -54,22 +51,9 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def _keep_freed_memory() -> None:
-    """Let glibc keep the big buffers each batch frees (its default gives them back to the
-    kernel after every batch, and the next batch faults every page in again: a third of the
-    rendering time). Memory stays bounded by one batch's buffers; elsewhere this is a no-op."""
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(M_MMAP_THRESHOLD, 32 << 20)
-    mallopt(M_TRIM_THRESHOLD, 128 << 20)
-
-
 def run(args) -> int:
     if args.json:
-        _keep_freed_memory()
+        keep_freed_memory()
     codec = sniff_file(args.file)
     if codec is None:
         with open(args.file, "rb"):  # a missing/unreadable file is an ordinary error (exit 1)
