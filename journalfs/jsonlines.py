@@ -3,9 +3,11 @@
 
 Every line is exactly :func:`journalfs.formats.record_json_line` of one record plus ``\\n``
 (:func:`json_line`, the reference). Batches of records a codec decodes as columns are
-rendered from the columns by vectorised kernels (:func:`render_columns`); a batch they
-cannot write exactly (a field some records lack, text that varies per record or is not
-UTF-8, floats, lists, null payloads) is written record by record.
+rendered from the columns by vectorised kernels (:func:`render_columns`): integers, booleans
+and payloads with no Python object per row, texts that vary per row with one encoding each
+(escapes checked for the whole batch at once), other values (lists, objects, floats) with one
+``json.dumps`` each, the rest of the row staying vectorised. A batch they cannot write exactly (a field some records lack, text that is not
+UTF-8, null payloads) is written record by record.
 """
 from __future__ import annotations
 
