@@ -152,8 +152,8 @@ def test_shared_leading_digits_are_written_once():
     assert render_columns(cols, list(data)) == reference(cols, list(data))
 
 
-@pytest.mark.parametrize("change", ["text_not_utf8", "text_absent", "null_payload",
-                                    "float", "missing_field", "value_not_utf8"])
+@pytest.mark.parametrize("change", ["text_not_utf8", "text_varies_not_utf8", "text_absent",
+                                    "null_payload", "float", "missing_field", "value_not_utf8"])
 def test_what_columns_cannot_write_exactly_is_declined(change, monkeypatch):
     """render_columns declines (None) what only the reference writes right; json_chunk then
     writes those records one by one, e.g. text that is not UTF-8 as <field>_b64."""
@@ -163,6 +163,8 @@ def test_what_columns_cannot_write_exactly_is_declined(change, monkeypatch):
             "payload": [b"a", b"bc", b""]}
     if change == "text_not_utf8":
         data["kind"] = ["\udcff"] * rows
+    elif change == "text_varies_not_utf8":
+        data["path"] = ["/a", "/b\udcff", "/c"]
     elif change == "text_absent":  # the generic read_columns: None where a record lacks it
         data["kind"] = ["set", None, "set"]
     elif change == "value_not_utf8":
