@@ -1,9 +1,10 @@
 """records.jsonl bench: stream a big journal's records.jsonl through a real mount with dd.
 
     .venv/bin/python bench/records_jsonl.py [--mb 1000] [--passes 2] [--code DIR]
+                                            [--formats kestrel-writer,wallaby-log,...]
 
-Mounts the directory of the generated ~--mb MB Kestrel journal of bench/bigjournal.py (made
-once, cached in bench/out/bigjournal/) with ``journalfs mount`` (the code in --code, default
+For each format (default kestrel-writer), mounts the directory of the generated ~--mb MB
+journal of bench/bigjournal.py (made once, cached in bench/out/bigjournal/) with ``journalfs mount`` (the code in --code, default
 this tree) and reads MNT/.journalfs/records/<j>/records.jsonl with ``dd bs=1M`` --passes
 times: the first pass also indexes the journal (its records.jsonl has size 0 until read once),
 later ones stream a known layout. Meanwhile another thread stats and reads one record file of
@@ -40,9 +41,9 @@ def daemon_cpu_and_peak(pid: int) -> tuple[float, float]:
     return cpu, peak
 
 
-def read_passes(view: Path, passes: int, pid: int) -> list[dict]:
+def read_passes(view: Path, passes: int, pid: int, kind: str) -> list[dict]:
     results = []
-    record = view / "00000005.put"
+    record = view / f"00000005.{kind}"
     for _ in range(passes):
         stop, waits = threading.Event(), []
 
@@ -76,24 +77,38 @@ def main() -> int:
     parser.add_argument("--mb", type=int, default=1000)
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--code", default=str(REPO), help="the journalfs tree to mount with")
+    parser.add_argument("--formats", default="kestrel-writer",
+                        help="comma-separated formats of bench/bigjournal.py")
     args = parser.parse_args()
-    path, count = bigjournal.journal("kestrel-writer", args.mb)
-    os.chdir(args.code)  # `python -m journalfs.cli` imports from the current directory first
-    env = dict(os.environ, PYTHONPATH=args.code)
-    with tempfile.TemporaryDirectory(prefix="records-jsonl-") as work:
-        with mounted(path.parent, Path(work) / "mnt", "--store", str(Path(work) / "store"),
-                     env=env) as mount:
-            results = read_passes(mount.mountpoint / ".journalfs" / "records" / path.name,
-                                  args.passes, mount.pid)
-    print(f"{path.stat().st_size / 1e6:.0f} MB Kestrel journal, {count:,} records")
-    print(f"{'pass':>4}{'MB':>7}{'s':>8}{'MB/s':>7}{'CPU s':>8}{'MB/CPU s':>9}{'RSS MB':>8}"
-          f"{'other max ms':>13}{'load':>6}")
-    for i, r in enumerate(results):
-        print(f"{i:>4}{r['bytes'] / 1e6:>7.0f}{r['seconds']:>8.1f}{r['mb_s']:>7.0f}"
-              f"{r['daemon_cpu_s']:>8.1f}{r['mb_per_cpu_s']:>9.0f}{r['daemon_peak_rss_mb']:>8.0f}"
-              f"{r['other_request_max_ms']:>13.0f}{r['load']:>6.1f}")
-    print(json.dumps({"benchmark": "records_jsonl", "code": args.code, "records": count,
-                      "passes": results}, indent=1))
+    code = str(Path(args.code).resolve())
+    env = dict(os.environ, PYTHONPATH=code)
+    report = []
+    for fmt in [f for f in args.formats.split(",") if f]:
+        path, count = bigjournal.journal(fmt, args.mb)
+        kind = bigjournal.GENERATORS[fmt][2]
+        cwd = os.getcwd()
+        os.chdir(code)  # `python -m journalfs.cli` imports from the current directory first
+        try:
+            with tempfile.TemporaryDirectory(prefix="records-jsonl-") as work:
+                with mounted(path.parent, Path(work) / "mnt", "--store",
+                             str(Path(work) / "store"), env=env) as mount:
+                    results = read_passes(mount.mountpoint / ".journalfs" / "records"
+                                          / path.name, args.passes, mount.pid, kind)
+        finally:
+            os.chdir(cwd)
+        report.append({"format": fmt, "bytes": path.stat().st_size, "records": count,
+                       "passes": results})
+    print(f"records.jsonl through the mount (code: {code})")
+    print(f"{'format':<15}{'pass':>4}{'MB':>7}{'s':>8}{'MB/s':>7}{'CPU s':>8}{'MB/CPU s':>9}"
+          f"{'RSS MB':>8}{'other max ms':>13}{'load':>6}")
+    for entry in report:
+        for i, r in enumerate(entry["passes"]):
+            print(f"{entry['format']:<15}{i:>4}{r['bytes'] / 1e6:>7.0f}{r['seconds']:>8.1f}"
+                  f"{r['mb_s']:>7.0f}{r['daemon_cpu_s']:>8.1f}{r['mb_per_cpu_s']:>9.0f}"
+                  f"{r['daemon_peak_rss_mb']:>8.0f}{r['other_request_max_ms']:>13.0f}"
+                  f"{r['load']:>6.1f}")
+    print(json.dumps({"benchmark": "records_jsonl", "code": code, "journals": report},
+                     indent=1))
     return 0
 
 

@@ -3,16 +3,20 @@
 
 Every line is exactly :func:`journalfs.formats.record_json_line` of one record plus ``\\n``
 (:func:`json_line`, the reference). Batches of records a codec decodes as columns are
-rendered from the columns by vectorised kernels (:func:`render_columns`); a batch they
-cannot write exactly (a field some records lack, text that varies per record or is not
-UTF-8, floats, lists, null payloads) is written record by record.
+rendered from the columns by vectorised kernels (:func:`render_columns`): integers, booleans
+and payloads with no Python object per row, texts that vary per row with one encoding each
+(escapes checked for the whole batch at once), other values (lists, objects, floats) with one
+``json.dumps`` each, the rest of the row staying vectorised. A batch they cannot write exactly (a field some records lack, text that is not
+UTF-8, null payloads) is written record by record.
 """
 from __future__ import annotations
 
 import binascii
 import contextlib
+import ctypes
 import json
-from typing import Iterator
+import threading
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -33,12 +37,14 @@ class JsonChunk:
 
     def __init__(self, data: bytes, rows: int, kinds: list[str] | None = None,
                  payload_sizes: list[int | None] | None = None,
-                 lengths: np.ndarray | None = None, columns: Columns | None = None):
+                 lengths: np.ndarray | None = None, columns: Columns | None = None,
+                 measure: Callable[[], np.ndarray] | None = None):
         self.data, self.rows = data, rows
         self._kinds, self._payload_sizes = kinds, payload_sizes
         #: each line's length, when the renderer knew them already
         self.lengths = lengths
         self._columns = columns
+        self._measure = measure  # the renderer's way to each line's length (no scan)
         #: the damage that ended a chunk rendered record by record (see records_chunk)
         self.error: FormatError | None = None
 
@@ -61,6 +67,8 @@ class JsonChunk:
         return self._payload_sizes
 
     def line_lengths(self) -> np.ndarray:
+        if self.lengths is None and self._measure is not None:
+            self.lengths = self._measure()
         if self.lengths is None:
             ends = np.flatnonzero(np.frombuffer(self.data, dtype=np.uint8) == 10) + 1
             self.lengths = np.diff(ends, prepend=0)
@@ -113,9 +121,9 @@ def columns_chunk(codec: Codec, buf, path: str, cols: Columns, start: int | None
     finally:
         it.close()
     if first is not None:
-        rendered = render_columns(cols, list(first))
+        rendered = render_columns_measured(cols, list(first))
         if rendered is not None:
-            return JsonChunk(rendered, cols.rows, columns=cols)
+            return JsonChunk(rendered[0], cols.rows, columns=cols, measure=rendered[1])
     with contextlib.closing(codec.read(buf, path, start, seq, stop)) as records:
         return records_chunk(records, cols.rows)
 
@@ -142,20 +150,43 @@ def records_chunk(records: Iterator[Record], count: int) -> JsonChunk:
     return chunk
 
 
+#: glibc's mallopt() parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_heap_kept = threading.Lock()
+
+
+def keep_freed_memory() -> None:
+    """Let glibc keep the big buffers each rendered batch frees, for the next batch. By
+    default it hands them back to the kernel after every batch (they are larger than its trim
+    threshold) and the next batch faults every page in again: a quarter to a third of the
+    rendering time. What is kept is bounded by one batch's buffers (tens of MB). Process-wide,
+    so called by what streams many batches (``records --json``, ``records.jsonl``), once;
+    a no-op without glibc."""
+    if not _heap_kept.acquire(blocking=False):
+        return  # done already
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+    mallopt(_M_TRIM_THRESHOLD, 128 << 20)
+
+
 # -- the columnar renderer -----------------------------------------------------------------------
 #
 # A batch is laid out as one byte matrix: a row per record, a block of columns per field, each
 # block as wide as the field's longest text in the batch. Keys and values every row shares are
-# one template row copied into every row; numbers are written four digits at a time as whole
-# columns of 4-byte groups; payloads are base64 of a NUL-padded payload matrix, each row
-# turning into its own 4-character groups. What a shorter value leaves of its block is NUL,
-# and the NULs are deleted in one pass at the end: no JSON text holds a raw NUL (JSON escapes
-# it, base64 and digits have none). Number and payload blocks start at multiples of 4 so
-# that they are written as 32-bit words.
+# one template row copied into every row; numbers are written four digits at a time as 4-byte
+# groups (right-aligned); payloads are base64 of a NUL-padded payload matrix, each row turning
+# into its own 4-character groups; texts that vary per row are packed NUL-padded. What a
+# shorter value leaves of its block is NUL, and the NULs are deleted in one pass at the end:
+# no JSON text holds a raw NUL (JSON escapes it, base64 and digits have none). A batch whose
+# every block is full in every row (same digit counts, equal payload sizes: common in big
+# journals) has no NUL at all and skips that pass.
 
 #: Batches smaller than this are written record by record (a dozen numpy calls per batch).
 COLUMNS_MIN_ROWS = 16
-#: A batch whose matrix would exceed both this many bytes and four times its payloads' text
+#: A batch whose matrix would exceed both this many bytes and four times its variable texts
 #: is cut in halves (one huge payload among small ones must not make every row as wide).
 MATRIX_SLACK_BYTES = 8 << 20
 
@@ -163,32 +194,46 @@ MATRIX_SLACK_BYTES = 8 << 20
 def _groups(lead_zero: bytes) -> np.ndarray:
     """4-character groups as 32-bit words: ``[0, 10000)`` every number zero-padded ("0042"),
     ``[10000, 20000)`` the leading group of a number, padded with NULs instead of zeros,
-    whose value 0 reads ``lead_zero``."""
-    full = b"".join(b"%04d" % i for i in range(10000))
-    lead = b"".join((b"%4d" % i).replace(b" ", b"\0") for i in range(1, 10000))
-    return np.frombuffer(full + lead_zero + lead, dtype=np.uint32)
+    whose value 0 reads ``lead_zero``. (Built with numpy: a CLI run pays for it at start.)"""
+    values = np.arange(10000)
+    chars = (values[:, None] // np.array([1000, 100, 10, 1]) % 10 + ord("0")).astype(np.uint8)
+    lead = chars.copy()
+    digits = 1 + (values >= 10) + (values >= 100) + (values >= 1000)
+    lead[np.arange(4) < 4 - digits[:, None]] = 0
+    lead[0] = np.frombuffer(lead_zero, dtype=np.uint8)
+    return np.concatenate([chars, lead]).view(np.uint32).ravel()
 
 
 #: The last group of a number (0 is "0"); every other group (0 is nothing).
 _LOW_GROUPS = _groups(b"\0\0\0" + b"0")
 _HIGH_GROUPS = _groups(b"\0\0\0\0")
 _NULL = np.frombuffer(b"null", dtype=np.uint8)
-_BOOLS = np.frombuffer(b"\0\0\0false\0\0\0\0true", dtype=np.uint8).reshape(2, 8)
+_BOOLS = np.frombuffer(b"false\0true", dtype=np.uint8).reshape(2, 5)
+_POWERS = np.array([10 ** k for k in range(1, 20)], dtype=np.uint64)
 
 
-def render_columns(cols: Columns, order: list[str]) -> bytes | None:
+def render_columns(cols: Columns, order: list[str]) -> bytes | bytearray | None:
     """Every row of ``cols`` as :func:`json_line` writes it, the fields in ``order`` (the
     first record's); None when some column has no exact vectorised spelling (or the batch is
     too small for it to pay)."""
+    rendered = render_columns_measured(cols, order)
+    return None if rendered is None else rendered[0]
+
+
+def render_columns_measured(cols: Columns, order: list[str]
+                            ) -> tuple[bytes | bytearray, Callable[[], np.ndarray]] | None:
+    """:func:`render_columns`, and a function giving each line's length (from the columns:
+    cheaper than looking for the newlines)."""
     data, rows = cols.data, cols.rows
     if set(data) != set(order) or rows < COLUMNS_MIN_ROWS:
         return None
     return _render(data, order, 0, rows)
 
 
-def _render(data: dict, order: list[str], lo: int, hi: int) -> bytes | None:
-    """Rows ``lo .. hi-1`` (see :func:`render_columns`)."""
-    blocks: list = []  # bytes (a literal) or a field writer, left to right
+def _render(data: dict, order: list[str], lo: int, hi: int
+            ) -> tuple[bytes | bytearray, Callable[[], np.ndarray]] | None:
+    """Rows ``lo .. hi-1`` and their lengths (see :func:`render_columns_measured`)."""
+    fields: list = []  # (text before the field, its writer), left to right
     text: list[str] = []
     for i, name in enumerate(order):
         payload = name == "payload"
@@ -200,39 +245,57 @@ def _render(data: dict, order: list[str], lo: int, hi: int) -> bytes | None:
         if isinstance(field, str):  # every row has this value: part of the template
             text.append(field)
             continue
-        blocks.append("".join(text) + ('"' if payload else ""))
-        blocks.append(field)
-        text = ['"'] if payload else []
-    blocks.append("".join(text) + "}\n")
+        fields.append(("".join(text) + ('"' if field.quoted else ""), field))
+        text = ['"'] if field.quoted else []
+    tail = "".join(text) + "}\n"
     rows = hi - lo
-    payloads = [b for b in blocks if isinstance(b, _Base64)]
-    if rows > 1 and payloads:
-        wide = rows * payloads[0].width
-        if wide > max(MATRIX_SLACK_BYTES, 4 * int(payloads[0].groups.sum()) * 4):
+    packed = [f for _, f in fields if isinstance(f, _Packed)]
+    if rows > 1 and packed:
+        wide = rows * sum(f.width for f in packed)
+        if wide > max(MATRIX_SLACK_BYTES, 4 * sum(f.content for f in packed)):
             mid = (lo + hi) // 2
-            head, tail = _render(data, order, lo, mid), _render(data, order, mid, hi)
-            return None if head is None or tail is None else head + tail
+            head, rest = _render(data, order, lo, mid), _render(data, order, mid, hi)
+            if head is None or rest is None:
+                return None
+            return head[0] + rest[0], lambda: np.concatenate([head[1](), rest[1]()])
+    # Every block full in every row: the rows need no NUL, hence no deleting pass. Otherwise
+    # blocks written as 32-bit words start at multiples of 4 (the NULs before them go too).
+    full = all(f.full for _, f in fields)
     template = bytearray()
     places = []
-    for block in blocks:
-        if isinstance(block, str):
-            try:
-                template += block.encode("utf-8")
-            except UnicodeEncodeError:
-                return None  # text that is not UTF-8: only json_line writes it (as _b64)
-            template += b"\0" * (-len(template) % 4)  # the next block starts at a word
-        else:
-            places.append((block, len(template)))
-            template += bytes(block.width)
-    matrix = np.empty((rows, len(template)), dtype=np.uint8)
-    matrix[...] = np.frombuffer(template, dtype=np.uint8)
-    words = matrix.view(np.uint32)
     try:
-        for block, at in places:
-            block.write(matrix, words, at)
+        for before, field in fields:
+            template += before.encode("utf-8")
+            prefix = field.prefix(not full)
+            if prefix:
+                template += prefix.encode("utf-8")
+            if not full and field.words:
+                template += b"\0" * (-len(template) % 4)
+            places.append((field, len(template)))
+            template += bytes(field.size(not full))
+        template += tail.encode("utf-8")
+        if not full:  # every row starts at a multiple of 4 too
+            template += b"\0" * (-len(template) % 4)
+    except UnicodeEncodeError:
+        return None  # text that is not UTF-8: only json_line writes it (as _b64)
+    width = len(template)
+    out = bytearray(rows * width)
+    matrix = np.frombuffer(out, dtype=np.uint8).reshape(rows, width)
+    matrix[...] = np.frombuffer(template, dtype=np.uint8)
+    try:
+        for field, at in places:
+            field.write(matrix, at, not full)
     except (TypeError, ValueError):  # payloads that are not bytes: only json_line writes them
         return None
-    return matrix.tobytes().translate(None, b"\0")
+    del matrix  # releases ``out``'s buffer
+
+    def measure() -> np.ndarray:
+        text = np.count_nonzero(np.frombuffer(template, dtype=np.uint8))
+        lengths = np.full(rows, text, dtype=np.int64)
+        for field, _at in places:
+            lengths += field.lengths(not full)
+        return lengths
+    return (out if full else out.translate(None, b"\0")), measure
 
 
 def _field(column, lo: int, hi: int):
@@ -240,36 +303,69 @@ def _field(column, lo: int, hi: int):
     JSON text every row shares (a ``str``), or None when some value needs general JSON."""
     if isinstance(column, str):
         return json.dumps(column, ensure_ascii=False)
-    if isinstance(column, np.ndarray):
+    if isinstance(column, np.ndarray) and column.dtype.kind not in "OU":
         if column.dtype.kind in "iu":
             return _Integers.of(column, lo, hi)
         if column.dtype.kind == "b" and not isinstance(column, np.ma.MaskedArray):
-            return _Bools(column[lo:hi])
-    if isinstance(column, (list, np.ndarray)) and isinstance(column[lo], str):
-        head, part = column[lo], column[lo:hi]
-        shared = bool((part == head).all()) if isinstance(part, np.ndarray) \
-            else part.count(head) == hi - lo
-        return json.dumps(head, ensure_ascii=False) if shared else None
-    return None
+            values = column[lo:hi]
+            if values.all() or not values.any():  # one value in every row
+                return "true" if values[0] else "false"
+            return _Bools(values)
+        return None  # floats, masked bools...: json_line's spelling
+    part = column[lo:hi]
+    if not isinstance(part, list):
+        part = list(part)
+    head = part[0]
+    if type(head) is str and part.count(head) == len(part):  # one text in every row
+        return json.dumps(head, ensure_ascii=False)
+    types = set(map(type, part))
+    if types == {str}:
+        return _Packed.texts(part)
+    if types == {int}:
+        try:
+            return _Integers.of(np.array(part, dtype=np.int64 if min(part) < 0 else np.uint64),
+                                0, len(part))
+        except OverflowError:
+            return None
+    if type(None) in types:  # a field some records lack (generic read_columns): not exact
+        return None
+    return _Packed.values(part)
 
 
 class _Integers:
     """Decimal integers (null where masked), right-aligned in their block, four digits per
-    step: the division is the costly part, and a 4-character group is one word."""
+    step: the division is the costly part, and a 4-character group is one word.
+
+    When every number of the batch has the same digits above the last ``k`` (timestamps,
+    offsets), those digits are the template's and only the last ``k`` are written, zero-padded:
+    fewer divisions, and every row as wide."""
+
+    quoted = False
 
     def __init__(self, magnitude: np.ndarray, negative: np.ndarray | None,
                  null: np.ndarray | None):
         self.magnitude, self.negative, self.null = magnitude, negative, null
-        digits = len(str(int(magnitude.max()))) if len(magnitude) else 1
-        self.words = -(-(digits + (negative is not None)) // 4)
-        self.width = 4 * self.words
+        top = int(magnitude.max(initial=0))
+        bottom = int(magnitude.min()) if len(magnitude) else 0
+        self.digits = len(str(top))
+        self.short = len(str(bottom))  # digits of the shortest number
+        self.shared = 0  # trailing digits written when the leading ones are shared (0: none)
+        if negative is None and null is None and self.short == self.digits:
+            k = 1
+            while top // 10 ** k != bottom // 10 ** k:
+                k += 1
+            self.shared = k if k < self.digits else 0
+        self.full = negative is None and null is None and self.short == self.digits
+        self.words = 1
 
     @classmethod
-    def of(cls, column: np.ndarray, lo: int, hi: int) -> "_Integers":
+    def of(cls, column: np.ndarray, lo: int, hi: int) -> "_Integers | str":
         null = None
         if isinstance(column, np.ma.MaskedArray):
             null = np.ma.getmaskarray(column)[lo:hi]
             values = column.data[lo:hi]
+            if null.all():
+                return "null"
             null = null if null.any() else None
         else:
             values = column[lo:hi]
@@ -286,51 +382,183 @@ class _Integers:
             magnitude[null] = 0
             negative = None if negative is None or not (negative & ~null).any() \
                 else negative & ~null
-        if int(magnitude.max(initial=0)) < 1 << 63:  # int64 divides faster than uint64
+        top = int(magnitude.max(initial=0))
+        if null is None and negative is None and len(magnitude) and top == int(magnitude.min()):
+            return str(top)  # one value in every row: the template's
+        if top < 1 << 32:  # narrower integers divide faster
+            magnitude = magnitude.astype(np.uint32)
+        elif top < 1 << 63:
             magnitude = magnitude.view(np.int64)
         return cls(magnitude, negative, null)
 
-    def write(self, matrix: np.ndarray, words: np.ndarray, at: int) -> None:
-        col = at // 4 + self.words - 1
+    def _trailing(self, aligned: bool) -> int:
+        """How many trailing digits are written (the rest are the template's), 0: all."""
+        k = self.shared
+        if k and aligned:
+            k = -(-k // 4) * 4  # whole words
+            if k >= self.digits:
+                return 0
+        return k
+
+    def prefix(self, aligned: bool) -> str:
+        k = self._trailing(aligned)
+        return str(int(self.magnitude[0]) // 10 ** k) if k else ""
+
+    def size(self, aligned: bool) -> int:
+        k = self._trailing(aligned)
+        width = k or max(self.digits + (self.negative is not None),
+                         4 if self.null is not None else 1)
+        return -(-width // 4) * 4 if aligned else width
+
+    def lengths(self, aligned: bool) -> np.ndarray | int:
+        k = self._trailing(aligned)
+        if k or self.full:
+            return k or self.digits
+        digits = np.searchsorted(_POWERS, self.magnitude.astype(np.uint64), side="right") + 1
+        if self.negative is not None:
+            digits += self.negative
+        if self.null is not None:
+            digits[self.null] = 4
+        return digits
+
+    def write(self, matrix: np.ndarray, at: int, aligned: bool) -> None:
+        k = self._trailing(aligned)
+        width = self.size(aligned)
+        n = -(-width // 4)
         rest = self.magnitude
         step = rest.dtype.type(10000)
-        for k in range(self.words):
-            high = rest // step
-            group = rest - high * step
-            group += (high == 0) * step  # the leading group: no zeros before it
-            words[:, col - k] = (_LOW_GROUPS if k == 0 else _HIGH_GROUPS)[group]
-            rest = high
-        end = at + self.width
+        if k:  # only the trailing k digits, every group zero-padded
+            rest = rest % rest.dtype.type(10 ** k)
+            sure = n
+        else:
+            sure = (self.short - 1) // 4  # groups every row has in full: no leading-group test
+        if aligned:
+            words = matrix[:, at:at + 4 * n].view(np.uint32)
+        else:
+            words = np.empty((len(rest), n), dtype=np.uint32)
+        for j in range(n):
+            table = _LOW_GROUPS if j == 0 else _HIGH_GROUPS
+            if j == n - 1 and not k:  # the top group: the rest is below 10000
+                group = rest + step
+            else:
+                high = rest // step
+                group = rest - high * step
+                if j >= sure:
+                    group += (high == 0) * step  # the leading group: no zeros before it
+                rest = high
+            words[:, n - 1 - j] = table[group]
+        end = at + width
+        if not aligned:
+            matrix[:, at:end] = words.view(np.uint8)[:, 4 * n - width:]
         if self.negative is not None:
-            rows = np.flatnonzero(self.negative)
-            digits = np.array([len(str(int(v))) for v in self.magnitude[rows]], dtype=np.int64)
-            matrix[rows, end - 1 - digits] = ord("-")
+            rows_hit = np.flatnonzero(self.negative)
+            digits = np.array([len(str(int(v))) for v in self.magnitude[rows_hit]],
+                              dtype=np.int64)
+            matrix[rows_hit, end - 1 - digits] = ord("-")
         if self.null is not None:
-            rows = np.flatnonzero(self.null)
-            matrix[rows, at:end] = 0
-            matrix[rows, end - 4:end] = _NULL
+            rows_hit = np.flatnonzero(self.null)
+            matrix[rows_hit, at:end] = 0
+            matrix[rows_hit, end - 4:end] = _NULL
 
 
 class _Bools:
-    width = 8
+    """``true``/``false`` (a batch whose rows all agree is the template's)."""
+
+    quoted, full, words = False, False, 0
 
     def __init__(self, values: np.ndarray):
         self.values = values
 
-    def write(self, matrix: np.ndarray, words: np.ndarray, at: int) -> None:
-        matrix[:, at:at + 8] = _BOOLS[self.values.astype(np.intp)]
+    @staticmethod
+    def prefix(aligned: bool) -> str:
+        return ""
+
+    @staticmethod
+    def size(aligned: bool) -> int:
+        return 5
+
+    def lengths(self, aligned: bool) -> np.ndarray:
+        return 5 - self.values.astype(np.int64)
+
+    def write(self, matrix: np.ndarray, at: int, aligned: bool) -> None:
+        matrix[:, at:at + 5] = _BOOLS[self.values.astype(np.intp)]
 
 
-class _Base64:
+class _Packed:
+    """Texts that vary per row (already their JSON spelling, as UTF-8), packed NUL-padded
+    into the block; ``quoted``: the quotes around them are the template's."""
+
+    words = 0  # written as bytes: the block needs no alignment
+
+    def __init__(self, items: list[bytes], quoted: bool):
+        self.items, self.quoted = items, quoted
+        self.sizes = sizes = np.fromiter(map(len, items), dtype=np.int64, count=len(items))
+        self.width = int(sizes.max(initial=0))
+        self.content = int(sizes.sum())
+        self.full = not len(items) or int(sizes.min()) == self.width
+
+    @classmethod
+    def texts(cls, part: list[str]) -> "_Packed | None":
+        """JSON strings (escaped as json.dumps(ensure_ascii=False) does); None when one is
+        not valid UTF-8 (json_line writes it as ``<field>_b64``)."""
+        joined = "".join(part)
+        try:
+            raw = joined.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+        codes = np.frombuffer(raw, dtype=np.uint8)
+        if (codes < 0x20).any() or (codes == 0x22).any() or (codes == 0x5C).any():
+            items = [json.dumps(s, ensure_ascii=False)[1:-1].encode("utf-8") for s in part]
+        elif len(raw) == len(joined):  # ASCII: one encoding per row is all
+            items = [s.encode("ascii") for s in part]
+        else:
+            items = [s.encode("utf-8") for s in part]
+        return cls(items, True)
+
+    @classmethod
+    def values(cls, part: list) -> "_Packed | None":
+        """Any JSON values (lists, objects, floats...) spelt by json.dumps one by one; None
+        when one holds text that is not UTF-8 or is not JSON at all."""
+        try:
+            return cls([json.dumps(v, ensure_ascii=False).encode("utf-8") for v in part], False)
+        except (TypeError, ValueError, UnicodeEncodeError):
+            return None
+
+    @staticmethod
+    def prefix(aligned: bool) -> str:
+        return ""
+
+    def size(self, aligned: bool) -> int:
+        return self.width
+
+    def lengths(self, aligned: bool) -> np.ndarray:
+        return self.sizes
+
+    def write(self, matrix: np.ndarray, at: int, aligned: bool) -> None:
+        if not self.width:
+            return
+        packed = np.array(self.items, dtype=f"S{self.width}")
+        matrix[:, at:at + self.width] = packed.view(np.uint8).reshape(len(self.items), -1)
+
+
+class _Base64(_Packed):
     """Payloads' base64 (the quotes are the template's): the batch's payloads NUL-padded into
     one matrix whose rows are whole 3-byte groups, base64 of all of it at once, the groups
     past each payload's end blanked, each one's last group given its ``=`` padding."""
 
+    quoted = True
+    words = 1
+
     def __init__(self, items: list, sizes: np.ndarray):
         self.items, self.sizes = items, sizes
         self.groups = -(-sizes // 3)
-        self.count = max(1, int(self.groups.max()))  # groups of the longest payload
+        self.count = int(self.groups.max(initial=0))  # groups of the longest payload
         self.width = 4 * self.count
+        self.content = 4 * int(self.groups.sum())
+        self.full = not len(items) or int(self.groups.min()) == self.count
+
+    def lengths(self, aligned: bool) -> np.ndarray:
+        return 4 * self.groups
 
     @classmethod
     def of(cls, column, lo: int, hi: int) -> "_Base64 | None":
@@ -343,21 +571,31 @@ class _Base64:
             return None
         return cls(items, sizes)
 
-    def write(self, matrix: np.ndarray, words: np.ndarray, at: int) -> None:
+    def write(self, matrix: np.ndarray, at: int, aligned: bool) -> None:
         rows, count = len(self.items), self.count
+        if not count:
+            return
         # packed only now: the caller first checked the matrix's size (see _render)
         packed = np.array(self.items, dtype=f"S{3 * count}")
         if packed.dtype.kind != "S" or packed.shape != (rows,):
             raise TypeError("payloads must be bytes")
-        text = np.frombuffer(binascii.b2a_base64(packed, newline=False), dtype=np.uint32)
-        np.multiply(text.reshape(rows, count), np.arange(count) < self.groups[:, None],
-                    out=words[:, at // 4:at // 4 + count])
-        last = at + 4 * self.groups - 1
+        text = np.frombuffer(binascii.b2a_base64(packed, newline=False), dtype=np.uint8)
+        block = matrix[:, at:at + 4 * count]
+        if self.full:
+            block[...] = text.reshape(rows, 4 * count)
+        else:  # aligned: whole words, the groups past each payload's end zeroed
+            np.multiply(text.view(np.uint32).reshape(rows, count),
+                        np.arange(count) < self.groups[:, None], out=block.view(np.uint32))
         short = self.sizes % 3  # 1 byte past a whole group: "==", 2 bytes: "="
+        if self.full and (short == short[0]).all():
+            for k in range((3 - int(short[0])) % 3):
+                matrix[:, at + 4 * count - 1 - k] = ord("=")
+            return
+        last = at + 4 * self.groups - 1
         for rows_hit, pads in ((np.flatnonzero(short == 1), 2), (np.flatnonzero(short == 2), 1)):
             for k in range(pads):
                 matrix[rows_hit, last[rows_hit] - k] = ord("=")
 
 
 __all__ = ["EMPTY", "JsonChunk", "columns_chunk", "has_columns", "json_chunk", "json_line",
-           "records_chunk", "render_columns"]
+           "keep_freed_memory", "records_chunk", "render_columns", "render_columns_measured"]

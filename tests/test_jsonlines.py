@@ -22,6 +22,9 @@ INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
 UINT64 = st.integers(0, (1 << 64) - 1)
 
 
+TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12)
+
+
 @st.composite
 def batches(draw):
     """Columns as the vectorised codecs make them, with values at every edge."""
@@ -37,8 +40,25 @@ def batches(draw):
     data["maybe"] = np.ma.masked_array(np.array(draw(st.lists(
         INT64, min_size=rows, max_size=rows))), mask=mask)
     data["flag"] = np.array(draw(st.lists(st.booleans(), min_size=rows, max_size=rows)))
-    data["payload"] = draw(st.lists(st.binary(max_size=draw(st.sampled_from([0, 5, 300]))),
-                                    min_size=rows, max_size=rows))
+    # every row as wide as the next (no NUL to delete) or not
+    same = draw(st.booleans())
+    if same:
+        data["fixed"] = np.full(rows, draw(st.sampled_from([0, 7, 1234, 10 ** 12, 2 ** 64 - 1])),
+                                dtype=np.uint64)
+        size = draw(st.sampled_from([0, 1, 2, 3, 64, 65]))
+        data["payload"] = [bytes(draw(st.binary(min_size=size, max_size=size))) for _ in range(rows)]
+    else:
+        data["payload"] = draw(st.lists(st.binary(max_size=draw(st.sampled_from([0, 5, 300]))),
+                                        min_size=rows, max_size=rows))
+    # columns the generic codecs (colcodecs) make: texts and values that vary per row
+    data["path"] = draw(st.lists(TEXT if draw(st.booleans()) else st.sampled_from(["a", "bc"]),
+                                 min_size=rows, max_size=rows))
+    data["count"] = draw(st.lists(INT64 if draw(st.booleans()) else UINT64,
+                                  min_size=rows, max_size=rows))
+    data["value"] = draw(st.lists(st.one_of(TEXT, st.lists(TEXT, max_size=3),
+                                            st.dictionaries(TEXT, st.integers(), max_size=2),
+                                            st.booleans(), st.floats(allow_nan=False)),
+                                  min_size=rows, max_size=rows))
     order = list(data)
     draw(st.randoms()).shuffle(order)
     return Columns(data, rows, None, rows), order
@@ -68,15 +88,72 @@ def test_columns_render_exactly_the_reference(batch, slack):
     # every batch size goes the columnar way; a tiny slack cuts wide batches in halves
     jsonlines.COLUMNS_MIN_ROWS, jsonlines.MATRIX_SLACK_BYTES = 1, slack
     try:
-        got = render_columns(cols, order)
+        got, measure = jsonlines.render_columns_measured(cols, order)
     finally:
         jsonlines.COLUMNS_MIN_ROWS, jsonlines.MATRIX_SLACK_BYTES = old
-    assert got is not None
-    assert got == reference(cols, order)
+    want = reference(cols, order)
+    assert got == want
+    # each line's length, worked out from the columns, is the line's
+    assert measure().tolist() == [len(line) + 1 for line in want.split(b"\n")[:-1]]
 
 
-@pytest.mark.parametrize("change", ["text_not_utf8", "text_varies", "null_payload",
-                                    "float", "missing_field"])
+@st.composite
+def big_journal_batches(draw):
+    """What big journals' batches look like: counters and timestamps whose leading digits
+    every row shares (or not quite: a power of ten crossed), payloads all of one size (or
+    not), so that rows come out as wide as each other or need their NULs deleted."""
+    rows = draw(st.integers(1, 70))
+    base = draw(st.sampled_from([0, 1, 9_990, 99_999_960, 10 ** 12, 1_700_000_000_000_000_000,
+                                 2 ** 64 - 80]))
+    steps = np.array(draw(st.lists(st.integers(0, 3), min_size=rows, max_size=rows)),
+                     dtype=np.uint64)
+    data: dict = {"format": "wallaby-log", "seq": np.arange(rows, dtype=np.int64) + 5_000,
+                  "offset": np.uint64(base) + np.cumsum(steps, dtype=np.uint64),
+                  "kind": "record"}
+    if base < 2 ** 63 - 1000:
+        data["time"] = (np.cumsum(steps, dtype=np.int64) * draw(st.sampled_from([1, 7, 1003]))
+                        + np.int64(base))
+    size = draw(st.integers(0, 70))
+    vary = draw(st.booleans())
+    data["payload"] = [draw(st.binary(min_size=size, max_size=size + (2 if vary else 0)))
+                       for _ in range(rows)]
+    if draw(st.booleans()):
+        data["flag"] = np.full(rows, draw(st.booleans()))
+    return Columns(data, rows, None, rows), list(data)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(big_journal_batches())
+def test_rows_of_equal_width_render_exactly_the_reference(batch):
+    cols, order = batch
+    old = jsonlines.COLUMNS_MIN_ROWS
+    jsonlines.COLUMNS_MIN_ROWS = 1
+    try:
+        got, measure = jsonlines.render_columns_measured(cols, order)
+    finally:
+        jsonlines.COLUMNS_MIN_ROWS = old
+    want = reference(cols, order)
+    assert got == want
+    assert measure().tolist() == [len(line) + 1 for line in want.split(b"\n")[:-1]]
+
+
+def test_shared_leading_digits_are_written_once():
+    """A batch of timestamps sharing their leading digits and payloads of one size renders
+    with no NUL to delete, exactly as the reference."""
+    rows = 1000
+    data = {"format": "wallaby-log", "seq": np.arange(rows) + 10_000,
+            "time": 1_700_000_000_000_000_000 + np.arange(rows) * 1_000_003, "kind": "record",
+            "payload": [bytes([i % 251]) * 64 for i in range(rows)]}
+    cols = Columns(data, rows, None, rows)
+    fields = [jsonlines._field(data[name], 0, rows) for name in ("seq", "time")]
+    assert all(f.full for f in fields)
+    prefix = fields[1].prefix(False)  # the digits above the last 9 are shared
+    assert prefix == "1700000000" and fields[1].size(False) == 9
+    assert render_columns(cols, list(data)) == reference(cols, list(data))
+
+
+@pytest.mark.parametrize("change", ["text_not_utf8", "text_varies_not_utf8", "text_absent",
+                                    "null_payload", "float", "missing_field", "value_not_utf8"])
 def test_what_columns_cannot_write_exactly_is_declined(change, monkeypatch):
     """render_columns declines (None) what only the reference writes right; json_chunk then
     writes those records one by one, e.g. text that is not UTF-8 as <field>_b64."""
@@ -86,8 +163,12 @@ def test_what_columns_cannot_write_exactly_is_declined(change, monkeypatch):
             "payload": [b"a", b"bc", b""]}
     if change == "text_not_utf8":
         data["kind"] = ["\udcff"] * rows
-    elif change == "text_varies":
-        data["kind"] = ["set", "unset", "set"]
+    elif change == "text_varies_not_utf8":
+        data["path"] = ["/a", "/b\udcff", "/c"]
+    elif change == "text_absent":  # the generic read_columns: None where a record lacks it
+        data["kind"] = ["set", None, "set"]
+    elif change == "value_not_utf8":
+        data["value"] = [["a"], ["b", "\udcfe"], []]
     elif change == "null_payload":
         data["payload"] = [b"a", None, b""]
     elif change == "float":

@@ -17,7 +17,7 @@ from typing import Iterable, Iterator, TextIO
 from ..formats import Codec, FormatError
 from ..formats.base import Record
 from ..journals import mapped, sniff_file
-from ..jsonlines import columns_chunk, has_columns, records_chunk
+from ..jsonlines import columns_chunk, has_columns, keep_freed_memory, records_chunk
 from ..pagecache import Releaser
 from .parsing import add_command
 from .progress import Progress
@@ -52,6 +52,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    if args.json:
+        keep_freed_memory()
     codec = sniff_file(args.file)
     if codec is None:
         with open(args.file, "rb"):  # a missing/unreadable file is an ordinary error (exit 1)

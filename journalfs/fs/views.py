@@ -44,7 +44,7 @@ import trio
 
 from ..formats.base import Codec
 from ..journals import CHECKPOINT_EVERY, FINGERPRINT_BYTES, RecordIndex, is_backup_name, sniff_fd
-from ..jsonlines import json_line
+from ..jsonlines import json_line, keep_freed_memory
 from .catalog import Catalog
 from .dirlist import DIR_BLKSIZE, NameOnlyEntry
 from .indexfiles import IndexDir, matches, may_extend
@@ -274,11 +274,13 @@ class JsonlLayout:
     def note_chunk(self, seq: int, start: int, length: int, rows: int,
                    line_lengths=None) -> bool:
         """Lines ``seq .. seq+rows-1`` span [start, start+length) (``line_lengths``: each
-        line's, needed when the chunk holds more than one checkpoint). True when this
-        completed the layout."""
+        line's, or a function giving them, needed when the chunk holds more than one
+        checkpoint). True when this completed the layout."""
         with self.lock:
             if seq != self.measured or self.size is not None or not rows:
                 return False
+            if callable(line_lengths):
+                line_lengths = line_lengths()
             if line_lengths is None:
                 if seq % CHECKPOINT_EVERY == 0:
                     self.seqs.append(seq)
@@ -310,6 +312,7 @@ class JsonlReader:
                  on_complete: Callable[[JsonlLayout], None] | None = None, rel: bytes = b""):
         self.index, self.layout = index, layout
         self.on_complete = on_complete
+        keep_freed_memory()  # streaming renders batch after batch (see there)
         self.rel = rel  # the journal's SOURCE path (which file's threads reads count against)
         # a codec that cannot resume mid-file is rendered in one piece (gvfs trees: small)
         self._step = READ_CHUNK_RECORDS if index.codec.resumable else max(1, index.count)
@@ -340,7 +343,8 @@ class JsonlReader:
         if complete and self.layout.count is None:  # the index was partial when opened
             with self.layout.lock:
                 self.layout.count = idx.count
-        lengths = chunk.line_lengths() if chunk.rows > CHECKPOINT_EVERY else None
+        # each line's length, worked out only when the layout still needs it
+        lengths = chunk.line_lengths if chunk.rows > CHECKPOINT_EVERY else None
         self._completed |= self.layout.note_chunk(seq, start, len(chunk.data), chunk.rows,
                                                   lengths)
         ended = chunk.rows < want or (complete and seq + chunk.rows >= count)
@@ -406,7 +410,7 @@ class JsonlReader:
             inside = off - self._start
             if self._seq < 0 or inside < 0 or end > self._start + len(self._chunk) or off >= end:
                 return None
-            return self._chunk[inside:inside + end - off]
+            return bytes(self._chunk[inside:inside + end - off])
         finally:
             self.lock.release()
 
