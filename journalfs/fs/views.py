@@ -45,8 +45,8 @@ import trio
 from ..formats.base import Codec
 from ..journals import CHECKPOINT_EVERY, FINGERPRINT_BYTES, RecordIndex, is_backup_name, sniff_fd
 from ..jsonlines import json_line
-from .catalog import Catalog
 from . import direntries
+from .catalog import Catalog
 from .dirlist import DIR_BLKSIZE, NameOnlyEntry
 from .indexfiles import IndexDir, matches, may_extend
 from .sourcefiles import SourceTree, open_regular_path
