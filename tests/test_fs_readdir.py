@@ -280,3 +280,76 @@ def test_names_from_columns_equal_names_from_lines(records_corpus):
                 (path, first)
         checked += 1
     assert checked >= 9
+
+
+def _replies_one_by_one(names: list[bytes], first: int, ino_base: int) -> bytes:
+    """What ``pyfuse3.readdir_reply`` writes for ``names`` listed by name only, entry by
+    entry, as views did before entries were built a block at a time."""
+    import pyfuse3
+
+    from journalfs.fs import direntries
+    from journalfs.fs.dirlist import NameOnlyEntry
+
+    plain = NameOnlyEntry(stat.S_IFREG | 0o444)
+    token = pyfuse3.ReaddirToken()
+    direntries._field(token, direntries._SIZE).value = size = 200 * len(names) + 4096
+    try:
+        for seq, name in enumerate(names, first):
+            plain.ino.value = ino_base | seq
+            assert pyfuse3.readdir_reply(token, name, plain.attrs, seq + 2)
+        start = direntries._field(token, direntries._BUF_START).value
+        return ctypes.string_at(start, size - direntries.room(token))
+    finally:
+        direntries._libc.free(direntries._field(token, direntries._BUF_START).value)
+        for offset in (direntries._BUF_START, direntries._BUF, direntries._SIZE):
+            direntries._field(token, offset).value = 0
+
+
+def test_entry_blocks_equal_entries_replied_one_by_one(records_corpus):
+    """A big view's READDIRPLUS entries are built as one block per batch from the records'
+    kinds; byte for byte they must be what readdir_reply writes entry by entry, for one kind,
+    mixed kinds of several lengths, and the kinds every conformance journal lists."""
+    from journalfs.fs import direntries
+    from journalfs.fs.dirlist import NameOnlyEntry
+    from journalfs.fs.views import Views
+    from journalfs.journals import RecordIndex, sniff_fd
+
+    assert direntries.available
+    head = direntries.template(NameOnlyEntry(stat.S_IFREG | 0o444).attrs)
+    ino_base = (1 << 62) | (5 << 40)
+
+    def check(first: int, kinds: list) -> None:
+        names, seq = [], first
+        for count, kind in kinds:
+            for k in ([kind] * count if isinstance(kind, bytes) else kind):
+                names.append(b"%08d.%s" % (seq, k))
+                seq += 1
+        block, ends = direntries.entries(head, first, kinds, ino_base, 2)
+        assert block.tobytes() == _replies_one_by_one(names, first, ino_base)
+        sizes = [(direntries.NAME + len(n) + 7) & ~7 for n in names]
+        assert ends.tolist() == [sum(sizes[:i + 1]) for i in range(len(sizes))]
+
+    check(0, [(1000, b"index")])
+    check(99_999_000, [(1000, b"x")])  # the last 8-digit record numbers
+    check(7, [(3, b"put"), (5, [b"delete", b"put", b"k", b"a-long-kind-name", b"put"]),
+              (2, b"read_head")])
+    with pytest.raises(ValueError):
+        direntries.entries(head, 99_999_999, [(2, b"x")], ino_base, 2)
+    checked = 0
+    for path in sorted(p for p in records_corpus.rglob("*") if p.is_file()):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            codec = sniff_fd(fd)
+        finally:
+            os.close(fd)
+        if codec is None:
+            continue
+        idx = RecordIndex.build(str(path), codec)
+        for first in sorted({0, 1, idx.count // 2, max(0, idx.count - 1)}):
+            names = Views._list_names(idx, first)
+            block = Views._list_entries(idx, first, head, ino_base)
+            assert block.block.tobytes() == _replies_one_by_one(names, first, ino_base), \
+                (path, first)
+            assert len(block) == len(names)
+        checked += 1
+    assert checked >= 9

@@ -45,6 +45,7 @@ import trio
 from ..formats.base import Codec
 from ..journals import CHECKPOINT_EVERY, FINGERPRINT_BYTES, RecordIndex, is_backup_name, sniff_fd
 from ..jsonlines import json_line, keep_freed_memory
+from . import direntries
 from .catalog import Catalog
 from .dirlist import DIR_BLKSIZE, NameOnlyEntry
 from .indexfiles import IndexDir, matches, may_extend
@@ -419,6 +420,16 @@ class JsonlReader:
 
 
 # -- what is known of one journal ---------------------------------------------------------------
+
+@dataclass(eq=False)
+class EntryBlock:
+    """Directory entries of consecutive records as one block (direntries.entries)."""
+    block: np.ndarray
+    ends: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
 
 @dataclass(eq=False)
 class JournalInfo:
@@ -1103,7 +1114,7 @@ class Views:
     async def _dir_state(self, node: VNode) -> dict:
         """An open view directory: what its listing needs, as of now."""
         state = {"node": node, "batch_first": 0, "batch": [], "index": None,
-                 "names_only": False}
+                 "names_only": None}
         if node.kind == RECORDS_DIR:
             state["entries"] = await self._on_file(node.rel, self._list_records_dir, node.rel)
         elif node.kind == JOURNAL:  # listing waits for indexing as far as it goes, not here
@@ -1209,15 +1220,38 @@ class Views:
             # A big journal is listed by name only: no kernel inode per record (and no
             # FORGET for it later); `ls -l` looks each record up, as on bindfs.
             names_only = NameOnlyEntry.available and idx.count >= NAMES_ONLY_RECORDS
+            # ... and its entries are written a block at a time (direntries), not one
+            # readdir_reply each, while their names have 8 digits
+            blocks = names_only and direntries.available and idx.count <= direntries.EIGHT_DIGITS
+            if blocks and "head" not in state:
+                plain = state.get("plain") or state.setdefault("plain", NameOnlyEntry(file_mode))
+                state["head"] = direntries.template(plain.attrs)
+            blocks = blocks and state["head"] is not None
             first, batch = state["batch_first"], state["batch"]
-            if not first <= seq < first + len(batch) or state["names_only"] != names_only:
-                batch = await self._on_file(node.rel, self._list_names if names_only
-                                            else self._list_batch, idx, seq)
+            listed_as = (names_only, blocks)
+            if not first <= seq < first + len(batch) or state["names_only"] != listed_as:
+                if blocks:
+                    batch = await self._on_file(node.rel, self._list_entries, idx, seq,
+                                                state["head"], ino_base)
+                else:
+                    batch = await self._on_file(node.rel, self._list_names if names_only
+                                                else self._list_batch, idx, seq)
                 state["batch_first"], state["batch"] = seq, batch
-                state["names_only"] = names_only
+                state["names_only"] = listed_as
                 first = seq
-                if not batch:
+                if not len(batch):
                     return
+            if blocks:
+                entries, ends = batch.block, batch.ends
+                done = seq - first
+                offset = int(ends[done - 1]) if done else 0
+                fit = int(np.searchsorted(ends, offset + direntries.room(token), "right"))
+                if fit > done:
+                    direntries.append(token, entries[offset:int(ends[fit - 1])])
+                    seq = first + fit
+                if fit < len(ends):  # the reply is full
+                    return
+                continue
             if names_only:
                 plain = state.get("plain") or state.setdefault("plain", NameOnlyEntry(file_mode))
                 ino, plain_attrs = plain.ino, plain.attrs
@@ -1237,27 +1271,48 @@ class Views:
 
     @staticmethod
     def _list_names(idx: RecordIndex, first: int) -> list[bytes]:
-        """The names of records ``first`` on, about LIST_BATCH of them, for entries
-        listed by name only: the names need the records' kinds, not their lines, so a codec
-        with a vectorised column decoder is asked for the columns alone (nothing rendered)."""
+        """The names of records ``first`` on, about LIST_BATCH of them (see _list_kinds)."""
+        names: list[bytes] = []
+        seq = first
+        for count, kind in Views._list_kinds(idx, first):
+            seqs = range(seq, seq + count)
+            if isinstance(kind, bytes):
+                names.extend(map((b"%08d." + kind).__mod__, seqs))
+            else:
+                names.extend(b"%08d.%s" % pair for pair in zip(seqs, kind))
+            seq += count
+        return names
+
+    @staticmethod
+    def _list_kinds(idx: RecordIndex, first: int) -> list[tuple[int, bytes | list[bytes]]]:
+        """The kinds of records ``first`` on, about LIST_BATCH of them, as runs of (count,
+        one kind for the run or a list of one kind per record), for entries listed by name
+        only: the names need the records' kinds, not their lines, so a codec with a
+        vectorised column decoder is asked for the columns alone (nothing rendered)."""
         codec = idx.codec
         if len(codec.kinds) == 1 and codec.resumable:
             # one kind of record (jrnl, akka): the names follow from the index's count alone
             last = min(idx.settled(), first + LIST_BATCH)
-            template = b"%08d." + codec.kinds[0].encode("utf-8", "surrogateescape")
-            return list(map(template.__mod__, range(first, last)))
+            return [(last - first, codec.kinds[0].encode("utf-8", "surrogateescape"))] \
+                if last > first else []
         if type(codec).read_columns is Codec.read_columns or not codec.resumable:
             # no column decoder: the records decoded, their lines never rendered
             last = min(idx.settled(), first + LIST_BATCH)
-            return [record_file_name(rec) for rec in idx.records(first, last - first)]
+            kinds = [rec["kind"].encode("utf-8", "surrogateescape")
+                     for rec in idx.records(first, last - first)]
+            return [(len(kinds), kinds)] if kinds else []
         seq = first - first % CHECKPOINT_EVERY
         count = idx.settled()  # a partial index grows meanwhile: list what has settled
-        out: list[bytes] = []
-        while seq < count and len(out) < LIST_BATCH:
+        out: list[tuple[int, bytes | list[bytes]]] = []
+        listed = 0
+        while seq < count and listed < LIST_BATCH:
             last = min(count, seq + READ_CHUNK_RECORDS)
             i = bisect.bisect_right(idx.seqs, seq) - 1
             if seq and (i < 0 or idx.seqs[i] != seq):  # no checkpoint here: the slow way
-                return out + Views._list_batch(idx, max(first, seq), sizes=False)
+                names = Views._list_batch(idx, max(first, seq), sizes=False)
+                if names:
+                    out.append((len(names), [name.partition(b".")[2] for name in names]))
+                return out
             start = idx.offsets[i] if seq else None
             # the index's own reader of a record range (bounded pread, never a mapping)
             with idx._range(start, last) as (buf, stop):
@@ -1267,18 +1322,23 @@ class Views:
                 break
             kinds = cols.data["kind"]
             kinds = [kinds] if isinstance(kinds, str) else list(kinds[skip:cols.rows])
-            seqs = range(seq + skip, seq + cols.rows)
-            if kinds.count(kinds[0]) == len(kinds):  # one kind: one name template
-                names = map((b"%08d." + kinds[0].encode("utf-8", "surrogateescape")).__mod__,
-                            seqs)
+            rows = cols.rows - skip
+            if len(kinds) == 1 or kinds.count(kinds[0]) == len(kinds):  # one kind
+                out.append((rows, kinds[0].encode("utf-8", "surrogateescape")))
             else:
-                names = (b"%08d.%s" % (n, k.encode("utf-8", "surrogateescape"))
-                         for n, k in zip(seqs, kinds))
-            out.extend(names)
+                out.append((rows, [k.encode("utf-8", "surrogateescape") for k in kinds]))
+            listed += rows
             if cols.rows < last - seq:  # the records end here (damage)
                 break
             seq += cols.rows
         return out
+
+    @staticmethod
+    def _list_entries(idx: RecordIndex, first: int, head, ino_base: int) -> "EntryBlock":
+        """READDIRPLUS entries (by name only) of records ``first`` on, about LIST_BATCH of
+        them, as one block and the end of each entry in it (direntries.entries)."""
+        return EntryBlock(*direntries.entries(head, first, Views._list_kinds(idx, first),
+                                              ino_base, 2))
 
     @staticmethod
     def _list_batch(idx: RecordIndex, first: int, sizes: bool = True,
