@@ -1,0 +1,173 @@
+"""Where the records of a file's valid prefix start, in memory that does not grow with their
+number (for validators that must ask "is this offset a record start?" or "how many records
+start before it?" about links pointing anywhere in a file of any size).
+
+The validator walks the file once and hands each batch of record starts to
+:meth:`RecordStarts.extend`; only every :data:`STARTS_PER_MARK`-th start (a *mark*) is kept.
+A question about an offset walks again the stretch of at most :data:`STARTS_PER_MARK` records
+that follows the mark before it, reading only their size fields. Recently walked stretches are
+kept (:data:`STRETCHES_KEPT` of them), so links that point near each other cost one walk.
+"""
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+
+import numpy as np
+
+from .base import Buffer
+
+#: Record starts per kept mark: 8 bytes of memory per this many records, and the most
+#: records walked again to answer one question.
+STARTS_PER_MARK = 64
+#: Walked stretches kept for reuse (each at most STARTS_PER_MARK offsets).
+STRETCHES_KEPT = 1024
+#: Stretches walked together when answering a batch of questions (bounds the temporary
+#: array of their starts to STRETCHES_PER_GROUP * STARTS_PER_MARK offsets).
+STRETCHES_PER_GROUP = 4096
+
+
+class RecordStarts:
+    """The starts of a file's records as one walk found them, answered exactly as a sorted
+    array of every start would (``np.searchsorted``), without holding that array.
+
+    ``size_field`` reads a record's size at its start; the next record starts
+    ``size_field + size_extra`` bytes further on (the walk's own rule, repeated here)."""
+
+    def __init__(self, buf: Buffer, size_field: struct.Struct, size_extra: int = 0) -> None:
+        self.buf = buf
+        self._unpack = size_field.unpack_from
+        self._extra = size_extra
+        self._parts: list[np.ndarray] = []
+        self._marks: np.ndarray | None = None
+        self.count = 0
+        self.first = -1
+        self.last = -1
+        self._stretches: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._sets: OrderedDict[int, frozenset[int]] = OrderedDict()
+
+    # -- building, batch by batch in file order ----------------------------------------------
+    def extend(self, offsets: np.ndarray) -> None:
+        """The next starts of the walk (ascending, following the previous ones)."""
+        if not len(offsets):
+            return
+        skip = (-self.count) % STARTS_PER_MARK
+        # a copy: a slice would keep the whole batch array alive
+        self._parts.append(np.array(offsets[skip::STARTS_PER_MARK], dtype=np.int64))
+        if self.first < 0:
+            self.first = int(offsets[0])
+        self.count += len(offsets)
+        self.last = int(offsets[-1])
+        self._marks = None
+
+    @property
+    def marks(self) -> np.ndarray:
+        if self._marks is None:
+            self._marks = np.concatenate(self._parts) if self._parts else np.zeros(0, np.int64)
+            self._parts = [self._marks]
+        return self._marks
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held for the marks and the kept stretches (what grows with the file)."""
+        return (sum(p.nbytes for p in self._parts) + sum(s.nbytes for s in self._stretches.values())
+                + 64 * sum(len(s) for s in self._sets.values()))
+
+    # -- walking a stretch again -------------------------------------------------------------
+    def stretch(self, k: int) -> np.ndarray:
+        """The starts from mark ``k`` up to (not including) mark ``k + 1``."""
+        kept = self._stretches.get(k)
+        if kept is not None:
+            self._stretches.move_to_end(k)
+            return kept
+        rows = min(STARTS_PER_MARK, self.count - k * STARTS_PER_MARK)
+        pos = int(self.marks[k])
+        unpack, extra, end = self._unpack, self._extra, len(self.buf)
+        out = []
+        append = out.append
+        try:
+            for _ in range(rows):
+                append(pos)
+                step = extra + unpack(self.buf, pos)[0]
+                if step <= 0 or pos + step > end:  # the file changed under us: stop here
+                    break
+                pos += step
+        except struct.error:
+            pass
+        found = np.array(out, dtype=np.int64)
+        self._stretches[k] = found
+        if len(self._stretches) > STRETCHES_KEPT:
+            self._stretches.popitem(last=False)
+        return found
+
+    def _stretch_set(self, k: int) -> frozenset[int]:
+        kept = self._sets.get(k)
+        if kept is None:
+            kept = self._sets[k] = frozenset(self.stretch(k).tolist())
+            if len(self._sets) > STRETCHES_KEPT:
+                self._sets.popitem(last=False)
+        return kept
+
+    # -- questions ---------------------------------------------------------------------------
+    def __contains__(self, offset: int) -> bool:
+        if self.count == 0 or not self.first <= offset <= self.last:
+            return False
+        k = int(np.searchsorted(self.marks, offset, side="right")) - 1
+        return offset in self._stretch_set(k)
+
+    def contains(self, offsets, near: np.ndarray | None = None) -> np.ndarray:
+        """Whether each of ``offsets`` is a record start. ``near``: consecutive starts the
+        caller holds (a batch of the walk), which answer for offsets within their span."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        out = np.zeros(len(offsets), bool)
+        ask = (offsets >= self.first) & (offsets <= self.last) if self.count else out.copy()
+        if near is not None and len(near):
+            within = ask & (offsets >= near[0]) & (offsets <= near[-1])
+            if within.any():
+                at = offsets[within]
+                out[within] = near[np.searchsorted(near, at)] == at
+                ask &= ~within
+        if ask.any():
+            out[ask] = self.rank(offsets[ask])[1]
+        return out
+
+    def rank(self, offsets) -> tuple[np.ndarray, np.ndarray]:
+        """(how many starts lie below each offset, whether it is a start itself): what
+        ``np.searchsorted(starts, offsets)`` and a comparison would give."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        rows = len(offsets)
+        ranks = np.zeros(rows, np.int64)
+        hits = np.zeros(rows, bool)
+        if not rows or not self.count:
+            return ranks, hits
+        marks = self.marks
+        which = np.searchsorted(marks, offsets, side="right") - 1
+        order = None
+        if rows > 1 and bool((which[1:] < which[:-1]).any()):
+            order = np.argsort(which, kind="stable")
+            which, offsets = which[order], offsets[order]
+        begin = int(np.searchsorted(which, 0))  # offsets below the first start: rank 0
+        while begin < rows:
+            low = int(which[begin])
+            end = int(np.searchsorted(which, low + STRETCHES_PER_GROUP))
+            needed = np.unique(which[begin:end]).tolist()
+            pieces = [self.stretch(k) for k in needed]
+            known = np.concatenate(pieces)
+            known_rank = np.concatenate([np.arange(len(p), dtype=np.int64) + k * STARTS_PER_MARK
+                                         for k, p in zip(needed, pieces)])
+            asked = offsets[begin:end]
+            at = np.searchsorted(known, asked)
+            clipped = np.minimum(at, len(known) - 1)
+            hit = known[clipped] == asked
+            # not a start: the starts below it are its stretch's ones up to the one before it
+            rank = np.where(hit, known_rank[clipped], known_rank[np.maximum(at - 1, 0)] + 1)
+            if order is None:
+                ranks[begin:end], hits[begin:end] = rank, hit
+            else:
+                ranks[order[begin:end]], hits[order[begin:end]] = rank, hit
+            begin = end
+        return ranks, hits
+
+    def at_rank(self, rank: int) -> int:
+        """The offset of the start with ``rank`` starts before it (0 <= rank < count)."""
+        return int(self.stretch(rank // STARTS_PER_MARK)[rank % STARTS_PER_MARK])
