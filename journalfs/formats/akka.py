@@ -510,7 +510,7 @@ def _data_batches(data: Buffer, source: str) -> Iterator[tuple[dict[str, np.ndar
 def _block_starts(data: Buffer, source: str, pace=None) -> tuple[RecordStarts, FormatError | None]:
     """The starts of ``data``'s valid blocks (a :class:`RecordStarts`: memory does not grow
     with the file) and the damage that ends them (or None)."""
-    starts, error = RecordStarts(data, _BLOCK_SIZE), None
+    starts, error = RecordStarts(data, ">i4"), None
     codec = AkkaData()
     start, seq = None, 0
     while True:
@@ -522,9 +522,6 @@ def _block_starts(data: Buffer, source: str, pace=None) -> tuple[RecordStarts, F
         if error is not None or next_offset is None:
             return starts, error
         start, seq = next_offset, seq + len(offsets)
-
-
-_BLOCK_SIZE = struct.Struct(">i")  # a data block's leading size counts the whole block
 
 
 def _link_findings(buf: Buffer, starts: RecordStarts, data: dict[str, Any]) -> list[Finding]:

@@ -15,7 +15,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .base import Buffer
+from .base import Buffer, field_at
 
 #: Record starts per kept mark: 8 bytes of memory per this many records, and the most
 #: records walked again to answer one question.
@@ -24,19 +24,21 @@ STARTS_PER_MARK = 64
 STRETCHES_KEPT = 1024
 #: Stretches walked together when answering a batch of questions (bounds the temporary
 #: array of their starts to STRETCHES_PER_GROUP * STARTS_PER_MARK offsets).
-STRETCHES_PER_GROUP = 4096
+STRETCHES_PER_GROUP = 1024
 
 
 class RecordStarts:
     """The starts of a file's records as one walk found them, answered exactly as a sorted
     array of every start would (``np.searchsorted``), without holding that array.
 
-    ``size_field`` reads a record's size at its start; the next record starts
-    ``size_field + size_extra`` bytes further on (the walk's own rule, repeated here)."""
+    ``size_field`` (numpy dtype: ``">i4"``, ``"<u4"``) is a record's size at its start; the
+    next record starts that size + ``size_extra`` bytes further on (the walk's own rule,
+    repeated here)."""
 
-    def __init__(self, buf: Buffer, size_field: struct.Struct, size_extra: int = 0) -> None:
+    def __init__(self, buf: Buffer, size_field: str, size_extra: int = 0) -> None:
         self.buf = buf
-        self._unpack = size_field.unpack_from
+        self._dtype = size_field
+        self._unpack = struct.Struct(size_field.replace("i4", "i").replace("u4", "I")).unpack_from
         self._extra = size_extra
         self._parts: list[np.ndarray] = []
         self._marks: np.ndarray | None = None
@@ -133,19 +135,49 @@ class RecordStarts:
 
     def rank(self, offsets) -> tuple[np.ndarray, np.ndarray]:
         """(how many starts lie below each offset, whether it is a start itself): what
-        ``np.searchsorted(starts, offsets)`` and a comparison would give."""
+        ``np.searchsorted(starts, offsets)`` and a comparison would give.
+
+        Offsets that follow each other as the walk would (each one where the previous one's
+        record ends) form a run: only a run's first offset is looked up, and when it is the
+        start of rank r, the next ones are the starts r + 1, r + 2, ... (as long as the walk
+        went on that far). Links and indexes into a file mostly come in such runs."""
         offsets = np.asarray(offsets, dtype=np.int64)
         rows = len(offsets)
         ranks = np.zeros(rows, np.int64)
         hits = np.zeros(rows, bool)
         if not rows or not self.count:
             return ranks, hits
-        marks = self.marks
-        which = np.searchsorted(marks, offsets, side="right") - 1
         order = None
-        if rows > 1 and bool((which[1:] < which[:-1]).any()):
-            order = np.argsort(which, kind="stable")
-            which, offsets = which[order], offsets[order]
+        if rows > 1 and bool((offsets[1:] < offsets[:-1]).any()):
+            order = np.argsort(offsets, kind="stable")
+            offsets = offsets[order]
+        inside = (offsets >= self.first) & (offsets <= self.last)
+        chained = np.zeros(rows, bool)
+        if rows > 1:
+            before = np.flatnonzero(inside[:-1])
+            steps = self._extra + field_at(self.buf, offsets[before], 0, self._dtype).astype(np.int64)
+            chained[before + 1] = (steps > 0) & (offsets[before + 1] == offsets[before] + steps)
+        heads = np.flatnonzero(~chained)
+        head_ranks, head_hits = self._lookup(offsets[heads])
+        run = np.cumsum(~chained) - 1                 # the run each offset belongs to
+        within = np.arange(rows, dtype=np.int64) - heads[run]
+        got_ranks = head_ranks[run] + within
+        got_hits = head_hits[run] & (got_ranks < self.count)
+        np.minimum(got_ranks, self.count, out=got_ranks)  # past the last start: all below
+        doubtful = np.flatnonzero(~head_hits[run] & (within > 0))  # a run after a non-start
+        if len(doubtful):
+            got_ranks[doubtful], got_hits[doubtful] = self._lookup(offsets[doubtful])
+        if order is None:
+            return got_ranks, got_hits
+        ranks[order], hits[order] = got_ranks, got_hits
+        return ranks, hits
+
+    def _lookup(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`rank` of ascending ``offsets``, each by walking its stretch again."""
+        rows = len(offsets)
+        ranks = np.zeros(rows, np.int64)
+        hits = np.zeros(rows, bool)
+        which = np.searchsorted(self.marks, offsets, side="right") - 1
         begin = int(np.searchsorted(which, 0))  # offsets below the first start: rank 0
         while begin < rows:
             low = int(which[begin])
@@ -160,11 +192,8 @@ class RecordStarts:
             clipped = np.minimum(at, len(known) - 1)
             hit = known[clipped] == asked
             # not a start: the starts below it are its stretch's ones up to the one before it
-            rank = np.where(hit, known_rank[clipped], known_rank[np.maximum(at - 1, 0)] + 1)
-            if order is None:
-                ranks[begin:end], hits[begin:end] = rank, hit
-            else:
-                ranks[order[begin:end]], hits[order[begin:end]] = rank, hit
+            ranks[begin:end] = np.where(hit, known_rank[clipped], known_rank[np.maximum(at - 1, 0)] + 1)
+            hits[begin:end] = hit
             begin = end
         return ranks, hits
 

@@ -42,7 +42,7 @@ MAX_PLAUSIBLE_PAYLOAD = 65536
 #: Records per batch when validating: bounds validation's memory whatever the file size.
 VALIDATE_BATCH = 1 << 14
 #: Index entries compared with the log at once (bounds the temporary arrays of a check).
-INDEX_CHUNK = 1 << 18
+INDEX_CHUNK = 1 << 16
 
 
 def _sniff(head: bytes, magic: bytes) -> bool:
@@ -296,7 +296,7 @@ class WallabyLog(Codec):
             expiry_clock = _time.time_ns()  # one "now" for every batch
         pace = context.get("pace")  # called after each batch: the caller may drop pages then
         index = context.get("index")
-        starts = RecordStarts(buf, _SIZE, RECORD_HEADER) if index is not None else None
+        starts = RecordStarts(buf, "<u4", RECORD_HEADER) if index is not None else None
         for offs, heads, times, error in self._header_batches(buf, source, head.size):
             if starts is not None:
                 starts.extend(offs)
@@ -662,7 +662,7 @@ def _log_starts(log: Buffer, pace: Callable[[], None] | None = None
     """Where a log's records start (its valid prefix, as a :class:`RecordStarts`) and the
     damage that ends it."""
     codec = WallabyLog()
-    starts = RecordStarts(log, _SIZE, RECORD_HEADER)
+    starts = RecordStarts(log, "<u4", RECORD_HEADER)
     try:
         start = codec.header(log, "log").size
     except FormatError as exc:
