@@ -47,6 +47,7 @@ class RecordStarts:
         self.last = -1
         self._stretches: OrderedDict[int, np.ndarray] = OrderedDict()
         self._sets: OrderedDict[int, frozenset[int]] = OrderedDict()
+        self._current: tuple[int, int, frozenset[int]] = (0, 0, frozenset())
 
     # -- building, batch by batch in file order ----------------------------------------------
     def extend(self, offsets: np.ndarray) -> None:
@@ -61,6 +62,7 @@ class RecordStarts:
         self.count += len(offsets)
         self.last = int(offsets[-1])
         self._marks = None
+        self._current = (0, 0, frozenset())
 
     @property
     def marks(self) -> np.ndarray:
@@ -112,10 +114,17 @@ class RecordStarts:
 
     # -- questions ---------------------------------------------------------------------------
     def __contains__(self, offset: int) -> bool:
+        low, high, members = self._current
+        if low <= offset < high:  # questions in file order mostly stay in one stretch
+            return offset in members
         if self.count == 0 or not self.first <= offset <= self.last:
             return False
-        k = int(np.searchsorted(self.marks, offset, side="right")) - 1
-        return offset in self._stretch_set(k)
+        marks = self.marks
+        k = int(np.searchsorted(marks, offset, side="right")) - 1
+        members = self._stretch_set(k)
+        self._current = (int(marks[k]), int(marks[k + 1]) if k + 1 < len(marks) else self.last + 1,
+                         members)
+        return offset in members
 
     def contains(self, offsets, near: np.ndarray | None = None) -> np.ndarray:
         """Whether each of ``offsets`` is a record start. ``near``: consecutive starts the
