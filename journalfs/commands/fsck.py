@@ -222,7 +222,7 @@ class _Damage(Exception):
 
 
 #: Records per counting batch (vectorised codecs).
-COUNT_BATCH = 1 << 16
+COUNT_BATCH = 1 << 14
 
 
 def count_records(buf, path: str, codec: Codec, progress: Progress | None = None) -> int:
