@@ -37,6 +37,26 @@ class Releaser:
         self.released = upto
 
 
+class PagePacer:
+    """Drops every page of some read-only mappings from this process each time it is called.
+    A validator that reads in steps (``validate(..., pace=pacer)``) calls it after each step,
+    so what it keeps resident is what one step reads, in step with the reading whatever the
+    machine's load. The reads are unaffected: a dropped page faults back in from the page
+    cache (nothing is read from disk again)."""
+
+    def __init__(self, *buffers):
+        self.maps = [b for b in buffers if isinstance(b, mmap.mmap) and hasattr(b, "madvise")]
+        self.calls = 0
+
+    def __call__(self) -> None:
+        self.calls += 1
+        for m in list(self.maps):
+            try:
+                m.madvise(mmap.MADV_DONTNEED)
+            except (OSError, ValueError):  # closed or unsupported: nothing left to drop
+                self.maps.remove(m)
+
+
 class DroppingPages:
     """While a codec walks mapped files on its own (``validate``), drop their pages from this
     process every :data:`DROP_EVERY_S` seconds from a helper thread, so its resident set stays

@@ -23,7 +23,7 @@ from ..formats.base import Record, record_to_json
 from ..journals import (directory_journals, mapped, related_files, replace_atomically,
                         sniff_file, write_backup)
 from ..metastore.fsck import check_store as metastore_check
-from ..pagecache import DroppingPages, Releaser
+from ..pagecache import DroppingPages, PagePacer, Releaser
 from .progress import Progress
 
 from .parsing import add_command
@@ -193,8 +193,14 @@ def inspect(buf, path: str, codec: Codec, context: dict[str, Any],
     if progress is not None:
         progress.update(progress.base + len(buf), description=f"validating {os.path.basename(path)}")
     try:
-        with DroppingPages(buf, *context.values()):
-            findings.extend(codec.validate(buf, path, **context))
+        if getattr(codec, "paces_validation", False):
+            # the codec calls the pacer after each step: pages are dropped in step with it
+            pacer = PagePacer(buf, *context.values())
+            findings.extend(codec.validate(buf, path, pace=pacer, **context))
+        else:
+            # a codec that reads on its own: its pages are dropped by a timer thread
+            with DroppingPages(buf, *context.values()):
+                findings.extend(codec.validate(buf, path, **context))
     except FormatError as exc:
         findings.append(Finding(exc.offset, exc.reason))
     return count, _unique(findings)
@@ -216,7 +222,7 @@ class _Damage(Exception):
 
 
 #: Records per counting batch (vectorised codecs).
-COUNT_BATCH = 1 << 16
+COUNT_BATCH = 1 << 14
 
 
 def count_records(buf, path: str, codec: Codec, progress: Progress | None = None) -> int:

@@ -14,6 +14,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from .starts import RecordStarts
 from .base import (Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record, Repair, field_at,
                    slice_payloads, start_offset)
 
@@ -100,6 +101,7 @@ class AkkaMeta(_PairedFile, Codec):
     kinds = ("meta",)
     magics = META_MAGICS
     header_size = HEADER_SIZE
+    paces_validation = True  # validate() calls its ``pace`` keyword after each step
 
     def read(self, buf, source, start=None, seq=0, stop=None):
         blocks = _blocks(buf, source, start, stop, self.magics, "meta", _META_BLOCK)
@@ -127,19 +129,22 @@ class AkkaMeta(_PairedFile, Codec):
 
     def validate(self, buf, source, **context) -> list[Finding]:
         """Duplicate persistence ids, and with ``data=`` each id's chain against its block.
-        Streams: memory stays flat in both files' sizes (no list of records is kept)."""
+        Streams: memory stays flat in both files' sizes (no list of records is kept).
+        ``pace`` (optional): called every batch of blocks, to drop the pages read so far."""
+        pace = context.get("pace")
         records = self.read(buf, source)
         try:
-            for _ in records:
-                pass
+            for n, _ in enumerate(records, 1):
+                if pace is not None and not n % VALIDATE_BATCH:
+                    pace()
         except FormatError:
             return []  # the damage itself is what read() reports
         finally:
             records.close()
-        findings = _duplicate_ids(buf, source)
+        findings = _duplicate_ids(buf, source, pace)
         data = context.get("data")
         if data is not None:
-            findings.extend(_chain_findings(buf, source, data))
+            findings.extend(_chain_findings(buf, source, data, pace))
         return findings
 
 
@@ -152,6 +157,7 @@ class AkkaData(_PairedFile, Codec):
     kinds = ("message",)
     magics = (DATA_MAGIC,)
     header_size = HEADER_SIZE
+    paces_validation = True  # validate() calls its ``pace`` keyword after each step
 
     def read(self, buf, source, start=None, seq=0, stop=None):
         blocks = _blocks(buf, source, start, stop, self.magics, "data", _DATA_BLOCK)
@@ -292,13 +298,19 @@ class AkkaData(_PairedFile, Codec):
     def validate(self, buf, source, **context) -> list[Finding]:
         """Every ``next``/``prev`` link of the valid blocks names a block start whose link
         back is mutual, and sequence numbers increase along ``next``. Two streamed passes: the
-        first marks block starts (:class:`_BlockStarts`), the second checks each batch's links
-        by reading the linked blocks' headers in place."""
-        starts = _BlockStarts.of(buf, source)[0]
+        first finds the block starts (:class:`RecordStarts`), the second checks each batch's
+        links by reading the linked blocks' headers in place.
+
+        ``pace`` (optional): called after each batch; the caller may drop the pages read so
+        far from memory then (fsck does)."""
+        pace = context.get("pace")
+        starts = _block_starts(buf, source, pace)[0]
         findings: list[Finding] = []
         for fields, _error in _data_batches(buf, source):
             if len(fields["offset"]):
                 findings.extend(_link_findings(buf, starts, fields))
+            if pace is not None:
+                pace()
         return findings
 
     def key_resolver(self, buf, partners):
@@ -488,7 +500,8 @@ _META = AkkaMeta()
 
 # -- streamed validation ---------------------------------------------------------------------
 # The checks read linked blocks' headers straight from the buffer instead of keeping records:
-# memory is a table of block starts (1/24 of the data file) and one batch at a time.
+# memory is one batch at a time and the block starts as a RecordStarts (8 bytes per
+# STARTS_PER_MARK blocks, whatever the file holds).
 
 #: Blocks per batch when validating.
 VALIDATE_BATCH = 1 << 14
@@ -518,47 +531,31 @@ def _data_batches(data: Buffer, source: str) -> Iterator[tuple[dict[str, np.ndar
         start, seq = next_offset, seq + len(offsets)
 
 
-class _BlockStarts:
-    """Which offsets start a block of a data file's valid prefix. A block is at least
-    DATA_BLOCK_FIXED bytes long, so each DATA_BLOCK_FIXED-byte slot of the file holds at most
-    one start: a byte per slot saying where in it (1 + offset within the slot; 0 = none)."""
-
-    def __init__(self, size: int):
-        self.slots = np.zeros(size // DATA_BLOCK_FIXED + 1, np.uint8)
-        self.limit = size
-
-    @classmethod
-    def of(cls, data: Buffer, source: str) -> tuple["_BlockStarts", FormatError | None]:
-        """The starts of ``data``'s valid blocks and the damage that ends them (or None)."""
-        starts, error = cls(len(data)), None
-        for fields, error in _data_batches(data, source):
-            starts.add(fields["offset"])
-        return starts, error
-
-    def add(self, offsets: np.ndarray) -> None:
-        self.slots[offsets // DATA_BLOCK_FIXED] = offsets % DATA_BLOCK_FIXED + 1
-
-    def contains(self, links: np.ndarray) -> np.ndarray:
-        links = np.asarray(links, dtype=np.int64)
-        inside = (links >= 0) & (links < self.limit)
-        out = np.zeros(len(links), bool)
-        at = links[inside]
-        out[inside] = self.slots[at // DATA_BLOCK_FIXED] == at % DATA_BLOCK_FIXED + 1
-        return out
-
-    def __contains__(self, link: int) -> bool:
-        return 0 <= link < self.limit and \
-            int(self.slots[link // DATA_BLOCK_FIXED]) == link % DATA_BLOCK_FIXED + 1
+def _block_starts(data: Buffer, source: str, pace=None) -> tuple[RecordStarts, FormatError | None]:
+    """The starts of ``data``'s valid blocks (a :class:`RecordStarts`: memory does not grow
+    with the file) and the damage that ends them (or None)."""
+    starts, error = RecordStarts(data, ">i4"), None
+    codec = AkkaData()
+    start, seq = None, 0
+    while True:
+        offsets, next_offset, error = codec.record_offsets(data, source, start, seq, None,
+                                                           VALIDATE_BATCH)
+        starts.extend(offsets)
+        if pace is not None:
+            pace()
+        if error is not None or next_offset is None:
+            return starts, error
+        start, seq = next_offset, seq + len(offsets)
 
 
-def _link_findings(buf: Buffer, starts: _BlockStarts, data: dict[str, Any]) -> list[Finding]:
+def _link_findings(buf: Buffer, starts: RecordStarts, data: dict[str, Any]) -> list[Finding]:
     """The findings of one batch of data blocks' links, in block order (next, then prev)."""
     selfs, seq_nrs = data["self"], data["seq_nr"]
     rows = len(selfs)
     checks = {}
     for field_name, back_at in (("next", 8), ("prev", 12)):  # the other block's prev / next
         link = data[field_name]
-        known = starts.contains(link) & (link != 0)
+        known = starts.contains(link, near=selfs) & (link != 0)
         back = np.zeros(rows, np.int64)
         back[known] = field_at(buf, link[known], back_at, ">i4")
         other_seq = np.zeros(rows, np.int64)
@@ -589,7 +586,7 @@ def _link_findings(buf: Buffer, starts: _BlockStarts, data: dict[str, Any]) -> l
     return findings
 
 
-def _meta_offsets(meta: Buffer) -> Iterator[np.ndarray]:
+def _meta_offsets(meta: Buffer, pace=None) -> Iterator[np.ndarray]:
     """Batches of block offsets of a meta file :meth:`AkkaMeta.read` accepts whole."""
     area_end = HEADER_SIZE + _HEADER.unpack_from(meta, 0)[1]
     unpack = _META_SIZE.unpack_from
@@ -603,6 +600,8 @@ def _meta_offsets(meta: Buffer) -> Iterator[np.ndarray]:
             append(pos)
             pos += unpack(meta, pos)[0]
         yield np.array(starts, dtype=np.int64)
+        if pace is not None:
+            pace()
 
 
 _META_SIZE = struct.Struct(">h")
@@ -641,20 +640,20 @@ def _hash_run(meta: Buffer, offsets: np.ndarray, lengths: np.ndarray) -> np.ndar
     return hashes
 
 
-def _duplicate_ids(meta: Buffer, source: str) -> list[Finding]:
+def _duplicate_ids(meta: Buffer, source: str, pace=None) -> list[Finding]:
     """A finding at every block whose persistence id an earlier block already has.
 
     Memory is bounded whatever the number of ids: the ids' hashes are sorted in passes of at
     most :data:`IDS_PER_PASS` (one hash range each) to find hashes seen twice, then one last
     pass compares the bytes of only the ids with such a hash."""
-    count = sum(len(offs) for offs in _meta_offsets(meta))
+    count = sum(len(offs) for offs in _meta_offsets(meta, pace))
     passes = max(1, -(-count // IDS_PER_PASS))
     twice: list[np.ndarray] = []
     for part in range(passes):
         # one array filled in place (grown should a hash range hold more than its share)
         hashes = np.empty(count // passes + count // (8 * passes) + 1024, np.uint64)
         filled = 0
-        for offs in _meta_offsets(meta):
+        for offs in _meta_offsets(meta, pace):
             batch = _id_hashes(meta, offs)
             if passes > 1:
                 batch = batch[batch % np.uint64(passes) == part]
@@ -671,7 +670,7 @@ def _duplicate_ids(meta: Buffer, source: str) -> list[Finding]:
         return []
     findings = []
     first_seen: set[bytes] = set()
-    for offs in _meta_offsets(meta):
+    for offs in _meta_offsets(meta, pace):
         for pos in offs[np.isin(_id_hashes(meta, offs), suspects)].tolist():
             size = _META_SIZE.unpack_from(meta, pos)[0]
             pid = bytes(meta[pos + META_BLOCK_FIXED:pos + size])
@@ -681,11 +680,11 @@ def _duplicate_ids(meta: Buffer, source: str) -> list[Finding]:
     return findings
 
 
-def _chain_findings(meta: Buffer, source: str, data: Buffer) -> list[Finding]:
+def _chain_findings(meta: Buffer, source: str, data: Buffer, pace=None) -> list[Finding]:
     """Each meta block's chain in the data file (see :func:`follow_chain` for the rules; the
     same problems in the same words, in meta order). Chains are followed in groups of
     :data:`CHAINS_PER_PASS`, each group's blocks visited in file order."""
-    starts, error = _BlockStarts.of(data, "data")
+    starts, error = _block_starts(data, "data", pace)
     findings = []
     if error is not None:
         findings.append(Finding(0, f"data file is damaged, links checked up to byte {error.offset}"))
@@ -696,7 +695,7 @@ def _chain_findings(meta: Buffer, source: str, data: Buffer) -> list[Finding]:
                      for rec in itertools.islice(records, CHAINS_PER_PASS)]
             if not group:
                 break
-            for (offset, pid, *_chain), reasons in zip(group, _group_problems(group, data, starts)):
+            for (offset, pid, *_chain), reasons in zip(group, _group_problems(group, data, starts, pace)):
                 findings.extend(Finding(offset, f"{pid!r}: {reason}") for reason in reasons)
     finally:
         records.close()
@@ -724,7 +723,8 @@ class _Walk:
         return block_next
 
 
-def _group_problems(group: list[tuple], data: Buffer, starts: _BlockStarts) -> list[list[str]]:
+def _group_problems(group: list[tuple], data: Buffer, starts: RecordStarts,
+                    pace=None) -> list[list[str]]:
     """The problems of each chain of ``group`` ((offset, pid, first, last, highest) each).
     Forward links are followed through a heap, so the data file is read in file order once
     per group; a chain whose link turns back is finished in place (only a damaged or hostile
@@ -742,9 +742,13 @@ def _group_problems(group: list[tuple], data: Buffer, starts: _BlockStarts) -> l
 
     for i, walk in enumerate(walks):
         enter(i, walk.first)
+    steps = 0
     while heap:
         link, i = heapq.heappop(heap)
         walk = walks[i]
+        steps += 1
+        if pace is not None and not steps % VALIDATE_BATCH:
+            pace()
         following = walk.step(link, data)
         if following and following <= link:
             _finish_in_place(walk, following, link, data, starts)
@@ -762,7 +766,7 @@ def _group_problems(group: list[tuple], data: Buffer, starts: _BlockStarts) -> l
 
 
 def _finish_in_place(walk: _Walk, link: int, furthest: int, data: Buffer,
-                     starts: _BlockStarts) -> None:
+                     starts: RecordStarts) -> None:
     """Follow the rest of a chain from ``link`` block by block, as :func:`follow_chain` does."""
     seen: set[int] | None = None
     while link:

@@ -13,11 +13,12 @@ import mmap
 import struct
 import time as _time
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from .base import Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record, Repair, slice_payloads
+from .starts import RecordStarts
 
 LOG_MAGIC = b"LOG"
 IDX_MAGIC = b"IDX"
@@ -40,6 +41,8 @@ LAYOUT_PROBE_RECORDS = 4
 MAX_PLAUSIBLE_PAYLOAD = 65536
 #: Records per batch when validating: bounds validation's memory whatever the file size.
 VALIDATE_BATCH = 1 << 14
+#: Index entries compared with the log at once (bounds the temporary arrays of a check).
+INDEX_CHUNK = 1 << 16
 
 
 def _sniff(head: bytes, magic: bytes) -> bool:
@@ -75,6 +78,7 @@ class WallabyLogHeader:
 class WallabyLog(Codec):
     name = "wallaby-log"
     in_file_order = True
+    paces_validation = True  # validate() calls its ``pace`` keyword after each step
     columns = ColumnMap(time="time", time_unit="ns", id="seq")
 
     def partners(self, name, siblings):
@@ -311,7 +315,14 @@ class WallabyLog(Codec):
         expiry_clock = context.get("now_ns")
         if expiry_clock is None:
             expiry_clock = _time.time_ns()  # one "now" for every batch
+        pace = context.get("pace")  # called after each batch: the caller may drop pages then
+        index = context.get("index")
+        starts = RecordStarts(buf, "<u4", RECORD_HEADER) if index is not None else None
         for offs, heads, times, error in self._header_batches(buf, source, head.size):
+            if starts is not None:
+                starts.extend(offs)
+            if pace is not None:
+                pace()
             odd = np.flatnonzero((heads >> np.uint64(32)) != head.flags)
             if len(odd) and odd_first is None:
                 odd_first = int(offs[odd[0]])
@@ -328,9 +339,9 @@ class WallabyLog(Codec):
         if expired_count:
             findings.append(Finding(expired_first, f"{expired_count} record(s) expired "
                                                    f"(TTL {head.ttl_ns} ns)", "warning"))
-        index = context.get("index")
         if index is not None:
-            findings.extend(_index_vs_log(index, buf, source, from_log=True).findings)
+            findings.extend(_index_vs_log(index, buf, source, from_log=True,
+                                          log_starts=(starts, error), pace=pace).findings)
         return findings
 
     def repair(self, buf: Buffer, source: str, **context: Any) -> Repair | None:
@@ -440,6 +451,7 @@ def _expired_mask(times: np.ndarray, ttl_ns: int, now_ns: int | None) -> np.ndar
 class WallabyIndex(Codec):
     name = "wallaby-index"
     in_file_order = True
+    paces_validation = True  # validate() calls its ``pace`` keyword after each step
     derived = True
     columns = ColumnMap(time="time", time_unit="ns", id="index")
 
@@ -524,12 +536,13 @@ class WallabyIndex(Codec):
             return [Finding(exc.offset, exc.reason)]
         if version != VERSION:
             findings.append(Finding(3, f"unknown index version {version}", "warning"))
-        cols = self.read_columns(buf, source)
-        if cols.error is not None:
-            findings.append(Finding(cols.error.offset, cols.error.reason))
+        error = self._span(buf, source, None, None)[2]  # fixed-width: no walk needed
+        if error is not None:
+            findings.append(Finding(error.offset, error.reason))
         log = context.get("log")
         if log is not None:
-            findings.extend(_index_vs_log(buf, log, source, from_log=False).findings)
+            findings.extend(_index_vs_log(buf, log, source, from_log=False,
+                                          pace=context.get("pace")).findings)
         return findings
 
     def repair(self, buf: Buffer, source: str, **context: Any) -> Repair | None:
@@ -584,45 +597,80 @@ class IndexCheck:
         self.needs_rebuild = True
 
 
-def _index_vs_log(index: Buffer, log: Buffer, source: str, from_log: bool) -> IndexCheck:
+def _index_vs_log(index: Buffer, log: Buffer, source: str, from_log: bool,
+                  log_starts: "tuple[RecordStarts, FormatError | None] | None" = None,
+                  pace: Callable[[], None] | None = None) -> IndexCheck:
     """Every index entry must name a log record header with the same time, numbers must run
     0..n-1, and the index must cover every log record. Finding offsets are in ``source``
-    (the index unless ``from_log``)."""
+    (the index unless ``from_log``).
+
+    Streams both files: the log's record starts are a :class:`RecordStarts` (``log_starts``
+    when the caller already walked the log), the index is read :data:`INDEX_CHUNK` entries at
+    a time, and only counts and first offenders are kept, so memory does not grow with
+    either file. ``pace`` is called after each chunk (the caller may drop pages then)."""
     check = IndexCheck()
-    idx = WallabyIndex().read_columns(index, "index")
-    log_offs, log_error = _log_offsets(log)
-    if idx.error is not None:
-        check.problem(idx.error.offset if not from_log else 0,
-                      f"index damaged: {idx.error.reason}")
-    entry_offs, numbers = idx.data["offset"], idx.data["index"]
-    targets, times = idx.data["log_offset"], idx.data["time"]
-    at = np.searchsorted(log_offs, targets)
-    found = at < len(log_offs)
-    found[found] = log_offs[at[found]] == targets[found]
-    bad = ~found
-    # a found target is a record start: its time is the i64 8 bytes in
-    bad[found] = _gather_u64(log, targets[found] + 8).view(np.int64) != times[found]
-    if bad.any():
-        first = int(np.flatnonzero(bad)[0])
-        where = int(entry_offs[first]) if not from_log else _within(int(targets[first]), log)
-        check.problem(where, f"{int(bad.sum())} index entr(y/ies) do not match a log record "
-                             f"(first: entry {first} -> log byte {int(targets[first])})")
-    gaps = numbers != np.arange(len(numbers), dtype=np.uint64)
-    if gaps.any():
-        first = int(np.flatnonzero(gaps)[0])
-        check.problem(int(entry_offs[first]) if not from_log else 0,
-                      f"index numbers are not contiguous 0..{len(numbers) - 1} "
-                      f"(entry {first} says {int(numbers[first])})")
-    elif not bad.any() and (at != numbers.astype(np.int64)).any():
-        first = int(np.flatnonzero(at != numbers.astype(np.int64))[0])
-        where = int(entry_offs[first]) if not from_log else _within(int(targets[first]), log)
+    starts, log_error = log_starts if log_starts is not None else _log_starts(log, pace)
+    codec = WallabyIndex()
+    rows, start, last_at = 0, None, -1
+    idx_error = None
+    bad_count, bad_first = 0, None       # (entry, its offset, its log offset)
+    gap_first = None                     # (entry, its offset, its number)
+    renumbered_first = None              # (entry, its offset, its log offset)
+    while True:
+        cols = codec.read_columns(index, "index", start, rows, None, INDEX_CHUNK)
+        idx_error = cols.error
+        if cols.rows:
+            entry_offs, numbers = cols.data["offset"], cols.data["index"]
+            targets, times = cols.data["log_offset"], cols.data["time"]
+            at, found = starts.rank(targets)
+            bad = ~found
+            # a found target is a record start: its time is the i64 8 bytes in
+            bad[found] = _gather_u64(log, targets[found] + 8).view(np.int64) != times[found]
+            if bad.any():
+                if bad_first is None:
+                    i = int(np.flatnonzero(bad)[0])
+                    bad_first = (rows + i, int(entry_offs[i]), int(targets[i]))
+                bad_count += int(bad.sum())
+            if gap_first is None:
+                gaps = numbers != np.arange(rows, rows + cols.rows, dtype=np.uint64)
+                if gaps.any():
+                    i = int(np.flatnonzero(gaps)[0])
+                    gap_first = (rows + i, int(entry_offs[i]), int(numbers[i]))
+            if renumbered_first is None:
+                renumbered = at != numbers.astype(np.int64)
+                if renumbered.any():
+                    i = int(np.flatnonzero(renumbered)[0])
+                    renumbered_first = (rows + i, int(entry_offs[i]), int(targets[i]))
+            last_at = int(at[-1])
+            rows += cols.rows
+        if pace is not None:
+            pace()
+        if cols.next_offset is None:
+            break
+        start = cols.next_offset
+    if idx_error is not None:
+        check.problem(idx_error.offset if not from_log else 0,
+                      f"index damaged: {idx_error.reason}")
+    if bad_first is not None:
+        first, entry_off, target = bad_first
+        where = entry_off if not from_log else _within(target, log)
+        check.problem(where, f"{bad_count} index entr(y/ies) do not match a log record "
+                             f"(first: entry {first} -> log byte {target})")
+    if gap_first is not None:
+        first, entry_off, number = gap_first
+        check.problem(entry_off if not from_log else 0,
+                      f"index numbers are not contiguous 0..{rows - 1} "
+                      f"(entry {first} says {number})")
+    elif bad_first is None and renumbered_first is not None:
+        first, entry_off, target = renumbered_first
+        where = entry_off if not from_log else _within(target, log)
         check.problem(where,
                       f"index numbers do not match log record numbers from entry {first} "
                       "(numbering restarted after a reopen?)", "warning")
-    covered = int(at[-1]) + 1 if idx.rows and not bad.any() else idx.rows
-    lag = len(log_offs) - covered
+    covered = last_at + 1 if rows and bad_first is None else rows
+    lag = starts.count - covered
     if lag > 0:
-        first_missing = int(log_offs[covered]) if covered < len(log_offs) else 0
+        first_missing = starts.at_rank(covered) if covered < starts.count else 0
         check.problem(first_missing if from_log else len(index),
                       f"index lags the log: {lag} log record(s) not indexed", "warning")
     if log_error is not None and not from_log:
@@ -630,18 +678,22 @@ def _index_vs_log(index: Buffer, log: Buffer, source: str, from_log: bool) -> In
     return check
 
 
-def _log_offsets(log: Buffer) -> tuple[np.ndarray, FormatError | None]:
-    """The offsets of a log's records (its valid prefix) and the damage that ends it: 8 bytes
-    a record, no payloads or other columns (the index check needs only these)."""
+def _log_starts(log: Buffer, pace: Callable[[], None] | None = None
+                ) -> tuple[RecordStarts, FormatError | None]:
+    """Where a log's records start (its valid prefix, as a :class:`RecordStarts`) and the
+    damage that ends it."""
     codec = WallabyLog()
+    starts = RecordStarts(log, "<u4", RECORD_HEADER)
     try:
         start = codec.header(log, "log").size
     except FormatError as exc:
-        return np.zeros(0, np.int64), exc
-    parts, error = [], None
+        return starts, exc
+    error = None
     for offs, _heads, _times, error in codec._header_batches(log, "log", start):
-        parts.append(offs)
-    return (np.concatenate(parts) if parts else np.zeros(0, np.int64)), error
+        starts.extend(offs)
+        if pace is not None:
+            pace()
+    return starts, error
 
 
 def _within(offset: int, buf: Buffer) -> int:
