@@ -87,3 +87,20 @@ def test_a_lying_kestrel_length_is_never_copied():
         tracemalloc.stop()
     assert cols.rows == 3 and cols.error is not None and cols.error.offset == len(good)
     assert peak < 1 << 20, peak
+
+
+def test_sizes_after_the_wallaby_end_marker_are_never_copied():
+    """Past the end-of-data marker a size field can say anything: damage at the marker, and
+    the walk does not copy the bytes that size claims."""
+    items = demo.wallaby_items(random.Random(2), 3, payload=(1, 9))
+    good = CODECS["wallaby-log"].write([{"time": t, "payload": p} for t, p in items])
+    junk = 1 << 24
+    buf = good + bytes(16) + struct.pack("<IIq", junk, 0, 5) + b"\x01" * junk
+    tracemalloc.start()
+    try:
+        cols = CODECS["wallaby-log"].read_columns(buf, "f")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert cols.rows == 3 and cols.error is not None and cols.error.offset == len(good)
+    assert peak < 1 << 20, peak

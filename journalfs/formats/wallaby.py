@@ -195,12 +195,15 @@ class WallabyLog(Codec):
             empty = np.zeros(0, np.int64)
             offs, heads, times = getattr(exc, "columns", (empty, empty.view(np.uint64), empty))
         rows = len(offs)
-        if sliced is not None:  # the walk sliced every record it accepted, and maybe more
+        done = 0 if sliced is None else min(len(sliced), rows)  # rows the walk cut already
+        if done == rows:
             payload = sliced if len(sliced) == rows else sliced[:rows]
         else:
-            sizes = (heads & 0xFFFFFFFF).astype(np.int64)
-            bodies = offs + RECORD_HEADER
+            sizes = (heads[done:] & 0xFFFFFFFF).astype(np.int64)
+            bodies = offs[done:] + RECORD_HEADER
             payload = slice_payloads(buf, bodies, bodies + sizes)
+            if done:
+                payload = sliced[:done] + payload
         columns = {"format": _constant(self.name, rows),
                    "seq": np.arange(seq, seq + rows, dtype=np.int64), "offset": offs,
                    "kind": _constant("record", rows), "time": times,
@@ -213,9 +216,9 @@ class WallabyLog(Codec):
         """(offsets, size|flags<<32 words, times) of the records from ``pos``, and where a next
         call resumes (None = done). On damage the FormatError carries the valid prefix's
         arrays as ``.columns``. With a ``payloads`` list (``buf`` bytes or mmap) the walk
-        appends each walked record's payload to it: at least as many as the records returned,
-        the first of them theirs; the slices are disjoint spans inside ``buf``, so together
-        they never hold more than the bytes walked."""
+        appends the payloads of the walked records to it, from the first, until a record runs
+        past the end or has size 0 (maybe the end-of-data marker, after which sizes are not to
+        be trusted): so it never copies bytes ``read`` would not; the caller cuts the rest."""
         end = len(buf)
         bound = end if stop is None else min(stop, end)
         max_rows = end if limit is None else limit
@@ -239,9 +242,16 @@ class WallabyLog(Codec):
                 append(pos)
                 body = pos + RECORD_HEADER
                 pos = body + unpack(buf, pos)[0]
-                if pos > end:  # runs past the end: damage, checked below; nothing to slice
+                # past the end (damage) or size 0 (maybe the end-of-data marker, after which
+                # lengths are not to be trusted): slice no further, just walk
+                if pos > end or pos == body:
                     break
                 keep(buf[body:pos])
+            for _ in range(max_rows - len(walked)):
+                if pos >= walk_until:
+                    break
+                append(pos)
+                pos += RECORD_HEADER + unpack(buf, pos)[0]
         offs = np.array(walked, dtype=np.int64)
         heads = _gather_u64(buf, offs)
         times = _gather_u64(buf, offs + 8).view(np.int64)
