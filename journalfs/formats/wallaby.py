@@ -196,7 +196,7 @@ class WallabyLog(Codec):
             offs, heads, times = getattr(exc, "columns", (empty, empty.view(np.uint64), empty))
         rows = len(offs)
         done = 0 if sliced is None else min(len(sliced), rows)  # rows the walk cut already
-        if done == rows:
+        if sliced is not None and done == rows:
             payload = sliced if len(sliced) == rows else sliced[:rows]
         else:
             sizes = (heads[done:] & 0xFFFFFFFF).astype(np.int64)
