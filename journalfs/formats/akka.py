@@ -213,15 +213,15 @@ class AkkaData(_PairedFile, Codec):
                 append(pos)
                 pos += size
         else:
-            keep = payloads.append
+            keep, fixed = payloads.append, DATA_BLOCK_FIXED  # locals: cheaper than globals
             for _ in range(budget):
                 if pos >= walk_end:
                     break
                 size, self_offset = unpack_block(buf, pos)
-                if size < DATA_BLOCK_FIXED or pos + size > area_end or self_offset != pos:
+                if size < fixed or pos + size > area_end or self_offset != pos:
                     break
                 append(pos)
-                keep(buf[pos + DATA_BLOCK_FIXED:pos + size])
+                keep(buf[pos + fixed:pos + size])
                 pos += size
         next_offset, error = _probe(self, buf, source, pos, seq + len(starts), stop, len(starts) == wanted)
         return np.array(starts, dtype=np.int64), next_offset, error

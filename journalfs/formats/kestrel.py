@@ -432,7 +432,7 @@ def _walk_and_slice_puts(buf: Buffer, pos: int, walk_end: int, budget: int,
     append, keep = walked.append, payloads.append
     unpack = _COMMAND_LENGTH.unpack_from
     header_of = _PUT_HEADER_OF
-    size = len(buf)
+    size, most = len(buf), MAX_DATA  # locals: cheaper than globals in the loop
     for _ in range(budget):
         if pos >= walk_end:
             break
@@ -440,7 +440,7 @@ def _walk_and_slice_puts(buf: Buffer, pos: int, walk_end: int, budget: int,
         command, length = unpack(buf, pos)
         data = pos + header_of[command]
         pos = data + length
-        if pos > size or length > MAX_DATA:
+        if pos > size or length > most:
             break
         keep(buf[data:pos])
     return walked, pos

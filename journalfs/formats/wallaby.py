@@ -235,12 +235,12 @@ class WallabyLog(Codec):
                 append(pos)
                 pos += RECORD_HEADER + unpack(buf, pos)[0]
         else:
-            keep = payloads.append
+            keep, header = payloads.append, RECORD_HEADER  # locals: cheaper than globals
             for _ in range(max_rows):
                 if pos >= walk_until:
                     break
                 append(pos)
-                body = pos + RECORD_HEADER
+                body = pos + header
                 pos = body + unpack(buf, pos)[0]
                 # past the end (damage) or size 0 (maybe the end-of-data marker, after which
                 # lengths are not to be trusted): slice no further, just walk
