@@ -15,7 +15,7 @@ import numpy as np
 
 from .base import (Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record, Repair, field_at,
                    slice_payloads, start_offset)
-from .spans import utf8_strings
+from .spans import paused_gc, utf8_strings
 
 META_MAGICS = (b"APFM", b"AKFM")  # the seed's magic, the original code's magic
 META_WRITE_MAGIC = b"APFM"
@@ -139,7 +139,8 @@ class AkkaMeta(_PairedFile, Codec):
             pos += size
         offsets = np.array(starts, dtype=np.int64)
         sizes = field_at(buf, offsets, 0, ">i2").astype(np.int64)
-        pids = utf8_strings(buf, offsets + META_BLOCK_FIXED, offsets + sizes)
+        with paused_gc():
+            pids = utf8_strings(buf, offsets + META_BLOCK_FIXED, offsets + sizes)
         if pids is None:  # some id is not UTF-8: keep the blocks before the first such one
             pids = []
             for a, b in zip((offsets + META_BLOCK_FIXED).tolist(), (offsets + sizes).tolist()):

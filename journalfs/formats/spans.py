@@ -8,6 +8,10 @@ would give.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
+from typing import Iterator
+
 import numpy as np
 
 #: Spans gathered per step: bounds the temporaries of a huge batch (limit=None on a big file).
@@ -81,3 +85,16 @@ def utf8_strings(buf, starts: np.ndarray, ends: np.ndarray) -> list[str] | None:
         b = bounds.tolist()
         out.extend([text[x:y] for x, y in zip(b, b[1:])])
     return out
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Cyclic GC off while a batch's columns are built: they are acyclic, and the collector's
+    passes over hundreds of thousands of new lists and strings cost more than building them."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
