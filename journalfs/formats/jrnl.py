@@ -13,7 +13,11 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from .base import Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record, Repair, payload_b64
+import numpy as np
+
+from .base import (BuiltOnAccess, Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record,
+                   Repair, field_at, payload_b64)
+from .spans import paused_gc
 
 MAGIC = b"JRNL"
 COMPLETE_FLAG = 0x01
@@ -228,6 +232,39 @@ class Jrnl(Codec):
         for tx in walk(buf, source, start, stop):
             yield tx_record(tx, seq)
             seq += 1
+
+    def read_columns(self, buf, source, start=None, seq=0, stop=None, limit=None) -> Columns:
+        """Vectorised decoding: a tight loop follows the chain (one unpack per transaction
+        and per operation), numpy gathers the fields and checks the operations' sizes; each
+        row's ``ops`` are built as dicts only when read (:class:`BuiltOnAccess`). Wherever
+        the loop stops, :func:`parse_transaction` takes one exact step, so the rows, the
+        damage and where the next batch resumes are exactly what :meth:`read` gives."""
+        prev: int | None = None
+        if start is None:
+            try:
+                pos, _last = read_header(buf, source)
+            except FormatError as exc:
+                return _chain_columns(_Chain(), buf, source, seq, None, exc)
+            prev = 0
+        else:
+            pos = start
+        chain = _Chain()
+        with paused_gc():
+            pos, prev = _walk_chain(buf, pos, prev, stop, limit, chain)
+            refused = chain.check_ops(buf)
+            if refused is not None:  # an operation read() refuses: step to its transaction
+                pos, prev = chain.cut(refused)
+        # one exact step: the chain's end, the damage, or the next batch's first transaction
+        if not pos or (stop is not None and pos >= stop):
+            return _chain_columns(chain, buf, source, seq, None, None)
+        try:
+            parse_transaction(buf, source, pos, prev)
+        except FormatError as exc:
+            return _chain_columns(chain, buf, source, seq, None, exc)
+        if chain.rows == limit:
+            return _chain_columns(chain, buf, source, seq, pos, None)
+        # the loop refused a transaction read() accepts: decode this batch the plain way
+        return Codec.read_columns(self, buf, source, start, seq, stop, limit)
 
     def write(self, records: Sequence[Record], **_: Any) -> bytes:
         """A consistent chain: offsets and links computed, flags from ``complete``, ops kept."""
@@ -472,3 +509,158 @@ def _text_columns(buf, source: str, start: int | None = None, seq: int = 0,
             "kind": "transaction", "prev": prevs, "next": nexts, "time": times,
             "complete": completes, "status": statuses, "ops": ops}
     return Columns(data, rows, next_offset, seq + rows, None)
+
+
+# -- columns (Codec.read_columns) ------------------------------------------------------------------
+
+_TX_UNPACK = _TX_HEADER.unpack_from
+_OP_UNPACK = _OP_HEADER.unpack_from
+
+
+class _Chain:
+    """The transactions a batch walked: their fixed fields, and every operation's code and
+    data span in one flat table (``op_first[i]`` is transaction i's first operation)."""
+
+    def __init__(self):
+        self.offsets: list[int] = []
+        self.prevs: list[int] = []
+        self.nexts: list[int] = []
+        self.times: list[int] = []
+        self.flags: list[int] = []
+        self.op_first: list[int] = [0]
+        self.codes: list[int] = []
+        self.starts: list[int] = []  # where each operation's data starts
+        self.sizes: list[int] = []
+        self.ended: list[bool] = []  # has its completion op (0xFF)
+
+    @property
+    def rows(self) -> int:
+        return len(self.offsets)
+
+    def check_ops(self, buf) -> int | None:
+        """The first transaction holding an operation :func:`decode_op` refuses (a page
+        allocation not of 24 bytes, a removal not of 16, a modification whose two images do
+        not fill it); None when there is none."""
+        if not self.codes:
+            return None
+        codes = np.array(self.codes, np.uint8)
+        sizes = np.array(self.sizes, np.int64)
+        bad = ((codes == OP_ALLOC) & (sizes != _ALLOC.size)) \
+            | ((codes == OP_REMOVE) & (sizes != _REMOVE.size))
+        modify = np.flatnonzero(codes == OP_MODIFY)
+        if len(modify):
+            short = sizes[modify] < _MODIFY.size
+            bad[modify[short]] = True
+            whole = modify[~short]
+            images = field_at(buf, np.array(self.starts, np.int64)[whole], 10, "<u2")
+            bad[whole[sizes[whole] != _MODIFY.size + 2 * images.astype(np.int64)]] = True
+        first = np.flatnonzero(bad)
+        if not len(first):
+            return None
+        return int(np.searchsorted(np.array(self.op_first, np.int64), first[0], "right")) - 1
+
+    def cut(self, row: int) -> tuple[int, int | None]:
+        """Keep the transactions before ``row``; (its offset, the offset its prev link must
+        hold) for the exact step."""
+        pos, prev = self.offsets[row], self.prevs[row]
+        ops = self.op_first[row]
+        for column in (self.offsets, self.prevs, self.nexts, self.times, self.flags, self.ended):
+            del column[row:]
+        del self.op_first[row + 1:]
+        for column in (self.codes, self.starts, self.sizes):
+            del column[ops:]
+        return pos, prev if row else self._first_prev
+
+    _first_prev: int | None = None
+
+
+def _walk_chain(buf, pos: int, prev: int | None, stop: int | None, limit: int | None,
+                chain: _Chain) -> tuple[int, int | None]:
+    """Follow the chain from ``pos`` for up to ``limit`` transactions that
+    :func:`parse_transaction` accepts whole (the operations' own sizes are
+    :meth:`_Chain.check_ops`'s); return where it stopped and the prev link expected there."""
+    end = len(buf)
+    chain._first_prev = prev
+    offsets, prevs, nexts, times, flag_list = (chain.offsets, chain.prevs, chain.nexts,
+                                               chain.times, chain.flags)
+    codes, starts, sizes, op_first, ended = (chain.codes, chain.starts, chain.sizes,
+                                             chain.op_first, chain.ended)
+    stop = end + 1 if stop is None else stop  # no transaction starts past the end
+    budget = end // TX_HEADER + 1 if limit is None else limit
+    for _ in range(budget):
+        if not pos or pos >= stop or pos < HEADER or pos + TX_HEADER > end:
+            break
+        back, nxt, t, flags = _TX_UNPACK(buf, pos)
+        if (prev is not None and back != prev) or (nxt and nxt < pos + TX_HEADER):
+            break
+        bound = nxt if nxt and nxt < end else end
+        at = pos + TX_HEADER
+        mark = len(codes)
+        complete_op = bad = False
+        while at < bound:
+            if at + OP_HEADER > bound:
+                bad = True
+                break
+            code, size = _OP_UNPACK(buf, at)
+            at += OP_HEADER
+            if code not in OP_NAMES or at + size > bound:
+                bad = True
+                break
+            codes.append(code)
+            starts.append(at)
+            sizes.append(size)
+            at += size
+            if code == OP_COMPLETE:
+                complete_op = True
+                break
+        # a bad operation header, or torn: the exact step names it
+        if bad or (not complete_op and (nxt > end or (bound == end and flags & COMPLETE_FLAG))):
+            del codes[mark:], starts[mark:], sizes[mark:]
+            break
+        offsets.append(pos)
+        prevs.append(back)
+        nexts.append(nxt)
+        times.append(t)
+        flag_list.append(flags)
+        ended.append(complete_op)
+        op_first.append(len(codes))
+        prev, pos = pos, nxt
+    return pos, prev
+
+
+def _chain_columns(chain: _Chain, buf, source: str, seq: int, next_offset: int | None,
+                   error: FormatError | None) -> Columns:
+    rows = chain.rows
+    complete = (np.array(chain.flags, np.uint8) & COMPLETE_FLAG).astype(bool)
+    ended = np.array(chain.ended, bool)
+    status = np.array(["rollback", "redo", "complete"])[
+        np.where(complete, 2, ended.astype(np.intp))].tolist() if rows else []
+    data = {"format": ["jrnl"] * rows,
+            "seq": np.arange(seq, seq + rows, dtype=np.int64),
+            "offset": np.array(chain.offsets, np.int64),
+            "kind": ["transaction"] * rows,
+            "prev": np.array(chain.prevs, np.uint64),
+            "next": np.array(chain.nexts, np.uint64),
+            "time": np.array(chain.times, np.int64),
+            "complete": complete,
+            "status": status,
+            "ops": _ops_column(chain, buf, source)}
+    return Columns(data, rows, next_offset, seq + rows, error)
+
+
+def _ops_column(chain: _Chain, buf, source: str) -> BuiltOnAccess:
+    """Each row's operations as :func:`decode_op` makes them, built when read, from a copy
+    of the batch's operation bytes (the column outlives the caller's mapping)."""
+    rows = chain.rows
+    if not chain.codes:
+        return BuiltOnAccess(rows, lambda i: [])
+    lo = chain.starts[0]
+    hi = chain.starts[-1] + chain.sizes[-1]
+    blob = bytes(memoryview(buf)[lo:hi])
+    codes, starts, sizes, first = chain.codes, chain.starts, chain.sizes, chain.op_first
+
+    def build(i: int) -> list[dict]:
+        return [decode_op(codes[j], blob[starts[j] - lo:starts[j] - lo + sizes[j]], source,
+                          starts[j] - OP_HEADER)
+                for j in range(first[i], first[i + 1])]
+    return BuiltOnAccess(rows, build)
