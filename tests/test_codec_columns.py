@@ -359,3 +359,18 @@ def test_utf8_strings_refuse_a_character_split_across_spans():
     buf = "é".encode()  # c3 a9: valid joined, not as two spans
     assert utf8_strings(buf, np.array([0, 1]), np.array([1, 2])) is None
     assert utf8_strings(buf, np.array([0]), np.array([2])) == ["é"]
+
+
+@pytest.mark.parametrize("where", [0, 3])
+def test_jrnl_transactions_with_more_operations_than_walked_in_parallel(where):
+    from journalfs.formats.jrnl import PARALLEL_OPS
+    codec = CODECS["jrnl"]
+    many = [{"op": "rollback", "data_b64": ""}] * (PARALLEL_OPS + 5) + [{"op": "complete",
+                                                                          "data_b64": ""}]
+    txs = [{"time": i, "complete": True,
+            "ops": many if i == where else [{"op": "complete", "data_b64": ""}]} for i in range(6)]
+    buf = codec.write(txs)
+    assert_same_as_read(codec, buf)
+    for batch in (1, 2, 4):
+        assert_batches_equal_read(codec, buf, batch)
+    assert_batches_equal_read(codec, buf[:-3], 2)
