@@ -17,8 +17,6 @@ from journalfs.formats.base import BuiltOnAccess
 from journalfs.formats.gvfs_journal import MAGIC as GVFS_MAGIC
 from journalfs.formats.spans import cstrings, utf8_strings
 
-pytestmark = pytest.mark.fast
-
 FORMATS = ("jrnl", "gvfs-journal", "kestrel-reader", "akka-meta")
 
 # -- random valid files ------------------------------------------------------------------------
