@@ -1,10 +1,10 @@
-"""Text columns of many byte spans of a buffer, decoded in one step per batch.
+"""Helpers of the column decoders: text of many byte spans decoded in one step per batch,
+and cyclic GC paused while a batch's columns are built.
 
 A column decoder knows where each record's strings start and end (numpy offsets). Decoding
 them one ``bytes.decode`` per string costs a Python call each; here the spans are gathered
 into one byte string by a mask over the region they lie in, decoded once, and cut back into
-one ``str`` per span. Every function returns exactly what decoding each span on its own
-would give.
+one ``str`` per span, exactly what decoding each span on its own gives.
 """
 from __future__ import annotations
 
@@ -40,21 +40,6 @@ def gather(buf, starts: np.ndarray, ends: np.ndarray) -> bytes:
 
 def _sorted_apart(starts: np.ndarray, ends: np.ndarray) -> bool:
     return bool((ends >= starts).all()) and bool((starts[1:] >= ends[:-1]).all())
-
-
-def cstrings(buf, starts: np.ndarray, ends: np.ndarray) -> list[str]:
-    """``buf[start:end].decode("utf-8", "surrogateescape")`` of every span, where each span is
-    followed by its terminating NUL at ``end`` and holds no NUL itself (C strings). The NULs
-    are decoded along: no UTF-8 sequence crosses a NUL, so splitting at them after one
-    decode gives each string exactly as decoding it alone does."""
-    out: list[str] = []
-    if len(starts) and not _sorted_apart(starts, ends + 1):
-        raise ValueError("string spans out of order")
-    for i in range(0, len(starts), CHUNK_SPANS):
-        s, e = starts[i:i + CHUNK_SPANS], ends[i:i + CHUNK_SPANS] + 1
-        text = gather(buf, s, e).decode("utf-8", "surrogateescape")
-        out.extend(text.split("\0")[:-1])
-    return out
 
 
 def utf8_strings(buf, starts: np.ndarray, ends: np.ndarray) -> list[str] | None:
