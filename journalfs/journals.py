@@ -491,12 +491,17 @@ def _batched(starts_of, buf, path: str, start: int | None, seq: int,
     one: only a record bigger than that could still be read short, so memory stays a window
     even for a file damaged in its middle. The end of the records is believed only once the
     window reaches the file's end."""
-    limit = FIRST_BATCH_ROWS
+    limit, per_row = FIRST_BATCH_ROWS, None
     width, tried = LOAD_AHEAD, None
     while True:
         at = start or 0
         held = len(buf) if win is None else win.window(at, at + width)
-        offsets, next_offset, error = starts_of(buf, path, start, seq, None, limit)
+        rows_wanted = limit
+        if held < len(buf) and per_row is not None:
+            # records past the window are decoded again after it slides: a batch asks only
+            # for what the window can hold (a small window made this quadratic)
+            rows_wanted = max(2, min(limit, (held - at) // per_row + 2))
+        offsets, next_offset, error = starts_of(buf, path, start, seq, None, rows_wanted)
         rows = len(offsets)
         if held < len(buf) and (error is not None or next_offset is None
                                 or next_offset > held):

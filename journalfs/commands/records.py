@@ -31,6 +31,9 @@ SUMMARY_VALUE_CHARS = 40
 #: Columnar decoding: rows of the first batch, the most rows per batch, and the file bytes a
 #: batch aims to span (so that records with big payloads still make small batches).
 FIRST_ROWS, MAX_ROWS, BATCH_SPAN = 1024, 16384, 2 << 20
+#: The JSON a batch aims to write at most: records whose lines are long (jrnl transactions with
+#: many operations) make smaller batches, so the objects built for them stay few.
+OUTPUT_SPAN = 2 << 20
 
 
 DESCRIPTION = (
@@ -166,9 +169,11 @@ def json_chunks(codec: Codec, buf, path: str, progress: Progress | None = None
         cols = codec.read_columns(buf, path, start, seq, None, rows)
         if cols.rows:
             stop = cols.next_offset if cols.error is None else cols.error.offset
-            yield columns_chunk(codec, buf, path, cols, start, seq, stop).data
+            data = columns_chunk(codec, buf, path, cols, start, seq, stop).data
+            yield data
             first, last = int(cols.data["offset"][0]), int(cols.data["offset"][-1])
-            rows = _next_rows(cols.rows, (stop if stop is not None else last + 1) - first)
+            rows = min(_next_rows(cols.rows, (stop if stop is not None else last + 1) - first),
+                       max(16, OUTPUT_SPAN * cols.rows // max(len(data), 1)))
             count += cols.rows
             releaser.passed(last)
             progress.update(last, count)

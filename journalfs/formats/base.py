@@ -52,6 +52,32 @@ class Columns:
     error: FormatError | None = None
 
 
+class BuiltOnAccess(Sequence):
+    """A column whose values are built only when read: ``build(i)`` makes row ``i``'s value
+    (a fresh object each time). For nested values whose Python objects cost far more than
+    finding and checking them (a jrnl transaction's list of operation dicts): a batch that is
+    counted, indexed or listed never builds them. ``tolist()`` builds every row, as numpy's
+    does; a slice is a list."""
+
+    def __init__(self, rows: int, build: Callable[[int], Any]):
+        self._rows, self._build = rows, build
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self._build(i) for i in range(*index.indices(self._rows))]
+        if index < 0:
+            index += self._rows
+        if not 0 <= index < self._rows:
+            raise IndexError("column index out of range")
+        return self._build(index)
+
+    def tolist(self) -> list:
+        return [self._build(i) for i in range(self._rows)]
+
+
 @dataclass(frozen=True)
 class ColumnMap:
     """Which record field feeds each of the Spark rows' ``time``/``key``/``id`` columns."""

@@ -5,13 +5,18 @@ same); entries past the header's ``num_entries`` are not part of the journal at 
 """
 from __future__ import annotations
 
+import bisect
+import mmap
 import re
 import struct
 import zlib
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from .base import Codec, ColumnMap, FormatError, Record
+import numpy as np
+
+from .base import Codec, ColumnMap, Columns, FormatError, Record, field_at
+from .spans import paused_gc
 
 MAGIC = b"\xda\x1ajour"
 HEADER_SIZE = 20
@@ -267,6 +272,47 @@ class GvfsJournal(Codec):
             yield {"format": self.name, "seq": seq, "offset": offset, **fields}
             seq += 1
 
+    def read_columns(self, buf, source, start=None, seq=0, stop=None, limit=None) -> Columns:
+        """Vectorised decoding (see the notes above :class:`_Run`); exactly what :meth:`read`
+        yields, with the generic default's columns (a field a kind lacks is None)."""
+        try:
+            header = parse_header(buf, source, exact_size=False)
+        except FormatError as exc:
+            return Columns({}, 0, None, seq, exc)
+        end = min(header.file_size, len(buf))
+        pos = FIRST_ENTRY if start is None else start
+        remaining = header.num_entries - seq
+        walk_end = end - MIN_ENTRY + 1 if stop is None else min(stop, end - MIN_ENTRY + 1)
+        run = _Run()
+        with paused_gc():
+            while True:
+                wanted = remaining - run.rows if limit is None \
+                    else min(limit, remaining) - run.rows
+                if wanted > 0 and pos % 4 == 0:
+                    walked = _walk(buf, pos, walk_end, end, wanted)
+                    taken = 0
+                    while taken < len(walked):  # runs of about RUN_BYTES
+                        cut = bisect.bisect_left(walked, walked[taken] + RUN_BYTES, taken + 1)
+                        taken += _decode_run(buf, np.array(walked[taken:cut], np.int64), run)
+                        if taken < cut:  # an entry the run refused: the exact step names it
+                            break
+                    if taken:
+                        pos = walked[taken - 1] + _U32.unpack_from(buf, walked[taken - 1])[0]
+                # one exact step: the next entry the runs could not take, the end, or damage
+                records = self.read(buf, source, pos, seq + run.rows, stop)
+                try:
+                    rec = next(records, None)
+                except FormatError as exc:
+                    return Columns(run.columns(seq), run.rows, None, seq + run.rows, exc)
+                finally:
+                    records.close()
+                if rec is None:
+                    return Columns(run.columns(seq), run.rows, None, seq + run.rows, None)
+                if run.rows == limit:
+                    return Columns(run.columns(seq), run.rows, rec["offset"], seq + run.rows, None)
+                run.add_record(rec)
+                pos = rec["offset"] + _U32.unpack_from(buf, rec["offset"])[0]
+
     def write(self, records: Sequence[Record], *, tag: int = 0, file_size: int | None = None,
               **header) -> bytes:
         entries = [encode_entry(r["kind"], int(r.get("mtime", 0)), r["path"], r.get("key"),
@@ -289,3 +335,186 @@ class GvfsJournal(Codec):
         except FormatError as exc:
             findings.append(Finding(exc.offset, exc.reason))
         return findings
+
+
+# -- columns ---------------------------------------------------------------------------------
+#
+# read_columns walks the entries' leading sizes (one unpack each), then checks and decodes a
+# run of entries at once: trailing sizes, ops and CRCs (one zlib call per entry) and every
+# string found through the NUL bytes of the run's bytes (numpy), all strings of the run
+# decoded in one step. Wherever the run stops (damage, the end, an entry too big for the
+# vectorised path), read() takes one exact step, so the result is always what read() yields.
+
+#: Entries above this size are decoded one by one (their NUL search would scan them whole).
+LARGE_ENTRY = 1 << 16
+#: The bytes of entries checked and decoded together (bounds the NUL positions' array).
+RUN_BYTES = 1 << 20
+_FIELDS_OF_OP = (("key", "value"), ("key", "value"), ("key",), ("source",), ())
+
+
+class _Run:
+    """The columns of consecutive entries, filled run by run."""
+
+    def __init__(self):
+        self.offsets: list[np.ndarray] = []
+        self.mtimes: list[np.ndarray] = []
+        self.ops: list[np.ndarray] = []
+        self.paths: list[str] = []
+        self.keys: list = []
+        self.values: list = []
+        self.sources: list = []
+        self.rows = 0
+
+    def add_record(self, rec: Record) -> None:
+        self.offsets.append(np.array([rec["offset"]], np.int64))
+        self.mtimes.append(np.array([rec["mtime"]], np.uint64))
+        self.ops.append(np.array([OP_OF_KIND[rec["kind"]]], np.uint8))
+        self.paths.append(rec["path"])
+        self.keys.append(rec.get("key"))
+        self.values.append(rec.get("value"))
+        self.sources.append(rec.get("source"))
+        self.rows += 1
+
+    def columns(self, seq: int) -> dict:
+        rows = self.rows
+        offsets = np.concatenate(self.offsets) if self.offsets else np.zeros(0, np.int64)
+        ops = np.concatenate(self.ops) if self.ops else np.zeros(0, np.uint8)
+        mtimes = np.concatenate(self.mtimes) if self.mtimes else np.zeros(0, np.uint64)
+        data = {"format": ["gvfs-journal"] * rows,
+                "seq": np.arange(seq, seq + rows, dtype=np.int64),
+                "offset": offsets,
+                "kind": np.array(KIND_OF_OP)[ops].tolist(),
+                "mtime": mtimes,
+                "path": self.paths}
+        # the generic default's columns: a field first used by a later row comes later
+        for name in dict.fromkeys(f for op in dict.fromkeys(ops.tolist()) for f in _FIELDS_OF_OP[op]):
+            data[name] = {"key": self.keys, "value": self.values, "source": self.sources}[name]
+        return data
+
+
+def _spans(buf, starts: np.ndarray, ends: np.ndarray):
+    """The bytes of each ``buf[start:end]`` (bytes-like: a memoryview where slicing ``buf``
+    would not give bytes), made without a Python call per span."""
+    whole = buf if isinstance(buf, (bytes, mmap.mmap)) else memoryview(buf).cast("B")
+    return map(whole.__getitem__, map(slice, starts.tolist(), ends.tolist()))
+
+
+def _placed(rows: int, which: np.ndarray, values) -> list:
+    """A column of ``rows`` holding ``values`` at rows ``which`` and None elsewhere."""
+    if len(which) == rows:
+        return list(values)
+    column: list = [None] * rows
+    for i, value in zip(which.tolist(), values):
+        column[i] = value
+    return column
+
+
+def _walk(buf, pos: int, walk_end: int, end: int, budget: int) -> list[int]:
+    """Up to ``budget`` entry starts from ``pos`` whose leading size is plausible (>= 24, a
+    multiple of 4, inside ``end``, at most LARGE_ENTRY); the checks that need more than the
+    size are :func:`_decode_run`'s."""
+    walked: list[int] = []
+    append = walked.append
+    unpack = _U32.unpack_from
+    for _ in range(budget):
+        if pos >= walk_end:
+            break
+        size = unpack(buf, pos)[0]
+        if size < MIN_ENTRY or size & 3 or pos + size > end or size > LARGE_ENTRY:
+            break
+        append(pos)
+        pos += size
+    return walked
+
+
+def _decode_run(buf, offsets: np.ndarray, run: _Run) -> int:
+    """Check and decode the entries at ``offsets`` (sizes already plausible) into ``run``, up
+    to the first one :func:`decode_entry` would refuse; return how many were taken."""
+    sizes = field_at(buf, offsets, 0, ">u4").astype(np.int64)
+    ends = offsets + sizes
+    body_ends = ends - 4
+    ok = (field_at(buf, body_ends, 0, ">u4") == sizes)
+    ops = field_at(buf, offsets, 16, "u1")
+    ok &= ops <= OP_REMOVE
+    crcs = np.fromiter(map(zlib.crc32, _spans(buf, offsets + 8, ends)),
+                       dtype=np.uint32, count=len(offsets))
+    ok &= crcs == field_at(buf, offsets, 4, ">u4")
+    # strings: every NUL of the run, then each string's end is the first NUL after its start
+    lo, hi = int(offsets[0]), int(ends[-1])
+    nuls = np.flatnonzero(np.frombuffer(buf, np.uint8, hi - lo, lo) == 0) + lo
+    last = len(nuls) - 1
+    path_at = np.searchsorted(nuls, offsets + 17)
+    path_ends = nuls[np.minimum(path_at, last)]
+    ok &= (path_at <= last) & (path_ends < body_ends)
+    second = nuls[np.minimum(path_at + 1, last)]  # key's end (set, setv, unset), source's (copy)
+    has_second = ops <= OP_COPY
+    ok &= ~has_second | ((path_at + 1 <= last) & (second < body_ends))
+    is_set = ops == OP_SET
+    third = nuls[np.minimum(path_at + 2, last)]
+    ok &= ~is_set | ((path_at + 2 <= last) & (third < body_ends))
+    is_setv = ops == OP_SETV
+    counts = np.zeros(len(offsets), np.int64)
+    list_at = np.zeros(len(offsets), np.int64)
+    if is_setv.any():
+        # after the key: padding to 4 (from the entry's start), u32 count, count strings
+        pos = second + 1
+        pos += -(pos - offsets) % 4
+        fits = is_setv & (pos + 4 <= body_ends)
+        counts[fits] = field_at(buf, pos[fits], 0, ">u4")
+        first_value = pos + 4
+        ok &= ~is_setv | (fits & (counts <= body_ends - first_value))
+        counts[~ok] = 0
+        list_at = np.searchsorted(nuls, first_value)
+        last_value = list_at + counts - 1
+        listed = is_setv & (counts > 0)
+        ok &= ~listed | ((last_value <= last) & (nuls[np.clip(last_value, 0, last)] < body_ends))
+    bad = np.flatnonzero(~ok)
+    take = int(bad[0]) if len(bad) else len(offsets)
+    if not take:
+        return 0
+    offsets, ops, sizes = offsets[:take], ops[:take], sizes[:take]
+    path_ends, second, third = path_ends[:take], second[:take], third[:take]
+    counts, list_at, is_setv = counts[:take], list_at[:take], is_setv[:take]
+    # every string of the run in file order: path, then key/source, then value(s). The
+    # strings before a list (or all of an entry's, without one) lie back to back, NUL
+    # between them, and so do a list's values: one span each, joined by NULs, decoded once
+    # (no UTF-8 sequence crosses a NUL, so each string decodes as it would alone)
+    per_entry = np.where(ops == OP_REMOVE, 1, np.where(ops == OP_SET, 3, 2)) + counts
+    firsts = np.zeros(take + 1, np.int64)
+    np.cumsum(per_entry, out=firsts[1:])
+    head = firsts[:-1]
+    head_ends = np.where(ops == OP_REMOVE, path_ends, np.where(ops == OP_SET, third, second))
+    lists = np.flatnonzero(is_setv & (counts > 0))
+    if len(lists):
+        has_list = np.zeros(take, np.int64)
+        has_list[lists] = 1
+        slot = np.arange(take, dtype=np.int64) + np.cumsum(has_list) - has_list
+        starts = np.empty(take + len(lists), np.int64)
+        stops = np.empty(take + len(lists), np.int64)
+        starts[slot], stops[slot] = offsets + 17, head_ends
+        list_pos = second[lists] + 1
+        list_pos += -(list_pos - offsets[lists]) % 4
+        starts[slot[lists] + 1] = list_pos + 4
+        stops[slot[lists] + 1] = nuls[list_at[lists] + counts[lists] - 1]
+    else:
+        starts, stops = offsets + 17, head_ends
+    text = b"\0".join(_spans(buf, starts, stops))
+    strings = text.decode("utf-8", "surrogateescape").split("\0")
+    sets = np.flatnonzero(ops == OP_SET)
+    pick = strings.__getitem__
+    run.paths += map(pick, head.tolist())
+    keyed = np.flatnonzero(ops <= OP_UNSET)
+    run.keys += _placed(take, keyed, map(pick, (head[keyed] + 1).tolist()))
+    copies = np.flatnonzero(ops == OP_COPY)
+    run.sources += _placed(take, copies, map(pick, (head[copies] + 1).tolist()))
+    values = _placed(take, sets, map(pick, (head[sets] + 2).tolist()))
+    setvs = np.flatnonzero(is_setv)
+    if len(setvs):
+        for row, i, n in zip(setvs.tolist(), (head[setvs] + 2).tolist(), counts[setvs].tolist()):
+            values[row] = strings[i:i + n]
+    run.values += values
+    run.offsets.append(offsets)
+    run.mtimes.append(field_at(buf, offsets, 8, ">u8"))
+    run.ops.append(ops)
+    run.rows += take
+    return take

@@ -13,7 +13,11 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from .base import Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record, Repair, payload_b64
+import numpy as np
+
+from .base import (BuiltOnAccess, Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record,
+                   Repair, field_at, payload_b64)
+from .spans import paused_gc
 
 MAGIC = b"JRNL"
 COMPLETE_FLAG = 0x01
@@ -228,6 +232,40 @@ class Jrnl(Codec):
         for tx in walk(buf, source, start, stop):
             yield tx_record(tx, seq)
             seq += 1
+
+    def read_columns(self, buf, source, start=None, seq=0, stop=None, limit=None) -> Columns:
+        """Vectorised decoding: a tight loop follows the chain (one unpack per transaction
+        and per operation), numpy gathers the fields and checks the operations' sizes; each
+        row's ``ops`` are built as dicts only when read (:class:`BuiltOnAccess`). Wherever
+        the loop stops, :func:`parse_transaction` takes one exact step, so the rows, the
+        damage and where the next batch resumes are exactly what :meth:`read` gives."""
+        prev: int | None = None
+        if start is None:
+            try:
+                pos, _last = read_header(buf, source)
+            except FormatError as exc:
+                return _chain_columns(_Chain.empty(), buf, source, seq, None, exc)
+            prev = 0
+        else:
+            pos = start
+        with paused_gc():
+            offsets, after = _walk_links(buf, pos, stop, limit)
+            chain = _Chain.of(buf, offsets, prev)
+        if chain.rows < len(offsets):  # a transaction read() refuses: the exact step names it
+            after = int(offsets[chain.rows])
+        prev = int(chain.offsets[-1]) if chain.rows else prev
+        pos = after
+        # one exact step: the chain's end, the damage, or the next batch's first transaction
+        if not pos or (stop is not None and pos >= stop):
+            return _chain_columns(chain, buf, source, seq, None, None)
+        try:
+            parse_transaction(buf, source, pos, prev)
+        except FormatError as exc:
+            return _chain_columns(chain, buf, source, seq, None, exc)
+        if chain.rows == limit:
+            return _chain_columns(chain, buf, source, seq, pos, None)
+        # the walk refused a transaction read() accepts: decode this batch the plain way
+        return Codec.read_columns(self, buf, source, start, seq, stop, limit)
 
     def write(self, records: Sequence[Record], **_: Any) -> bytes:
         """A consistent chain: offsets and links computed, flags from ``complete``, ops kept."""
@@ -472,3 +510,217 @@ def _text_columns(buf, source: str, start: int | None = None, seq: int = 0,
             "kind": "transaction", "prev": prevs, "next": nexts, "time": times,
             "complete": completes, "status": statuses, "ops": ops}
     return Columns(data, rows, next_offset, seq + rows, None)
+
+
+# -- columns (Codec.read_columns) ------------------------------------------------------------------
+
+_NEXT = struct.Struct("<Q").unpack_from
+#: Operations walked in parallel per batch (every transaction's k-th operation at step k);
+#: the rest of a transaction with more is walked one operation at a time (a step costs the
+#: same however few transactions are still in it).
+PARALLEL_OPS = 64
+_KNOWN_OP = np.zeros(256, bool)
+_KNOWN_OP[list(OP_NAMES)] = True
+
+
+def _walk_links(buf, pos: int, stop: int | None, limit: int | None) -> tuple[np.ndarray, int]:
+    """Up to ``limit`` transaction starts along the next links from ``pos`` (each link
+    moving past its transaction's header, every header inside the buffer), and the position
+    after the last; the rest of each transaction is checked by :meth:`_Chain.of`."""
+    end = len(buf)
+    stop = end + 1 if stop is None else stop  # no transaction starts past the end
+    budget = end // TX_HEADER + 1 if limit is None else limit
+    walked: list[int] = []
+    append = walked.append
+    for _ in range(budget):
+        if not pos or pos >= stop or pos < HEADER or pos + TX_HEADER > end:
+            break
+        nxt = _NEXT(buf, pos + 8)[0]
+        if nxt and nxt < pos + TX_HEADER:
+            break
+        append(pos)
+        pos = nxt
+    return np.array(walked, np.int64), pos
+
+
+class _Chain:
+    """The transactions of a batch :func:`parse_transaction` accepts: their fixed fields, and
+    every operation's code and data span in one flat table (``op_first[i]`` is transaction
+    i's first operation)."""
+
+    def __init__(self, offsets, prevs, nexts, times, flags, ended, op_first, codes, starts, sizes):
+        self.offsets, self.prevs, self.nexts, self.times = offsets, prevs, nexts, times
+        self.flags, self.ended, self.op_first = flags, ended, op_first
+        self.codes, self.starts, self.sizes = codes, starts, sizes
+
+    @property
+    def rows(self) -> int:
+        return len(self.offsets)
+
+    @classmethod
+    def empty(cls) -> "_Chain":
+        z = np.zeros(0, np.int64)
+        return cls(z, z.astype(np.uint64), z.astype(np.uint64), z, z.astype(np.uint8),
+                   z.astype(bool), np.zeros(1, np.int64), z.astype(np.uint8), z, z)
+
+    @classmethod
+    def of(cls, buf, offsets: np.ndarray, prev: int | None) -> "_Chain":
+        """The leading transactions at ``offsets`` (whose headers fit and whose next links
+        move forward) that read() accepts whole: prev links, operation headers, operation
+        sizes, the completion op or an honest end."""
+        n = len(offsets)
+        if not n:
+            return cls.empty()
+        end = len(buf)
+        prevs = field_at(buf, offsets, 0, "<u8")
+        nexts = field_at(buf, offsets, 8, "<u8")
+        bad = np.zeros(n, bool)
+        expected = np.empty(n, np.uint64)
+        expected[1:] = offsets[:-1]
+        expected[0] = prevs[0] if prev is None else prev
+        bad |= prevs != expected
+        big_next = nexts >= np.uint64(end)
+        bounds = np.where((nexts == 0) | big_next, end, nexts.astype(np.int64))
+        # the operations, every transaction's k-th one at step k
+        cursor = offsets + TX_HEADER
+        active = np.flatnonzero(cursor < bounds)
+        ended = np.zeros(n, bool)
+        found: list[tuple[np.ndarray, ...]] = []
+        byte = np.frombuffer(buf, np.uint8)
+        for _ in range(PARALLEL_OPS):
+            if not len(active):
+                break
+            at, bound = cursor[active], bounds[active]
+            whole = at + OP_HEADER <= bound
+            safe = np.where(whole, at, 0)  # a header that does not fit is not read
+            codes = byte[safe]
+            sizes = field_at(buf, safe, 1, "<u4").astype(np.int64)
+            good = whole & _KNOWN_OP[codes] & (at + OP_HEADER + sizes <= bound)
+            bad[active[~good]] = True
+            rows, at, codes, sizes = active[good], at[good], codes[good], sizes[good]
+            found.append((rows, codes, at + OP_HEADER, sizes))
+            cursor[rows] = at + OP_HEADER + sizes
+            done = codes == OP_COMPLETE
+            ended[rows[done]] = True
+            active = rows[~done & (cursor[rows] < bounds[rows])]
+        # the few transactions with more operations go on one operation at a time
+        rest = [_walk_ops(buf, row, int(cursor[row]), int(bounds[row]), bad, ended)
+                for row in active.tolist()]
+        # no completion op: torn if the next link runs past the end, or the last transaction
+        # says it is complete
+        flags = field_at(buf, offsets, 24, "u1")
+        torn = ~ended & (big_next & (nexts > np.uint64(end)) | ((bounds == end) & (flags & COMPLETE_FLAG > 0)))
+        bad |= torn
+        # a transaction's k-th operation was found at step k (it was active at every step
+        # before): its place in the flat table is its transaction's first place plus k
+        counts = np.zeros(n, np.int64)
+        for step_rows, *_ in found:
+            counts[step_rows] += 1
+        for row, more_codes, *_ in rest:
+            counts[row] += len(more_codes)
+        op_first = np.zeros(n + 1, np.int64)
+        np.cumsum(counts, out=op_first[1:])
+        total = int(op_first[-1])
+        rows, codes = np.empty(total, np.int64), np.empty(total, np.uint8)
+        starts, sizes = np.empty(total, np.int64), np.empty(total, np.int64)
+        for k, (step_rows, step_codes, step_starts, step_sizes) in enumerate(found):
+            places = op_first[step_rows] + k
+            rows[places], codes[places] = step_rows, step_codes
+            starts[places], sizes[places] = step_starts, step_sizes
+        for row, more_codes, more_starts, more_sizes in rest:
+            places = slice(op_first[row] + PARALLEL_OPS, op_first[row + 1])
+            rows[places], codes[places] = row, more_codes
+            starts[places], sizes[places] = more_starts, more_sizes
+        bad |= _refused_ops(buf, n, rows, codes, starts, sizes)
+        first_bad = np.flatnonzero(bad)
+        take = int(first_bad[0]) if len(first_bad) else n
+        ops = int(op_first[take])
+        return cls(offsets[:take], prevs[:take], nexts[:take],
+                   field_at(buf, offsets[:take], 16, "<i8"), flags[:take], ended[:take],
+                   op_first[:take + 1], codes[:ops], starts[:ops], sizes[:ops])
+
+
+def _walk_ops(buf, row: int, at: int, bound: int, bad: np.ndarray, ended: np.ndarray
+              ) -> tuple[int, list[int], list[int], list[int]]:
+    """The operations of transaction ``row`` from ``at`` on, one by one (the rules of
+    :meth:`_Chain.of`'s parallel steps): (row, codes, data starts, sizes)."""
+    codes: list[int] = []
+    starts: list[int] = []
+    sizes: list[int] = []
+    while at < bound:
+        if at + OP_HEADER > bound:
+            bad[row] = True
+            break
+        code, size = _OP_HEADER.unpack_from(buf, at)
+        at += OP_HEADER
+        if code not in OP_NAMES or at + size > bound:
+            bad[row] = True
+            break
+        codes.append(code)
+        starts.append(at)
+        sizes.append(size)
+        at += size
+        if code == OP_COMPLETE:
+            ended[row] = True
+            break
+    return row, codes, starts, sizes
+
+
+def _refused_ops(buf, n: int, rows: np.ndarray, codes: np.ndarray, starts: np.ndarray,
+                 sizes: np.ndarray) -> np.ndarray:
+    """Per transaction: True when it holds an operation :func:`decode_op` refuses (a page
+    allocation not of 24 bytes, a removal not of 16, a modification whose two images do not
+    fill it)."""
+    refused = np.zeros(n, bool)
+    if not len(codes):
+        return refused
+    bad = ((codes == OP_ALLOC) & (sizes != _ALLOC.size)) | ((codes == OP_REMOVE) & (sizes != _REMOVE.size))
+    modify = np.flatnonzero(codes == OP_MODIFY)
+    if len(modify):
+        short = sizes[modify] < _MODIFY.size
+        bad[modify[short]] = True
+        whole = modify[~short]
+        images = field_at(buf, starts[whole], 10, "<u2").astype(np.int64)
+        bad[whole[sizes[whole] != _MODIFY.size + 2 * images]] = True
+    refused[rows[bad]] = True
+    return refused
+
+
+def _chain_columns(chain: _Chain, buf, source: str, seq: int, next_offset: int | None,
+                   error: FormatError | None) -> Columns:
+    rows = chain.rows
+    complete = (chain.flags & COMPLETE_FLAG).astype(bool)
+    status = np.array(["rollback", "redo", "complete"])[
+        np.where(complete, 2, chain.ended.astype(np.intp))].tolist()
+    data = {"format": ["jrnl"] * rows,
+            "seq": np.arange(seq, seq + rows, dtype=np.int64),
+            "offset": chain.offsets,
+            "kind": ["transaction"] * rows,
+            "prev": chain.prevs,
+            "next": chain.nexts,
+            "time": chain.times,
+            "complete": complete,
+            "status": status,
+            "ops": _ops_column(chain, buf, source)}
+    return Columns(data, rows, next_offset, seq + rows, error)
+
+
+def _ops_column(chain: _Chain, buf, source: str) -> BuiltOnAccess:
+    """Each row's operations as :func:`decode_op` makes them, built when read, from a copy
+    of the batch's operation bytes (the column outlives the caller's buffer)."""
+    rows = chain.rows
+    if not len(chain.codes):
+        return BuiltOnAccess(rows, lambda i: [])
+    lo = int(chain.starts[0])
+    blob = bytes(memoryview(buf).cast("B")[lo:int(chain.starts[-1] + chain.sizes[-1])])
+    table: list = []  # (first, codes, starts, ends) as lists, made at the first build
+
+    def build(i: int) -> list[dict]:
+        if not table:
+            starts = chain.starts - lo
+            table.extend((chain.op_first.tolist(), chain.codes.tolist(), starts.tolist(),
+                          (starts + chain.sizes).tolist()))
+        first, codes, starts, ends = table
+        return [decode_op(codes[j], blob[starts[j]:ends[j]], source, starts[j] + lo - OP_HEADER)
+                for j in range(first[i], first[i + 1])]
+    return BuiltOnAccess(rows, build)

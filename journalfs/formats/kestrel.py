@@ -16,6 +16,7 @@ import numpy as np
 
 from .base import (Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record, Repair, field_at,
                    slice_payloads, start_offset)
+from .spans import paused_gc
 
 WRITER_MAGIC = bytes.fromhex("27642603")
 READER_MAGIC = bytes.fromhex("263c2603")
@@ -138,21 +139,6 @@ def reader_frames(buf: Buffer, source: str, start: int | None, stop: int | None)
         else:
             continue
         yield frame
-
-
-def _reader_frames_upto(buf: Buffer, source: str, start: int | None, stop: int | None,
-                        limit: int | None) -> tuple[list[Frame], int | None, FormatError | None]:
-    """Up to ``limit`` checked reader frames: (frames, where the next one starts when ``limit``
-    cut them short, the damage that ended them)."""
-    taken: list[Frame] = []
-    try:
-        for frame in reader_frames(buf, source, start, stop):
-            if len(taken) == limit:
-                return taken, frame.offset, None
-            taken.append(frame)
-    except FormatError as exc:
-        return taken, None, exc
-    return taken, None, None
 
 
 def decode_reader_record(buf: Buffer, frame: Frame, seq: int) -> Record:
@@ -336,31 +322,56 @@ class KestrelReader(_QueueFile, Codec):
             seq += 1
 
     def read_columns(self, buf, source, start=None, seq=0, stop=None, limit=None) -> Columns:
-        """Columns filled straight from the checked frames, without a dict per record; the
-        same columns the generic default makes (``id``/``ids`` in order of first use)."""
-        taken, next_offset, error = _reader_frames_upto(buf, source, start, stop, limit)
-        rows = len(taken)
-        is_head = [frame.command == CMD_READ_HEAD for frame in taken]
-        kinds = ["read_head" if head else "read_done" for head in is_head]
-        data: dict[str, Any] = {"format": ["kestrel-reader"] * rows,
-                                "seq": np.arange(seq, seq + rows, dtype=np.int64),
-                                "offset": np.array([f.offset for f in taken], dtype=np.int64),
-                                "kind": kinds}
-        unpack_id = _I64.unpack_from
-        for kind in dict.fromkeys(kinds):
-            if kind == "read_head":
-                data["id"] = [unpack_id(buf, f.offset + 1)[0] if head else None
-                              for f, head in zip(taken, is_head)]
-            else:
-                data["ids"] = [None if head else done_ids(buf, f) for f, head in zip(taken, is_head)]
-        return Columns(data, rows, next_offset, seq + rows, error)
+        """Vectorised decoding: :meth:`record_offsets` finds the record starts, numpy gathers
+        the ids. The same columns the generic default makes (``id``/``ids`` in order of
+        first use, None in the rows of the other kind), always exactly what :meth:`read`
+        yields."""
+        offsets, next_offset, error = self.record_offsets(buf, source, start, seq, stop, limit)
+        with paused_gc():
+            data = _reader_columns(buf, offsets, seq)
+        return Columns(data, len(offsets), next_offset, seq + len(offsets), error)
 
     def record_offsets(self, buf, source, start=None, seq=0, stop=None, limit=None
                        ) -> tuple[np.ndarray, int | None, FormatError | None]:
         """Where each record :meth:`read` would yield (up to ``limit``) starts, checked but
-        not decoded: (int64 offsets, where a next call resumes or None, the damage)."""
-        taken, next_offset, error = _reader_frames_upto(buf, source, start, stop, limit)
-        return np.array([f.offset for f in taken], dtype=np.int64), next_offset, error
+        not decoded: (int64 offsets, where a next call resumes or None, the damage).
+
+        A speculative walk steps over READ_HEAD and READ_DONE frames (one unpack each),
+        numpy checks the walked frames at once and keeps the well-formed prefix; wherever
+        that stops, :meth:`read` takes one exact step (unknown command, end marker, damage).
+        """
+        size = len(buf)
+        try:
+            check_magic(buf, source, READER_MAGIC, "reader")
+            pos = start_offset(source, start, MAGIC_SIZE, size)
+        except FormatError as exc:
+            return np.zeros(0, np.int64), None, exc
+        end = size if stop is None else min(stop, size)
+        walk_end = min(end, size - READ_HEAD_SIZE + 1)  # a READ_HEAD fits whole before it
+        parts: list[np.ndarray] = []
+        rows = 0
+        while True:
+            budget = max(0, (end - pos) // READ_DONE_HEADER_SIZE + 1) if limit is None \
+                else limit - rows
+            walked, after = _walk_reader(buf, pos, walk_end, budget)
+            offsets = np.array(walked, dtype=np.int64)
+            good = _well_formed_reader_frames(buf, offsets)
+            if good < len(offsets):
+                offsets, after = offsets[:good], walked[good]
+            parts.append(offsets)
+            rows += good
+            pos = after
+            try:
+                rec = next(self.read(buf, source, pos, seq + rows, stop), None)
+            except FormatError as exc:
+                return _joined(parts), None, exc
+            if rec is None or rows == limit:
+                return _joined(parts), None if rec is None else rec["offset"], None
+            at = rec["offset"]
+            parts.append(np.array([at], dtype=np.int64))
+            rows += 1
+            pos = at + READ_HEAD_SIZE if rec["kind"] == "read_head" \
+                else at + READ_DONE_HEADER_SIZE + 8 * len(rec["ids"])
 
     def write(self, records: Sequence[Record], **header: Any) -> bytes:
         out = bytearray(READER_MAGIC)
@@ -457,6 +468,111 @@ def _well_formed_puts(buf: Buffer, offsets: np.ndarray) -> int:
     good = is_put & (lengths <= MAX_DATA) & (offsets + headers + lengths <= len(buf))
     bad = np.flatnonzero(~good)
     return int(bad[0]) if len(bad) else len(offsets)
+
+
+#: Per command byte: how far a READ_HEAD (9 bytes) or a READ_DONE header (5 bytes, plus its
+#: data) steps; _NOT_A_PUT for any other byte, so the walk stops right after it.
+READ_HEAD_SIZE = _READ_HEAD.size
+READ_DONE_HEADER_SIZE = _READ_DONE.size
+_READ_HEAD_BYTE = (CMD_READ_HEAD << 4) | 2
+_READ_DONE_BYTE = (CMD_READ_DONE << 4) | 1
+_READER_STEP = tuple(READ_HEAD_SIZE if b == _READ_HEAD_BYTE else READ_DONE_HEADER_SIZE
+                     if b == _READ_DONE_BYTE else _NOT_A_PUT for b in range(256))
+#: Per command byte: the mask of the walked length word that counts (a READ_DONE's only).
+_READER_LENGTH_MASK = tuple(0xFFFFFFFF if b == _READ_DONE_BYTE else 0 for b in range(256))
+
+
+def _walk_reader(buf: Buffer, pos: int, walk_end: int, budget: int) -> tuple[list[int], int]:
+    """Up to ``budget`` record starts from ``pos``, assuming every record is a READ_HEAD or a
+    READ_DONE, and the position after the last; :func:`_well_formed_reader_frames` says how
+    many of them really are."""
+    walked: list[int] = []
+    append = walked.append
+    unpack = _COMMAND_LENGTH.unpack_from
+    step, mask = _READER_STEP, _READER_LENGTH_MASK
+    for _ in range(budget):
+        if pos >= walk_end:
+            break
+        append(pos)
+        command, length = unpack(buf, pos)
+        pos += step[command] + (length & mask[command])
+    return walked, pos
+
+
+def _well_formed_reader_frames(buf: Buffer, offsets: np.ndarray) -> int:
+    """How many leading ``offsets`` start a READ_HEAD or READ_DONE frame :meth:`KestrelReader.read`
+    accepts as is (a READ_DONE's data: whole ids, <= 16 MiB, inside the buffer). Every offset
+    leaves room for 9 bytes."""
+    commands = field_at(buf, offsets, 0, "u1")
+    lengths = field_at(buf, offsets, 1, "<u4").astype(np.int64)
+    done = commands == _READ_DONE_BYTE
+    good = (commands == _READ_HEAD_BYTE) | (done & (lengths <= MAX_DATA) & (lengths % 8 == 0)
+                                           & (offsets + READ_DONE_HEADER_SIZE + lengths <= len(buf)))
+    bad = np.flatnonzero(~good)
+    return int(bad[0]) if len(bad) else len(offsets)
+
+
+def _reader_columns(buf: Buffer, offsets: np.ndarray, seq: int) -> dict[str, Any]:
+    """The columns of the checked reader records at ``offsets``."""
+    rows = len(offsets)
+    is_head = field_at(buf, offsets, 0, "u1") == _READ_HEAD_BYTE
+    heads = np.flatnonzero(is_head)
+    dones = np.flatnonzero(~is_head)
+    kinds = np.array(["read_done", "read_head"])[is_head.astype(np.intp)].tolist()
+    data: dict[str, Any] = {"format": ["kestrel-reader"] * rows,
+                            "seq": np.arange(seq, seq + rows, dtype=np.int64),
+                            "offset": offsets, "kind": kinds}
+    order = ("id", "ids") if rows and is_head[0] else ("ids", "id")
+    for name in order:
+        if name == "id" and len(heads):
+            column: list = [None] * rows
+            for i, value in zip(heads.tolist(), field_at(buf, offsets[heads], 1, "<i8").tolist()):
+                column[i] = value
+            data["id"] = column
+        elif name == "ids" and len(dones):
+            data["ids"] = _done_id_lists(buf, offsets, dones, rows)
+    return data
+
+
+def _done_id_lists(buf: Buffer, offsets: np.ndarray, dones: np.ndarray, rows: int) -> list:
+    """The ids of the READ_DONE rows ``dones`` (as lists; None in the other rows). Rows with
+    the same number of ids are gathered as one matrix whose ``tolist`` makes their lists in
+    one call; many different counts are gathered flat and cut."""
+    starts = offsets[dones] + READ_DONE_HEADER_SIZE
+    counts = field_at(buf, offsets[dones], 1, "<i4").astype(np.int64) // 8
+    distinct = np.unique(counts)
+    lists: list = [None] * len(dones)
+    if len(distinct) <= ID_MATRICES:
+        for count in distinct.tolist():
+            which = np.flatnonzero(counts == count)
+            if count:
+                positions = starts[which, None] + 8 * np.arange(count, dtype=np.int64)
+                values = field_at(buf, positions.ravel(), 0, "<i8").reshape(len(which), count)
+                group = values.tolist()
+            else:
+                group = [[] for _ in range(len(which))]
+            if len(which) == len(dones):
+                lists = group
+            else:
+                for i, ids in zip(which.tolist(), group):
+                    lists[i] = ids
+    else:
+        bounds = np.zeros(len(dones) + 1, dtype=np.int64)
+        np.cumsum(counts, out=bounds[1:])
+        within = np.arange(int(bounds[-1]), dtype=np.int64) - np.repeat(bounds[:-1], counts)
+        flat = field_at(buf, np.repeat(starts, counts) + 8 * within, 0, "<i8").tolist()
+        b = bounds.tolist()
+        lists = [flat[x:y] for x, y in zip(b, b[1:])]
+    if len(dones) == rows:
+        return lists
+    column: list = [None] * rows
+    for i, ids in zip(dones.tolist(), lists):
+        column[i] = ids
+    return column
+
+
+#: Up to this many distinct READ_DONE sizes in a batch, each size's lists come from a matrix.
+ID_MATRICES = 16
 
 
 def _joined(parts: list[np.ndarray]) -> np.ndarray:
