@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import mmap
 import struct
 from typing import Any, Iterator, Sequence
 
@@ -221,14 +222,22 @@ class AkkaData(_PairedFile, Codec):
         The loop accepts exactly the blocks :meth:`read` accepts; wherever it stops,
         :meth:`read` takes one step to name the damage or the next record, so the result is
         always exactly what :meth:`read` yields."""
-        starts, next_offset, error = self.record_offsets(buf, source, start, seq, stop, limit)
+        # bytes/mmap slices are bytes: the walk itself cuts the payloads (no second pass)
+        sliced: list[bytes] | None = [] if isinstance(buf, (bytes, mmap.mmap)) else None
+        starts, next_offset, error = self._walk(buf, source, start, seq, stop, limit, sliced)
         rows = len(starts)
-        return Columns(self._columns(buf, starts, seq), rows, next_offset, seq + rows, error)
+        return Columns(self._columns(buf, starts, seq, sliced), rows, next_offset, seq + rows, error)
 
     def record_offsets(self, buf, source, start=None, seq=0, stop=None, limit=None
                        ) -> tuple[np.ndarray, int | None, FormatError | None]:
         """Where the blocks :meth:`read` yields start (up to ``limit``), without decoding
         them: (int64 offsets, where a next call resumes or None, the damage they end at)."""
+        return self._walk(buf, source, start, seq, stop, limit, None)
+
+    def _walk(self, buf, source, start, seq, stop, limit, payloads: list[bytes] | None
+              ) -> tuple[np.ndarray, int | None, FormatError | None]:
+        """:meth:`record_offsets`; with a ``payloads`` list (``buf`` bytes or mmap) also each
+        accepted block's payload, appended to it."""
         try:
             area_end = _blocks_area(buf, source, self.magics, "data")
             pos = start_offset(source, start, HEADER_SIZE, area_end)
@@ -241,20 +250,35 @@ class AkkaData(_PairedFile, Codec):
         unpack_block = _SIZE_SELF.unpack_from
         walk_end = min(end, area_end - DATA_BLOCK_FIXED + 1)  # a whole block header fits before it
         budget = (walk_end - pos) // DATA_BLOCK_FIXED + 1 if limit is None else limit
-        for _ in range(budget):  # a for-range is the cheapest loop
-            if pos >= walk_end:
-                break
-            size, self_offset = unpack_block(buf, pos)
-            if size < DATA_BLOCK_FIXED or pos + size > area_end or self_offset != pos:
-                break
-            append(pos)
-            pos += size
+        if payloads is None:
+            for _ in range(budget):  # a for-range is the cheapest loop
+                if pos >= walk_end:
+                    break
+                size, self_offset = unpack_block(buf, pos)
+                if size < DATA_BLOCK_FIXED or pos + size > area_end or self_offset != pos:
+                    break
+                append(pos)
+                pos += size
+        else:
+            keep, fixed = payloads.append, DATA_BLOCK_FIXED  # locals: cheaper than globals
+            for _ in range(budget):
+                if pos >= walk_end:
+                    break
+                size, self_offset = unpack_block(buf, pos)
+                if size < fixed or pos + size > area_end or self_offset != pos:
+                    break
+                append(pos)
+                keep(buf[pos + fixed:pos + size])
+                pos += size
         next_offset, error = _probe(self, buf, source, pos, seq + len(starts), stop, len(starts) == wanted)
         return np.array(starts, dtype=np.int64), next_offset, error
 
-    def _columns(self, buf: Buffer, offsets: np.ndarray, seq: int) -> dict[str, Any]:
+    def _columns(self, buf: Buffer, offsets: np.ndarray, seq: int,
+                 payloads: list[bytes] | None = None) -> dict[str, Any]:
         rows = len(offsets)
-        sizes = field_at(buf, offsets, 0, ">i4").astype(np.int64)
+        if payloads is None:
+            sizes = field_at(buf, offsets, 0, ">i4").astype(np.int64)
+            payloads = slice_payloads(buf, offsets + DATA_BLOCK_FIXED, offsets + sizes)
         return {
             "format": [self.name] * rows,
             "seq": np.arange(seq, seq + rows, dtype=np.int64),
@@ -264,7 +288,7 @@ class AkkaData(_PairedFile, Codec):
             "prev": field_at(buf, offsets, 8, ">i4").astype(np.int64),
             "next": field_at(buf, offsets, 12, ">i4").astype(np.int64),
             "seq_nr": field_at(buf, offsets, 16, ">i8"),
-            "payload": slice_payloads(buf, offsets + DATA_BLOCK_FIXED, offsets + sizes),
+            "payload": payloads,
         }
 
     def write(self, records: Sequence[Record], **header: Any) -> bytes:

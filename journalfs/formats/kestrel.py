@@ -7,6 +7,7 @@ where a command is expected is the clean end of data (writers pre-allocate zero-
 """
 from __future__ import annotations
 
+import mmap
 import re
 import struct
 from typing import Any, Iterable, Iterator, NamedTuple, Sequence
@@ -225,9 +226,11 @@ class KestrelWriter(_QueueFile, Codec):
     def read_columns(self, buf, source, start=None, seq=0, stop=None, limit=None) -> Columns:
         """Vectorised decoding: :meth:`record_offsets` finds the record starts, numpy gathers
         the fields. The result is always exactly what :meth:`read` yields."""
-        offsets, next_offset, error = self.record_offsets(buf, source, start, seq, stop, limit)
+        # bytes/mmap slices are bytes: the walk itself cuts the payloads (no second pass)
+        sliced: list[bytes] | None = [] if isinstance(buf, (bytes, mmap.mmap)) else None
+        offsets, next_offset, error = self._offsets(buf, source, start, seq, stop, limit, sliced)
         rows = len(offsets)
-        return Columns(_put_columns(buf, offsets, seq), rows, next_offset, seq + rows, error)
+        return Columns(_put_columns(buf, offsets, seq, sliced), rows, next_offset, seq + rows, error)
 
     def record_offsets(self, buf, source, start=None, seq=0, stop=None, limit=None
                        ) -> tuple[np.ndarray, int | None, FormatError | None]:
@@ -238,6 +241,12 @@ class KestrelWriter(_QueueFile, Codec):
         checks all the walked headers at once and keeps the well-formed prefix; wherever that
         stops, :meth:`read` takes one exact step (unknown command, end marker or damage).
         """
+        return self._offsets(buf, source, start, seq, stop, limit, None)
+
+    def _offsets(self, buf, source, start, seq, stop, limit, payloads: list[bytes] | None
+                 ) -> tuple[np.ndarray, int | None, FormatError | None]:
+        """:meth:`record_offsets`; with a ``payloads`` list (``buf`` bytes or mmap) also
+        each record's payload, appended to it."""
         size = len(buf)
         try:
             check_magic(buf, source, WRITER_MAGIC, "writer")
@@ -250,7 +259,10 @@ class KestrelWriter(_QueueFile, Codec):
         rows = 0
         while True:
             budget = (end - pos) // PUT_HEADER_SIZE + 1 if limit is None else limit - rows
-            walked, after = _walk_puts(buf, pos, walk_end, budget)
+            if payloads is None:
+                walked, after = _walk_puts(buf, pos, walk_end, budget)
+            else:
+                walked, after = _walk_and_slice_puts(buf, pos, walk_end, budget, payloads)
             offsets = np.array(walked, dtype=np.int64)
             good = _well_formed_puts(buf, offsets)
             if good < len(offsets):
@@ -265,6 +277,8 @@ class KestrelWriter(_QueueFile, Codec):
             if rec is None or rows == limit:
                 return _joined(parts), None if rec is None else rec["offset"], None
             parts.append(np.array([rec["offset"]], dtype=np.int64))
+            if payloads is not None:
+                payloads.append(rec["payload"])
             rows += 1
             pos = rec["offset"] + 1 + 4 * (buf[rec["offset"]] & 0xF) + len(rec["payload"])
 
@@ -419,6 +433,30 @@ def _walk_puts(buf: Buffer, pos: int, walk_end: int, budget: int) -> tuple[list[
     return walked, pos
 
 
+def _walk_and_slice_puts(buf: Buffer, pos: int, walk_end: int, budget: int,
+                         payloads: list[bytes]) -> tuple[list[int], int]:
+    """:func:`_walk_puts` over bytes or mmap ``buf`` that also appends the payload of each
+    record :func:`_well_formed_puts` will accept to ``payloads``: it stops right after the
+    first record that is not one (not a PUT, data over 16 MiB or past the end), so exactly
+    the accepted records are sliced, and no slice is over 16 MiB."""
+    walked: list[int] = []
+    append, keep = walked.append, payloads.append
+    unpack = _COMMAND_LENGTH.unpack_from
+    header_of = _PUT_HEADER_OF
+    size, most = len(buf), MAX_DATA  # locals: cheaper than globals in the loop
+    for _ in range(budget):
+        if pos >= walk_end:
+            break
+        append(pos)
+        command, length = unpack(buf, pos)
+        data = pos + header_of[command]
+        pos = data + length
+        if pos > size or length > most:
+            break
+        keep(buf[data:pos])
+    return walked, pos
+
+
 def _well_formed_puts(buf: Buffer, offsets: np.ndarray) -> int:
     """How many leading ``offsets`` start a PUT :meth:`KestrelWriter.read` accepts as is:
     command byte 0x86/0x88, data length <= 16 MiB, data inside the buffer. Every offset
@@ -541,15 +579,19 @@ def _joined(parts: list[np.ndarray]) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def _put_columns(buf: Buffer, offsets: np.ndarray, seq: int) -> dict[str, Any]:
-    """The columns of the well-formed PUTs starting at ``offsets``."""
+def _put_columns(buf: Buffer, offsets: np.ndarray, seq: int,
+                 payloads: list[bytes] | None = None) -> dict[str, Any]:
+    """The columns of the well-formed PUTs starting at ``offsets`` (``payloads``: theirs,
+    when the walk already cut them)."""
     rows = len(offsets)
     has_expiry = field_at(buf, offsets, 0, "u1") == PUT_EXPIRY_BYTE
-    lengths = field_at(buf, offsets, 1, "<i4").astype(np.int64)
     expire = np.zeros(rows, dtype=np.int64)
     if has_expiry.any():
         expire[has_expiry] = field_at(buf, offsets[has_expiry], 25, "<i8")
-    data_starts = offsets + np.where(has_expiry, PUT_EXPIRY_HEADER_SIZE, PUT_HEADER_SIZE)
+    if payloads is None:
+        lengths = field_at(buf, offsets, 1, "<i4").astype(np.int64)
+        data_starts = offsets + np.where(has_expiry, PUT_EXPIRY_HEADER_SIZE, PUT_HEADER_SIZE)
+        payloads = slice_payloads(buf, data_starts, data_starts + lengths)
     return {
         "format": ["kestrel-writer"] * rows,
         "seq": np.arange(seq, seq + rows, dtype=np.int64),
@@ -560,7 +602,7 @@ def _put_columns(buf: Buffer, offsets: np.ndarray, seq: int) -> dict[str, Any]:
         # null where the PUT has no expiry; .tolist() gives None there
         "expire_time": np.ma.masked_array(expire, mask=~has_expiry),
         "error_count": field_at(buf, offsets, 5, "<i4"),
-        "payload": slice_payloads(buf, data_starts, data_starts + lengths),
+        "payload": payloads,
     }
 
 

@@ -184,18 +184,26 @@ class WallabyLog(Codec):
         numpy gathers every header at once and checks them all (end marker, torn tail)."""
         error = None
         next_offset = None
+        # bytes/mmap slices are bytes: the walk itself cuts the payloads (no second pass)
+        sliced: list[bytes] | None = [] if isinstance(buf, (bytes, mmap.mmap)) else None
         try:
             if start is None:
                 start = self.header(buf, source).size
-            offs, heads, times, next_offset = self._boundaries(buf, source, start, stop, limit)
+            offs, heads, times, next_offset = self._boundaries(buf, source, start, stop, limit, sliced)
         except FormatError as exc:
             error = exc
             empty = np.zeros(0, np.int64)
             offs, heads, times = getattr(exc, "columns", (empty, empty.view(np.uint64), empty))
         rows = len(offs)
-        sizes = (heads & 0xFFFFFFFF).astype(np.int64)
-        bodies = offs + RECORD_HEADER
-        payload = slice_payloads(buf, bodies, bodies + sizes)
+        done = 0 if sliced is None else min(len(sliced), rows)  # rows the walk cut already
+        if sliced is not None and done == rows:
+            payload = sliced if len(sliced) == rows else sliced[:rows]
+        else:
+            sizes = (heads[done:] & 0xFFFFFFFF).astype(np.int64)
+            bodies = offs[done:] + RECORD_HEADER
+            payload = slice_payloads(buf, bodies, bodies + sizes)
+            if done:
+                payload = sliced[:done] + payload
         columns = {"format": _constant(self.name, rows),
                    "seq": np.arange(seq, seq + rows, dtype=np.int64), "offset": offs,
                    "kind": _constant("record", rows), "time": times,
@@ -203,10 +211,14 @@ class WallabyLog(Codec):
         return Columns(columns, rows, next_offset, seq + rows, error)
 
     def _boundaries(self, buf: Buffer, source: str, pos: int, stop: int | None,
-                    limit: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int | None]:
+                    limit: int | None, payloads: list[bytes] | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int | None]:
         """(offsets, size|flags<<32 words, times) of the records from ``pos``, and where a next
         call resumes (None = done). On damage the FormatError carries the valid prefix's
-        arrays as ``.columns``."""
+        arrays as ``.columns``. With a ``payloads`` list (``buf`` bytes or mmap) the walk
+        appends the payloads of the walked records to it, from the first, until a record runs
+        past the end or has size 0 (maybe the end-of-data marker, after which sizes are not to
+        be trusted): so it never copies bytes ``read`` would not; the caller cuts the rest."""
         end = len(buf)
         bound = end if stop is None else min(stop, end)
         max_rows = end if limit is None else limit
@@ -216,11 +228,30 @@ class WallabyLog(Codec):
         append = walked.append
         # the hot loop: follow the size fields only; every other check is vectorised below
         walk_until = min(bound, last_header + 1)  # one comparison per record
-        for _ in range(max_rows):
-            if pos >= walk_until:
-                break
-            append(pos)
-            pos += RECORD_HEADER + unpack(buf, pos)[0]
+        if payloads is None:
+            for _ in range(max_rows):
+                if pos >= walk_until:
+                    break
+                append(pos)
+                pos += RECORD_HEADER + unpack(buf, pos)[0]
+        else:
+            keep, header = payloads.append, RECORD_HEADER  # locals: cheaper than globals
+            for _ in range(max_rows):
+                if pos >= walk_until:
+                    break
+                append(pos)
+                body = pos + header
+                pos = body + unpack(buf, pos)[0]
+                # past the end (damage) or size 0 (maybe the end-of-data marker, after which
+                # lengths are not to be trusted): slice no further, just walk
+                if pos > end or pos == body:
+                    break
+                keep(buf[body:pos])
+            for _ in range(max_rows - len(walked)):
+                if pos >= walk_until:
+                    break
+                append(pos)
+                pos += RECORD_HEADER + unpack(buf, pos)[0]
         offs = np.array(walked, dtype=np.int64)
         heads = _gather_u64(buf, offs)
         times = _gather_u64(buf, offs + 8).view(np.int64)
