@@ -40,6 +40,7 @@ import glob
 import json
 import multiprocessing
 import os
+import resource
 import shutil
 import stat
 import statistics
@@ -612,10 +613,14 @@ def run_floor_rows(t: Target, rec: Recorder, files: list[str]) -> None:
     t.unmount()
 
 
+#: Files each CPU row goes through (--cpu-files): longer rows average out a busy machine.
+CPU_ROW_FILES = 1000
+
+
 def run_cpu_rows(t: Target, rec: Recorder, files: list[str], with_setxattr: bool = False) -> None:
     """Rows where every call is one request (timeout 0): CPU per LOOKUP, GETATTR, GETXATTR
     (and SETXATTR, which also gives the getxattr row its values, with ``with_setxattr``)."""
-    subset = files[:1000]
+    subset = files[:CPU_ROW_FILES]
     t.mount(timeout=0, cold=False)
     if with_setxattr:
         fds = [os.open(p, os.O_RDONLY) for p in subset]  # one LOOKUP each before the row
@@ -842,6 +847,7 @@ def readdir_experiment(src: Path, mnt: Path) -> dict:
 # ---------------------------------------------------------------- main
 
 def main() -> int:
+    global CPU_ROW_FILES
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/journalfs-bench"))
     ap.add_argument("--rounds", type=int, default=3)
@@ -855,6 +861,8 @@ def main() -> int:
     ap.add_argument("--cpu-rows-only", action="store_true",
                     help="only the CPU rows (setxattr, lookup, getattr, getxattr at timeout=0) "
                          "on the FUSE targets; builds only files/ of SOURCE")
+    ap.add_argument("--cpu-files", type=int, default=1000,
+                    help="files each CPU row goes through (at most --files)")
     ap.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
                     help="also run journalfs from another checkout DIR as target "
                          "journalfs-NAME (repeatable; add it to --only), e.g. to compare "
@@ -866,6 +874,10 @@ def main() -> int:
                     help="only measure READDIRPLUS entries per reply against the listing "
                          "directory's st_blksize (floor filesystem, os.listdir and ls)")
     args = ap.parse_args()
+    CPU_ROW_FILES = args.cpu_files
+    # the setxattr CPU row holds one fd per file
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     if args.serve_floor:
         serve_floor(Path(args.serve_floor[0]), Path(args.serve_floor[1]), args.floor_timeout,
                     args.floor_dir_blksize)
