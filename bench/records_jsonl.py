@@ -44,6 +44,11 @@ def daemon_cpu_and_peak(pid: int) -> tuple[float, float]:
 def read_passes(view: Path, passes: int, pid: int, kind: str) -> list[dict]:
     results = []
     record = view / f"00000005.{kind}"
+    with os.scandir(view) as entries:  # kinds vary per record in some formats (kestrel-reader)
+        for entry in entries:
+            if entry.name.startswith("00000005."):
+                record = view / entry.name
+                break
     for _ in range(passes):
         stop, waits = threading.Event(), []
 
