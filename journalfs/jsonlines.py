@@ -122,10 +122,76 @@ def columns_chunk(codec: Codec, buf, path: str, cols: Columns, start: int | None
         it.close()
     if first is not None:
         rendered = render_columns_measured(cols, list(first))
+        if rendered is None:
+            rendered = _render_by_kind(codec, buf, path, cols, seq, stop)
         if rendered is not None:
             return JsonChunk(rendered[0], cols.rows, columns=cols, measure=rendered[1])
     with contextlib.closing(codec.read(buf, path, start, seq, stop)) as records:
         return records_chunk(records, cols.rows)
+
+
+def _render_by_kind(codec: Codec, buf, path: str, cols: Columns, seq: int, stop: int | None
+                    ) -> tuple[bytes, Callable[[], np.ndarray]] | None:
+    """A batch whose kinds of record carry different fields (kestrel-reader's ``read_head``
+    and ``read_done``): each kind's rows rendered with that kind's fields (taken from its first
+    record, decoded again), the lines then put back in file order. None when that does not
+    work either (a field some records of one kind lack, text that is not UTF-8 ...)."""
+    kinds = cols.data.get("kind")
+    if kinds is None or isinstance(kinds, str) or cols.rows < 2 * COLUMNS_MIN_ROWS:
+        return None
+    labels = np.asarray(kinds, dtype=object)
+    names = list(dict.fromkeys(kinds))
+    if len(names) < 2 or len(names) > 8:
+        return None
+    offsets = cols.data["offset"]
+    parts, lengths, group_of = [], [], np.empty(cols.rows, dtype=np.intp)
+    for g, name in enumerate(names):
+        rows = np.flatnonzero(labels == name)
+        group_of[rows] = g
+        it = codec.read(buf, path, int(offsets[rows[0]]), seq + int(rows[0]), stop)
+        try:
+            first = next(it, None)
+        except FormatError:
+            first = None
+        finally:
+            it.close()
+        if first is None or first.get("kind") != name:
+            return None
+        order = list(first)
+        data = {field: _take(cols.data[field], rows) for field in order
+                if field in cols.data}
+        rendered = render_columns_measured(Columns(data, len(rows), None, 0), order) \
+            if len(data) == len(order) else None
+        if rendered is None:
+            return None
+        parts.append(rendered[0])
+        lengths.append(rendered[1]())
+    # where each group's lines start in the joined groups, then every line in file order
+    starts = []
+    base = 0
+    for part, lens in zip(parts, lengths):
+        starts.append(base + np.concatenate(([0], np.cumsum(lens)[:-1])))
+        base += len(part)
+    line_start = np.empty(cols.rows, dtype=np.int64)
+    line_len = np.empty(cols.rows, dtype=np.int64)
+    for g in range(len(names)):
+        rows = group_of == g
+        line_start[rows], line_len[rows] = starts[g], lengths[g]
+    joined = b"".join(parts)
+    # one slice per line: an index per byte (numpy's gather) would take 8 bytes per byte
+    ends = (line_start + line_len).tolist()
+    return b"".join([joined[a:b] for a, b in zip(line_start.tolist(), ends)]), \
+        lambda: line_len
+
+
+def _take(column, rows: np.ndarray):
+    """``column`` (a numpy array, a list, a per-batch constant, a built-on-access column)
+    for the rows ``rows`` only."""
+    if isinstance(column, str):
+        return column
+    if isinstance(column, np.ndarray):
+        return column[rows]
+    return [column[i] for i in rows.tolist()]
 
 
 def records_chunk(records: Iterator[Record], count: int) -> JsonChunk:
