@@ -113,13 +113,7 @@ def columns_chunk(codec: Codec, buf, path: str, cols: Columns, start: int | None
     """The JSON lines of the records ``cols`` holds (decoded from record ``seq`` at ``start``;
     the next record, if any, starts at ``stop``): rendered from the columns, or, when they
     cannot be written exactly that way, decoded again one by one over the same bytes."""
-    it = codec.read(buf, path, start, seq, stop)
-    try:
-        first = next(it, None)
-    except FormatError:
-        first = None
-    finally:
-        it.close()
+    first = _first_record(codec, buf, path, start, seq, stop)
     if first is not None:
         rendered = render_columns_measured(cols, list(first))
         if rendered is None:
@@ -128,6 +122,19 @@ def columns_chunk(codec: Codec, buf, path: str, cols: Columns, start: int | None
             return JsonChunk(rendered[0], cols.rows, columns=cols, measure=rendered[1])
     with contextlib.closing(codec.read(buf, path, start, seq, stop)) as records:
         return records_chunk(records, cols.rows)
+
+
+def _first_record(codec: Codec, buf, path: str, start: int | None, seq: int,
+                  stop: int | None) -> Record | None:
+    """The record at ``start`` as :meth:`Codec.read` gives it (its fields, in their order);
+    None at the end or at damage."""
+    it = codec.read(buf, path, start, seq, stop)
+    try:
+        return next(it, None)
+    except FormatError:
+        return None
+    finally:
+        it.close()
 
 
 def _render_by_kind(codec: Codec, buf, path: str, cols: Columns, seq: int, stop: int | None
@@ -148,13 +155,7 @@ def _render_by_kind(codec: Codec, buf, path: str, cols: Columns, seq: int, stop:
     for g, name in enumerate(names):
         rows = np.flatnonzero(labels == name)
         group_of[rows] = g
-        it = codec.read(buf, path, int(offsets[rows[0]]), seq + int(rows[0]), stop)
-        try:
-            first = next(it, None)
-        except FormatError:
-            first = None
-        finally:
-            it.close()
+        first = _first_record(codec, buf, path, int(offsets[rows[0]]), seq + int(rows[0]), stop)
         if first is None or first.get("kind") != name:
             return None
         order = list(first)
