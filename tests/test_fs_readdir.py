@@ -259,22 +259,27 @@ def test_listing_without_a_watch_follows_changes_through_the_mount(tmp_path):
             assert {e.name: e.stat().st_size for e in it}["g02"] == 7
 
 
-def test_names_from_columns_equal_names_from_lines(records_corpus):
-    """Name-only listings take kinds from the codec's columns; they must name every record
-    exactly as the rendered listing does, from any start, for every conformance journal."""
-    from journalfs.fs.views import Views
+def _indexed_journals(corpus):
+    """(path, RecordIndex) of every journal file under ``corpus``, in name order."""
     from journalfs.journals import RecordIndex, sniff_fd
 
-    checked = 0
-    for path in sorted(p for p in records_corpus.rglob("*") if p.is_file()):
+    for path in sorted(p for p in corpus.rglob("*") if p.is_file()):
         fd = os.open(path, os.O_RDONLY)
         try:
             codec = sniff_fd(fd)
         finally:
             os.close(fd)
-        if codec is None:
-            continue
-        idx = RecordIndex.build(str(path), codec)
+        if codec is not None:
+            yield path, RecordIndex.build(str(path), codec)
+
+
+def test_names_from_columns_equal_names_from_lines(records_corpus):
+    """Name-only listings take kinds from the codec's columns; they must name every record
+    exactly as the rendered listing does, from any start, for every conformance journal."""
+    from journalfs.fs.views import Views
+
+    checked = 0
+    for path, idx in _indexed_journals(records_corpus):
         for first in sorted({0, 1, idx.count // 2, max(0, idx.count - 1)}):
             assert Views._list_names(idx, first) == Views._list_batch(idx, first, sizes=False), \
                 (path, first)
@@ -312,7 +317,6 @@ def test_entry_blocks_equal_entries_replied_one_by_one(records_corpus):
     from journalfs.fs import direntries
     from journalfs.fs.dirlist import NameOnlyEntry
     from journalfs.fs.views import Views
-    from journalfs.journals import RecordIndex, sniff_fd
 
     assert direntries.available
     head = direntries.template(NameOnlyEntry(stat.S_IFREG | 0o444).attrs)
@@ -336,15 +340,7 @@ def test_entry_blocks_equal_entries_replied_one_by_one(records_corpus):
     with pytest.raises(ValueError):
         direntries.entries(head, 99_999_999, [(2, b"x")], ino_base, 2)
     checked = 0
-    for path in sorted(p for p in records_corpus.rglob("*") if p.is_file()):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            codec = sniff_fd(fd)
-        finally:
-            os.close(fd)
-        if codec is None:
-            continue
-        idx = RecordIndex.build(str(path), codec)
+    for path, idx in _indexed_journals(records_corpus):
         for first in sorted({0, 1, idx.count // 2, max(0, idx.count - 1)}):
             names = Views._list_names(idx, first)
             block = Views._list_entries(idx, first, head, ino_base)
