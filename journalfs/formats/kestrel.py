@@ -10,7 +10,7 @@ from __future__ import annotations
 import mmap
 import re
 import struct
-from typing import Any, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -255,32 +255,21 @@ class KestrelWriter(_QueueFile, Codec):
             return np.zeros(0, np.int64), None, exc
         end = size if stop is None else min(stop, size)
         walk_end = min(end, size - PUT_EXPIRY_HEADER_SIZE + 1)  # whole headers fit before it
-        parts: list[np.ndarray] = []
-        rows = 0
-        while True:
-            budget = (end - pos) // PUT_HEADER_SIZE + 1 if limit is None else limit - rows
+
+        def walk(pos: int, budget: int) -> tuple[list[int], int]:
             if payloads is None:
-                walked, after = _walk_puts(buf, pos, walk_end, budget)
-            else:
-                walked, after = _walk_and_slice_puts(buf, pos, walk_end, budget, payloads)
-            offsets = np.array(walked, dtype=np.int64)
-            good = _well_formed_puts(buf, offsets)
-            if good < len(offsets):
-                offsets, after = offsets[:good], walked[good]
-            parts.append(offsets)
-            rows += good
-            pos = after
-            try:
-                rec = next(self.read(buf, source, pos, seq + rows, stop), None)
-            except FormatError as exc:
-                return _joined(parts), None, exc
-            if rec is None or rows == limit:
-                return _joined(parts), None if rec is None else rec["offset"], None
-            parts.append(np.array([rec["offset"]], dtype=np.int64))
+                return _walk_puts(buf, pos, walk_end, budget)
+            return _walk_and_slice_puts(buf, pos, walk_end, budget, payloads)
+
+        def taken(rec: Record) -> int:
             if payloads is not None:
                 payloads.append(rec["payload"])
-            rows += 1
-            pos = rec["offset"] + 1 + 4 * (buf[rec["offset"]] & 0xF) + len(rec["payload"])
+            return rec["offset"] + 1 + 4 * (buf[rec["offset"]] & 0xF) + len(rec["payload"])
+
+        return _walked_offsets(pos, end, PUT_HEADER_SIZE, limit, walk,
+                               lambda offsets: _well_formed_puts(buf, offsets),
+                               lambda at, rows: next(self.read(buf, source, at, seq + rows,
+                                                               stop), None), taken)
 
     def write(self, records: Sequence[Record], **header: Any) -> bytes:
         out = bytearray(WRITER_MAGIC)
@@ -348,30 +337,17 @@ class KestrelReader(_QueueFile, Codec):
             return np.zeros(0, np.int64), None, exc
         end = size if stop is None else min(stop, size)
         walk_end = min(end, size - READ_HEAD_SIZE + 1)  # a READ_HEAD fits whole before it
-        parts: list[np.ndarray] = []
-        rows = 0
-        while True:
-            budget = max(0, (end - pos) // READ_DONE_HEADER_SIZE + 1) if limit is None \
-                else limit - rows
-            walked, after = _walk_reader(buf, pos, walk_end, budget)
-            offsets = np.array(walked, dtype=np.int64)
-            good = _well_formed_reader_frames(buf, offsets)
-            if good < len(offsets):
-                offsets, after = offsets[:good], walked[good]
-            parts.append(offsets)
-            rows += good
-            pos = after
-            try:
-                rec = next(self.read(buf, source, pos, seq + rows, stop), None)
-            except FormatError as exc:
-                return _joined(parts), None, exc
-            if rec is None or rows == limit:
-                return _joined(parts), None if rec is None else rec["offset"], None
+
+        def taken(rec: Record) -> int:
             at = rec["offset"]
-            parts.append(np.array([at], dtype=np.int64))
-            rows += 1
-            pos = at + READ_HEAD_SIZE if rec["kind"] == "read_head" \
+            return at + READ_HEAD_SIZE if rec["kind"] == "read_head" \
                 else at + READ_DONE_HEADER_SIZE + 8 * len(rec["ids"])
+
+        return _walked_offsets(pos, end, READ_DONE_HEADER_SIZE, limit,
+                               lambda at, budget: _walk_reader(buf, at, walk_end, budget),
+                               lambda offsets: _well_formed_reader_frames(buf, offsets),
+                               lambda at, rows: next(self.read(buf, source, at, seq + rows,
+                                                               stop), None), taken)
 
     def write(self, records: Sequence[Record], **header: Any) -> bytes:
         out = bytearray(READER_MAGIC)
@@ -577,6 +553,39 @@ ID_MATRICES = 16
 
 def _joined(parts: list[np.ndarray]) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _walked_offsets(pos: int, end: int, smallest: int, limit: int | None,
+                    walk: Callable[[int, int], tuple[list[int], int]],
+                    well_formed: Callable[[np.ndarray], int],
+                    exact: Callable[[int, int], Record | None],
+                    taken: Callable[[Record], int]
+                    ) -> tuple[np.ndarray, int | None, FormatError | None]:
+    """Record starts from ``pos``: a speculative ``walk(pos, budget) -> (starts, after)`` of
+    which numpy's ``well_formed`` keeps a prefix; where that stops, ``exact(pos, rows)`` (the
+    codec's own read: a record, None at the end, FormatError at damage) takes one step and
+    ``taken(record)`` says where the record ends. (offsets, resume offset or None, damage)."""
+    parts: list[np.ndarray] = []
+    rows = 0
+    while True:
+        budget = max(0, (end - pos) // smallest + 1) if limit is None else limit - rows
+        walked, after = walk(pos, budget)
+        offsets = np.array(walked, dtype=np.int64)
+        good = well_formed(offsets)
+        if good < len(offsets):
+            offsets, after = offsets[:good], walked[good]
+        parts.append(offsets)
+        rows += good
+        pos = after
+        try:
+            rec = exact(pos, rows)
+        except FormatError as exc:
+            return _joined(parts), None, exc
+        if rec is None or rows == limit:
+            return _joined(parts), None if rec is None else rec["offset"], None
+        parts.append(np.array([rec["offset"]], dtype=np.int64))
+        rows += 1
+        pos = taken(rec)
 
 
 def _put_columns(buf: Buffer, offsets: np.ndarray, seq: int,
