@@ -72,6 +72,16 @@ def test_columns_in_batches_equal_read_on_damaged_files(data, name, seed, n, bat
     assert all(type(rec["payload"]) is bytes for rec in got)
 
 
+def _columns_and_peak(fmt: str, buf: bytes):
+    """``read_columns`` of ``buf`` and the peak of Python allocations it made."""
+    tracemalloc.start()
+    try:
+        cols = CODECS[fmt].read_columns(buf, "f")
+        return cols, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_a_lying_kestrel_length_is_never_copied():
     """A PUT claiming 16 MiB + 1 bytes with that many bytes present: damage at it, and the
     walk does not copy those bytes speculatively."""
@@ -79,12 +89,7 @@ def test_a_lying_kestrel_length_is_never_copied():
     liar = bytes([PUT_BYTE]) + struct.pack("<iiqq", MAX_DATA + 1, 0, 9, 0)
     buf = good + liar + bytes(range(1, 256)) * ((MAX_DATA + 600) // 255)
     assert buf.startswith(WRITER_MAGIC)
-    tracemalloc.start()
-    try:
-        cols = CODECS["kestrel-writer"].read_columns(buf, "f")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    cols, peak = _columns_and_peak("kestrel-writer", buf)
     assert cols.rows == 3 and cols.error is not None and cols.error.offset == len(good)
     assert peak < 1 << 20, peak
 
@@ -96,11 +101,6 @@ def test_sizes_after_the_wallaby_end_marker_are_never_copied():
     good = CODECS["wallaby-log"].write([{"time": t, "payload": p} for t, p in items])
     junk = 1 << 24
     buf = good + bytes(16) + struct.pack("<IIq", junk, 0, 5) + b"\x01" * junk
-    tracemalloc.start()
-    try:
-        cols = CODECS["wallaby-log"].read_columns(buf, "f")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    cols, peak = _columns_and_peak("wallaby-log", buf)
     assert cols.rows == 3 and cols.error is not None and cols.error.offset == len(good)
     assert peak < 1 << 20, peak
