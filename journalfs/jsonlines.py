@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .formats import Codec, FormatError
-from .formats.base import Columns, Record, record_json_line
+from .formats.base import Columns, IntLists, Record, record_json_line
 
 
 def json_line(rec: Record) -> bytes:
@@ -190,8 +190,8 @@ def _take(column, rows: np.ndarray):
     for the rows ``rows`` only."""
     if isinstance(column, str):
         return column
-    if isinstance(column, np.ndarray):
-        return column[rows]
+    if isinstance(column, (np.ndarray, IntLists)):
+        return column[rows] if isinstance(column, np.ndarray) else column.take(rows)
     return [column[i] for i in rows.tolist()]
 
 
@@ -379,6 +379,8 @@ def _field(column, lo: int, hi: int):
                 return "true" if values[0] else "false"
             return _Bools(values)
         return None  # floats, masked bools...: json_line's spelling
+    if isinstance(column, IntLists):
+        return _int_lists(column, lo, hi)
     part = column[lo:hi]
     if not isinstance(part, list):
         part = list(part)
@@ -397,6 +399,47 @@ def _field(column, lo: int, hi: int):
     if type(None) in types:  # a field some records lack (generic read_columns): not exact
         return None
     return _Packed.values(part)
+
+
+def _int_lists(column: IntLists, lo: int, hi: int) -> "_Packed | None":
+    """Rows ``lo .. hi-1`` of a column of integer lists as json.dumps spells them
+    (``[1, 2, 3]``): every number of the rows written at once by :class:`_Integers` into a
+    matrix with a row per number, each row framed by the ``, `` or ``[`` before it and the
+    ``]`` after the last of its list, then the NULs deleted and the text cut per list. None
+    when some row has no list (a field some records lack)."""
+    part = column.take(np.arange(lo, hi))
+    if part.missing is not None:
+        return None
+    values, bounds = part.contiguous()
+    counts = np.diff(bounds)
+    if not len(values):
+        return _Packed([b"[]"] * (hi - lo), False)
+    numbers = _Integers.of(values, 0, len(values))
+    if isinstance(numbers, str):  # one number in every list
+        body, width = numbers.encode(), len(numbers)
+    else:
+        body = numbers.prefix(False).encode()
+        width = len(body) + numbers.size(False)
+    framed = np.zeros((len(values), 2 + width + 1), dtype=np.uint8)
+    framed[:, :2] = np.frombuffer(b", ", dtype=np.uint8)
+    if body:
+        framed[:, 2:2 + len(body)] = np.frombuffer(body, dtype=np.uint8)
+    if not isinstance(numbers, str):
+        numbers.write(framed, 2 + len(body), False)
+    listed = counts > 0
+    framed[bounds[:-1][listed], 0] = 0
+    framed[bounds[:-1][listed], 1] = ord("[")
+    framed[bounds[1:][listed] - 1, -1] = ord("]")
+    text = framed.tobytes().translate(None, b"\0")
+    digits = (np.full(len(values), width, dtype=np.int64) if isinstance(numbers, str)
+              else len(body) + np.asarray(numbers.lengths(False), dtype=np.int64)
+              * np.ones(len(values), dtype=np.int64))
+    summed = np.concatenate(([0], np.cumsum(digits)))
+    sizes = summed[bounds[1:]] - summed[bounds[:-1]] + 2 * counts  # 0 for an empty list
+    ends = np.cumsum(sizes).tolist()
+    starts = [0] + ends[:-1]
+    items = [text[a:b] or b"[]" for a, b in zip(starts, ends)]
+    return _Packed(items, False)
 
 
 class _Integers:

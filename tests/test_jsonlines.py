@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from journalfs import demo, jsonlines
 from journalfs.formats import CODECS, FormatError
-from journalfs.formats.base import Columns
+from journalfs.formats.base import Columns, IntLists
 from journalfs.jsonlines import json_chunk, json_line, render_columns
 
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
@@ -59,9 +59,26 @@ def batches(draw):
                                             st.dictionaries(TEXT, st.integers(), max_size=2),
                                             st.booleans(), st.floats(allow_nan=False)),
                                   min_size=rows, max_size=rows))
+    data["ids"] = int_lists(draw, rows)
     order = list(data)
     draw(st.randoms()).shuffle(order)
     return Columns(data, rows, None, rows), order
+
+
+def int_lists(draw, rows: int) -> IntLists:
+    """Lists of integers as Kestrel's reader columns hold them: flat, each row's numbers
+    somewhere in ``values`` (stored here in reverse row order, so rows are not contiguous)."""
+    numbers = INT64 if draw(st.booleans()) else st.integers(0, 12)
+    lists = draw(st.lists(st.lists(numbers, max_size=draw(st.sampled_from([0, 3, 9]))),
+                          min_size=rows, max_size=rows))
+    if draw(st.booleans()):  # one number in every list
+        lists = [[7] * len(ids) for ids in lists]
+    values, starts = [], [0] * rows
+    for i in reversed(range(rows)):
+        starts[i] = len(values)
+        values += lists[i]
+    return IntLists(np.array(values, dtype=np.int64), np.array(starts, dtype=np.int64),
+                    np.array([len(ids) for ids in lists], dtype=np.int64))
 
 
 def reference(cols: Columns, order: list[str]) -> bytes:

@@ -78,6 +78,50 @@ class BuiltOnAccess(Sequence):
         return [self._build(i) for i in range(self._rows)]
 
 
+class IntLists(BuiltOnAccess):
+    """A column of integer lists held flat: row ``i`` is ``values[starts[i]:starts[i] +
+    counts[i]]``, or None where ``missing[i]`` (a field that kind of record lacks). Read
+    like :class:`BuiltOnAccess` (a list per row, built when read); the renderer and Arrow
+    take the arrays as they are, with no Python object per number (a Kestrel READ_DONE's
+    ids: one ``json.dumps`` per row cost half of ``records --json``)."""
+
+    def __init__(self, values: np.ndarray, starts: np.ndarray, counts: np.ndarray,
+                 missing: np.ndarray | None = None):
+        self.values, self.starts, self.counts = values, starts, counts
+        self.missing = missing if missing is not None and missing.any() else None
+        super().__init__(len(starts), self._row)
+
+    def _row(self, i: int) -> list[int] | None:
+        if self.missing is not None and self.missing[i]:
+            return None
+        start = int(self.starts[i])
+        return self.values[start:start + int(self.counts[i])].tolist()
+
+    def take(self, rows: np.ndarray) -> "IntLists":
+        """The rows ``rows`` (an index array), sharing ``values``."""
+        return IntLists(self.values, self.starts[rows], self.counts[rows],
+                        None if self.missing is None else self.missing[rows])
+
+    def contiguous(self) -> tuple[np.ndarray, np.ndarray]:
+        """(values in row order, ``rows + 1`` bounds): row ``i``'s numbers are
+        ``values[bounds[i]:bounds[i + 1]]`` (none where missing)."""
+        counts = self.counts if self.missing is None else np.where(self.missing, 0, self.counts)
+        bounds = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=bounds[1:])
+        within = np.arange(int(bounds[-1]), dtype=np.int64)
+        if len(counts) and not np.array_equal(self.starts, bounds[:-1]):
+            within += np.repeat(self.starts - bounds[:-1], counts)
+            return self.values[within], bounds
+        return self.values[:int(bounds[-1])], bounds
+
+    def __arrow_array__(self, type=None):
+        import pyarrow as pa  # only Spark's side needs it
+        values, bounds = self.contiguous()
+        mask = None if self.missing is None else pa.array(self.missing)
+        return pa.ListArray.from_arrays(pa.array(bounds.astype(np.int32)), pa.array(values),
+                                        mask=mask)
+
+
 @dataclass(frozen=True)
 class ColumnMap:
     """Which record field feeds each of the Spark rows' ``time``/``key``/``id`` columns."""

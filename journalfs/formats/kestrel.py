@@ -14,8 +14,8 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from .base import (Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record, Repair, field_at,
-                   slice_payloads, start_offset)
+from .base import (Buffer, Codec, ColumnMap, Columns, Finding, FormatError, IntLists, Record, Repair,
+                   field_at, slice_payloads, start_offset)
 from .spans import paused_gc
 
 WRITER_MAGIC = bytes.fromhex("27642603")
@@ -501,54 +501,31 @@ def _reader_columns(buf: Buffer, offsets: np.ndarray, seq: int) -> dict[str, Any
     order = ("id", "ids") if rows and is_head[0] else ("ids", "id")
     for name in order:
         if name == "id" and len(heads):
-            column: list = [None] * rows
-            for i, value in zip(heads.tolist(), field_at(buf, offsets[heads], 1, "<i8").tolist()):
-                column[i] = value
-            data["id"] = column
+            ids = np.zeros(rows, dtype=np.int64)
+            ids[heads] = field_at(buf, offsets[heads], 1, "<i8")
+            data["id"] = ids if len(heads) == rows else np.ma.masked_array(ids, mask=~is_head)
         elif name == "ids" and len(dones):
             data["ids"] = _done_id_lists(buf, offsets, dones, rows)
     return data
 
 
-def _done_id_lists(buf: Buffer, offsets: np.ndarray, dones: np.ndarray, rows: int) -> list:
-    """The ids of the READ_DONE rows ``dones`` (as lists; None in the other rows). Rows with
-    the same number of ids are gathered as one matrix whose ``tolist`` makes their lists in
-    one call; many different counts are gathered flat and cut."""
+def _done_id_lists(buf: Buffer, offsets: np.ndarray, dones: np.ndarray, rows: int) -> IntLists:
+    """The ids of the READ_DONE rows ``dones``, gathered flat in file order (None in the
+    other rows)."""
     starts = offsets[dones] + READ_DONE_HEADER_SIZE
     counts = field_at(buf, offsets[dones], 1, "<i4").astype(np.int64) // 8
-    distinct = np.unique(counts)
-    lists: list = [None] * len(dones)
-    if len(distinct) <= ID_MATRICES:
-        for count in distinct.tolist():
-            which = np.flatnonzero(counts == count)
-            if count:
-                positions = starts[which, None] + 8 * np.arange(count, dtype=np.int64)
-                values = field_at(buf, positions.ravel(), 0, "<i8").reshape(len(which), count)
-                group = values.tolist()
-            else:
-                group = [[] for _ in range(len(which))]
-            if len(which) == len(dones):
-                lists = group
-            else:
-                for i, ids in zip(which.tolist(), group):
-                    lists[i] = ids
-    else:
-        bounds = np.zeros(len(dones) + 1, dtype=np.int64)
-        np.cumsum(counts, out=bounds[1:])
-        within = np.arange(int(bounds[-1]), dtype=np.int64) - np.repeat(bounds[:-1], counts)
-        flat = field_at(buf, np.repeat(starts, counts) + 8 * within, 0, "<i8").tolist()
-        b = bounds.tolist()
-        lists = [flat[x:y] for x, y in zip(b, b[1:])]
+    bounds = np.zeros(len(dones) + 1, dtype=np.int64)
+    np.cumsum(counts, out=bounds[1:])
+    within = np.arange(int(bounds[-1]), dtype=np.int64) - np.repeat(bounds[:-1], counts)
+    ids = field_at(buf, np.repeat(starts, counts) + 8 * within, 0, "<i8")
     if len(dones) == rows:
-        return lists
-    column: list = [None] * rows
-    for i, ids in zip(dones.tolist(), lists):
-        column[i] = ids
-    return column
-
-
-#: Up to this many distinct READ_DONE sizes in a batch, each size's lists come from a matrix.
-ID_MATRICES = 16
+        return IntLists(ids, bounds[:-1], counts)
+    row_starts = np.zeros(rows, dtype=np.int64)
+    row_counts = np.zeros(rows, dtype=np.int64)
+    row_starts[dones], row_counts[dones] = bounds[:-1], counts
+    missing = np.ones(rows, dtype=bool)
+    missing[dones] = False
+    return IntLists(ids, row_starts, row_counts, missing)
 
 
 def _joined(parts: list[np.ndarray]) -> np.ndarray:
