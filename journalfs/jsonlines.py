@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .formats import Codec, FormatError
-from .formats.base import Columns, IntLists, Record, record_json_line
+from .formats.base import Base64Bytes, Columns, IntLists, Record, RecordLists, record_json_line
 
 
 def json_line(rec: Record) -> bytes:
@@ -192,7 +192,8 @@ def _take(column, rows: np.ndarray):
         return column
     if isinstance(column, (np.ndarray, IntLists)):
         return column[rows] if isinstance(column, np.ndarray) else column.take(rows)
-    return [column[i] for i in rows.tolist()]
+    taken = [column[i] for i in rows.tolist()]
+    return Base64Bytes(taken) if isinstance(column, Base64Bytes) else taken
 
 
 def records_chunk(records: Iterator[Record], count: int) -> JsonChunk:
@@ -306,7 +307,8 @@ def _render(data: dict, order: list[str], lo: int, hi: int
         payload = name == "payload"
         text.append(("{" if i == 0 else ", ")
                     + json.dumps("payload_b64" if payload else name, ensure_ascii=False) + ": ")
-        field = _Base64.of(data[name], lo, hi) if payload else _field(data[name], lo, hi)
+        field = (_Base64.of(data[name], lo, hi)
+                 if payload or isinstance(data[name], Base64Bytes) else _field(data[name], lo, hi))
         if field is None:
             return None
         if isinstance(field, str):  # every row has this value: part of the template
@@ -381,6 +383,8 @@ def _field(column, lo: int, hi: int):
         return None  # floats, masked bools...: json_line's spelling
     if isinstance(column, IntLists):
         return _int_lists(column, lo, hi)
+    if isinstance(column, RecordLists):
+        return _record_lists(column, lo, hi)
     part = column[lo:hi]
     if not isinstance(part, list):
         part = list(part)
@@ -439,6 +443,49 @@ def _int_lists(column: IntLists, lo: int, hi: int) -> "_Packed | None":
     ends = np.cumsum(sizes).tolist()
     starts = [0] + ends[:-1]
     items = [text[a:b] or b"[]" for a, b in zip(starts, ends)]
+    return _Packed(items, False)
+
+
+def _record_lists(column: RecordLists, lo: int, hi: int) -> "_Packed | None":
+    """Rows ``lo .. hi-1`` of a column of nested record lists as json.dumps spells them
+    (``[{"op": ...}, {...}]``): each group of nested records of one shape rendered at once by
+    :func:`_render` (as lines, whose newlines are dropped), put back in their flat order and
+    joined per list. None when the groups cannot be made or rendered exactly."""
+    groups = column.groups()
+    if groups is None:
+        return None
+    bounds = column.bounds
+    first, end = int(bounds[lo]), int(bounds[hi])
+    within = np.diff(bounds[lo:hi + 1]).tolist()
+    if first == end:
+        return _Packed([b"[]"] * (hi - lo), False)
+    starts = np.zeros(end - first, dtype=np.int64)
+    lengths = np.zeros(end - first, dtype=np.int64)
+    parts, base, seen = [], 0, 0
+    for group in groups:
+        rows = np.flatnonzero((group.places >= first) & (group.places < end))
+        if not len(rows):
+            continue
+        data = {name: _take(group.data[name], rows) for name in group.order}
+        rendered = _render(data, group.order, 0, len(rows))
+        if rendered is None:
+            return None
+        text, measure = rendered
+        sizes = np.asarray(measure(), dtype=np.int64)
+        where = group.places[rows] - first
+        starts[where] = base + np.cumsum(sizes) - sizes
+        lengths[where] = sizes - 1  # without the newline
+        parts.append(bytes(text))
+        base += len(text)
+        seen += len(rows)
+    if seen != end - first:
+        return None  # a nested record in no group: not exact
+    joined = b"".join(parts)
+    texts = [joined[a:b] for a, b in zip(starts.tolist(), (starts + lengths).tolist())]
+    items, at = [], 0
+    for count in within:
+        items.append(b"[" + b", ".join(texts[at:at + count]) + b"]")
+        at += count
     return _Packed(items, False)
 
 

@@ -122,6 +122,42 @@ class IntLists(BuiltOnAccess):
                                         mask=mask)
 
 
+class Base64Bytes(list):
+    """A column of ``bytes`` whose JSON is their base64 text under the field's own name
+    (a nested record's ``data_b64``), as the top-level ``payload`` is ``payload_b64``'s."""
+
+
+@dataclass
+class RecordGroup:
+    """Nested records of one shape: their fields in JSON order, as columns (numpy arrays,
+    lists, :class:`Base64Bytes`, per-group constants as ``str``), and each one's place in
+    the flat order of every nested record of a batch."""
+
+    order: list[str]
+    data: dict[str, Any]
+    places: np.ndarray
+
+
+class RecordLists(BuiltOnAccess):
+    """A column of lists of nested records (a jrnl transaction's operations): read like
+    :class:`BuiltOnAccess` (each row's list of dicts built when read), and, for the
+    renderer, the nested records held flat as :class:`RecordGroup` columns, row ``i``'s
+    being flat places ``bounds[i] .. bounds[i + 1] - 1``. ``groups()`` makes them when first
+    asked (a batch that is only counted or listed never does)."""
+
+    def __init__(self, rows: int, build: Callable[[int], Any], bounds: np.ndarray,
+                 groups: Callable[[], list[RecordGroup] | None]):
+        super().__init__(rows, build)
+        self.bounds = bounds
+        self._groups, self._made, self._asked = groups, None, False
+
+    def groups(self) -> list[RecordGroup] | None:
+        """The nested records' columns; None when they cannot all be made exactly that way."""
+        if not self._asked:
+            self._made, self._asked = self._groups(), True
+        return self._made
+
+
 @dataclass(frozen=True)
 class ColumnMap:
     """Which record field feeds each of the Spark rows' ``time``/``key``/``id`` columns."""

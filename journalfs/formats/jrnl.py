@@ -15,8 +15,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .base import (BuiltOnAccess, Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record,
-                   Repair, field_at, payload_b64)
+from .base import (Base64Bytes, Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record,
+                   RecordGroup, RecordLists, Repair, field_at, payload_b64, slice_payloads)
 from .spans import paused_gc
 
 MAGIC = b"JRNL"
@@ -705,12 +705,13 @@ def _chain_columns(chain: _Chain, buf, source: str, seq: int, next_offset: int |
     return Columns(data, rows, next_offset, seq + rows, error)
 
 
-def _ops_column(chain: _Chain, buf, source: str) -> BuiltOnAccess:
+def _ops_column(chain: _Chain, buf, source: str) -> RecordLists:
     """Each row's operations as :func:`decode_op` makes them, built when read, from a copy
-    of the batch's operation bytes (the column outlives the caller's buffer)."""
+    of the batch's operation bytes (the column outlives the caller's buffer); for the
+    renderer, the operations of each type as columns (:func:`_op_groups`)."""
     rows = chain.rows
     if not len(chain.codes):
-        return BuiltOnAccess(rows, lambda i: [])
+        return RecordLists(rows, lambda i: [], np.zeros(rows + 1, dtype=np.int64), lambda: [])
     lo = int(chain.starts[0])
     blob = bytes(memoryview(buf).cast("B")[lo:int(chain.starts[-1] + chain.sizes[-1])])
     table: list = []  # (first, codes, starts, ends) as lists, made at the first build
@@ -723,4 +724,39 @@ def _ops_column(chain: _Chain, buf, source: str) -> BuiltOnAccess:
         first, codes, starts, ends = table
         return [decode_op(codes[j], blob[starts[j]:ends[j]], source, starts[j] + lo - OP_HEADER)
                 for j in range(first[i], first[i + 1])]
-    return BuiltOnAccess(rows, build)
+    return RecordLists(rows, build, chain.op_first,
+                       lambda: _op_groups(chain.codes, chain.starts - lo, chain.sizes, blob))
+
+
+def _op_groups(codes: np.ndarray, starts: np.ndarray, sizes: np.ndarray, blob: bytes
+               ) -> list[RecordGroup] | None:
+    """The operations (already checked: sizes match their type) grouped by type, each group's
+    fields as :func:`decode_op` names and orders them; None for a type it does not know."""
+    if not np.isin(codes, list(OP_NAMES)).all():
+        return None
+    groups = []
+    for code, name in OP_NAMES.items():
+        places = np.flatnonzero(codes == code)
+        if not len(places):
+            continue
+        at = starts[places]
+        if code == OP_ALLOC:
+            data = {"op": name, "page": field_at(blob, at, 0, "<u8"),
+                    "free_before": field_at(blob, at, 8, "<u8"),
+                    "free_after": field_at(blob, at, 16, "<u8")}
+        elif code == OP_REMOVE:
+            data = {"op": name, "page": field_at(blob, at, 0, "<u8"),
+                    "free_before": field_at(blob, at, 8, "<u8")}
+        elif code == OP_MODIFY:
+            size = field_at(blob, at, 10, "<u2").astype(np.int64)
+            images = at + _MODIFY.size
+            data = {"op": name, "page": field_at(blob, at, 0, "<u8"),
+                    "data_offset": field_at(blob, at, 8, "<u2"), "size": size,
+                    "before_b64": Base64Bytes(slice_payloads(blob, images, images + size)),
+                    "after_b64": Base64Bytes(slice_payloads(blob, images + size,
+                                                            images + 2 * size))}
+        else:
+            data = {"op": name,
+                    "data_b64": Base64Bytes(slice_payloads(blob, at, at + sizes[places]))}
+        groups.append(RecordGroup(list(data), data, places))
+    return groups
