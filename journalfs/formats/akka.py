@@ -179,15 +179,16 @@ class AkkaMeta(_PairedFile, Codec):
         Streams: memory stays flat in both files' sizes (no list of records is kept).
         ``pace`` (optional): called every batch of blocks, to drop the pages read so far."""
         pace = context.get("pace")
-        records = self.read(buf, source)
-        try:
-            for n, _ in enumerate(records, 1):
-                if pace is not None and not n % VALIDATE_BATCH:
-                    pace()
-        except FormatError:
-            return []  # the damage itself is what read() reports
-        finally:
-            records.close()
+        start, seq = None, 0
+        while True:  # every block read() accepts, a batch of columns at a time
+            cols = self.read_columns(buf, source, start, seq, None, VALIDATE_BATCH)
+            if cols.error is not None:
+                return []  # the damage itself is what read() reports
+            if pace is not None:
+                pace()
+            if cols.next_offset is None:
+                break
+            start, seq = cols.next_offset, cols.next_seq
         findings = _duplicate_ids(buf, source, pace)
         data = context.get("data")
         if data is not None:

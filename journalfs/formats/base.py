@@ -89,9 +89,11 @@ class IntLists(BuiltOnAccess):
                  missing: np.ndarray | None = None):
         self.values, self.starts, self.counts = values, starts, counts
         self.missing = missing if missing is not None and missing.any() else None
-        super().__init__(len(starts), self._row)
+        # no super().__init__(rows, self._build): a bound method kept on the instance is a
+        # reference cycle, and the batch's arrays would wait for the cyclic collector
+        self._rows = len(starts)
 
-    def _row(self, i: int) -> list[int] | None:
+    def _build(self, i: int) -> list[int] | None:
         if self.missing is not None and self.missing[i]:
             return None
         start = int(self.starts[i])

@@ -180,6 +180,7 @@ class _QueueFile:
 
 class KestrelWriter(_QueueFile, Codec):
     name = "kestrel-writer"
+    paces_validation = True  # validate() calls its ``pace`` keyword after each batch
     in_file_order = True
     columns = ColumnMap(time="add_time", time_unit="ms", id="id")
     kinds = ("put",)
@@ -279,18 +280,32 @@ class KestrelWriter(_QueueFile, Codec):
         return bytes(out)
 
     def validate(self, buf, source, **context) -> list[Finding]:
+        # ids checked a batch of record starts at a time (no payloads, no record dicts)
         findings: list[Finding] = []
-        previous = None
-        try:
-            for rec in self.read(buf, source):
-                if rec["id"] == 0:
-                    findings.append(Finding(rec["offset"], "item id is 0 (ids are non-zero)"))
-                elif previous is not None and rec["id"] != previous + 1:
-                    findings.append(Finding(rec["offset"], f"item id {rec['id']} does not follow {previous}"))
-                previous = rec["id"]
-        except FormatError:
-            return findings  # the damage itself is what read() reports
-        findings += _check_zero_tail(buf, source)
+        previous, last = None, None
+        pace = context.get("pace")
+        for offsets, error in _offset_batches(self, buf, source):
+            if pace is not None:
+                pace()
+            ids = field_at(buf, offsets, 9, "<i8")
+            if len(ids):
+                before = np.empty(len(ids), dtype=np.int64)
+                before[1:] = ids[:-1]
+                before[0] = 0 if previous is None else previous
+                # Python's previous + 1 never wraps: after the largest id nothing follows
+                skipped = (ids != before + 1) | (before == np.iinfo(np.int64).max)
+                if previous is None:
+                    skipped[0] = False
+                for i in np.flatnonzero((ids == 0) | skipped).tolist():
+                    if ids[i] == 0:
+                        findings.append(Finding(int(offsets[i]), "item id is 0 (ids are non-zero)"))
+                    else:
+                        findings.append(Finding(int(offsets[i]), f"item id {int(ids[i])} does not "
+                                                                 f"follow {int(before[i])}"))
+                previous, last = int(ids[-1]), int(offsets[-1])
+            if error is not None:
+                return findings  # the damage itself is what read() reports
+        findings += _check_zero_tail(buf, source, last)
         return findings
 
     def repair(self, buf, source, **context) -> Repair | None:
@@ -299,6 +314,7 @@ class KestrelWriter(_QueueFile, Codec):
 
 class KestrelReader(_QueueFile, Codec):
     name = "kestrel-reader"
+    paces_validation = True  # validate() calls its ``pace`` keyword after each batch
     in_file_order = True
     columns = ColumnMap(id="id")
     kinds = ("read_head", "read_done")
@@ -361,30 +377,26 @@ class KestrelReader(_QueueFile, Codec):
         return bytes(out)
 
     def validate(self, buf, source, **context) -> list[Finding]:
-        # streamed record by record (no list of the whole file); damaged input reports only
-        # the damage itself, which read() names, so findings before it are dropped then
+        # a batch of columns at a time (no list of the whole file, no record dicts); damaged
+        # input reports only the damage itself, which read() names, so findings before it
+        # are dropped then
         findings: list[Finding] = []
-        head = None
-        records = self.read(buf, source)
-        try:
-            for rec in records:
-                if rec["kind"] == "read_head":
-                    head = rec["id"]
-                    if head < 0:
-                        findings.append(Finding(rec["offset"], f"negative head id {head}"))
-                    continue
-                ids = rec["ids"]
-                if len(set(ids)) != len(ids):
-                    findings.append(Finding(rec["offset"], "READ_DONE lists an id twice", "warning"))
-                if any(i <= 0 for i in ids):
-                    findings.append(Finding(rec["offset"], "READ_DONE lists an id that is not positive"))
-                if head is not None and any(i <= head for i in ids):
-                    findings.append(Finding(rec["offset"], f"READ_DONE id at or below the head {head}"))
-        except FormatError:
-            return []
-        finally:
-            records.close()
-        findings += _check_zero_tail(buf, source)
+        head, last = None, None
+        pace = context.get("pace")
+        start, seq = None, 0
+        while True:
+            cols = self.read_columns(buf, source, start, seq, None, VALIDATE_BATCH)
+            if pace is not None:
+                pace()
+            if cols.error is not None:
+                return []
+            head = _reader_findings(cols, head, findings)
+            if cols.rows:
+                last = int(cols.data["offset"][-1])
+            if cols.next_offset is None:
+                break
+            start, seq = cols.next_offset, cols.next_seq
+        findings += _check_zero_tail(buf, source, last)
         return findings
 
     def repair(self, buf, source, **context) -> Repair | None:
@@ -507,6 +519,73 @@ def _reader_columns(buf: Buffer, offsets: np.ndarray, seq: int) -> dict[str, Any
         elif name == "ids" and len(dones):
             data["ids"] = _done_id_lists(buf, offsets, dones, rows)
     return data
+
+
+#: Records per batch when validating.
+VALIDATE_BATCH = 1 << 14
+
+
+def _offset_batches(codec: Codec, buf: Buffer, source: str
+                    ) -> Iterator[tuple[np.ndarray, FormatError | None]]:
+    """The record starts :meth:`Codec.read` would yield, a batch at a time; the damage that
+    ends them (if any) comes with the last batch."""
+    start, seq = None, 0
+    while True:
+        offsets, next_offset, error = codec.record_offsets(buf, source, start, seq, None,
+                                                           VALIDATE_BATCH)
+        yield offsets, error
+        if error is not None or next_offset is None:
+            return
+        start, seq = next_offset, seq + len(offsets)
+
+
+def _reader_findings(cols: Columns, head: int | None, findings: list[Finding]) -> int | None:
+    """Append the findings of one batch of reader records (in record order: a READ_HEAD's
+    negative id; a READ_DONE's repeated id, id <= 0, id at or below the head before it) and
+    return the head in effect after it."""
+    rows = cols.rows
+    if not rows:
+        return head
+    offsets = cols.data["offset"]
+    heads_col = cols.data.get("id")
+    if heads_col is None:
+        is_head = np.zeros(rows, dtype=bool)
+        head_ids = np.zeros(rows, dtype=np.int64)
+    else:
+        is_head = ~np.ma.getmaskarray(heads_col)
+        head_ids = np.ma.getdata(heads_col).astype(np.int64)
+    # the head in effect at each row: the last READ_HEAD at or before it, else ``head``
+    last = np.maximum.accumulate(np.where(is_head, np.arange(rows), -1))
+    known = (last >= 0) | (head is not None)
+    current = np.where(last >= 0, head_ids[np.maximum(last, 0)], 0 if head is None else head)
+    flagged: dict[int, list[Finding]] = {}
+    for i in np.flatnonzero(is_head & (head_ids < 0)).tolist():
+        flagged[i] = [Finding(int(offsets[i]), f"negative head id {int(head_ids[i])}")]
+    dones = np.flatnonzero(~is_head)
+    if len(dones):
+        values, bounds = cols.data["ids"].take(dones).contiguous()
+        counts = np.diff(bounds)
+        row = np.repeat(np.arange(len(dones)), counts)
+        order = np.lexsort((values, row))
+        repeated = np.zeros(len(dones), dtype=bool)
+        same = (values[order][1:] == values[order][:-1]) & (row[order][1:] == row[order][:-1])
+        repeated[row[order][1:][same]] = True
+        not_positive = np.bincount(row, weights=values <= 0, minlength=len(dones)) > 0
+        below = np.bincount(row, weights=values <= np.repeat(current[dones], counts),
+                            minlength=len(dones)) > 0
+        below &= known[dones]
+        for j in np.flatnonzero(repeated | not_positive | below).tolist():
+            i, at = int(dones[j]), int(offsets[dones[j]])
+            found = flagged.setdefault(i, [])
+            if repeated[j]:
+                found.append(Finding(at, "READ_DONE lists an id twice", "warning"))
+            if not_positive[j]:
+                found.append(Finding(at, "READ_DONE lists an id that is not positive"))
+            if below[j]:
+                found.append(Finding(at, f"READ_DONE id at or below the head {int(current[i])}"))
+    for i in sorted(flagged):
+        findings.extend(flagged[i])
+    return int(current[-1]) if known[-1] else head
 
 
 def _done_id_lists(buf: Buffer, offsets: np.ndarray, dones: np.ndarray, rows: int) -> IntLists:
@@ -650,10 +729,11 @@ def truncate_torn(codec: Codec, buf: Buffer, source: str) -> Repair | None:
     return None
 
 
-def _check_zero_tail(buf: Buffer, source: str) -> list[Finding]:
-    """After a 0x00 end marker a pre-allocated file holds only zeros; anything else is odd."""
+def _check_zero_tail(buf: Buffer, source: str, start: int | None = None) -> list[Finding]:
+    """After a 0x00 end marker a pre-allocated file holds only zeros; anything else is odd.
+    ``start``: a frame start (the last record's) from which to walk to the last frame."""
     last = None
-    for frame in frames(buf, source, None, None):
+    for frame in frames(buf, source, start, None):
         last = frame
     end = MAGIC_SIZE if last is None else last.end
     if end >= len(buf):
