@@ -390,3 +390,33 @@ def test_columns_render_the_lines_read_gives(fmt, data):
         assert not one_by_one  # rendered from the columns, not record by record
     assert chunk.rows == len(records)
     assert bytes(chunk.data) == b"".join(jsonlines.json_line(r) for r in records)
+
+
+@settings(max_examples=120, deadline=None)
+@given(data=st.data())
+def test_gvfs_journal_validation_names_what_read_names(data):
+    """The batched validator reports exactly the damage the entry-by-entry reader raises
+    (offset and wording), whatever the batch size."""
+    from journalfs.formats import gvfs_journal
+    from journalfs.formats.gvfs_journal import iter_entries
+    codec = CODECS["gvfs-journal"]
+    buf = data.draw(FILES["gvfs-journal"])
+    if data.draw(st.booleans()):
+        buf = mutate(data, buf)
+    want = []
+    try:
+        gvfs_journal.parse_header(buf, "j", exact_size=False)
+        try:
+            for _ in iter_entries(buf, "j", exact_size=False):
+                pass
+        except gvfs_journal.FormatError as exc:
+            want.append((exc.offset, exc.reason))
+    except gvfs_journal.FormatError as exc:
+        want.append((exc.offset, exc.reason))
+    old = gvfs_journal.VALIDATE_BATCH
+    gvfs_journal.VALIDATE_BATCH = data.draw(st.integers(1, 6))
+    try:
+        got = [(f.offset, f.reason) for f in codec.validate(buf, "j")]
+    finally:
+        gvfs_journal.VALIDATE_BATCH = old
+    assert got == want

@@ -253,6 +253,7 @@ def _runs_past(buf, offset: int, end: int) -> bool:
 
 class GvfsJournal(Codec):
     name = "gvfs-journal"
+    paces_validation = True  # validate() calls its ``pace`` keyword after each batch
     columns = ColumnMap(time="mtime", key="path")
     kinds = KIND_OF_OP
     magics = (MAGIC,)
@@ -329,11 +330,18 @@ class GvfsJournal(Codec):
         tree_tag = context.get("tree_tag")
         if tree_tag is not None and tree_tag != header.tag:
             findings.append(Finding(8, f"journal tag {header.tag:08x} != tree tag {tree_tag:08x}"))
-        try:
-            for _ in iter_entries(buf, source, exact_size=False):
-                pass
-        except FormatError as exc:
-            findings.append(Finding(exc.offset, exc.reason))
+        pace = context.get("pace")
+        start, seq = None, 0
+        while True:  # every entry read() accepts, a batch of columns at a time
+            cols = self.read_columns(buf, source, start, seq, None, VALIDATE_BATCH)
+            if pace is not None:
+                pace()
+            if cols.error is not None:
+                findings.append(Finding(cols.error.offset, cols.error.reason))
+                break
+            if cols.next_offset is None:
+                break
+            start, seq = cols.next_offset, cols.next_seq
         return findings
 
 
@@ -345,6 +353,8 @@ class GvfsJournal(Codec):
 # decoded in one step. Wherever the run stops (damage, the end, an entry too big for the
 # vectorised path), read() takes one exact step, so the result is always what read() yields.
 
+#: Entries per batch when validating.
+VALIDATE_BATCH = 1 << 14
 #: Entries above this size are decoded one by one (their NUL search would scan them whole).
 LARGE_ENTRY = 1 << 16
 #: The bytes of entries checked and decoded together (bounds the NUL positions' array).
