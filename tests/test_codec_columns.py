@@ -420,3 +420,35 @@ def test_gvfs_journal_validation_names_what_read_names(data):
     finally:
         gvfs_journal.VALIDATE_BATCH = old
     assert got == want
+
+
+@settings(max_examples=120, deadline=None)
+@given(data=st.data())
+def test_jrnl_chain_ends_found_in_batches_are_the_walks(data):
+    """fsck's batched look at a jrnl chain finds the last two transactions, the one at the
+    header's last offset and the damage that the transaction-by-transaction walk finds."""
+    from journalfs.formats import jrnl
+    buf = data.draw(FILES["jrnl"])
+    if data.draw(st.booleans()):
+        buf = mutate(data, buf)
+    try:
+        _first, last = jrnl.read_header(buf, "j")
+    except jrnl.FormatError:
+        return
+    seen, damage = [], None
+    try:
+        for tx in jrnl.walk(buf, "j"):
+            seen.append(tx.offset)
+    except jrnl.FormatError as exc:
+        damage = exc
+    want = (seen[-2] if len(seen) > 1 else None, seen[-1] if seen else None,
+            last if last in seen else None)
+    old = jrnl.VALIDATE_BATCH
+    jrnl.VALIDATE_BATCH = data.draw(st.integers(1, 5))
+    try:
+        *got, got_damage = jrnl._chain_ends(buf, "j", last)
+    finally:
+        jrnl.VALIDATE_BATCH = old
+    assert tuple(got) == want
+    assert same_error(got_damage, damage)
+    assert type(got_damage) is type(damage)

@@ -363,15 +363,40 @@ class _Scan:
     needed: tuple[str, int, str] | None = None  # (status, offset, sentence)
 
 
+#: Transactions per batch when validating.
+VALIDATE_BATCH = 1 << 13
+
+
+def _chain_ends(buf: Buffer, source: str, last: int
+                ) -> tuple[int | None, int | None, int | None, FormatError | None]:
+    """Offsets of the chain's last transaction but one, its last, and the first at the
+    header's ``last`` offset (None where there is none), walked a batch of columns at a time,
+    and the damage :func:`walk` would raise after them (or None)."""
+    codec = Jrnl()
+    before_tail = tail = at_last = None
+    start, seq = None, 0
+    while True:
+        cols = codec.read_columns(buf, source, start, seq, None, VALIDATE_BATCH)
+        offsets = cols.data["offset"][:cols.rows].tolist() if cols.rows else []
+        if offsets:
+            before_tail, tail = (offsets[-2] if len(offsets) > 1 else tail), offsets[-1]
+            if at_last is None and last in offsets:
+                at_last = last
+        if cols.error is not None or cols.next_offset is None:
+            return before_tail, tail, at_last, cols.error
+        start, seq = cols.next_offset, cols.next_seq
+
+
 def _scan(buf: Buffer, source: str) -> _Scan:
     """The chain's end, the damage in the chain and what recovery it needs."""
     scan = _Scan([])
     try:
         first, last = read_header(buf, source)
-        for tx in walk(buf, source):
-            scan.before_tail, scan.tail = scan.tail, tx
-            if scan.at_last is None and tx.offset == last:
-                scan.at_last = tx
+        *ends, damage = _chain_ends(buf, source, last)
+        scan.before_tail, scan.tail, scan.at_last = (
+            None if at is None else parse_transaction(buf, source, at, None) for at in ends)
+        if damage is not None:
+            raise damage
     except TornTransaction as exc:
         scan.findings.append(Finding(exc.offset, exc.reason))
         if exc.tx_offset > len(buf):  # a link past the end is corruption, not a torn write
