@@ -412,7 +412,76 @@ def _placed(rows: int, which: np.ndarray, values) -> list:
 def _walk(buf, pos: int, walk_end: int, end: int, budget: int) -> list[int]:
     """Up to ``budget`` entry starts from ``pos`` whose leading size is plausible (>= 24, a
     multiple of 4, inside ``end``, at most LARGE_ENTRY); the checks that need more than the
-    size are :func:`_decode_run`'s."""
+    size are :func:`_decode_run`'s. A region at a time is guessed whole (:func:`_guess`),
+    one Python step per entry only where the guess does not hold."""
+    walked: list[int] = []
+    region = GUESS_MIN
+    while len(walked) < budget and pos < walk_end:
+        guessed = _guess(buf, pos, min(end, pos + region), end)
+        room = budget - len(walked)
+        if len(guessed) > room:
+            guessed = guessed[:room]
+        if len(guessed) and guessed[-1] >= walk_end:
+            guessed = guessed[:int(np.searchsorted(guessed, walk_end))]
+        if len(guessed):
+            walked += guessed.tolist()
+            last = walked[-1]
+            pos = last + _U32.unpack_from(buf, last)[0]
+            region = min(2 * region, GUESS_MAX) if len(guessed) > 1 else GUESS_MIN
+            continue
+        # no guess at ``pos``: exact steps, then guessing again
+        stepped = _step(buf, pos, walk_end, end, min(room, GUESS_STEPS))
+        if not stepped:
+            break
+        walked += stepped
+        last = stepped[-1]
+        pos = last + _U32.unpack_from(buf, last)[0]
+        region = GUESS_MIN
+    return walked
+
+
+#: Bytes of the file guessed per step of :func:`_walk` (doubling from MIN while guesses
+#: hold, back to MIN where one fails: a hostile file costs little more than exact steps).
+GUESS_MIN, GUESS_MAX = 1 << 14, 1 << 20
+#: Exact steps taken where a guess failed, before guessing again.
+GUESS_STEPS = 64
+
+
+def _guess(buf, pos: int, region_end: int, end: int) -> np.ndarray:
+    """Entry starts from ``pos`` (a multiple of 4) that :func:`_step` would walk, found for
+    the 4-byte words of ``[pos, region_end)`` at once, as far as they are certain: a word is
+    a candidate when it reads as a plausible size whose entry ends inside the region with the
+    same trailing size; the chain of candidates, each one ending where the next starts, from
+    ``pos`` on, is the walk (each link is checked exactly as :func:`_step` checks it).
+    Stops at the first link not in that chain (damage, a big entry, the region's end)."""
+    words = (region_end - pos) // 4
+    if words < MIN_ENTRY // 4:
+        return np.zeros(0, np.int64)
+    raw = np.frombuffer(buf, np.uint32, words, pos)  # big-endian words read as native (LE)
+    # sizes 24 .. 65535, multiples of 4: the big-endian top two bytes zero, low two bits zero
+    cand = np.flatnonzero((raw & _SIZE_MASK) == 0)
+    if not len(cand) or cand[0] != 0:
+        return np.zeros(0, np.int64)
+    sizes = raw[cand].view(">u4").astype(np.int64)
+    ends = cand + (sizes >> 2)  # in words, from pos
+    inside = (sizes >= MIN_ENTRY) & (ends <= words)
+    cand, sizes, ends = cand[inside], sizes[inside], ends[inside]
+    if not len(cand) or cand[0] != 0:
+        return np.zeros(0, np.int64)
+    cand = cand[raw[ends - 1] == raw[cand]]  # the trailing size (raw words compare alike)
+    if not len(cand) or cand[0] != 0:
+        return np.zeros(0, np.int64)
+    nexts = cand + (raw[cand].view(">u4").astype(np.int64) >> 2)
+    breaks = np.flatnonzero(cand[1:] != nexts[:-1])
+    chain = cand[:int(breaks[0]) + 1] if len(breaks) else cand
+    return pos + 4 * chain
+
+
+_SIZE_MASK = np.frombuffer(bytes((0xFF, 0xFF, 0, 3)), np.uint32)[0]
+
+
+def _step(buf, pos: int, walk_end: int, end: int, budget: int) -> list[int]:
+    """Up to ``budget`` plausible entry starts from ``pos``, one by one."""
     walked: list[int] = []
     append = walked.append
     unpack = _U32.unpack_from

@@ -1,0 +1,64 @@
+"""gvfs-journal's guessed entry walk (whole regions of 4-byte words at once) against the
+one-entry-at-a-time walk it replaces: the same entry starts on valid, damaged and hostile
+buffers (sizes that chain into each other, trailing sizes that match by chance, entries
+inside entries), whatever the guessed region's size."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from journalfs.formats import CODECS
+from journalfs.formats import gvfs_journal as gj
+
+#: words a hostile file is made of: plausible sizes (some matching each other), zeros, junk
+words = st.one_of(st.sampled_from([24, 28, 32, 40, 64, 65536, 65540, 0, 3, 26]),
+                  st.integers(0, 2**32 - 1), st.integers(0, 200).map(lambda n: n * 4))
+
+
+def _entries(draw_list) -> bytes:
+    recs = [{"kind": "set", "mtime": i, "path": p, "key": "k", "value": v}
+            for i, (p, v) in enumerate(draw_list)]
+    return bytes(CODECS["gvfs-journal"].write(recs, tag=1))
+
+
+valid_journals = st.lists(st.tuples(st.text(max_size=20).filter(lambda s: "\0" not in s),
+                                    st.text(max_size=90).filter(lambda s: "\0" not in s)),
+                          min_size=1, max_size=60).map(_entries)
+
+
+@st.composite
+def hostile_buffers(draw):
+    if draw(st.booleans()):
+        buf = bytearray(draw(valid_journals))
+        for _ in range(draw(st.integers(0, 6))):  # overwrite words with plausible lies
+            at = draw(st.integers(0, len(buf) // 4 - 1)) * 4
+            buf[at:at + 4] = struct.pack(">I", draw(words))
+        return bytes(buf)
+    return b"".join(struct.pack(">I", w) for w in draw(st.lists(words, min_size=1, max_size=400)))
+
+
+@pytest.mark.parametrize("region", [(16, 64), (64, 1 << 12), (1 << 14, 1 << 20)])
+@settings(max_examples=150, deadline=None)
+@given(buf=hostile_buffers(), data=st.data())
+def test_guessed_walk_equals_the_step_walk(region, buf, data):
+    end = data.draw(st.integers(0, len(buf) // 4)) * 4
+    pos = data.draw(st.integers(0, max(0, end // 4 - 1))) * 4
+    walk_end = data.draw(st.one_of(st.just(end - gj.MIN_ENTRY + 1), st.integers(0, end + 8)))
+    budget = data.draw(st.sampled_from([1, 2, 7, 10**9]))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gj, "GUESS_MIN", region[0])
+        patch.setattr(gj, "GUESS_MAX", region[1])
+        patch.setattr(gj, "GUESS_STEPS", data.draw(st.sampled_from([1, 3, 64])))
+        guessed = gj._walk(buf, pos, walk_end, end, budget)
+    assert guessed == gj._step(buf, pos, walk_end, end, budget)
+
+
+@settings(max_examples=60, deadline=None)
+@given(buf=hostile_buffers())
+def test_guessed_walk_on_memoryview_and_bytearray(buf):
+    end = len(buf) // 4 * 4
+    want = gj._step(buf, 0, end - gj.MIN_ENTRY + 1, end, 10**9)
+    for view in (bytearray(buf), memoryview(buf)):
+        assert gj._walk(view, 0, end - gj.MIN_ENTRY + 1, end, 10**9) == want
