@@ -29,7 +29,29 @@ valid_journals = st.lists(st.tuples(st.text(max_size=20).filter(lambda s: "\0" n
 
 
 @st.composite
+def frame(draw, depth: int = 0) -> list[int]:
+    """Words of one length-framed entry (size first and last, sometimes a lie), whose body
+    may hold frames of its own: an entry inside an entry, which only the chain tells apart."""
+    body: list[int] = []
+    for _ in range(draw(st.integers(0, 3))):
+        if depth < 2 and draw(st.booleans()):
+            body += draw(frame(depth + 1))
+        else:
+            body += draw(st.lists(words, max_size=4))
+    while len(body) < 4:
+        body.append(draw(words))
+    size = 4 * (len(body) + 2)
+    trailer = size if draw(st.integers(0, 9)) else draw(words)
+    return [size, *body, trailer]
+
+
+@st.composite
 def hostile_buffers(draw):
+    if draw(st.booleans()):
+        framed = []
+        for _ in range(draw(st.integers(1, 30))):
+            framed += draw(frame()) if draw(st.integers(0, 7)) else draw(st.lists(words, max_size=3))
+        return b"".join(struct.pack(">I", w) for w in framed)
     if draw(st.booleans()):
         buf = bytearray(draw(valid_journals))
         for _ in range(draw(st.integers(0, 6))):  # overwrite words with plausible lies
