@@ -85,3 +85,20 @@ def test_guessed_walk_on_memoryview_and_bytearray(buf):
     want = gj._step(buf, 0, end - gj.MIN_ENTRY + 1, end, 10**9)
     for view in (bytearray(buf), memoryview(buf)):
         assert gj._walk(view, 0, end - gj.MIN_ENTRY + 1, end, 10**9) == want
+
+
+@settings(max_examples=40, deadline=None)
+@given(buf=valid_journals)
+def test_text_columns_are_read_after_the_buffer_changed(buf):
+    """Texts stay bytes until read (counting and indexing never decode them); they are copies,
+    so a buffer overwritten (or unmapped) after decoding does not change them."""
+    codec = CODECS["gvfs-journal"]
+    want = list(codec.read(buf, "f"))
+    scratch = bytearray(buf)
+    cols = codec.read_columns(scratch, "f")
+    scratch[:] = bytes(len(scratch))
+    assert cols.rows == len(want)
+    for name in ("path", "key", "value"):
+        assert list(cols.data[name]) == [rec[name] for rec in want]
+        assert cols.data[name].tolist() == [rec[name] for rec in want]
+        assert [cols.data[name][i] for i in range(cols.rows)] == [rec[name] for rec in want]

@@ -11,7 +11,8 @@ import re
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from collections.abc import Sequence
+from typing import Iterator
 
 import numpy as np
 
@@ -358,26 +359,22 @@ _FIELDS_OF_OP = (("key", "value"), ("key", "value"), ("key",), ("source",), ())
 
 
 class _Run:
-    """The columns of consecutive entries, filled run by run."""
+    """The columns of consecutive entries, filled run by run. Their texts stay bytes until a
+    text column is first read (:class:`_Texts`): counting, indexing and listing never decode
+    them."""
 
     def __init__(self):
         self.offsets: list[np.ndarray] = []
         self.mtimes: list[np.ndarray] = []
         self.ops: list[np.ndarray] = []
-        self.paths: list[str] = []
-        self.keys: list = []
-        self.values: list = []
-        self.sources: list = []
+        self.pieces: list = []  # per run a _Piece, per record of an exact step its dict
         self.rows = 0
 
     def add_record(self, rec: Record) -> None:
         self.offsets.append(np.array([rec["offset"]], np.int64))
         self.mtimes.append(np.array([rec["mtime"]], np.uint64))
         self.ops.append(np.array([OP_OF_KIND[rec["kind"]]], np.uint8))
-        self.paths.append(rec["path"])
-        self.keys.append(rec.get("key"))
-        self.values.append(rec.get("value"))
-        self.sources.append(rec.get("source"))
+        self.pieces.append(rec)
         self.rows += 1
 
     def columns(self, seq: int) -> dict:
@@ -385,16 +382,91 @@ class _Run:
         offsets = np.concatenate(self.offsets) if self.offsets else np.zeros(0, np.int64)
         ops = np.concatenate(self.ops) if self.ops else np.zeros(0, np.uint8)
         mtimes = np.concatenate(self.mtimes) if self.mtimes else np.zeros(0, np.uint64)
+        texts = _Texts(self.pieces, rows)
         data = {"format": ["gvfs-journal"] * rows,
                 "seq": np.arange(seq, seq + rows, dtype=np.int64),
                 "offset": offsets,
                 "kind": np.array(KIND_OF_OP)[ops].tolist(),
                 "mtime": mtimes,
-                "path": self.paths}
+                "path": _TextColumn(texts, "path")}
         # the generic default's columns: a field first used by a later row comes later
         for name in dict.fromkeys(f for op in dict.fromkeys(ops.tolist()) for f in _FIELDS_OF_OP[op]):
-            data[name] = {"key": self.keys, "value": self.values, "source": self.sources}[name]
+            data[name] = _TextColumn(texts, name)
         return data
+
+
+class _Piece:
+    """The texts of one run of entries, as a copy of the run's bytes and where each string
+    lies in it; :meth:`decode` gives them as read() does (see the end of _decode_run)."""
+
+    __slots__ = ("data", "starts", "stops", "ops", "head", "counts")
+
+    def __init__(self, data: bytes, starts, stops, ops, head, counts):
+        self.data, self.starts, self.stops = data, starts, stops
+        self.ops, self.head, self.counts = ops, head, counts
+
+    def decode(self) -> dict[str, list]:
+        ops, head, counts = self.ops, self.head, self.counts
+        take = len(ops)
+        text = b"\0".join(_spans(self.data, self.starts, self.stops))
+        strings = text.decode("utf-8", "surrogateescape").split("\0")
+        pick = strings.__getitem__
+        sets = np.flatnonzero(ops == OP_SET)
+        keyed = np.flatnonzero(ops <= OP_UNSET)
+        copies = np.flatnonzero(ops == OP_COPY)
+        values = _placed(take, sets, map(pick, (head[sets] + 2).tolist()))
+        setvs = np.flatnonzero(ops == OP_SETV)
+        if len(setvs):
+            for row, i, n in zip(setvs.tolist(), (head[setvs] + 2).tolist(), counts[setvs].tolist()):
+                values[row] = strings[i:i + n]
+        return {"path": list(map(pick, head.tolist())),
+                "key": _placed(take, keyed, map(pick, (head[keyed] + 1).tolist())),
+                "source": _placed(take, copies, map(pick, (head[copies] + 1).tolist())),
+                "value": values}
+
+
+class _Texts:
+    """The text columns of a batch, decoded all at once when one is first read."""
+
+    def __init__(self, pieces: list, rows: int):
+        self.pieces, self.rows = pieces, rows
+        self.decoded: dict[str, list] | None = None
+
+    def column(self, name: str) -> list:
+        if self.decoded is None:
+            decoded: dict[str, list] = {"path": [], "key": [], "value": [], "source": []}
+            with paused_gc():
+                for piece in self.pieces:
+                    if isinstance(piece, _Piece):
+                        for field, values in piece.decode().items():
+                            decoded[field] += values
+                    else:  # a record of an exact step
+                        for field, values in decoded.items():
+                            values.append(piece.get(field))
+            self.decoded, self.pieces = decoded, []
+        return self.decoded[name]
+
+
+class _TextColumn(Sequence):
+    """One text column of a batch (a list once read; see :class:`_Texts`)."""
+
+    def __init__(self, texts: _Texts, name: str):
+        self._texts, self._name = texts, name
+
+    def __len__(self) -> int:
+        return self._texts.rows
+
+    def __getitem__(self, index):
+        return self._texts.column(self._name)[index]
+
+    def __iter__(self):
+        return iter(self._texts.column(self._name))
+
+    def __eq__(self, other):
+        return list(self) == (list(other) if isinstance(other, (list, _TextColumn)) else other)
+
+    def tolist(self) -> list:
+        return list(self._texts.column(self._name))
 
 
 def _spans(buf, starts: np.ndarray, ends: np.ndarray):
@@ -572,21 +644,9 @@ def _decode_run(buf, offsets: np.ndarray, run: _Run) -> int:
         stops[slot[lists] + 1] = nuls[list_at[lists] + counts[lists] - 1]
     else:
         starts, stops = offsets + 17, head_ends
-    text = b"\0".join(_spans(buf, starts, stops))
-    strings = text.decode("utf-8", "surrogateescape").split("\0")
-    sets = np.flatnonzero(ops == OP_SET)
-    pick = strings.__getitem__
-    run.paths += map(pick, head.tolist())
-    keyed = np.flatnonzero(ops <= OP_UNSET)
-    run.keys += _placed(take, keyed, map(pick, (head[keyed] + 1).tolist()))
-    copies = np.flatnonzero(ops == OP_COPY)
-    run.sources += _placed(take, copies, map(pick, (head[copies] + 1).tolist()))
-    values = _placed(take, sets, map(pick, (head[sets] + 2).tolist()))
-    setvs = np.flatnonzero(is_setv)
-    if len(setvs):
-        for row, i, n in zip(setvs.tolist(), (head[setvs] + 2).tolist(), counts[setvs].tolist()):
-            values[row] = strings[i:i + n]
-    run.values += values
+    lo, hi = int(starts[0]), int(stops.max())
+    whole = buf if isinstance(buf, (bytes, mmap.mmap)) else memoryview(buf).cast("B")
+    run.pieces.append(_Piece(bytes(whole[lo:hi]), starts - lo, stops - lo, ops, head, counts))
     run.offsets.append(offsets)
     run.mtimes.append(field_at(buf, offsets, 8, ">u8"))
     run.ops.append(ops)
