@@ -102,3 +102,71 @@ def test_text_columns_are_read_after_the_buffer_changed(buf):
         assert list(cols.data[name]) == [rec[name] for rec in want]
         assert cols.data[name].tolist() == [rec[name] for rec in want]
         assert [cols.data[name][i] for i in range(cols.rows)] == [rec[name] for rec in want]
+
+
+# -- JSON lines rendered from the texts' bytes ---------------------------------------------------
+
+#: texts JSON must escape or cannot spell as UTF-8 (raw bytes kept as surrogateescape)
+odd_text = st.one_of(st.text(alphabet='ab"\\\n\t\x01\x7féü€😀', max_size=6),
+                     st.binary(min_size=1, max_size=6).filter(lambda b: b"\0" not in b).map(
+                         lambda b: b.decode("utf-8", "surrogateescape")))
+plain_text = st.text(alphabet="abc/._- 0123", max_size=12)
+gvfs_text = st.one_of(plain_text, plain_text, plain_text, odd_text)
+
+
+def _record(kind, mtime, path, key, value, source):
+    rec = {"kind": kind, "mtime": mtime, "path": path}
+    if kind in ("set", "setv", "unset"):
+        rec["key"] = key
+    if kind == "set":
+        rec["value"] = value
+    if kind == "setv":
+        rec["value"] = [value] * 0 + source  # source: a list of texts here
+    if kind == "copy":
+        rec["source"] = value
+    return rec
+
+
+journal_records = st.lists(st.builds(
+    _record, st.sampled_from(["set", "set", "setv", "unset", "copy", "remove"]),
+    st.integers(0, 2**40), gvfs_text, gvfs_text, gvfs_text, st.lists(gvfs_text, max_size=3)),
+    min_size=1, max_size=80)
+
+
+@pytest.mark.parametrize("kinds", ["set+setv", "any"])
+@settings(max_examples=120, deadline=None)
+@given(recs=journal_records, data=st.data())
+def test_json_lines_rendered_from_text_bytes_equal_json_line(kinds, recs, data):
+    """records --json / records.jsonl of gvfs journals (whole, in batches, damaged): the lines
+    rendered from the texts' bytes are json_line's, byte for byte, and damage ends them after
+    the valid records with read()'s error."""
+    from journalfs import jsonlines
+    if kinds == "set+setv":
+        recs = [r for r in recs if r["kind"] in ("set", "setv")] or recs[:1]
+    codec = CODECS["gvfs-journal"]
+    buf = bytes(codec.write(recs, tag=3))
+    if data.draw(st.booleans()):
+        at = data.draw(st.integers(0, len(buf) - 1))
+        buf = buf[:at] + bytes([buf[at] ^ (1 << data.draw(st.integers(0, 7)))]) + buf[at + 1:]
+    want, error = [], None
+    try:
+        for rec in codec.read(buf, "f"):
+            want.append(jsonlines.json_line(rec))
+    except gj.FormatError as exc:
+        error = exc
+    batch = data.draw(st.sampled_from([1, 5, 64, 10**6]))
+    got, start, seq = [], None, 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(jsonlines, "COLUMNS_MIN_ROWS", 1)
+        while True:
+            cols = codec.read_columns(buf, "f", start, seq, None, batch)
+            if cols.rows:
+                end = cols.next_offset if cols.error is None else cols.error.offset
+                got.append(jsonlines.columns_chunk(codec, buf, "f", cols, start, seq, end).data)
+            if cols.error is not None or cols.next_offset is None:
+                break
+            start, seq = cols.next_offset, cols.next_seq
+    assert b"".join(got) == b"".join(want)
+    assert (cols.error is None) == (error is None)
+    if error is not None:
+        assert (cols.error.offset, cols.error.reason) == (error.offset, error.reason)

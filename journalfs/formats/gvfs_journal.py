@@ -425,12 +425,47 @@ class _Piece:
                 "value": values}
 
 
+    def spelling(self) -> dict[str, list] | None:
+        """Each row's JSON text of each field as ``json.dumps(v, ensure_ascii=False)`` spells
+        it, UTF-8 (path, key, source without their quotes; value whole); None where a row lacks
+        the field. None when some string needs escaping or is not UTF-8 (json_line's own)."""
+        joined = b"\0".join(_spans(self.data, self.starts, self.stops))
+        if not joined.isascii():
+            try:
+                joined.decode("utf-8")
+            except UnicodeDecodeError:
+                return None  # written as <field>_b64
+        codes = np.frombuffer(joined, np.uint8)
+        # control characters but NUL (the strings' ends): uint8 wraps NUL to 255
+        if np.count_nonzero(codes - np.uint8(1) < 0x1F) or b'"' in joined or b"\\" in joined:
+            return None
+        ops, head, counts = self.ops, self.head, self.counts
+        take = len(ops)
+        raws = joined.split(b"\0")
+        quoted = (b'"' + joined.replace(b"\0", b'"\0"') + b'"').split(b"\0")
+        pick, pick_quoted = raws.__getitem__, quoted.__getitem__
+        sets = np.flatnonzero(ops == OP_SET)
+        keyed = np.flatnonzero(ops <= OP_UNSET)
+        copies = np.flatnonzero(ops == OP_COPY)
+        values = _placed(take, sets, map(pick_quoted, (head[sets] + 2).tolist()))
+        setvs = np.flatnonzero(ops == OP_SETV)
+        if len(setvs):
+            join = b", ".join
+            for row, i, n in zip(setvs.tolist(), (head[setvs] + 2).tolist(), counts[setvs].tolist()):
+                values[row] = b"[" + join(quoted[i:i + n]) + b"]"
+        return {"path": list(map(pick, head.tolist())),
+                "key": _placed(take, keyed, map(pick, (head[keyed] + 1).tolist())),
+                "source": _placed(take, copies, map(pick, (head[copies] + 1).tolist())),
+                "value": values}
+
+
 class _Texts:
     """The text columns of a batch, decoded all at once when one is first read."""
 
     def __init__(self, pieces: list, rows: int):
         self.pieces, self.rows = pieces, rows
         self.decoded: dict[str, list] | None = None
+        self.spelt: dict[str, list] | bool | None = None  # False: cannot be spelt so
 
     def column(self, name: str) -> list:
         if self.decoded is None:
@@ -445,6 +480,30 @@ class _Texts:
                             values.append(piece.get(field))
             self.decoded, self.pieces = decoded, []
         return self.decoded[name]
+
+    def spelling(self, name: str, lo: int, hi: int) -> tuple[list[bytes], bool] | None:
+        """Rows ``lo .. hi-1`` of column ``name`` spelt as JSON (see _Piece.spelling) and
+        whether their quotes are the renderer's; None when the batch's texts are decoded
+        already, or some row lacks the field, or some text needs json.dumps."""
+        if self.spelt is None:
+            if self.decoded is not None or not all(isinstance(p, _Piece) for p in self.pieces):
+                return None
+            spelt: dict[str, list] = {"path": [], "key": [], "value": [], "source": []}
+            with paused_gc():
+                for piece in self.pieces:
+                    items = piece.spelling()
+                    if items is None:
+                        self.spelt = False
+                        return None
+                    for field, values in items.items():
+                        spelt[field] += values
+            self.spelt = spelt
+        if self.spelt is False:
+            return None
+        items = self.spelt[name][lo:hi]
+        if None in items:
+            return None
+        return items, name != "value"
 
 
 class _TextColumn(Sequence):
@@ -467,6 +526,10 @@ class _TextColumn(Sequence):
 
     def tolist(self) -> list:
         return list(self._texts.column(self._name))
+
+    def json_spelling(self, lo: int, hi: int) -> tuple[list[bytes], bool] | None:
+        """For the JSON renderer: rows ``lo .. hi-1`` as JSON text without decoding them."""
+        return self._texts.spelling(self._name, lo, hi)
 
 
 def _spans(buf, starts: np.ndarray, ends: np.ndarray):
