@@ -386,13 +386,26 @@ class _Run:
         data = {"format": ["gvfs-journal"] * rows,
                 "seq": np.arange(seq, seq + rows, dtype=np.int64),
                 "offset": offsets,
-                "kind": np.array(KIND_OF_OP)[ops].tolist(),
+                "kind": _Kinds(np.array(KIND_OF_OP)[ops].tolist(), ops),
                 "mtime": mtimes,
                 "path": _TextColumn(texts, "path")}
         # the generic default's columns: a field first used by a later row comes later
         for name in dict.fromkeys(f for op in dict.fromkeys(ops.tolist()) for f in _FIELDS_OF_OP[op]):
             data[name] = _TextColumn(texts, name)
         return data
+
+
+class _Kinds(list):
+    """The kind column (a list), which spells its rows' JSON from the entries' ops."""
+
+    _SPELT = np.array([k.encode() for k in KIND_OF_OP], dtype=object)
+
+    def __init__(self, kinds: list, ops: np.ndarray):
+        super().__init__(kinds)
+        self.ops = ops
+
+    def json_spelling(self, lo: int, hi: int) -> tuple[list[bytes], bool]:
+        return self._SPELT[self.ops[lo:hi]].tolist(), True
 
 
 class _Piece:
