@@ -372,7 +372,7 @@ def _field(column, lo: int, hi: int):
         return json.dumps(column, ensure_ascii=False)
     spelt = getattr(column, "json_spelling", None)  # a codec's column that spells its rows
     if spelt is not None and (spelling := spelt(lo, hi)) is not None:
-        return _Packed(*spelling)
+        return spelling if isinstance(spelling, str) else _Packed(*spelling)
     if isinstance(column, np.ndarray) and column.dtype.kind not in "OU":
         if column.dtype.kind in "iu":
             return _Integers.of(column, lo, hi)

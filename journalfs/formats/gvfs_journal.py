@@ -404,8 +404,11 @@ class _Kinds(list):
         super().__init__(kinds)
         self.ops = ops
 
-    def json_spelling(self, lo: int, hi: int) -> tuple[list[bytes], bool]:
-        return self._SPELT[self.ops[lo:hi]].tolist(), True
+    def json_spelling(self, lo: int, hi: int) -> tuple[list[bytes], bool] | str:
+        ops = self.ops[lo:hi]
+        if (ops == ops[0]).all():  # one kind in every row: the template's
+            return f'"{KIND_OF_OP[ops[0]]}"'
+        return self._SPELT[ops].tolist(), True
 
 
 class _Piece:
@@ -442,18 +445,21 @@ class _Piece:
         """Each row's JSON text of each field as ``json.dumps(v, ensure_ascii=False)`` spells
         it, UTF-8 (path, key, source without their quotes; value whole); None where a row lacks
         the field. None when some string needs escaping or is not UTF-8 (json_line's own)."""
-        joined = b"\0".join(_spans(self.data, self.starts, self.stops))
-        if not joined.isascii():
+        # spans joined by \x01 (NULs inside a span end its strings): a text with a control
+        # character of its own makes more than the joins' count, and is json.dumps's
+        spans = b"\x01".join(_spans(self.data, self.starts, self.stops))
+        if not spans.isascii():
             try:
-                joined.decode("utf-8")
+                spans.decode("utf-8")
             except UnicodeDecodeError:
                 return None  # written as <field>_b64
-        codes = np.frombuffer(joined, np.uint8)
-        # control characters but NUL (the strings' ends): uint8 wraps NUL to 255
-        if np.count_nonzero(codes - np.uint8(1) < 0x1F) or b'"' in joined or b"\\" in joined:
+        codes = np.frombuffer(spans, np.uint8)
+        if (np.count_nonzero(codes - np.uint8(1) < 0x1F) != len(self.starts) - 1  # NUL wraps
+                or b'"' in spans or b"\\" in spans):
             return None
         ops, head, counts = self.ops, self.head, self.counts
         take = len(ops)
+        joined = spans.replace(b"\x01", b"\0")
         raws = joined.split(b"\0")
         quoted = (b'"' + joined.replace(b"\0", b'"\0"') + b'"').split(b"\0")
         pick, pick_quoted = raws.__getitem__, quoted.__getitem__
@@ -463,9 +469,17 @@ class _Piece:
         values = _placed(take, sets, map(pick_quoted, (head[sets] + 2).tolist()))
         setvs = np.flatnonzero(ops == OP_SETV)
         if len(setvs):
-            join = b", ".join
-            for row, i, n in zip(setvs.tolist(), (head[setvs] + 2).tolist(), counts[setvs].tolist()):
-                values[row] = b"[" + join(quoted[i:i + n]) + b"]"
+            # each span as a JSON list of its strings; a list's values are one span, after
+            # its entry's head span
+            lists = (b'["' + spans.replace(b"\0", b'", "').replace(b"\x01", b'"]\x01["')
+                     + b'"]').split(b"\x01")
+            listed = (ops == OP_SETV) & (counts > 0)
+            slot = np.arange(take) + np.cumsum(listed) - listed
+            for row in setvs[counts[setvs] == 0].tolist():
+                values[row] = b"[]"
+            full = np.flatnonzero(listed)
+            for row, value in zip(full.tolist(), map(lists.__getitem__, (slot[full] + 1).tolist())):
+                values[row] = value
         return {"path": list(map(pick, head.tolist())),
                 "key": _placed(take, keyed, map(pick, (head[keyed] + 1).tolist())),
                 "source": _placed(take, copies, map(pick, (head[copies] + 1).tolist())),
@@ -494,9 +508,9 @@ class _Texts:
             self.decoded, self.pieces = decoded, []
         return self.decoded[name]
 
-    def spelling(self, name: str, lo: int, hi: int) -> tuple[list[bytes], bool] | None:
+    def spelling(self, name: str, lo: int, hi: int) -> tuple[list[bytes], bool] | str | None:
         """Rows ``lo .. hi-1`` of column ``name`` spelt as JSON (see _Piece.spelling) and
-        whether their quotes are the renderer's; None when the batch's texts are decoded
+        whether their quotes are the renderer's, or the one JSON text all of them have; None when the batch's texts are decoded
         already, or some row lacks the field, or some text needs json.dumps."""
         if self.spelt is None:
             if self.decoded is not None or not all(isinstance(p, _Piece) for p in self.pieces):
@@ -516,6 +530,9 @@ class _Texts:
         items = self.spelt[name][lo:hi]
         if None in items:
             return None
+        if items.count(items[0]) == len(items):  # one text in every row: the template's
+            text = items[0].decode("utf-8")
+            return text if name == "value" else f'"{text}"'
         return items, name != "value"
 
 
@@ -540,8 +557,9 @@ class _TextColumn(Sequence):
     def tolist(self) -> list:
         return list(self._texts.column(self._name))
 
-    def json_spelling(self, lo: int, hi: int) -> tuple[list[bytes], bool] | None:
-        """For the JSON renderer: rows ``lo .. hi-1`` as JSON text without decoding them."""
+    def json_spelling(self, lo: int, hi: int) -> tuple[list[bytes], bool] | str | None:
+        """For the JSON renderer: rows ``lo .. hi-1`` as JSON text without decoding them (a
+        ``str``: the one text every row has)."""
         return self._texts.spelling(self._name, lo, hi)
 
 
