@@ -345,11 +345,12 @@ class GvfsJournal(Codec):
 
 # -- columns ---------------------------------------------------------------------------------
 #
-# read_columns walks the entries' leading sizes (one unpack each), then checks and decodes a
-# run of entries at once: trailing sizes, ops and CRCs (one zlib call per entry) and every
-# string found through the NUL bytes of the run's bytes (numpy), all strings of the run
-# decoded in one step. Wherever the run stops (damage, the end, an entry too big for the
-# vectorised path), read() takes one exact step, so the result is always what read() yields.
+# read_columns walks the entries' leading sizes (a region of words guessed at once, see
+# _guess), then checks a run of entries at once: trailing sizes, ops, CRCs (one crc32 call
+# per entry) and every string found through the NUL bytes of the run's bytes (numpy). The
+# run's texts are kept as bytes and decoded (or spelt as JSON) only when asked. Wherever the
+# run stops (damage, the end, an entry too big for the
+vectorised path), read() takes one exact step, so the result is always what read() yields.
 
 #: Entries above this size are decoded one by one (their NUL search would scan them whole).
 LARGE_ENTRY = 1 << 16
