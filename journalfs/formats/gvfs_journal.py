@@ -350,7 +350,7 @@ class GvfsJournal(Codec):
 # per entry) and every string found through the NUL bytes of the run's bytes (numpy). The
 # run's texts are kept as bytes and decoded (or spelt as JSON) only when asked. Wherever the
 # run stops (damage, the end, an entry too big for the
-vectorised path), read() takes one exact step, so the result is always what read() yields.
+# vectorised path), read() takes one exact step, so the result is always what read() yields.
 
 #: Entries above this size are decoded one by one (their NUL search would scan them whole).
 LARGE_ENTRY = 1 << 16
