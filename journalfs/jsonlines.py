@@ -372,6 +372,9 @@ def _field(column, lo: int, hi: int):
     JSON text every row shares (a ``str``), or None when some value needs general JSON."""
     if isinstance(column, str):
         return json.dumps(column, ensure_ascii=False)
+    spelt = getattr(column, "json_spelling", None)  # a codec's column that spells its rows
+    if spelt is not None and (spelling := spelt(lo, hi)) is not None:
+        return spelling if isinstance(spelling, str) else _Packed(*spelling)
     if isinstance(column, np.ndarray) and column.dtype.kind not in "OU":
         if column.dtype.kind in "iu":
             return _Integers.of(column, lo, hi)
