@@ -451,7 +451,6 @@ class _Piece:
                 "source": _placed(take, copies, map(pick, (head[copies] + 1).tolist())),
                 "value": values}
 
-
     def spelling(self) -> dict[str, list] | None:
         """Each row's JSON text of each field as ``json.dumps(v, ensure_ascii=False)`` spells
         it, UTF-8 (path, key, source without their quotes; value whole); None where a row lacks
