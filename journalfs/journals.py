@@ -316,7 +316,7 @@ class RecordIndex:
                 for _ in codec.read(buf, path):
                     self.count += 1
         except FormatError as exc:
-            self.error = exc
+            self.error = exc.detached()
 
     def _resume(self, previous: "RecordIndex | None", buf) -> tuple[int | None, int]:
         """(offset, record number) to index from: ``previous``'s last checkpoint when it

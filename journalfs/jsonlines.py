@@ -211,7 +211,7 @@ def records_chunk(records: Iterator[Record], count: int) -> JsonChunk:
                 if len(lines) == count:
                     break
         except FormatError as exc:
-            error = exc
+            error = exc.detached()
     chunk = JsonChunk(b"".join(lines), len(lines), kinds,
                       sizes if any(v is not None for v in sizes) else None)
     chunk.error = error
@@ -220,6 +220,9 @@ def records_chunk(records: Iterator[Record], count: int) -> JsonChunk:
 
 #: glibc's mallopt() parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+#: What glibc may keep of freed memory (per arena) while batches stream: about two batches'
+#: buffers (a 16,384-record batch peaks at ~20 MB); what is kept stays resident.
+KEPT_FREE_BYTES = 32 << 20
 _heap_kept = threading.Lock()
 
 
@@ -227,17 +230,17 @@ def keep_freed_memory() -> None:
     """Let glibc keep the big buffers each rendered batch frees, for the next batch. By
     default it hands them back to the kernel after every batch (they are larger than its trim
     threshold) and the next batch faults every page in again: a quarter to a third of the
-    rendering time. What is kept is bounded by one batch's buffers (tens of MB). Process-wide,
-    so called by what streams many batches (``records --json``, ``records.jsonl``), once;
-    a no-op without glibc."""
+    rendering time. What is kept is bounded by KEPT_FREE_BYTES per arena. Process-wide, so
+    called by what streams many batches (``records --json``, ``records.jsonl``), once; a
+    no-op without glibc."""
     if not _heap_kept.acquire(blocking=False):
         return  # done already
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return
-    mallopt(_M_MMAP_THRESHOLD, 32 << 20)
-    mallopt(_M_TRIM_THRESHOLD, 128 << 20)
+    mallopt(_M_MMAP_THRESHOLD, KEPT_FREE_BYTES)
+    mallopt(_M_TRIM_THRESHOLD, KEPT_FREE_BYTES)
 
 
 # -- the columnar renderer -----------------------------------------------------------------------
@@ -650,9 +653,12 @@ class _Packed:
 
     words = 0  # written as bytes: the block needs no alignment
 
-    def __init__(self, items: list[bytes], quoted: bool):
+    def __init__(self, items: list[bytes], quoted: bool, sizes: np.ndarray | None = None):
+        """``sizes``: each item's length when the caller knows them (a codec's spelling)."""
         self.items, self.quoted = items, quoted
-        self.sizes = sizes = np.fromiter(map(len, items), dtype=np.int64, count=len(items))
+        if sizes is None:
+            sizes = np.fromiter(map(len, items), dtype=np.int64, count=len(items))
+        self.sizes = sizes
         self.width = int(sizes.max(initial=0))
         self.content = int(sizes.sum())
         self.full = not len(items) or int(sizes.min()) == self.width

@@ -34,6 +34,14 @@ class FormatError(Exception):
     def __str__(self) -> str:
         return f"{self.source}: damaged at byte {self.offset}: {self.reason}"
 
+    def detached(self) -> "FormatError":
+        """This report without the traceback of where it was raised, for keeping beside the
+        records before the damage: a traceback keeps every frame of the decoding alive, and
+        with them the file's buffers, and its frames hold it back (a reference cycle that
+        only the cyclic collector frees, rarely in a long-running daemon)."""
+        self.__traceback__ = self.__context__ = None
+        return self
+
 
 @dataclass
 class Columns:
@@ -50,6 +58,10 @@ class Columns:
     next_offset: int | None
     next_seq: int
     error: FormatError | None = None
+
+    def __post_init__(self) -> None:
+        if self.error is not None:
+            self.error.detached()
 
 
 class BuiltOnAccess(Sequence):

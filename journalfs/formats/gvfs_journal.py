@@ -410,16 +410,17 @@ class _Kinds(list):
     """The kind column (a list), which spells its rows' JSON from the entries' ops."""
 
     _SPELT = np.array([k.encode() for k in KIND_OF_OP], dtype=object)
+    _SPELT_SIZES = np.array([len(k.encode()) for k in KIND_OF_OP], dtype=np.int64)
 
     def __init__(self, kinds: list, ops: np.ndarray):
         super().__init__(kinds)
         self.ops = ops
 
-    def json_spelling(self, lo: int, hi: int) -> tuple[list[bytes], bool] | str:
+    def json_spelling(self, lo: int, hi: int) -> tuple[list[bytes], bool, np.ndarray] | str:
         ops = self.ops[lo:hi]
         if (ops == ops[0]).all():  # one kind in every row: the template's
             return f'"{KIND_OF_OP[ops[0]]}"'
-        return self._SPELT[ops].tolist(), True
+        return self._SPELT[ops].tolist(), True, self._SPELT_SIZES[ops]
 
 
 class _Piece:
@@ -451,10 +452,11 @@ class _Piece:
                 "source": _placed(take, copies, map(pick, (head[copies] + 1).tolist())),
                 "value": values}
 
-    def spelling(self) -> dict[str, list] | None:
+    def spelling(self) -> dict[str, tuple[list, np.ndarray]] | None:
         """Each row's JSON text of each field as ``json.dumps(v, ensure_ascii=False)`` spells
-        it, UTF-8 (path, key, source without their quotes; value whole); None where a row lacks
-        the field. None when some string needs escaping or is not UTF-8 (json_line's own)."""
+        it, UTF-8 (path, key, source without their quotes; value whole), None where a row lacks
+        the field, with the texts' sizes (-1: none). None when some string needs escaping or
+        is not UTF-8 (json_line's own)."""
         # spans joined by \x01 (NULs inside a span end its strings): a text with a control
         # character of its own makes more than the joins' count, and is json.dumps's
         spans = b"\x01".join(_spans(self.data, self.starts, self.stops))
@@ -471,12 +473,17 @@ class _Piece:
         take = len(ops)
         joined = spans.replace(b"\x01", b"\0")
         raws = joined.split(b"\0")
+        # every string's size, from where the separators are (the renderer needs them all)
+        ends = np.flatnonzero(codes < 2)
+        sizes = np.diff(ends, prepend=-1, append=len(codes)) - 1
         quoted = (b'"' + joined.replace(b"\0", b'"\0"') + b'"').split(b"\0")
         pick, pick_quoted = raws.__getitem__, quoted.__getitem__
         sets = np.flatnonzero(ops == OP_SET)
         keyed = np.flatnonzero(ops <= OP_UNSET)
         copies = np.flatnonzero(ops == OP_COPY)
-        values = _placed(take, sets, map(pick_quoted, (head[sets] + 2).tolist()))
+        value_at = head[sets] + 2
+        values = _placed(take, sets, map(pick_quoted, value_at.tolist()))
+        value_sizes = _placed_sizes(take, sets, sizes[value_at] + 2)
         setvs = np.flatnonzero(ops == OP_SETV)
         if len(setvs):
             # each span as a JSON list of its strings; a list's values are one span, after
@@ -490,10 +497,14 @@ class _Piece:
             full = np.flatnonzero(listed)
             for row, value in zip(full.tolist(), map(lists.__getitem__, (slot[full] + 1).tolist())):
                 values[row] = value
-        return {"path": list(map(pick, head.tolist())),
-                "key": _placed(take, keyed, map(pick, (head[keyed] + 1).tolist())),
-                "source": _placed(take, copies, map(pick, (head[copies] + 1).tolist())),
-                "value": values}
+            value_sizes[setvs] = [len(values[row]) for row in setvs.tolist()]
+        key_at, source_at = head[keyed] + 1, head[copies] + 1
+        return {"path": (list(map(pick, head.tolist())), sizes[head]),
+                "key": (_placed(take, keyed, map(pick, key_at.tolist())),
+                        _placed_sizes(take, keyed, sizes[key_at])),
+                "source": (_placed(take, copies, map(pick, source_at.tolist())),
+                           _placed_sizes(take, copies, sizes[source_at])),
+                "value": (values, value_sizes)}
 
 
 class _Texts:
@@ -518,32 +529,39 @@ class _Texts:
             self.decoded, self.pieces = decoded, []
         return self.decoded[name]
 
-    def spelling(self, name: str, lo: int, hi: int) -> tuple[list[bytes], bool] | str | None:
-        """Rows ``lo .. hi-1`` of column ``name`` spelt as JSON (see _Piece.spelling) and
-        whether their quotes are the renderer's, or the one JSON text all of them have; None when the batch's texts are decoded
-        already, or some row lacks the field, or some text needs json.dumps."""
+    def spelling(self, name: str, lo: int, hi: int
+                 ) -> tuple[list[bytes], bool, np.ndarray] | str | None:
+        """Rows ``lo .. hi-1`` of column ``name`` spelt as JSON (see _Piece.spelling), whether
+        their quotes are the renderer's and their sizes, or the one JSON text all of them
+        have; None when the batch's texts are decoded already, or some row lacks the field,
+        or some text needs json.dumps."""
         if self.spelt is None:
             if self.decoded is not None or not all(isinstance(p, _Piece) for p in self.pieces):
                 return None
-            spelt: dict[str, list] = {"path": [], "key": [], "value": [], "source": []}
+            texts: dict[str, list] = {"path": [], "key": [], "value": [], "source": []}
+            sizes: dict[str, list] = {"path": [], "key": [], "value": [], "source": []}
             with paused_gc():
                 for piece in self.pieces:
                     items = piece.spelling()
                     if items is None:
                         self.spelt = False
                         return None
-                    for field, values in items.items():
-                        spelt[field] += values
-            self.spelt = spelt
+                    for field, (values, lengths) in items.items():
+                        texts[field] += values
+                        sizes[field].append(lengths)
+            self.spelt = {field: (texts[field], np.concatenate(sizes[field]))
+                          for field in texts}
         if self.spelt is False:
             return None
-        items = self.spelt[name][lo:hi]
-        if None in items:
+        column, lengths = self.spelt[name]
+        lengths = lengths[lo:hi]
+        if not len(lengths) or lengths.min() < 0:
             return None
-        if items.count(items[0]) == len(items):  # one text in every row: the template's
-            text = items[0].decode("utf-8")
+        items = column[lo:hi]
+        if (lengths == lengths[0]).all() and items.count(items[0]) == len(items):
+            text = items[0].decode("utf-8")  # one text in every row: the template's
             return text if name == "value" else f'"{text}"'
-        return items, name != "value"
+        return items, name != "value", lengths
 
 
 class _TextColumn(Sequence):
@@ -567,9 +585,10 @@ class _TextColumn(Sequence):
     def tolist(self) -> list:
         return list(self._texts.column(self._name))
 
-    def json_spelling(self, lo: int, hi: int) -> tuple[list[bytes], bool] | str | None:
-        """For the JSON renderer: rows ``lo .. hi-1`` as JSON text without decoding them (a
-        ``str``: the one text every row has)."""
+    def json_spelling(self, lo: int, hi: int
+                      ) -> tuple[list[bytes], bool, np.ndarray] | str | None:
+        """For the JSON renderer: rows ``lo .. hi-1`` as JSON text without decoding them, with
+        their sizes (a ``str``: the one text every row has)."""
         return self._texts.spelling(self._name, lo, hi)
 
 
@@ -587,6 +606,15 @@ def _placed(rows: int, which: np.ndarray, values) -> list:
     column: list = [None] * rows
     for i, value in zip(which.tolist(), values):
         column[i] = value
+    return column
+
+
+def _placed_sizes(rows: int, which: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """:func:`_placed`'s sizes: ``sizes`` at rows ``which``, -1 (no text) elsewhere."""
+    if len(which) == rows:
+        return sizes.astype(np.int64, copy=False)
+    column = np.full(rows, -1, dtype=np.int64)
+    column[which] = sizes
     return column
 
 

@@ -99,7 +99,7 @@ def scan_journal(buf, source: str) -> JournalScan:
         try:
             rec, size = decode_entry(buf, offset, source, end)
         except FormatError as exc:
-            scan.chain_error = exc
+            scan.chain_error = exc.detached()
             break
         scan.chain.append((offset, rec, size))
         offset += size

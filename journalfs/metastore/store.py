@@ -306,7 +306,7 @@ class MetaStore:
         try:
             header = parse_header(self._journal_buf, self.journal_path)
         except FormatError as exc:
-            self._index.error = exc
+            self._index.error = exc.detached()
             return
         if header.tag != self._tree.tag:
             return
@@ -325,7 +325,7 @@ class MetaStore:
                 rec, size = decode_entry(buf, index.next_offset, self.journal_path,
                                          self._journal_file_size)
             except FormatError as exc:
-                index.error = exc
+                index.error = exc.detached()
                 return
             index.add(rec, size)
 

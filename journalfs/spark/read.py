@@ -79,7 +79,7 @@ def read_buffer(buf, sl: FileSlice, include_damage: bool, kinds: set | None,
             cols = _read_columns(codec, buf, sl, start, seq, batch_rows)
             error = cols.error
         except FormatError as exc:  # a codec may raise instead of reporting
-            cols, error = None, exc
+            cols, error = None, exc.detached()
         except Exception as exc:  # a decoder bug on hostile bytes must not kill the job
             cols, error = None, FormatError(sl.path, start or 0, f"decoder failed: {exc!r}")
         if cols is not None and cols.rows:
