@@ -18,9 +18,10 @@ tracefs instance filtered to the mount's connection). Wall-clock rates swing wit
 load on a shared machine; CPU per request does not.
 
 `floor` is a minimal pyfuse3 filesystem (this file, --serve-floor) answering lookup, getattr,
-readdir and the xattr calls from dicts: pyfuse3's own cost per request. It runs every row it
-can serve (listing, stat, xattr rows, parallel clients, setfattr/getfattr commands; not
-file data, creation or renames) and the CPU rows, which journalfs also runs with
+readdir and the xattr calls from dicts, and serving file data, creation and renames outside
+its dicts as a bare passthrough (one syscall per request, no checks): pyfuse3's own cost per
+request. It runs every row but the journal views and the staleness row, and the CPU rows,
+which journalfs also runs with
 `-o timeout=0` (so every stat is a request). Its rate beside bindfs's (`floor/bindfs`) is
 the bound pyfuse3 itself puts on a row.
 
@@ -558,7 +559,7 @@ def run_round(t: Target, rec: Recorder, args, work: Path) -> None:
             run_cpu_rows(t, rec, files, with_setxattr=True)
         return
     if t.name == "floor":
-        run_floor_rows(t, rec, files)
+        run_floor_rows(t, rec, files, args)
         return
     t.mount()
     listing_rows(t, rec, files)
@@ -570,11 +571,24 @@ def run_round(t: Target, rec: Recorder, args, work: Path) -> None:
     stat_all(files)
     m(t, "setxattr (default: jfs sync=batch)", "ops/s", setxattr_all, files[:2000], t.xattr)
     read_rows(t, rec, files)
-    m(t, "create+write 4K+close", "ops/s", create_files, t.root / f"new-{t.name}", args.create)
-    m(t, "500 x mv (whole command)", "ops/s", mv_500, t)
     m(t, "500 x setfattr (whole command)", "ops/s", setfattr_500, t)
     m(t, "getfattr -R, 5,005 files", "files/s", getfattr_tree, t)
     m(t, "staleness after a SOURCE change", "ms", staleness, t, better="lower")
+    data_rows(t, rec, args)
+    records = t.record_files()
+    t.mount()
+    m(t, "cat record files cold", "files/s", cat_files, records, work / f"list-{t.name}")
+    m(t, "cat record files warm", "files/s", cat_files, records, work / f"list-{t.name}")
+    if t.fuse:
+        run_cpu_rows(t, rec, files)
+    t.unmount()
+
+
+def data_rows(t: Target, rec: Recorder, args) -> None:
+    """File data, creation and renames (the floor serves them as a bare passthrough)."""
+    m = rec.measure
+    m(t, "create+write 4K+close", "ops/s", create_files, t.root / f"new-{t.name}", args.create)
+    m(t, "500 x mv (whole command)", "ops/s", mv_500, t)
     m(t, "fio 4k random read", "IOPS", fio, t,
       [f"--filename={t.root / 'big.bin'}", "--rw=randread", "--bs=4k", f"--size={min(256, args.big_mib)}m",
        "--runtime=4", "--time_based"], "read_iops")
@@ -589,18 +603,12 @@ def run_round(t: Target, rec: Recorder, args, work: Path) -> None:
     m(t, "fio seq read 1 GiB, cold", "MB/s", fio, t,
       [f"--filename={t.root / 'big.bin'}", "--rw=read", "--bs=1m", f"--size={args.big_mib}m"],
       "read_MBps")
-    records = t.record_files()
-    t.mount()
-    m(t, "cat record files cold", "files/s", cat_files, records, work / f"list-{t.name}")
-    m(t, "cat record files warm", "files/s", cat_files, records, work / f"list-{t.name}")
-    if t.fuse:
-        run_cpu_rows(t, rec, files)
-    t.unmount()
 
 
-def run_floor_rows(t: Target, rec: Recorder, files: list[str]) -> None:
-    """The rows the floor filesystem (pyfuse3 answering from dicts) can serve, by the same
-    client code: the rate pyfuse3 itself reaches where every call is a FUSE round trip."""
+def run_floor_rows(t: Target, rec: Recorder, files: list[str], args) -> None:
+    """The rows the floor filesystem (pyfuse3 answering from dicts, or passing data through
+    with one syscall) can serve, by the same client code: the rate pyfuse3 itself reaches
+    where every call is a FUSE round trip."""
     m = rec.measure
     t.mount()
     listing_rows(t, rec, files)
@@ -609,6 +617,7 @@ def run_floor_rows(t: Target, rec: Recorder, files: list[str]) -> None:
     read_rows(t, rec, files)
     m(t, "500 x setfattr (whole command)", "ops/s", setfattr_500, t)
     m(t, "getfattr -R, 5,005 files", "files/s", getfattr_tree, t)
+    data_rows(t, rec, args)
     run_cpu_rows(t, rec, files)
     t.unmount()
 
@@ -766,41 +775,144 @@ def serve_floor(src: Path, mnt: Path, timeout: float, dir_blksize: int | None = 
             names[pyfuse3.ROOT_INODE].append(top.encode())
             add_tree(ino, src / top)
 
+    # Everything outside FLOOR_DIRS (big.bin, the rows' new files and directories) is served
+    # as a minimal passthrough does it: one syscall on SOURCE per request, paths kept in a
+    # dict, no checks, no thread hops. What pyfuse3 costs on the data rows.
+    fixed = set(attrs)
+    paths: dict[int, bytes] = {pyfuse3.ROOT_INODE: os.fsencode(src)}
+    inode_of: dict[bytes, int] = {}
+    FD_HANDLE = 1 << 40  # handles of real fds; the fixed files' handles are their inodes
+
+    def passed(path: bytes, st: os.stat_result) -> pyfuse3.EntryAttributes:
+        ino = inode_of.get(path)
+        if ino is None:
+            ino = inode_of[path] = next(numbers)
+            paths[ino] = path
+        entry(ino, st)
+        return attrs[ino]
+
+    def child_path(parent: int, name: bytes) -> bytes:
+        return paths[parent] + b"/" + name
+
+    def errors(fn):
+        async def call(*args):
+            try:
+                return fn(*args)
+            except OSError as exc:
+                raise pyfuse3.FUSEError(exc.errno) from None
+        return call
+
     class Floor(pyfuse3.Operations):
         async def lookup(self, parent, name, ctx=None):
             ino = children.get((parent, name))
-            if ino is None:
-                raise pyfuse3.FUSEError(errno.ENOENT)
-            return attrs[ino]
+            if ino is not None:
+                return attrs[ino]
+            try:
+                path = child_path(parent, name)
+                return passed(path, os.lstat(path))
+            except (OSError, KeyError):
+                raise pyfuse3.FUSEError(errno.ENOENT) from None
 
         async def getattr(self, ino, ctx=None):
-            return attrs[ino]
+            if ino in fixed:
+                return attrs[ino]
+            return passed(paths[ino], os.lstat(paths[ino]))
+
+        @errors
+        def setattr(self, ino, attr, fields, fh, ctx):
+            path = paths[ino]
+            if fields.update_size:
+                if fh is not None and fh & FD_HANDLE:
+                    os.ftruncate(fh ^ FD_HANDLE, attr.st_size)
+                else:
+                    os.truncate(path, attr.st_size)
+            if fields.update_mode:
+                os.chmod(path, stat.S_IMODE(attr.st_mode))
+            if fields.update_atime or fields.update_mtime:
+                os.utime(path, ns=(attr.st_atime_ns, attr.st_mtime_ns))
+            return passed(path, os.lstat(path))
 
         async def getxattr(self, ino, name, ctx=None):
-            value = xattrs[ino].get(name)
+            value = xattrs.get(ino, {}).get(name)
             if value is None:
                 raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
             return value
 
         async def setxattr(self, ino, name, value, ctx):
-            xattrs[ino][name] = bytes(value)
+            xattrs.setdefault(ino, {})[name] = bytes(value)
 
         async def listxattr(self, ino, ctx):
-            return list(xattrs[ino])
+            return list(xattrs.get(ino, {}))
 
-        async def open(self, ino, flags, ctx):
-            return pyfuse3.FileInfo(fh=ino)
+        @errors
+        def open(self, ino, flags, ctx):
+            if ino in fixed:
+                return pyfuse3.FileInfo(fh=ino)
+            fd = os.open(paths[ino], flags & ~os.O_CREAT)
+            return pyfuse3.FileInfo(fh=fd | FD_HANDLE, keep_cache=True)
+
+        @errors
+        def create(self, parent, name, mode, flags, ctx):
+            path = child_path(parent, name)
+            fd = os.open(path, flags | os.O_CREAT, mode)
+            return pyfuse3.FileInfo(fh=fd | FD_HANDLE), passed(path, os.fstat(fd))
+
+        @errors
+        def read(self, fh, off, size):
+            return os.pread(fh ^ FD_HANDLE, size, off)
+
+        @errors
+        def write(self, fh, off, buf):
+            return os.pwrite(fh ^ FD_HANDLE, buf, off)
+
+        @errors
+        def fsync(self, fh, datasync):
+            if fh & FD_HANDLE:
+                (os.fdatasync if datasync else os.fsync)(fh ^ FD_HANDLE)
+
+        async def flush(self, fh):
+            pass
 
         async def release(self, fh):
-            pass
+            if fh & FD_HANDLE:
+                os.close(fh ^ FD_HANDLE)
+
+        @errors
+        def mkdir(self, parent, name, mode, ctx):
+            path = child_path(parent, name)
+            os.mkdir(path, mode)
+            return passed(path, os.lstat(path))
+
+        @errors
+        def unlink(self, parent, name, ctx):
+            os.unlink(child_path(parent, name))
+
+        @errors
+        def rmdir(self, parent, name, ctx):
+            os.rmdir(child_path(parent, name))
+
+        @errors
+        def rename(self, parent_old, name_old, parent_new, name_new, flags, ctx):
+            old, new = child_path(parent_old, name_old), child_path(parent_new, name_new)
+            os.rename(old, new)
+            ino = inode_of.pop(old, None)
+            if ino is not None:
+                inode_of[new], paths[ino] = ino, new
 
         async def opendir(self, ino, ctx):
             return ino
 
         async def readdir(self, fh, start, token):
-            listed = names.get(fh, [])
-            for i in range(start, len(listed)):
-                if not pyfuse3.readdir_reply(token, listed[i], attrs[children[(fh, listed[i])]], i + 1):
+            if fh in fixed:
+                listed = names.get(fh, [])
+                for i in range(start, len(listed)):
+                    if not pyfuse3.readdir_reply(token, listed[i], attrs[children[(fh, listed[i])]], i + 1):
+                        return
+                return
+            entries = sorted(os.listdir(paths[fh]))
+            for i in range(start, len(entries)):
+                path = child_path(fh, entries[i])
+                if not pyfuse3.readdir_reply(token, entries[i], passed(path, os.lstat(path)), i + 1):
                     return
 
         async def releasedir(self, fh):
