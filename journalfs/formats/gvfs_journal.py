@@ -452,11 +452,15 @@ class _Piece:
                 "source": _placed(take, copies, map(pick, (head[copies] + 1).tolist())),
                 "value": values}
 
-    def spelling(self) -> dict[str, tuple[list, np.ndarray]] | None:
+    def has_lists(self) -> bool:
+        return bool((self.ops == OP_SETV).any())
+
+    def spelling(self, lists: bool) -> dict[str, tuple[list, np.ndarray]] | None:
         """Each row's JSON text of each field as ``json.dumps(v, ensure_ascii=False)`` spells
-        it, UTF-8 (path, key, source without their quotes; value whole), None where a row lacks
-        the field, with the texts' sizes (-1: none). None when some string needs escaping or
-        is not UTF-8 (json_line's own)."""
+        it, UTF-8 (path, key, source without their quotes; value whole when the batch has
+        ``lists``, else without its quotes too), None where a row lacks the field, with the
+        texts' sizes (-1: none). None when some string needs escaping or is not UTF-8
+        (json_line's own)."""
         # spans joined by \x01 (NULs inside a span end its strings): a text with a control
         # character of its own makes more than the joins' count, and is json.dumps's
         spans = b"\x01".join(_spans(self.data, self.starts, self.stops))
@@ -476,14 +480,18 @@ class _Piece:
         # every string's size, from where the separators are (the renderer needs them all)
         ends = np.flatnonzero(codes < 2)
         sizes = np.diff(ends, prepend=-1, append=len(codes)) - 1
-        quoted = (b'"' + joined.replace(b"\0", b'"\0"') + b'"').split(b"\0")
-        pick, pick_quoted = raws.__getitem__, quoted.__getitem__
+        pick = raws.__getitem__
         sets = np.flatnonzero(ops == OP_SET)
         keyed = np.flatnonzero(ops <= OP_UNSET)
         copies = np.flatnonzero(ops == OP_COPY)
         value_at = head[sets] + 2
-        values = _placed(take, sets, map(pick_quoted, value_at.tolist()))
-        value_sizes = _placed_sizes(take, sets, sizes[value_at] + 2)
+        if lists:  # values are whole JSON texts: a set's string with its quotes
+            quoted = (b'"' + joined.replace(b"\0", b'"\0"') + b'"').split(b"\0")
+            values = _placed(take, sets, map(quoted.__getitem__, value_at.tolist()))
+            value_sizes = _placed_sizes(take, sets, sizes[value_at] + 2)
+        else:
+            values = _placed(take, sets, map(pick, value_at.tolist()))
+            value_sizes = _placed_sizes(take, sets, sizes[value_at])
         setvs = np.flatnonzero(ops == OP_SETV)
         if len(setvs):
             # each span as a JSON list of its strings; a list's values are one span, after
@@ -514,6 +522,7 @@ class _Texts:
         self.pieces, self.rows = pieces, rows
         self.decoded: dict[str, list] | None = None
         self.spelt: dict[str, list] | bool | None = None  # False: cannot be spelt so
+        self.lists = False  # some value is a list (setv): values are spelt whole
 
     def column(self, name: str) -> list:
         if self.decoded is None:
@@ -540,9 +549,11 @@ class _Texts:
                 return None
             texts: dict[str, list] = {"path": [], "key": [], "value": [], "source": []}
             sizes: dict[str, list] = {"path": [], "key": [], "value": [], "source": []}
+            # values are strings but for setv's lists: without lists the renderer quotes them
+            self.lists = any(piece.has_lists() for piece in self.pieces)
             with paused_gc():
                 for piece in self.pieces:
-                    items = piece.spelling()
+                    items = piece.spelling(self.lists)
                     if items is None:
                         self.spelt = False
                         return None
@@ -558,10 +569,11 @@ class _Texts:
         if not len(lengths) or lengths.min() < 0:
             return None
         items = column[lo:hi]
+        quoted = name != "value" or not self.lists
         if (lengths == lengths[0]).all() and items.count(items[0]) == len(items):
             text = items[0].decode("utf-8")  # one text in every row: the template's
-            return text if name == "value" else f'"{text}"'
-        return items, name != "value", lengths
+            return f'"{text}"' if quoted else text
+        return items, quoted, lengths
 
 
 class _TextColumn(Sequence):
