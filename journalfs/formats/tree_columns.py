@@ -1,0 +1,512 @@
+"""Column decoding of gvfs metadata trees: :meth:`GvfsTree.read_columns` without a Python
+step per node.
+
+The tree is walked breadth-first a whole level at a time with numpy: the level's dirents are
+gathered as big-endian words, their metadata and children blocks checked and gathered at
+once, and every string of the level (the children's names, the metadata values) is ended by
+looking for its NUL eight bytes at a time. Each check is the one :class:`TreeView` makes
+(offsets inside the file and aligned, counts that fit). On top, the walk insists on a plain
+tree: no non-empty children block reached twice (then there is no loop and no sharing, so
+:meth:`TreeView.find_loop` has nothing to report and the budgets hold), keys strictly
+increasing inside a metadata block (no duplicate key, whose dict order only ``read()``
+knows), times that fit 64 bits. Where anything does not hold, the whole tree is decoded by
+``read()`` instead, so rows, damage and its offset are always ``read()``'s.
+
+Texts are kept as spans of a copy of the file's bytes (the caller's buffer may be an mmap it
+closes) and made into ``str`` -- or straight into their JSON spelling, for ``records
+--json`` -- only when a column is read.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .base import Codec, Columns, FormatError
+from .gvfs_tree import DIRENT_SIZE, LIST_FLAG, TreeView
+from .spans import paused_gc
+
+#: 8-byte words looked at per string by numpy before the rest are found by bytes.find.
+NUL_STEPS = 4
+#: A level with fewer nodes than this, past NARROW_LEVELS levels, means a deep narrow tree:
+#: numpy's cost per level would exceed read()'s per node, so read() decodes it.
+NARROW_NODES, NARROW_LEVELS = 16, 256
+
+_ONES = np.uint64(0x0101010101010101)
+_HIGHS = np.uint64(0x8080808080808080)
+_ONE = np.uint64(1)
+_MAX_I64 = (1 << 63) - 1
+
+
+class _Unplain(Exception):
+    """The tree is not the plain case the vectorised walk decodes: read() decodes it."""
+
+
+def string_ends(data: bytes, starts: np.ndarray) -> np.ndarray:
+    """The NUL ending the string at each of ``starts`` (every one inside ``data``), -1
+    where the file ends first. Eight bytes per string and step as one 64-bit word: the
+    lowest byte flagged by ``(w - 0x01..) & ~w & 0x80..`` is the first NUL (borrows only
+    flag bytes above a real NUL)."""
+    size = len(data)
+    ends = np.full(len(starts), -1, np.int64)
+    which = np.arange(len(starts))
+    pos = starts.astype(np.int64)
+    if size >= 8 and len(pos):
+        words = np.ndarray((size - 7,), dtype="<u8", buffer=data, strides=(1,))
+        late_which, late_pos = [], []
+        for _ in range(NUL_STEPS):
+            near_end = pos > size - 8
+            if near_end.any():  # no whole word left: bytes.find below
+                late_which.append(which[near_end])
+                late_pos.append(pos[near_end])
+                which, pos = which[~near_end], pos[~near_end]
+            word = words[pos]
+            flags = (word - _ONES) & ~word & _HIGHS
+            hit = flags != 0
+            found = flags[hit]
+            lowest = found & (~found + _ONE)  # 2 ** (8k + 7) for the first NUL at byte k
+            ends[which[hit]] = pos[hit] + ((np.log2(lowest.astype(np.float64)).astype(np.int64)
+                                            - 7) >> 3)
+            which, pos = which[~hit], pos[~hit] + 8
+            if not len(which):
+                break
+        which = np.concatenate([which] + late_which)
+        pos = np.concatenate([pos] + late_pos)
+    find = data.find
+    for i, p in zip(which.tolist(), pos.tolist()):
+        ends[i] = find(b"\0", p)
+    return ends
+
+
+def _ranges(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For groups of ``counts`` items: (group of each item, its index in its group)."""
+    if len(counts) and (counts == 1).all():
+        n = len(counts)
+        return np.arange(n), np.zeros(n, np.int64)
+    group = np.repeat(np.arange(len(counts)), counts)
+    starts = np.cumsum(counts) - counts
+    return group, np.arange(len(group)) - starts[group]
+
+
+class _Walk:
+    """The vectorised breadth-first walk (see the module's notes); :meth:`run` fills the
+    arrays :class:`_NodeTexts` makes the columns from, or raises :class:`_Unplain`."""
+
+    def __init__(self, tree, data: bytes):
+        self.tree, self.data = tree, data
+        self.size = size = len(data)
+        self.words = np.frombuffer(data, dtype=">u4", count=size // 4)
+        self.keywords = len(tree.keywords)
+        # per row (node with metadata), in walk order
+        self.row_off, self.row_time, self.row_dir, self.row_name = [], [], [], []
+        self.row_pairs = []
+        # per metadata pair: keyword id, list?, value span (scalars) / item count (lists)
+        self.pair_kid, self.pair_list, self.pair_span, self.pair_items = [], [], [], []
+        self.item_span = []  # per list item: its span
+        # per directory (node with a non-empty children block): parent directory, name span
+        self.dir_parent, self.dir_name = [], []
+        self.dirs = 0
+
+    def run(self) -> None:
+        tree, size, words = self.tree, self.size, self.words
+        if not -(1 << 62) < tree.time_base < 1 << 62:
+            raise _Unplain("times do not fit 64 bits")
+        offs = np.array([tree.root], np.int64)
+        parent_dir = np.array([-1], np.int64)       # the root has no parent
+        names = np.zeros((1, 2), np.int64)           # the root's name is not part of paths
+        path_len = np.array([1], np.int64)          # "/"
+        nodes, text, pairs, items = 0, 0, 0, 0
+        node_budget, text_budget = tree.node_budget(), tree.text_budget()
+        dirent_budget = size // 16 + 1                # find_loop's bound on dirents
+        blocks_seen: set[int] = set()
+        levels = 0
+        while len(offs):
+            levels += 1
+            if levels > NARROW_LEVELS and len(offs) < NARROW_NODES:
+                raise _Unplain("deep and narrow")
+            nodes += len(offs)
+            text += int(path_len.sum())              # bytes: at least the characters
+            if nodes > node_budget or text > text_budget:
+                raise _Unplain("budgets")
+            at = offs >> 2
+            kids = words[at + 1].astype(np.int64)
+            meta = words[at + 2].astype(np.int64)
+            # -- metadata blocks: the rows ------------------------------------------------
+            has = np.flatnonzero(meta)
+            counts = np.zeros(len(offs), np.int64)
+            if len(has):
+                blocks = meta[has]
+                if ((blocks & 3) | (blocks + 4 > size)).any():
+                    raise _Unplain("metadata block")
+                n = words[blocks >> 2].astype(np.int64)
+                if (n > (size - blocks - 4) >> 3).any():
+                    raise _Unplain("metadata count")
+                counts[has] = n
+            rows = np.flatnonzero(counts)
+            starts = []  # every string of the level: values, list items, then names
+            if len(rows):
+                n = counts[rows]
+                pairs += int(n.sum())
+                if pairs > size >> 3:
+                    raise _Unplain("shared metadata blocks")
+                row_of, index = _ranges(n)
+                pair_at = (meta[rows][row_of] >> 2) + 1 + 2 * index
+                key = words[pair_at].astype(np.int64)
+                value = words[pair_at + 1].astype(np.int64)
+                is_list = (key & LIST_FLAG) != 0
+                kid = key & ~LIST_FLAG
+                if (kid >= self.keywords).any():
+                    raise _Unplain("keyword id")
+                if len(kid) > len(rows) and (np.diff(kid)[row_of[1:] == row_of[:-1]] <= 0).any():
+                    raise _Unplain("keys out of order")
+                item_counts = np.zeros(len(kid), np.int64)
+                scalars = np.flatnonzero(~is_list)
+                lists = np.flatnonzero(is_list)
+                scalar_at = value[scalars]
+                if ((scalar_at <= 0) | (scalar_at >= size)).any():
+                    raise _Unplain("value offset")
+                starts.append(scalar_at)
+                if len(lists):
+                    tables = value[lists]
+                    if ((tables & 3) | (tables + 4 > size)).any():
+                        raise _Unplain("list table")
+                    m = words[tables >> 2].astype(np.int64)
+                    if (m > (size - tables - 4) >> 2).any():
+                        raise _Unplain("list count")
+                    items += int(m.sum())
+                    if items > size >> 2:
+                        raise _Unplain("shared list tables")
+                    item_counts[lists] = m
+                    table_of, index = _ranges(m)
+                    item_at = words[(tables[table_of] >> 2) + 1 + index].astype(np.int64)
+                    if ((item_at <= 0) | (item_at >= size)).any():
+                        raise _Unplain("list item offset")
+                    starts.append(item_at)
+                self.row_off.append(offs[rows])
+                self.row_time.append(words[at[rows] + 3].astype(np.int64))
+                self.row_dir.append(parent_dir[rows])
+                self.row_name.append(names[rows])
+                self.row_pairs.append(n)
+                self.pair_kid.append(kid)
+                self.pair_list.append(is_list)
+                self.pair_items.append(item_counts)
+            # -- children blocks: the next level ------------------------------------------
+            has = np.flatnonzero(kids)
+            child_counts = np.zeros(len(offs), np.int64)
+            if len(has):
+                blocks = kids[has]
+                if ((blocks & 3) | (blocks + 4 > size)).any():
+                    raise _Unplain("children block")
+                n = words[blocks >> 2].astype(np.int64)
+                if (n > (size - blocks - 4) >> 4).any():
+                    raise _Unplain("child count")
+                child_counts[has] = n
+            parents = np.flatnonzero(child_counts)
+            if len(parents):
+                blocks = kids[parents]
+                listed = blocks.tolist()
+                if len(set(listed)) != len(listed) or not blocks_seen.isdisjoint(listed):
+                    raise _Unplain("a children block reached twice")
+                blocks_seen.update(listed)
+                n = child_counts[parents]
+                dirent_budget -= int(n.sum())
+                if dirent_budget < 0:
+                    raise _Unplain("overlapping children blocks")
+                child_of, index = _ranges(n)
+                children = blocks[child_of] + 4 + DIRENT_SIZE * index
+                name_at = words[children >> 2].astype(np.int64)
+                if ((name_at <= 0) | (name_at >= size)).any():
+                    raise _Unplain("name offset")
+                starts.append(name_at)
+                dir_ids = np.arange(self.dirs, self.dirs + len(parents))
+                self.dirs += len(parents)
+                self.dir_parent.append(parent_dir[parents])
+                self.dir_name.append(names[parents])
+            # -- every string of the level ended at once ----------------------------------
+            if starts:
+                at_all = np.concatenate(starts) if len(starts) > 1 else starts[0]
+                ends = string_ends(self.data, at_all)
+                if (ends < 0).any():
+                    raise _Unplain("string runs past the end")
+                spans = np.stack([at_all, ends], axis=1)
+                cut = 0
+                if len(rows):
+                    value_spans = np.full((len(kid), 2), -1, np.int64)
+                    value_spans[scalars] = spans[:len(scalars)]
+                    cut = len(scalars)
+                    self.pair_span.append(value_spans)
+                    if len(lists):
+                        self.item_span.append(spans[cut:cut + len(item_at)])
+                        cut += len(item_at)
+                if len(parents):
+                    child_names = spans[cut:]
+                    child_dirs = dir_ids[child_of]
+                    plen = np.where(parent_dir[parents] < 0, 0, path_len[parents])[child_of]
+                    path_len = plen + 1 + (child_names[:, 1] - child_names[:, 0])
+                    offs, parent_dir, names = children, child_dirs, child_names
+                    continue
+            break
+        self.levels = levels
+
+    def columns(self, name: str) -> tuple[dict, int]:
+        """(the columns of every row, how many rows)."""
+        def joined(parts, dtype=np.int64, shape=(0,)):
+            return np.concatenate(parts) if parts else np.zeros(shape, dtype)
+
+        offsets = joined(self.row_off)
+        raw = joined(self.row_time)
+        rows = len(offsets)
+        mtimes = np.where(raw == 0, 0, raw + self.tree.time_base)
+        texts = _NodeTexts(
+            self.data, self.tree.keywords, joined(self.row_dir), joined(self.row_name, shape=(0, 2)),
+            joined(self.row_pairs), joined(self.pair_kid), joined(self.pair_list, bool),
+            joined(self.pair_span, shape=(0, 2)), joined(self.pair_items),
+            joined(self.item_span, shape=(0, 2)), joined(self.dir_parent),
+            joined(self.dir_name, shape=(0, 2)))
+        return {"format": [name] * rows, "seq": np.arange(rows, dtype=np.int64),
+                "offset": offsets, "kind": ["node"] * rows, "path": _PathColumn(texts),
+                "mtime": mtimes, "metadata": _MetadataColumn(texts)}, rows
+
+
+class _NodeTexts:
+    """The path and metadata texts of the rows, as spans of ``data``, made into Python
+    values (or JSON text) when first asked."""
+
+    def __init__(self, data: bytes, keywords: list[str], row_dir, row_name, row_pairs,
+                 pair_kid, pair_list, pair_span, pair_items, item_span, dir_parent, dir_name):
+        self.data, self.keywords = data, keywords
+        self.rows = len(row_dir)
+        self.row_dir, self.row_name = row_dir, row_name
+        self.pair_bounds = np.zeros(self.rows + 1, np.int64)
+        np.cumsum(row_pairs, out=self.pair_bounds[1:])
+        self.pair_kid, self.pair_list, self.pair_span = pair_kid, pair_list, pair_span
+        self.item_bounds = np.zeros(len(pair_kid) + 1, np.int64)
+        np.cumsum(pair_items, out=self.item_bounds[1:])
+        self.item_span = item_span
+        self.dir_parent, self.dir_name = dir_parent, dir_name
+        self._prefixes: list[bytes] | None = None
+        self._paths: list[str] | None = None
+        self._metadata: list[dict] | None = None
+
+    def _cut(self, spans: np.ndarray) -> list[bytes]:
+        data = self.data
+        return list(map(data.__getitem__, map(slice, spans[:, 0].tolist(), spans[:, 1].tolist())))
+
+    def prefixes(self) -> list[bytes]:
+        """Each directory's path and a "/" ("/" alone for the root, whose parent is -1):
+        what its children's paths start with. Directories come after their parents."""
+        if self._prefixes is None:
+            prefixes: list[bytes] = []
+            append = prefixes.append
+            for parent, name in zip(self.dir_parent.tolist(), self._cut(self.dir_name)):
+                append((prefixes[parent] if parent >= 0 else b"") + name + b"/")
+            self._prefixes = prefixes
+        return self._prefixes
+
+    def path_bytes(self, lo: int, hi: int) -> list[bytes]:
+        """The raw paths of rows ``lo .. hi-1``."""
+        prefixes = self.prefixes()
+        dirs = self.row_dir[lo:hi]
+        if len(dirs) and dirs[0] < 0:  # the root's row: "/"
+            return [b"/"] + self.path_bytes(lo + 1, hi)
+        names = self._cut(self.row_name[lo:hi])
+        return list(map(bytes.__add__, map(prefixes.__getitem__, dirs.tolist()), names))
+
+    def paths(self) -> list[str]:
+        if self._paths is None:
+            with paused_gc():
+                joined = b"\0".join(self.path_bytes(0, self.rows))
+                self._paths = joined.decode("utf-8", "surrogateescape").split("\0") \
+                    if self.rows else []
+        return self._paths
+
+    def _values(self, lo: int, hi: int) -> tuple[list[bytes], list[bytes]]:
+        """(scalar value of each pair of rows lo..hi-1, b"" for lists; every list item of
+        those pairs), raw bytes."""
+        a, b = int(self.pair_bounds[lo]), int(self.pair_bounds[hi])
+        spans = self.pair_span[a:b].copy()
+        spans[spans[:, 0] < 0] = 0  # lists: an empty span
+        items = self.item_span[int(self.item_bounds[a]):int(self.item_bounds[b])]
+        return self._cut(spans), self._cut(items)
+
+    def metadata(self) -> list[dict]:
+        if self._metadata is None:
+            with paused_gc():
+                self._metadata = self._dicts(0, self.rows)
+        return self._metadata
+
+    def _dicts(self, lo: int, hi: int) -> list[dict]:
+        values, items = self._values(lo, hi)
+        text = b"\0".join(values + items).decode("utf-8", "surrogateescape").split("\0")
+        a, b = int(self.pair_bounds[lo]), int(self.pair_bounds[hi])
+        pairs = b - a
+        keys = np.array(self.keywords, dtype=object)[self.pair_kid[a:b]].tolist() \
+            if self.keywords else []
+        listed = self.pair_list[a:b]
+        if listed.any():
+            bounds = (self.item_bounds[a:b + 1] - self.item_bounds[a] + pairs).tolist()
+            for p in np.flatnonzero(listed).tolist():
+                text[p] = text[bounds[p]:bounds[p + 1]]
+        counts = np.diff(self.pair_bounds[lo:hi + 1])
+        if (counts == 1).all():
+            return list(map(dict, zip(zip(keys, text))))
+        out, at = [], 0
+        for n in counts.tolist():
+            out.append(dict(zip(keys[at:at + n], text[at:at + n])))
+            at += n
+        return out
+
+    # -- JSON ---------------------------------------------------------------------------------
+    def path_spelling(self, lo: int, hi: int):
+        """Rows lo..hi-1's paths as JSON text without quotes (UTF-8), or None when one needs
+        escaping or is not UTF-8 (json_line's own spelling)."""
+        paths = self.path_bytes(lo, hi)
+        if not _plain_json(b"\0".join(paths)):
+            return None
+        return paths, True
+
+    def metadata_spelling(self, lo: int, hi: int):
+        """Rows lo..hi-1's metadata as json.dumps spells the dicts, or None (see above)."""
+        keys = self._key_texts()
+        if keys is None:
+            return None
+        a, b = int(self.pair_bounds[lo]), int(self.pair_bounds[hi])
+        if a == b:
+            return None
+        values, items = self._values(lo, hi)
+        if not _plain_json(b"\0".join(values + items)):
+            return None
+        listed = self.pair_list[a:b]
+        texts = (b'"' + b'"\0"'.join(values) + b'"').split(b"\0")
+        if listed.any():
+            bounds = (self.item_bounds[a:b + 1] - self.item_bounds[a]).tolist()
+            for p in np.flatnonzero(listed).tolist():
+                texts[p] = (b'["' + b'", "'.join(items[bounds[p]:bounds[p + 1]]) + b'"]'
+                            if bounds[p + 1] > bounds[p] else b"[]")
+        first = np.zeros(b - a, bool)
+        first[self.pair_bounds[lo:hi] - a] = True
+        # each pair's text with what comes before it: "{" (a row's first key) or ", "
+        leads = keys[2 * self.pair_kid[a:b] + first].tolist()
+        pieces = list(map(bytes.__add__, leads, texts))
+        counts = np.diff(self.pair_bounds[lo:hi + 1])
+        if (counts == 1).all():
+            return [p + b"}" for p in pieces], False
+        out, at = [], 0
+        for n in counts.tolist():
+            out.append(b"".join(pieces[at:at + n]) + b"}")
+            at += n
+        return out, False
+
+    def _key_texts(self):
+        """Per keyword id k: at 2k its JSON key after ", ", at 2k+1 after "{"; None when a
+        keyword is not UTF-8 (json_line writes it as "b64:...")."""
+        if not hasattr(self, "_keys"):
+            import json
+            texts = []
+            try:
+                if len(set(self.keywords)) < len(self.keywords):
+                    raise UnicodeEncodeError("utf-8", "", 0, 1, "two ids, one key: one dict entry")
+                for key in self.keywords:
+                    spelt = json.dumps(key, ensure_ascii=False).encode("utf-8") + b": "
+                    texts += [b", " + spelt, b"{" + spelt]
+                self._keys = np.array(texts, dtype=object)
+            except UnicodeEncodeError:
+                self._keys = None
+        return self._keys
+
+
+def _plain_json(text: bytes) -> bool:
+    """True when ``text`` (strings joined by NULs) is UTF-8 and none of its strings needs a
+    JSON escape (control characters, quotes, backslashes): each is its own JSON text."""
+    if not text.isascii():
+        try:
+            text.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+    codes = np.frombuffer(text, np.uint8)
+    return not ((codes - np.uint8(1) < 0x1F).any() or b'"' in text or b"\\" in text)
+
+
+class _TextColumn(Sequence):
+    """A text column of the rows (a list once read)."""
+
+    def __init__(self, texts: _NodeTexts):
+        self._texts = texts
+
+    def __len__(self) -> int:
+        return self._texts.rows
+
+    def __getitem__(self, index):
+        return self._values()[index]
+
+    def __iter__(self):
+        return iter(self._values())
+
+    def __eq__(self, other):
+        return list(self) == list(other)
+
+    def tolist(self) -> list:
+        return list(self._values())
+
+
+class _PathColumn(_TextColumn):
+    def _values(self) -> list[str]:
+        return self._texts.paths()
+
+    def json_spelling(self, lo: int, hi: int):
+        return self._texts.path_spelling(lo, hi)
+
+
+class _MetadataColumn(_TextColumn):
+    def _values(self) -> list[dict]:
+        return self._texts.metadata()
+
+    def json_spelling(self, lo: int, hi: int):
+        return self._texts.metadata_spelling(lo, hi)
+
+
+def read_columns(codec: Codec, buf, source: str, seq: int, limit: int | None) -> Columns:
+    """:meth:`GvfsTree.read_columns` (start and stop are ignored, as read() ignores them)."""
+    try:
+        tree = TreeView(buf, source)
+    except FormatError as exc:
+        return Columns({}, 0, None, seq, exc)
+    data = buf if isinstance(buf, bytes) else bytes(buf)
+    if data is not buf:
+        tree = TreeView(data, source)
+    walk = _Walk(tree, data)
+    try:
+        with paused_gc():
+            walk.run()
+    except _Unplain:
+        return Codec.read_columns(codec, buf, source, None, seq, None, limit)
+    columns, rows = walk.columns(codec.name)
+    if not rows:  # as the generic default: no rows, no columns
+        return Columns({}, 0, None, seq, None)
+    next_offset = None
+    if limit is not None and rows > limit:
+        next_offset = int(columns["offset"][limit])
+        columns = {k: v[:limit] if not isinstance(v, _TextColumn) else _Window(v, limit)
+                   for k, v in columns.items()}
+        rows = limit
+    return Columns(columns, rows, next_offset, seq + rows, None)
+
+
+class _Window(Sequence):
+    """The first ``rows`` rows of a text column (a limit smaller than the tree)."""
+
+    def __init__(self, column: _TextColumn, rows: int):
+        self._column, self._rows = column, rows
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def __getitem__(self, index):
+        return self.tolist()[index]
+
+    def tolist(self) -> list:
+        return self._column.tolist()[:self._rows]
+
+    def json_spelling(self, lo: int, hi: int):
+        return self._column.json_spelling(lo, hi)
+
