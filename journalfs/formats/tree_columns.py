@@ -114,7 +114,7 @@ class _Walk:
         offs = np.array([tree.root], np.int64)
         parent_dir = np.array([-1], np.int64)       # the root has no parent
         names = np.zeros((1, 2), np.int64)           # the root's name is not part of paths
-        path_len = np.array([1], np.int64)          # "/"
+        path_len = np.array([1], np.int64)          # "/"; below, at least each length
         nodes, text, pairs, items = 0, 0, 0, 0
         node_budget, text_budget = tree.node_budget(), tree.text_budget()
         dirent_budget = size // 16 + 1                # find_loop's bound on dirents
@@ -293,13 +293,18 @@ class _NodeTexts:
         return list(map(data.__getitem__, map(slice, spans[:, 0].tolist(), spans[:, 1].tolist())))
 
     def prefixes(self) -> list[bytes]:
-        """Each directory's path and a "/" ("/" alone for the root, whose parent is -1):
-        what its children's paths start with. Directories come after their parents."""
+        """Each directory's path and a "/": what its children's paths start with; "/"
+        alone where the path is "/" (the root, whose parent is -1, and directories whose
+        names are all empty: join_path's rule). Directories come after their parents."""
         if self._prefixes is None:
             prefixes: list[bytes] = []
             append = prefixes.append
             for parent, name in zip(self.dir_parent.tolist(), self._cut(self.dir_name)):
-                append((prefixes[parent] if parent >= 0 else b"") + name + b"/")
+                if parent < 0:
+                    append(b"/")
+                else:
+                    path = prefixes[parent] + name
+                    append(path + b"/" if path != b"/" else path)
             self._prefixes = prefixes
         return self._prefixes
 
