@@ -4,6 +4,7 @@ truncated, bit-flipped and lying ones, on hostile shapes (loops, shared blocks, 
 and on the real gvfs corpora; and the JSON lines rendered from its columns byte for byte."""
 from __future__ import annotations
 
+import contextlib
 import struct
 import tracemalloc
 from pathlib import Path
@@ -13,12 +14,11 @@ from hypothesis import given, settings, strategies as st
 
 from codec_helpers import FAST, columns_as_records, read_all, same_error
 from journalfs import jsonlines
-from journalfs.formats import CODECS, Codec
+from journalfs.formats import CODECS, Codec, FormatError, tree_columns
 from journalfs.formats.gvfs_tree import DIRENT_SIZE, TreeView
 from test_codec_columns import assert_same_as_read, mutate, rows_are_records
 
 TREE = CODECS["gvfs-tree"]
-CORPUS = Path(__file__).resolve().parents[1] / ".." / "shared" / "conformance" / "gvfs"
 
 
 def _corpus_trees() -> list[Path]:
@@ -83,15 +83,30 @@ def test_tree_has_its_own_column_decoder():
     assert type(TREE).read_columns is not Codec.read_columns
 
 
+@contextlib.contextmanager
+def chunks_of(nodes: int):
+    """The vectorised walk taking ``nodes`` nodes per numpy step (pieces of levels)."""
+    old = tree_columns.CHUNK_NODES
+    tree_columns.CHUNK_NODES = nodes
+    try:
+        yield
+    finally:
+        tree_columns.CHUNK_NODES = old
+
+
+chunk_sizes = st.sampled_from([1, 2, 3, 1 << 15])
+
+
 @FAST
-@given(buf=trees, limit=st.one_of(st.none(), st.integers(0, 6)))
-def test_valid_trees_decode_as_read_does(buf, limit):
+@given(buf=trees, limit=st.one_of(st.none(), st.integers(0, 6)), chunk=chunk_sizes)
+def test_valid_trees_decode_as_read_does(buf, limit, chunk):
     records, error = read_all(TREE, buf)
     assert error is None
-    cols = assert_same_as_read(TREE, buf)
-    assert rows_are_records(columns_as_records(cols), records)
-    assert_same_as_read(TREE, buf, limit=limit)
-    assert_renders_as_read(buf)
+    with chunks_of(chunk):
+        cols = assert_same_as_read(TREE, buf)
+        assert rows_are_records(columns_as_records(cols), records)
+        assert_same_as_read(TREE, buf, limit=limit)
+        assert_renders_as_read(buf)
 
 
 @FAST
@@ -107,7 +122,8 @@ def test_plain_texts_render_from_the_columns(buf):
 @given(data=st.data())
 def test_damaged_trees_decode_as_read_does(data):
     buf = mutate(data, data.draw(trees))
-    assert_same_as_read(TREE, buf)
+    with chunks_of(data.draw(chunk_sizes)):
+        assert_same_as_read(TREE, buf)
     assert_same_as_read(TREE, memoryview(buf), limit=data.draw(st.integers(0, 4)))
     assert_renders_as_read(buf)
 
@@ -123,7 +139,8 @@ def test_lying_words_decode_as_read_does(data):
         word = data.draw(st.one_of(st.integers(0, len(buf) + 8), st.integers(0, 40),
                                    st.sampled_from([0xFFFFFFFF, 0x80000000, 0x7FFFFFFF])))
         buf[at:at + 4] = struct.pack(">I", word)
-    assert_same_as_read(TREE, bytes(buf))
+    with chunks_of(data.draw(chunk_sizes)):
+        assert_same_as_read(TREE, bytes(buf))
     assert_renders_as_read(bytes(buf))
 
 
@@ -272,3 +289,28 @@ def test_conformance_trees_decode_as_read_does(tree):
 
 def test_there_are_conformance_trees():
     assert _corpus_trees()
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_records_json_is_the_lines_of_read(data):
+    """``journalfs records --json`` of a tree (its columns rendered a window of rows at a
+    time) writes exactly the lines of the records read() gives, then raises its damage."""
+    from journalfs.commands import records as records_command
+    buf = data.draw(st.one_of(trees, safe_trees))
+    if data.draw(st.booleans()):
+        buf = mutate(data, buf)
+    want, error = read_all(TREE, buf)
+    old = records_command.MAX_ROWS, jsonlines.COLUMNS_MIN_ROWS
+    records_command.MAX_ROWS = data.draw(st.integers(1, 8))
+    jsonlines.COLUMNS_MIN_ROWS = 1
+    got, raised = [], None
+    try:
+        for chunk in records_command.json_chunks(TREE, buf, "f"):
+            got.append(bytes(chunk))
+    except FormatError as exc:
+        raised = exc
+    finally:
+        records_command.MAX_ROWS, jsonlines.COLUMNS_MIN_ROWS = old
+    assert b"".join(got) == b"".join(jsonlines.json_line(r) for r in want)
+    assert same_error(raised, error)

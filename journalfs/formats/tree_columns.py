@@ -31,6 +31,8 @@ NUL_STEPS = 4
 #: A level with fewer nodes than this, past NARROW_LEVELS levels, means a deep narrow tree:
 #: numpy's cost per level would exceed read()'s per node, so read() decodes it.
 NARROW_NODES, NARROW_LEVELS = 16, 256
+#: Nodes checked and gathered per numpy step: bounds the step's temporaries.
+CHUNK_NODES = 1 << 15
 
 _ONES = np.uint64(0x0101010101010101)
 _HIGHS = np.uint64(0x8080808080808080)
@@ -108,145 +110,156 @@ class _Walk:
         self.dirs = 0
 
     def run(self) -> None:
-        tree, size, words = self.tree, self.size, self.words
+        tree, size = self.tree, self.size
         if not -(1 << 62) < tree.time_base < 1 << 62:
             raise _Unplain("times do not fit 64 bits")
-        offs = np.array([tree.root], np.int64)
-        parent_dir = np.array([-1], np.int64)       # the root has no parent
-        names = np.zeros((1, 2), np.int64)           # the root's name is not part of paths
-        path_len = np.array([1], np.int64)          # "/"; below, at least each length
-        nodes, text, pairs, items = 0, 0, 0, 0
+        self.pairs = self.items = 0
+        self.dirent_budget = size // 16 + 1           # find_loop's bound on dirents
+        self.blocks_seen: set[int] = set()
         node_budget, text_budget = tree.node_budget(), tree.text_budget()
-        dirent_budget = size // 16 + 1                # find_loop's bound on dirents
-        blocks_seen: set[int] = set()
-        levels = 0
-        while len(offs):
+        nodes = text = levels = 0
+        # a level: pieces of (dirent offsets, parent directory, name span, path length);
+        # the root has no parent (-1), its name is not part of paths, its path is "/"
+        level = [(np.array([tree.root], np.int64), np.array([-1], np.int64),
+                  np.zeros((1, 2), np.int64), np.array([1], np.int64))]
+        while level:
             levels += 1
-            if levels > NARROW_LEVELS and len(offs) < NARROW_NODES:
+            width = sum(len(piece[0]) for piece in level)
+            if levels > NARROW_LEVELS and width < NARROW_NODES:
                 raise _Unplain("deep and narrow")
-            nodes += len(offs)
-            text += int(path_len.sum())              # bytes: at least the characters
+            nodes += width
+            text += sum(int(piece[3].sum()) for piece in level)  # bytes: at least the characters
             if nodes > node_budget or text > text_budget:
                 raise _Unplain("budgets")
-            at = offs >> 2
-            kids = words[at + 1].astype(np.int64)
-            meta = words[at + 2].astype(np.int64)
-            # -- metadata blocks: the rows ------------------------------------------------
-            has = np.flatnonzero(meta)
-            counts = np.zeros(len(offs), np.int64)
-            if len(has):
-                blocks = meta[has]
-                if ((blocks & 3) | (blocks + 4 > size)).any():
-                    raise _Unplain("metadata block")
-                n = words[blocks >> 2].astype(np.int64)
-                if (n > (size - blocks - 4) >> 3).any():
-                    raise _Unplain("metadata count")
-                counts[has] = n
-            rows = np.flatnonzero(counts)
-            starts = []  # every string of the level: values, list items, then names
+            nxt = []
+            for piece in level:  # in chunks: numpy's temporaries stay small (and in cache)
+                for lo in range(0, len(piece[0]), CHUNK_NODES):
+                    children = self._nodes(*(part[lo:lo + CHUNK_NODES] for part in piece))
+                    if children is not None:
+                        nxt.append(children)
+            level = nxt
+
+    def _nodes(self, offs, parent_dir, names, path_len):
+        """Check and gather nodes ``offs`` of one level (in walk order): their rows, and the
+        next level's piece of their children (None: none)."""
+        size, words = self.size, self.words
+        at = offs >> 2
+        kids = words[at + 1].astype(np.int64)
+        meta = words[at + 2].astype(np.int64)
+        # -- metadata blocks: the rows ------------------------------------------------
+        has = np.flatnonzero(meta)
+        counts = np.zeros(len(offs), np.int64)
+        if len(has):
+            blocks = meta[has]
+            if ((blocks & 3) | (blocks + 4 > size)).any():
+                raise _Unplain("metadata block")
+            n = words[blocks >> 2].astype(np.int64)
+            if (n > (size - blocks - 4) >> 3).any():
+                raise _Unplain("metadata count")
+            counts[has] = n
+        rows = np.flatnonzero(counts)
+        starts = []  # every string of the level: values, list items, then names
+        if len(rows):
+            n = counts[rows]
+            self.pairs += int(n.sum())
+            if self.pairs > size >> 3:
+                raise _Unplain("shared metadata blocks")
+            row_of, index = _ranges(n)
+            pair_at = (meta[rows][row_of] >> 2) + 1 + 2 * index
+            key = words[pair_at].astype(np.int64)
+            value = words[pair_at + 1].astype(np.int64)
+            is_list = (key & LIST_FLAG) != 0
+            kid = key & ~LIST_FLAG
+            if (kid >= self.keywords).any():
+                raise _Unplain("keyword id")
+            if len(kid) > len(rows) and (np.diff(kid)[row_of[1:] == row_of[:-1]] <= 0).any():
+                raise _Unplain("keys out of order")
+            item_counts = np.zeros(len(kid), np.int64)
+            scalars = np.flatnonzero(~is_list)
+            lists = np.flatnonzero(is_list)
+            scalar_at = value[scalars]
+            if ((scalar_at <= 0) | (scalar_at >= size)).any():
+                raise _Unplain("value offset")
+            starts.append(scalar_at)
+            if len(lists):
+                tables = value[lists]
+                if ((tables & 3) | (tables + 4 > size)).any():
+                    raise _Unplain("list table")
+                m = words[tables >> 2].astype(np.int64)
+                if (m > (size - tables - 4) >> 2).any():
+                    raise _Unplain("list count")
+                self.items += int(m.sum())
+                if self.items > size >> 2:
+                    raise _Unplain("shared list tables")
+                item_counts[lists] = m
+                table_of, index = _ranges(m)
+                item_at = words[(tables[table_of] >> 2) + 1 + index].astype(np.int64)
+                if ((item_at <= 0) | (item_at >= size)).any():
+                    raise _Unplain("list item offset")
+                starts.append(item_at)
+            self.row_off.append(offs[rows])
+            self.row_time.append(words[at[rows] + 3].astype(np.int64))
+            self.row_dir.append(parent_dir[rows])
+            self.row_name.append(names[rows])
+            self.row_pairs.append(n)
+            self.pair_kid.append(kid)
+            self.pair_list.append(is_list)
+            self.pair_items.append(item_counts)
+        # -- children blocks: the next level ------------------------------------------
+        has = np.flatnonzero(kids)
+        child_counts = np.zeros(len(offs), np.int64)
+        if len(has):
+            blocks = kids[has]
+            if ((blocks & 3) | (blocks + 4 > size)).any():
+                raise _Unplain("children block")
+            n = words[blocks >> 2].astype(np.int64)
+            if (n > (size - blocks - 4) >> 4).any():
+                raise _Unplain("child count")
+            child_counts[has] = n
+        parents = np.flatnonzero(child_counts)
+        if len(parents):
+            blocks = kids[parents]
+            listed = blocks.tolist()
+            if len(set(listed)) != len(listed) or not self.blocks_seen.isdisjoint(listed):
+                raise _Unplain("a children block reached twice")
+            self.blocks_seen.update(listed)
+            n = child_counts[parents]
+            self.dirent_budget -= int(n.sum())
+            if self.dirent_budget < 0:
+                raise _Unplain("overlapping children blocks")
+            child_of, index = _ranges(n)
+            children = blocks[child_of] + 4 + DIRENT_SIZE * index
+            name_at = words[children >> 2].astype(np.int64)
+            if ((name_at <= 0) | (name_at >= size)).any():
+                raise _Unplain("name offset")
+            starts.append(name_at)
+            dir_ids = np.arange(self.dirs, self.dirs + len(parents))
+            self.dirs += len(parents)
+            self.dir_parent.append(parent_dir[parents])
+            self.dir_name.append(names[parents])
+        # -- every string of the level ended at once ----------------------------------
+        if starts:
+            at_all = np.concatenate(starts) if len(starts) > 1 else starts[0]
+            ends = string_ends(self.data, at_all)
+            if (ends < 0).any():
+                raise _Unplain("string runs past the end")
+            spans = np.stack([at_all, ends], axis=1)
+            cut = 0
             if len(rows):
-                n = counts[rows]
-                pairs += int(n.sum())
-                if pairs > size >> 3:
-                    raise _Unplain("shared metadata blocks")
-                row_of, index = _ranges(n)
-                pair_at = (meta[rows][row_of] >> 2) + 1 + 2 * index
-                key = words[pair_at].astype(np.int64)
-                value = words[pair_at + 1].astype(np.int64)
-                is_list = (key & LIST_FLAG) != 0
-                kid = key & ~LIST_FLAG
-                if (kid >= self.keywords).any():
-                    raise _Unplain("keyword id")
-                if len(kid) > len(rows) and (np.diff(kid)[row_of[1:] == row_of[:-1]] <= 0).any():
-                    raise _Unplain("keys out of order")
-                item_counts = np.zeros(len(kid), np.int64)
-                scalars = np.flatnonzero(~is_list)
-                lists = np.flatnonzero(is_list)
-                scalar_at = value[scalars]
-                if ((scalar_at <= 0) | (scalar_at >= size)).any():
-                    raise _Unplain("value offset")
-                starts.append(scalar_at)
+                value_spans = np.full((len(kid), 2), -1, np.int64)
+                value_spans[scalars] = spans[:len(scalars)]
+                cut = len(scalars)
+                self.pair_span.append(value_spans)
                 if len(lists):
-                    tables = value[lists]
-                    if ((tables & 3) | (tables + 4 > size)).any():
-                        raise _Unplain("list table")
-                    m = words[tables >> 2].astype(np.int64)
-                    if (m > (size - tables - 4) >> 2).any():
-                        raise _Unplain("list count")
-                    items += int(m.sum())
-                    if items > size >> 2:
-                        raise _Unplain("shared list tables")
-                    item_counts[lists] = m
-                    table_of, index = _ranges(m)
-                    item_at = words[(tables[table_of] >> 2) + 1 + index].astype(np.int64)
-                    if ((item_at <= 0) | (item_at >= size)).any():
-                        raise _Unplain("list item offset")
-                    starts.append(item_at)
-                self.row_off.append(offs[rows])
-                self.row_time.append(words[at[rows] + 3].astype(np.int64))
-                self.row_dir.append(parent_dir[rows])
-                self.row_name.append(names[rows])
-                self.row_pairs.append(n)
-                self.pair_kid.append(kid)
-                self.pair_list.append(is_list)
-                self.pair_items.append(item_counts)
-            # -- children blocks: the next level ------------------------------------------
-            has = np.flatnonzero(kids)
-            child_counts = np.zeros(len(offs), np.int64)
-            if len(has):
-                blocks = kids[has]
-                if ((blocks & 3) | (blocks + 4 > size)).any():
-                    raise _Unplain("children block")
-                n = words[blocks >> 2].astype(np.int64)
-                if (n > (size - blocks - 4) >> 4).any():
-                    raise _Unplain("child count")
-                child_counts[has] = n
-            parents = np.flatnonzero(child_counts)
+                    self.item_span.append(spans[cut:cut + len(item_at)])
+                    cut += len(item_at)
             if len(parents):
-                blocks = kids[parents]
-                listed = blocks.tolist()
-                if len(set(listed)) != len(listed) or not blocks_seen.isdisjoint(listed):
-                    raise _Unplain("a children block reached twice")
-                blocks_seen.update(listed)
-                n = child_counts[parents]
-                dirent_budget -= int(n.sum())
-                if dirent_budget < 0:
-                    raise _Unplain("overlapping children blocks")
-                child_of, index = _ranges(n)
-                children = blocks[child_of] + 4 + DIRENT_SIZE * index
-                name_at = words[children >> 2].astype(np.int64)
-                if ((name_at <= 0) | (name_at >= size)).any():
-                    raise _Unplain("name offset")
-                starts.append(name_at)
-                dir_ids = np.arange(self.dirs, self.dirs + len(parents))
-                self.dirs += len(parents)
-                self.dir_parent.append(parent_dir[parents])
-                self.dir_name.append(names[parents])
-            # -- every string of the level ended at once ----------------------------------
-            if starts:
-                at_all = np.concatenate(starts) if len(starts) > 1 else starts[0]
-                ends = string_ends(self.data, at_all)
-                if (ends < 0).any():
-                    raise _Unplain("string runs past the end")
-                spans = np.stack([at_all, ends], axis=1)
-                cut = 0
-                if len(rows):
-                    value_spans = np.full((len(kid), 2), -1, np.int64)
-                    value_spans[scalars] = spans[:len(scalars)]
-                    cut = len(scalars)
-                    self.pair_span.append(value_spans)
-                    if len(lists):
-                        self.item_span.append(spans[cut:cut + len(item_at)])
-                        cut += len(item_at)
-                if len(parents):
-                    child_names = spans[cut:]
-                    child_dirs = dir_ids[child_of]
-                    plen = np.where(parent_dir[parents] < 0, 0, path_len[parents])[child_of]
-                    path_len = plen + 1 + (child_names[:, 1] - child_names[:, 0])
-                    offs, parent_dir, names = children, child_dirs, child_names
-                    continue
-            break
-        self.levels = levels
+                child_names = spans[cut:]
+                plen = np.where(parent_dir[parents] < 0, 0, path_len[parents])[child_of]
+                return (children, dir_ids[child_of], child_names,
+                        plen + 1 + (child_names[:, 1] - child_names[:, 0]))
+        return None
+
 
     def columns(self, name: str) -> tuple[dict, int]:
         """(the columns of every row, how many rows)."""
