@@ -288,6 +288,7 @@ class _NodeTexts:
     def __init__(self, data: bytes, keywords: list[str], row_dir, row_name, row_pairs,
                  pair_kid, pair_list, pair_span, pair_items, item_span, dir_parent, dir_name):
         self.data, self.keywords = data, keywords
+        self.u8 = np.frombuffer(data, np.uint8)
         self.rows = len(row_dir)
         self.row_dir, self.row_name = row_dir, row_name
         self.pair_bounds = np.zeros(self.rows + 1, np.int64)
@@ -300,6 +301,16 @@ class _NodeTexts:
         self._prefixes: list[bytes] | None = None
         self._paths: list[str] | None = None
         self._metadata: list[dict] | None = None
+
+    def _joined(self, spans: np.ndarray) -> bytes:
+        """The strings at ``spans`` (each ending at its NUL), each with its NUL, back to
+        back: one numpy gather, no Python step per string."""
+        lengths = spans[:, 1] - spans[:, 0] + 1
+        if not len(lengths):
+            return b""
+        placed = np.cumsum(lengths) - lengths
+        where = np.repeat(spans[:, 0] - placed, lengths) + np.arange(int(placed[-1] + lengths[-1]))
+        return self.u8[where].tobytes()
 
     def _cut(self, spans: np.ndarray) -> list[bytes]:
         data = self.data
@@ -327,7 +338,7 @@ class _NodeTexts:
         dirs = self.row_dir[lo:hi]
         if len(dirs) and dirs[0] < 0:  # the root's row: "/"
             return [b"/"] + self.path_bytes(lo + 1, hi)
-        names = self._cut(self.row_name[lo:hi])
+        names = self._joined(self.row_name[lo:hi]).split(b"\0")
         return list(map(bytes.__add__, map(prefixes.__getitem__, dirs.tolist()), names))
 
     def paths(self) -> list[str]:
@@ -391,33 +402,55 @@ class _NodeTexts:
         a, b = int(self.pair_bounds[lo]), int(self.pair_bounds[hi])
         if a == b:
             return None
-        values, items = self._values(lo, hi)
-        if not _plain_json(b"\0".join(values + items)):
-            return None
         listed = self.pair_list[a:b]
-        texts = (b'"' + b'"\0"'.join(values) + b'"').split(b"\0")
-        if listed.any():
-            bounds = (self.item_bounds[a:b + 1] - self.item_bounds[a]).tolist()
-            for p in np.flatnonzero(listed).tolist():
-                texts[p] = (b'["' + b'", "'.join(items[bounds[p]:bounds[p + 1]]) + b'"]'
-                            if bounds[p + 1] > bounds[p] else b"[]")
-        first = np.zeros(b - a, bool)
-        first[self.pair_bounds[lo:hi] - a] = True
-        # each pair's text with what comes before it: "{" (a row's first key) or ", "
-        leads = keys[2 * self.pair_kid[a:b] + first].tolist()
-        pieces = list(map(bytes.__add__, leads, texts))
-        counts = np.diff(self.pair_bounds[lo:hi + 1])
-        if (counts == 1).all():
-            return [p + b"}" for p in pieces], False
-        out, at = [], 0
-        for n in counts.tolist():
-            out.append(b"".join(pieces[at:at + n]) + b"}")
-            at += n
-        return out, False
+        scalars = np.flatnonzero(~listed)
+        values = self._joined(self.pair_span[a:b][scalars])
+        items = self._joined(self.item_span[int(self.item_bounds[a]):int(self.item_bounds[b])])
+        if not _plain_json(values + items):
+            return None
+        texts = (b'"' + values[:-1].replace(b"\0", b'"\0"') + b'"').split(b"\0") \
+            if values else []
+        if len(scalars) < b - a:
+            texts = self._with_lists(texts, scalars, listed, items, a, b)
+        # each pair's text after what comes before it: ", " inside a row, "{" at the first
+        # row's first key, "}{" at every other row's: the rows' texts are then slices of
+        # one joined text, each ending with the "}" that starts the next one's lead
+        lead = np.zeros(b - a, np.int64)
+        bounds = self.pair_bounds[lo:hi + 1] - a
+        lead[bounds[1:-1]] = 2
+        lead[0] = 1
+        pieces = list(map(bytes.__add__, keys[3 * self.pair_kid[a:b] + lead].tolist(), texts))
+        joined = b"".join(pieces) + b"}"
+        ends = np.zeros(b - a + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, pieces), np.int64, b - a), out=ends[1:])
+        firsts = ends[bounds[:-1]] + (np.arange(hi - lo) > 0)
+        return list(map(joined.__getitem__, map(slice, firsts.tolist(),
+                                                (ends[bounds[1:]] + 1).tolist()))), False
+
+    def _with_lists(self, texts: list[bytes], scalars, listed, items: bytes, a: int, b: int
+                    ) -> list[bytes]:
+        """Pairs ``a .. b-1``'s value texts: ``texts`` of the scalars, and each list as
+        json.dumps spells it, made from ``items`` (every item with its NUL) at once: the
+        NUL after a list's last item becomes \\x01, then NULs are the ", " inside lists and
+        \\x01s the cuts between them."""
+        counts = np.diff(self.item_bounds[a:b + 1])[listed]
+        full = counts > 0
+        spelt = np.empty(b - a, dtype=object)
+        spelt[scalars] = texts
+        lists = np.flatnonzero(listed)
+        spelt[lists[~full]] = b"[]"
+        if full.any():
+            marked = np.frombuffer(items, np.uint8).copy()
+            ends = np.flatnonzero(marked == 0)  # each item's NUL (texts hold no other)
+            marked[ends[np.cumsum(counts[full]) - 1]] = 1
+            joined = marked[:-1].tobytes()
+            spelt[lists[full]] = (b'["' + joined.replace(b"\0", b'", "')
+                                  .replace(b"\x01", b'"]\x01["') + b'"]').split(b"\x01")
+        return spelt.tolist()
 
     def _key_texts(self):
-        """Per keyword id k: at 2k its JSON key after ", ", at 2k+1 after "{"; None when a
-        keyword is not UTF-8 (json_line writes it as "b64:...")."""
+        """Per keyword id k: at 3k its JSON key after ", ", at 3k+1 after "{", at 3k+2
+        after "}{"; None when a keyword is not UTF-8 (json_line writes it as "b64:...")."""
         if not hasattr(self, "_keys"):
             import json
             texts = []
@@ -426,7 +459,7 @@ class _NodeTexts:
                     raise UnicodeEncodeError("utf-8", "", 0, 1, "two ids, one key: one dict entry")
                 for key in self.keywords:
                     spelt = json.dumps(key, ensure_ascii=False).encode("utf-8") + b": "
-                    texts += [b", " + spelt, b"{" + spelt]
+                    texts += [b", " + spelt, b"{" + spelt, b"}{" + spelt]
                 self._keys = np.array(texts, dtype=object)
             except UnicodeEncodeError:
                 self._keys = None
