@@ -36,9 +36,10 @@ plain = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters
 odd = st.binary(min_size=1, max_size=6).filter(lambda b: b"\0" not in b and b"/" not in b).map(
     lambda b: b.decode("utf-8", "surrogateescape"))
 name = st.one_of(st.sampled_from(["a", "b", "docs", "é", 'q"x', "t\\u"]), plain, odd)
-value_text = st.one_of(st.sampled_from(["", "v", "note 1", "tab\there", "ü"]),
-                       st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"),
-                               max_size=12), odd)
+value_text = st.one_of(
+    st.sampled_from(["", "v", "note 1", "tab\there", "ü"]),
+    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=12),
+    odd)
 key = st.one_of(st.sampled_from(["annotation", "emblems", "k", "ö"]), plain, odd)
 value = st.one_of(value_text, st.lists(value_text, max_size=3))
 
@@ -122,6 +123,9 @@ def test_plain_texts_render_from_the_columns(buf):
 @given(data=st.data())
 def test_damaged_trees_decode_as_read_does(data):
     buf = mutate(data, data.draw(trees))
+    _, error = read_all(TREE, buf)
+    assert [(f.offset, f.reason) for f in TREE.validate(buf, "f")] == \
+        ([] if error is None else [(error.offset, error.reason)])
     with chunks_of(data.draw(chunk_sizes)):
         assert_same_as_read(TREE, buf)
     assert_same_as_read(TREE, memoryview(buf), limit=data.draw(st.integers(0, 4)))
@@ -203,7 +207,8 @@ def _huge_counts() -> list[bytes]:
     off = view.lookup("/d/f001")
     meta = view.dirent(off)[2]
     out = []
-    for at, word in ((meta, 0x0FFFFFFF), (meta, 0xFFFFFFFF), (view.dirent(view.root)[1], 0x7FFFFFFF),
+    root_block = view.dirent(view.root)[1]
+    for at, word in ((meta, 0x0FFFFFFF), (meta, 0xFFFFFFFF), (root_block, 0x7FFFFFFF),
                      (off + 8, len(tree) - 4), (off, 0xFFFFFFF0), (off + 8, 3)):
         bad = bytearray(tree)
         struct.pack_into(">I", bad, at, word)
@@ -314,3 +319,32 @@ def test_records_json_is_the_lines_of_read(data):
         records_command.MAX_ROWS, jsonlines.COLUMNS_MIN_ROWS = old
     assert b"".join(got) == b"".join(jsonlines.json_line(r) for r in want)
     assert same_error(raised, error)
+
+
+def test_long_texts_and_texts_at_the_end_of_the_file():
+    """Strings longer than the words looked at per string (the rest found by bytes.find),
+    and a tree whose last string ends in its last bytes."""
+    nodes = [{"path": "/" + "n" * width, "mtime": width,
+              "metadata": {"k": "v" * (3 * width), "l": ["x" * width, ""]}}
+             for width in (1, 7, 8, 9, 31, 32, 33, 40, 200)]
+    buf = TREE.write(nodes)
+    assert_same_as_read(TREE, buf)
+    assert_renders_as_read(buf, columnar=True)
+    tree = bytearray(buf)  # the last value moved to the file's end, unpadded
+    view = TreeView(bytes(tree), "t")
+    meta = view.dirent(view.lookup("/" + "n" * 200))[2]
+    struct.pack_into(">I", tree, meta + 8, len(tree))
+    tree += b"end\0"
+    assert_same_as_read(TREE, bytes(tree))
+    assert_same_as_read(TREE, bytes(tree[:-1]))  # and unterminated
+
+
+def test_an_empty_name_gives_the_paths_join_path_gives():
+    tree = bytearray(TREE.write([{"path": "/a/b", "metadata": {"k": "v"}, "mtime": 1},
+                                 {"path": "/a", "metadata": {"k": "w"}, "mtime": 1}]))
+    view = TreeView(bytes(tree), "t")
+    a = view.lookup("/a")
+    struct.pack_into(">I", tree, a, len(tree) - 1)  # /a's name: the file's last byte, a NUL
+    assert tree[-1] == 0
+    cols = assert_same_as_read(TREE, bytes(tree))
+    assert list(cols.data["path"]) == ["/", "/b"]

@@ -191,6 +191,7 @@ def _whole_file_chunks(codec: Codec, buf, path: str, progress: Progress) -> Iter
     """The ``--json`` chunks of a codec that decodes columns but cannot resume mid-file (a
     gvfs tree): the whole file's columns at once, rendered MAX_ROWS rows at a time."""
     cols = codec.read_columns(buf, path)
+    Releaser(buf).passed(len(buf))  # the columns hold what they need: drop the mapping's pages
     order = list(cols.data)  # a record's fields: the columns are in their order
     for lo in range(0, cols.rows, MAX_ROWS):
         hi = min(cols.rows, lo + MAX_ROWS)

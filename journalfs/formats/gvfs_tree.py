@@ -1187,10 +1187,6 @@ class GvfsTree(Codec):
         return tree_bytes(merged, tag)
 
     def validate(self, buf, source, **context) -> list[Finding]:
-        try:
-            for _ in self.read(buf, source):
-                pass
-        except FormatError as exc:
-            return [Finding(exc.offset, exc.reason)]
-        return []
+        error = self.read_columns(buf, source).error  # read()'s damage, without its dicts
+        return [Finding(error.offset, error.reason)] if error is not None else []
 

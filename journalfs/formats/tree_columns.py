@@ -37,7 +37,6 @@ CHUNK_NODES = 1 << 15
 _ONES = np.uint64(0x0101010101010101)
 _HIGHS = np.uint64(0x8080808080808080)
 _ONE = np.uint64(1)
-_MAX_I64 = (1 << 63) - 1
 
 
 class _Unplain(Exception):
@@ -74,9 +73,14 @@ def string_ends(data: bytes, starts: np.ndarray) -> np.ndarray:
                 break
         which = np.concatenate([which] + late_which)
         pos = np.concatenate([pos] + late_pos)
-    find = data.find
-    for i, p in zip(which.tolist(), pos.tolist()):
-        ends[i] = find(b"\0", p)
+    # the rest one by one in file order: the NUL found for one string also ends every later
+    # one that starts before it (hostile offsets into one long run cost one scan, not many)
+    find, nul = data.find, None
+    order = np.argsort(pos, kind="stable")
+    for i, p in zip(which[order].tolist(), pos[order].tolist()):
+        if nul is None or -1 < nul < p:
+            nul = find(b"\0", p)
+        ends[i] = nul
     return ends
 
 
@@ -199,12 +203,13 @@ class _Walk:
                 starts.append(item_at)
             self.row_off.append(offs[rows])
             self.row_time.append(words[at[rows] + 3].astype(np.int64))
-            self.row_dir.append(parent_dir[rows])
-            self.row_name.append(names[rows])
-            self.row_pairs.append(n)
-            self.pair_kid.append(kid)
+            # what the texts need is kept narrow: offsets fit 32 bits, counts and ids 31
+            self.row_dir.append(parent_dir[rows].astype(np.int32))
+            self.row_name.append(names[rows].astype(np.uint32))
+            self.row_pairs.append(n.astype(np.int32))
+            self.pair_kid.append(kid.astype(np.int32))
             self.pair_list.append(is_list)
-            self.pair_items.append(item_counts)
+            self.pair_items.append(item_counts.astype(np.int32))
         # -- children blocks: the next level ------------------------------------------
         has = np.flatnonzero(kids)
         child_counts = np.zeros(len(offs), np.int64)
@@ -236,7 +241,7 @@ class _Walk:
             dir_ids = np.arange(self.dirs, self.dirs + len(parents))
             self.dirs += len(parents)
             self.dir_parent.append(parent_dir[parents])
-            self.dir_name.append(names[parents])
+            self.dir_name.append(names[parents].astype(np.uint32))
         # -- every string of the level ended at once ----------------------------------
         if starts:
             at_all = np.concatenate(starts) if len(starts) > 1 else starts[0]
@@ -246,12 +251,12 @@ class _Walk:
             spans = np.stack([at_all, ends], axis=1)
             cut = 0
             if len(rows):
-                value_spans = np.full((len(kid), 2), -1, np.int64)
+                value_spans = np.zeros((len(kid), 2), np.uint32)  # lists: (0, 0), no text
                 value_spans[scalars] = spans[:len(scalars)]
                 cut = len(scalars)
                 self.pair_span.append(value_spans)
                 if len(lists):
-                    self.item_span.append(spans[cut:cut + len(item_at)])
+                    self.item_span.append(spans[cut:cut + len(item_at)].astype(np.uint32))
                     cut += len(item_at)
             if len(parents):
                 child_names = spans[cut:]
@@ -263,19 +268,23 @@ class _Walk:
 
     def columns(self, name: str) -> tuple[dict, int]:
         """(the columns of every row, how many rows)."""
-        def joined(parts, dtype=np.int64, shape=(0,)):
+        def joined(name, dtype=np.int64, shape=(0,)):
+            parts = getattr(self, name)
+            setattr(self, name, None)  # each chunk freed once joined: no second copy of all
             return np.concatenate(parts) if parts else np.zeros(shape, dtype)
 
-        offsets = joined(self.row_off)
-        raw = joined(self.row_time)
+        offsets = joined("row_off")
+        raw = joined("row_time")
         rows = len(offsets)
         mtimes = np.where(raw == 0, 0, raw + self.tree.time_base)
+        del raw
         texts = _NodeTexts(
-            self.data, self.tree.keywords, joined(self.row_dir), joined(self.row_name, shape=(0, 2)),
-            joined(self.row_pairs), joined(self.pair_kid), joined(self.pair_list, bool),
-            joined(self.pair_span, shape=(0, 2)), joined(self.pair_items),
-            joined(self.item_span, shape=(0, 2)), joined(self.dir_parent),
-            joined(self.dir_name, shape=(0, 2)))
+            self.data, self.tree.keywords, joined("row_dir", np.int32),
+            joined("row_name", np.uint32, (0, 2)), joined("row_pairs", np.int32),
+            joined("pair_kid", np.int32), joined("pair_list", bool),
+            joined("pair_span", np.uint32, (0, 2)), joined("pair_items", np.int32),
+            joined("item_span", np.uint32, (0, 2)), joined("dir_parent"),
+            joined("dir_name", np.uint32, (0, 2)))
         return {"format": [name] * rows, "seq": np.arange(rows, dtype=np.int64),
                 "offset": offsets, "kind": ["node"] * rows, "path": _PathColumn(texts),
                 "mtime": mtimes, "metadata": _MetadataColumn(texts)}, rows
@@ -305,11 +314,12 @@ class _NodeTexts:
     def _joined(self, spans: np.ndarray) -> bytes:
         """The strings at ``spans`` (each ending at its NUL), each with its NUL, back to
         back: one numpy gather, no Python step per string."""
-        lengths = spans[:, 1] - spans[:, 0] + 1
+        starts = spans[:, 0].astype(np.int64)
+        lengths = spans[:, 1].astype(np.int64) - starts + 1
         if not len(lengths):
             return b""
         placed = np.cumsum(lengths) - lengths
-        where = np.repeat(spans[:, 0] - placed, lengths) + np.arange(int(placed[-1] + lengths[-1]))
+        where = np.repeat(starts - placed, lengths) + np.arange(int(placed[-1] + lengths[-1]))
         return self.u8[where].tobytes()
 
     def _cut(self, spans: np.ndarray) -> list[bytes]:
@@ -353,8 +363,7 @@ class _NodeTexts:
         """(scalar value of each pair of rows lo..hi-1, b"" for lists; every list item of
         those pairs), raw bytes."""
         a, b = int(self.pair_bounds[lo]), int(self.pair_bounds[hi])
-        spans = self.pair_span[a:b].copy()
-        spans[spans[:, 0] < 0] = 0  # lists: an empty span
+        spans = self.pair_span[a:b]  # lists: (0, 0), an empty text
         items = self.item_span[int(self.item_bounds[a]):int(self.item_bounds[b])]
         return self._cut(spans), self._cut(items)
 
@@ -419,7 +428,8 @@ class _NodeTexts:
         bounds = self.pair_bounds[lo:hi + 1] - a
         lead[bounds[1:-1]] = 2
         lead[0] = 1
-        pieces = list(map(bytes.__add__, keys[3 * self.pair_kid[a:b] + lead].tolist(), texts))
+        heads = keys[3 * self.pair_kid[a:b].astype(np.int64) + lead].tolist()
+        pieces = list(map(bytes.__add__, heads, texts))
         joined = b"".join(pieces) + b"}"
         ends = np.zeros(b - a + 1, np.int64)
         np.cumsum(np.fromiter(map(len, pieces), np.int64, b - a), out=ends[1:])
