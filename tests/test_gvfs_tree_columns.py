@@ -348,3 +348,27 @@ def test_an_empty_name_gives_the_paths_join_path_gives():
     assert tree[-1] == 0
     cols = assert_same_as_read(TREE, bytes(tree))
     assert list(cols.data["path"]) == ["/", "/b"]
+
+
+def test_damage_deep_in_the_tree_keeps_the_vectorised_rows_before_its_level(monkeypatch):
+    """A bad value offset in the last level: the levels before it keep their vectorised
+    rows, read()'s walk takes over at that level and names the damage as read() does."""
+    tree = _deep(6, 40)
+    view = TreeView(bytes(tree), "t")
+    bad = view.lookup("/d/d/d/d/d/d/f039")
+    meta = view.dirent(bad)[2]
+    struct.pack_into(">I", tree, meta + 8, len(tree) + 5)
+    exact = []
+    records = TREE._records
+
+    def counted(*args):
+        for rec in records(*args):
+            exact.append(rec)
+            yield rec
+    monkeypatch.setattr(TREE, "_records", counted)
+    cols = TREE.read_columns(bytes(tree), "f")
+    monkeypatch.undo()
+    want, error = read_all(TREE, bytes(tree))
+    assert columns_as_records(cols) == want and same_error(cols.error, error)
+    assert error is not None and cols.rows == 6 * 40 - 1
+    assert len(exact) == 39  # the last level's rows before the damage: read()'s own

@@ -9,8 +9,10 @@ looking for its NUL eight bytes at a time. Each check is the one :class:`TreeVie
 tree: no non-empty children block reached twice (then there is no loop and no sharing, so
 :meth:`TreeView.find_loop` has nothing to report and the budgets hold), keys strictly
 increasing inside a metadata block (no duplicate key, whose dict order only ``read()``
-knows), times that fit 64 bits. Where anything does not hold, the whole tree is decoded by
-``read()`` instead, so rows, damage and its offset are always ``read()``'s.
+knows), times that fit 64 bits. Where anything does not hold, ``read()``'s own walk takes
+over at the start of that level (after its loop check, which may name damage before any
+record), keeping the rows of the levels before it, so rows, damage and its offset are
+always ``read()``'s.
 
 Texts are kept as spans of a copy of the file's bytes (the caller's buffer may be an mmap it
 closes) and made into ``str`` -- or straight into their JSON spelling, for ``records
@@ -18,6 +20,7 @@ closes) and made into ``str`` -- or straight into their JSON spelling, for ``rec
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -102,7 +105,7 @@ class _Walk:
         self.tree, self.data = tree, data
         self.size = size = len(data)
         self.words = np.frombuffer(data, dtype=">u4", count=size // 4)
-        self.keywords = len(tree.keywords)
+        self.keyword_count = len(tree.keywords)
         # per row (node with metadata), in walk order
         self.row_off, self.row_time, self.row_dir, self.row_name = [], [], [], []
         self.row_pairs = []
@@ -115,6 +118,7 @@ class _Walk:
 
     def run(self) -> None:
         tree, size = self.tree, self.size
+        self._mark_level(0)
         if not -(1 << 62) < tree.time_base < 1 << 62:
             raise _Unplain("times do not fit 64 bits")
         self.pairs = self.items = 0
@@ -127,6 +131,7 @@ class _Walk:
         level = [(np.array([tree.root], np.int64), np.array([-1], np.int64),
                   np.zeros((1, 2), np.int64), np.array([1], np.int64))]
         while level:
+            self._mark_level(nodes)
             levels += 1
             width = sum(len(piece[0]) for piece in level)
             if levels > NARROW_LEVELS and width < NARROW_NODES:
@@ -142,6 +147,22 @@ class _Walk:
                     if children is not None:
                         nxt.append(children)
             level = nxt
+
+    _KEPT = ("row_off", "row_time", "row_dir", "row_name", "row_pairs", "pair_kid", "pair_list",
+             "pair_span", "pair_items", "item_span", "dir_parent", "dir_name")
+
+    def _mark_level(self, nodes: int) -> None:
+        """Remember where the level about to be walked starts: nodes before it, and how
+        much of each kept list the levels before it filled."""
+        self.level_start = (nodes, self.dirs, [len(getattr(self, name)) for name in self._KEPT])
+
+    def drop_level(self) -> int:
+        """Forget what the level the walk stopped in kept (its rows go to the exact walk);
+        return how many nodes the levels before it hold."""
+        nodes, self.dirs, lengths = self.level_start
+        for name, length in zip(self._KEPT, lengths):
+            del getattr(self, name)[length:]
+        return nodes
 
     def _nodes(self, offs, parent_dir, names, path_len):
         """Check and gather nodes ``offs`` of one level (in walk order): their rows, and the
@@ -174,7 +195,7 @@ class _Walk:
             value = words[pair_at + 1].astype(np.int64)
             is_list = (key & LIST_FLAG) != 0
             kid = key & ~LIST_FLAG
-            if (kid >= self.keywords).any():
+            if (kid >= self.keyword_count).any():
                 raise _Unplain("keyword id")
             if len(kid) > len(rows) and (np.diff(kid)[row_of[1:] == row_of[:-1]] <= 0).any():
                 raise _Unplain("keys out of order")
@@ -264,7 +285,6 @@ class _Walk:
                 return (children, dir_ids[child_of], child_names,
                         plen + 1 + (child_names[:, 1] - child_names[:, 0]))
         return None
-
 
     def columns(self, name: str) -> tuple[dict, int]:
         """(the columns of every row, how many rows)."""
@@ -540,7 +560,7 @@ def read_columns(codec: Codec, buf, source: str, seq: int, limit: int | None) ->
         with paused_gc():
             walk.run()
     except _Unplain:
-        return Codec.read_columns(codec, buf, source, None, seq, None, limit)
+        return _handed_over(codec, tree, walk, seq, limit)
     columns, rows = walk.columns(codec.name)
     if not rows:  # as the generic default: no rows, no columns
         return Columns({}, 0, None, seq, None)
@@ -551,6 +571,50 @@ def read_columns(codec: Codec, buf, source: str, seq: int, limit: int | None) ->
                    for k, v in columns.items()}
         rows = limit
     return Columns(columns, rows, next_offset, seq + rows, None)
+
+
+def _handed_over(codec, tree: TreeView, walk: _Walk, seq: int, limit: int | None) -> Columns:
+    """The columns when the vectorised walk stopped in some level: read()'s loop check
+    first (its damage comes before any record, a loop may end the walk early: then read()
+    decodes the whole tree), the rows of the levels before that one as the vectorised walk
+    found them, then read()'s own walk from that level on. The same columns as the generic
+    default: a list per field, rows up to ``limit`` (the one after it names the resume
+    point), the damage."""
+    try:
+        looping = tree.find_loop()
+    except FormatError as exc:
+        return Columns({}, 0, None, seq, exc)
+    if looping is not None:
+        return Codec.read_columns(codec, tree.buf, tree.source, None, seq, None, limit)
+    skip = walk.drop_level()
+    columns, rows = walk.columns(codec.name)
+    with paused_gc():
+        data = {name: (column.tolist() if hasattr(column, "tolist") else list(column))
+                for name, column in columns.items()}
+        # the exact walk, its nodes before the level handed over only stepped over (the
+        # vectorised walk made their rows): it then holds that level's paths and budgets
+        nodes = tree.walk_levels([("/", tree.root)], None, tree.node_budget(), tree.text_budget())
+        error = next_offset = None
+        try:
+            for _ in itertools.islice(nodes, skip):
+                pass
+            for rec in codec._records(tree, nodes, rows) if limit is None or rows <= limit else ():
+                if rows == limit:
+                    next_offset = rec["offset"]
+                    break
+                for name, value in rec.items():
+                    data[name].append(value)
+                rows += 1
+        except FormatError as exc:
+            error = exc
+        finally:
+            nodes.close()
+    if limit is not None and rows > limit:  # the vectorised rows alone went past it
+        next_offset = data["offset"][limit]
+        data = {name: values[:limit] for name, values in data.items()}
+        rows = limit
+        error = None
+    return Columns(data if rows else {}, rows, next_offset, seq + rows, error)
 
 
 class _Window(Sequence):
