@@ -350,9 +350,12 @@ def test_an_empty_name_gives_the_paths_join_path_gives():
     assert list(cols.data["path"]) == ["/", "/b"]
 
 
-def test_damage_deep_in_the_tree_keeps_the_vectorised_rows_before_its_level(monkeypatch):
-    """A bad value offset in the last level: the levels before it keep their vectorised
-    rows, read()'s walk takes over at that level and names the damage as read() does."""
+@pytest.mark.parametrize("chunk, handed_over", [(1 << 15, 39), (7, 4)])
+def test_damage_deep_in_the_tree_keeps_the_vectorised_rows_before_it(monkeypatch, chunk,
+                                                                      handed_over):
+    """A bad value offset in the last level: the nodes before its chunk keep their
+    vectorised rows, read()'s walk takes over at that chunk and names the damage as read()
+    does."""
     tree = _deep(6, 40)
     view = TreeView(bytes(tree), "t")
     bad = view.lookup("/d/d/d/d/d/d/f039")
@@ -366,9 +369,10 @@ def test_damage_deep_in_the_tree_keeps_the_vectorised_rows_before_its_level(monk
             exact.append(rec)
             yield rec
     monkeypatch.setattr(TREE, "_records", counted)
-    cols = TREE.read_columns(bytes(tree), "f")
+    with chunks_of(chunk):
+        cols = TREE.read_columns(bytes(tree), "f")
     monkeypatch.undo()
     want, error = read_all(TREE, bytes(tree))
     assert columns_as_records(cols) == want and same_error(cols.error, error)
     assert error is not None and cols.rows == 6 * 40 - 1
-    assert len(exact) == 39  # the last level's rows before the damage: read()'s own
+    assert len(exact) == handed_over  # the rows of the damaged chunk: read()'s own

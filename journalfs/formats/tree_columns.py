@@ -10,9 +10,9 @@ tree: no non-empty children block reached twice (then there is no loop and no sh
 :meth:`TreeView.find_loop` has nothing to report and the budgets hold), keys strictly
 increasing inside a metadata block (no duplicate key, whose dict order only ``read()``
 knows), times that fit 64 bits. Where anything does not hold, ``read()``'s own walk takes
-over at the start of that level (after its loop check, which may name damage before any
-record), keeping the rows of the levels before it, so rows, damage and its offset are
-always ``read()``'s.
+over at the first node of that level or chunk of nodes (after its loop check, which may name
+damage before any record), keeping the rows of the nodes before it, so rows, damage and its
+offset are always ``read()``'s.
 
 Texts are kept as spans of a copy of the file's bytes (the caller's buffer may be an mmap it
 closes) and made into ``str`` -- or straight into their JSON spelling, for ``records
@@ -141,9 +141,13 @@ class _Walk:
             if nodes > node_budget or text > text_budget:
                 raise _Unplain("budgets")
             nxt = []
+            done = nodes - width
             for piece in level:  # in chunks: numpy's temporaries stay small (and in cache)
                 for lo in range(0, len(piece[0]), CHUNK_NODES):
-                    children = self._nodes(*(part[lo:lo + CHUNK_NODES] for part in piece))
+                    self._mark_level(done)
+                    chunk = [part[lo:lo + CHUNK_NODES] for part in piece]
+                    children = self._nodes(*chunk)
+                    done += len(chunk[0])
                     if children is not None:
                         nxt.append(children)
             level = nxt
@@ -152,13 +156,13 @@ class _Walk:
              "pair_span", "pair_items", "item_span", "dir_parent", "dir_name")
 
     def _mark_level(self, nodes: int) -> None:
-        """Remember where the level about to be walked starts: nodes before it, and how
-        much of each kept list the levels before it filled."""
+        """Remember where the nodes about to be walked (a level, or a chunk of one) start:
+        how many nodes come before them, how much of each kept list those filled."""
         self.level_start = (nodes, self.dirs, [len(getattr(self, name)) for name in self._KEPT])
 
     def drop_level(self) -> int:
-        """Forget what the level the walk stopped in kept (its rows go to the exact walk);
-        return how many nodes the levels before it hold."""
+        """Forget what the nodes the walk stopped in kept (their rows go to the exact walk);
+        return how many nodes come before them."""
         nodes, self.dirs, lengths = self.level_start
         for name, length in zip(self._KEPT, lengths):
             del getattr(self, name)[length:]
@@ -574,10 +578,10 @@ def read_columns(codec: Codec, buf, source: str, seq: int, limit: int | None) ->
 
 
 def _handed_over(codec, tree: TreeView, walk: _Walk, seq: int, limit: int | None) -> Columns:
-    """The columns when the vectorised walk stopped in some level: read()'s loop check
-    first (its damage comes before any record, a loop may end the walk early: then read()
-    decodes the whole tree), the rows of the levels before that one as the vectorised walk
-    found them, then read()'s own walk from that level on. The same columns as the generic
+    """The columns when the vectorised walk stopped in some chunk of nodes: read()'s loop
+    check first (its damage comes before any record, a loop may end the walk early: then
+    read() decodes the whole tree), the rows of the nodes before that chunk as the
+    vectorised walk found them, then read()'s own walk from that chunk on. The same columns as the generic
     default: a list per field, rows up to ``limit`` (the one after it names the resume
     point), the damage."""
     try:
@@ -591,8 +595,8 @@ def _handed_over(codec, tree: TreeView, walk: _Walk, seq: int, limit: int | None
     with paused_gc():
         data = {name: (column.tolist() if hasattr(column, "tolist") else list(column))
                 for name, column in columns.items()}
-        # the exact walk, its nodes before the level handed over only stepped over (the
-        # vectorised walk made their rows): it then holds that level's paths and budgets
+        # the exact walk, its nodes before the chunk handed over only stepped over (the
+        # vectorised walk made their rows): it then holds the paths and budgets from there
         nodes = tree.walk_levels([("/", tree.root)], None, tree.node_budget(), tree.text_budget())
         error = next_offset = None
         try:
