@@ -150,8 +150,9 @@ def json_chunks(codec: Codec, buf, path: str, progress: Progress | None = None
     codec's :class:`FormatError` after the chunks of the valid prefix.
 
     Codecs that decode columns are read in batches of about ``BATCH_SPAN`` bytes and rendered
-    by :func:`journalfs.jsonlines.columns_chunk`; the others stream :meth:`Codec.read` (a
-    gvfs tree cannot resume mid-file). Pages behind the reader are released."""
+    by :func:`journalfs.jsonlines.columns_chunk`; one that cannot resume mid-file (a gvfs
+    tree) is decoded as columns once and rendered a window of rows at a time; the others
+    stream :meth:`Codec.read`. Pages behind the reader are released."""
     progress = progress or Progress(0, "", enabled=False)
     if not codec.resumable and has_columns(codec):
         yield from _whole_file_chunks(codec, buf, path, progress)
