@@ -376,3 +376,14 @@ def test_damage_deep_in_the_tree_keeps_the_vectorised_rows_before_it(monkeypatch
     assert columns_as_records(cols) == want and same_error(cols.error, error)
     assert error is not None and cols.rows == 6 * 40 - 1
     assert len(exact) == handed_over  # the rows of the damaged chunk: read()'s own
+
+
+def test_two_keyword_ids_naming_one_key_make_one_entry_as_read_does():
+    tree = bytearray(TREE.write([{"path": f"/f{i}", "metadata": {"a": f"1.{i}", "b": f"2.{i}"},
+                                  "mtime": 1} for i in range(20)]))
+    keywords = struct.unpack_from(">I", tree, 20)[0]
+    first = struct.unpack_from(">I", tree, keywords + 4)[0]
+    struct.pack_into(">I", tree, keywords + 8, first)  # id 1 names "a" too
+    cols = assert_same_as_read(TREE, bytes(tree))
+    assert cols.data["metadata"][0] == {"a": "2.0"}
+    assert_renders_as_read(bytes(tree))
