@@ -574,7 +574,7 @@ def read_columns(codec: Codec, buf, source: str, seq: int, limit: int | None) ->
         columns = {k: v[:limit] if not isinstance(v, _TextColumn) else _Window(v, limit)
                    for k, v in columns.items()}
         rows = limit
-    return Columns(columns, rows, next_offset, seq + rows, None)
+    return Columns(columns if rows else {}, rows, next_offset, seq + rows, None)
 
 
 def _handed_over(codec, tree: TreeView, walk: _Walk, seq: int, limit: int | None) -> Columns:
