@@ -581,9 +581,9 @@ def _handed_over(codec, tree: TreeView, walk: _Walk, seq: int, limit: int | None
     """The columns when the vectorised walk stopped in some chunk of nodes: read()'s loop
     check first (its damage comes before any record, a loop may end the walk early: then
     read() decodes the whole tree), the rows of the nodes before that chunk as the
-    vectorised walk found them, then read()'s own walk from that chunk on. The same columns as the generic
-    default: a list per field, rows up to ``limit`` (the one after it names the resume
-    point), the damage."""
+    vectorised walk found them, then read()'s own walk from that chunk on. The same
+    columns as the generic default: a list per field, rows up to ``limit`` (the one after
+    it names the resume point), the damage."""
     try:
         looping = tree.find_loop()
     except FormatError as exc:
@@ -602,7 +602,10 @@ def _handed_over(codec, tree: TreeView, walk: _Walk, seq: int, limit: int | None
         try:
             for _ in itertools.islice(nodes, skip):
                 pass
-            for rec in codec._records(tree, nodes, rows) if limit is None or rows <= limit else ():
+            records = codec._records(tree, nodes, rows)
+            if limit is not None and rows > limit:  # the vectorised rows alone pass it
+                records = iter(())
+            for rec in records:
                 if rows == limit:
                     next_offset = rec["offset"]
                     break
@@ -613,7 +616,7 @@ def _handed_over(codec, tree: TreeView, walk: _Walk, seq: int, limit: int | None
             error = exc
         finally:
             nodes.close()
-    if limit is not None and rows > limit:  # the vectorised rows alone went past it
+    if limit is not None and rows > limit:
         next_offset = data["offset"][limit]
         data = {name: values[:limit] for name, values in data.items()}
         rows = limit
