@@ -152,6 +152,45 @@ class _Walk:
                         nxt.append(children)
             level = nxt
 
+    def plain_structure(self) -> bool:
+        """True when :meth:`TreeView.find_loop` has nothing to report (no damage, no loop):
+        every children block reachable from the root passes its checks, none is reached
+        twice, and together they hold no more dirents than the file can. Breadth-first over
+        the children blocks alone, with numpy; False also for a deep narrow tree (then
+        find_loop itself answers)."""
+        size, words = self.size, self.words
+        seen: set[int] = set()
+        dirents = size // 16 + 1
+        level = [np.array([self.tree.root], np.int64)]
+        levels = 0
+        while level:
+            levels += 1
+            if levels > NARROW_LEVELS and sum(map(len, level)) < NARROW_NODES:
+                return False
+            nxt = []
+            for piece in level:
+                for lo in range(0, len(piece), CHUNK_NODES):
+                    kids = words[(piece[lo:lo + CHUNK_NODES] >> 2) + 1].astype(np.int64)
+                    blocks = kids[kids != 0]
+                    if ((blocks & 3) | (blocks + 4 > size)).any():
+                        return False
+                    n = words[blocks >> 2].astype(np.int64)
+                    if (n > (size - blocks - 4) >> 4).any():
+                        return False
+                    blocks, n = blocks[n > 0], n[n > 0]
+                    listed = blocks.tolist()
+                    if len(set(listed)) != len(listed) or not seen.isdisjoint(listed):
+                        return False
+                    seen.update(listed)
+                    dirents -= int(n.sum())
+                    if dirents < 0:
+                        return False
+                    if len(blocks):
+                        child_of, index = _ranges(n)
+                        nxt.append(blocks[child_of] + 4 + DIRENT_SIZE * index)
+            level = nxt
+        return True
+
     _KEPT = ("row_off", "row_time", "row_dir", "row_name", "row_pairs", "pair_kid", "pair_list",
              "pair_span", "pair_items", "item_span", "dir_parent", "dir_name")
 
@@ -585,7 +624,7 @@ def _handed_over(codec, tree: TreeView, walk: _Walk, seq: int, limit: int | None
     columns as the generic default: a list per field, rows up to ``limit`` (the one after
     it names the resume point), the damage."""
     try:
-        looping = tree.find_loop()
+        looping = None if walk.plain_structure() else tree.find_loop()
     except FormatError as exc:
         return Columns({}, 0, None, seq, exc)
     if looping is not None:
