@@ -409,3 +409,16 @@ def test_plain_children_blocks_mean_find_loop_has_nothing_to_report(data):
         plain = tree_columns._Walk(view, bytes(buf)).plain_structure()
     if plain:
         assert view.find_loop() is None
+
+
+def test_a_path_text_budget_is_spent_where_read_spends_it():
+    """A deep chain of long non-ASCII names (two bytes a character): read() stops once the
+    path text exceeds its budget; the hand-over counts characters, not bytes, as read()."""
+    name = "é" * 49
+    records, path = [], ""
+    for level in range(600):
+        path += f"/{name}{level % 10}"
+        records.append({"path": path + "/f", "metadata": {"k": "v"}, "mtime": 1})
+    buf = TREE.write(records)
+    cols = assert_same_as_read(TREE, buf)
+    assert cols.error is not None and "shared" in cols.error.reason

@@ -439,13 +439,15 @@ class TreeView:
         return PATH_TEXT_FACTOR * self.size + (1 << 20)
 
     def walk_levels(self, level: list[tuple[str, int]], looping: tuple[int, int] | None,
-                    budget: int, text_budget: int) -> Iterator[tuple[str, int]]:
-        """:meth:`walk` from the breadth-first level ``level`` on, with what is left of its
-        budgets and :meth:`find_loop`'s answer: where a column decoder hands over to the
-        exact walk."""
+                    budget: int, text_budget: int, found: Sequence[tuple[str, int]] = ()
+                    ) -> Iterator[tuple[str, int]]:
+        """:meth:`walk` from nodes ``level`` of a breadth-first level on, with what is left
+        of its budgets, :meth:`find_loop`'s answer and ``found``, the next level's nodes
+        that nodes of that level before ``level`` have: where a column decoder hands over to
+        the exact walk."""
         loop_at = None
         while level:
-            nxt = []
+            nxt, found = list(found), ()
             for path, off in level:
                 budget -= 1
                 text_budget -= len(path)

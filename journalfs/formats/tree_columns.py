@@ -20,7 +20,6 @@ closes) and made into ``str`` -- or straight into their JSON spelling, for ``rec
 """
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -118,6 +117,7 @@ class _Walk:
 
     def run(self) -> None:
         tree, size = self.tree, self.size
+        self.history: list[list] = []  # every level's pieces: where a hand-over starts from
         self._mark_level(0)
         if not -(1 << 62) < tree.time_base < 1 << 62:
             raise _Unplain("times do not fit 64 bits")
@@ -131,6 +131,7 @@ class _Walk:
         level = [(np.array([tree.root], np.int64), np.array([-1], np.int64),
                   np.zeros((1, 2), np.int64), np.array([1], np.int64))]
         while level:
+            self.history.append(level)
             self._mark_level(nodes)
             levels += 1
             width = sum(len(piece[0]) for piece in level)
@@ -142,9 +143,9 @@ class _Walk:
                 raise _Unplain("budgets")
             nxt = []
             done = nodes - width
-            for piece in level:  # in chunks: numpy's temporaries stay small (and in cache)
+            for at, piece in enumerate(level):  # in chunks: small numpy temporaries
                 for lo in range(0, len(piece[0]), CHUNK_NODES):
-                    self._mark_level(done)
+                    self._mark_level(done, (at, lo, nxt))
                     chunk = [part[lo:lo + CHUNK_NODES] for part in piece]
                     children = self._nodes(*chunk)
                     done += len(chunk[0])
@@ -194,18 +195,38 @@ class _Walk:
     _KEPT = ("row_off", "row_time", "row_dir", "row_name", "row_pairs", "pair_kid", "pair_list",
              "pair_span", "pair_items", "item_span", "dir_parent", "dir_name")
 
-    def _mark_level(self, nodes: int) -> None:
+    def _mark_level(self, nodes: int, where: tuple | None = None) -> None:
         """Remember where the nodes about to be walked (a level, or a chunk of one) start:
-        how many nodes come before them, how much of each kept list those filled."""
-        self.level_start = (nodes, self.dirs, [len(getattr(self, name)) for name in self._KEPT])
+        how many nodes come before them, how much of each kept list those filled, and
+        ``where``: (piece, its first node, the next level's pieces found before them) --
+        None at a level's start."""
+        self.level_start = (nodes, self.dirs, [len(getattr(self, name)) for name in self._KEPT],
+                            where)
 
     def drop_level(self) -> int:
         """Forget what the nodes the walk stopped in kept (their rows go to the exact walk);
         return how many nodes come before them."""
-        nodes, self.dirs, lengths = self.level_start
+        nodes, self.dirs, lengths, _ = self.level_start
         for name, length in zip(self._KEPT, lengths):
             del getattr(self, name)[length:]
         return nodes
+
+    def exact_state(self, texts: "_NodeTexts"):
+        """Where read()'s walk goes on from the nodes the walk stopped in (after
+        :meth:`drop_level`): (their level's nodes from the first of them on, the next
+        level's nodes found before them -- both as (path, dirent) --, the characters of
+        path text of every node before them); None before the first level."""
+        if not self.history:
+            return None
+        level = self.history[-1]
+        at, lo, found = self.level_start[3] or (0, 0, [])
+        before = [piece for levels in self.history[:-1] for piece in levels]
+        before += level[:at] + [tuple(part[:lo] for part in level[at])]
+        # each piece's paths joined by NULs: all but one NUL are not path text
+        chars = sum(len(texts.path_texts(piece[1], piece[2])) - len(piece[1]) + 1
+                    for piece in before if len(piece[1]))
+        rest = [tuple(part[lo:] for part in level[at])] + level[at + 1:]
+        return _placed_paths(texts, rest), _placed_paths(texts, found), chars
 
     def _nodes(self, offs, parent_dir, names, path_len):
         """Check and gather nodes ``offs`` of one level (in walk order): their rows, and the
@@ -373,6 +394,14 @@ class _NodeTexts:
         self._prefixes: list[bytes] | None = None
         self._paths: list[str] | None = None
         self._metadata: list[dict] | None = None
+
+    def path_texts(self, parent_dir: np.ndarray, names: np.ndarray) -> str:
+        """The paths of nodes whose parents are directories ``parent_dir`` (-1: the root
+        itself) and names are at ``names``, decoded as read() does, NUL-separated."""
+        prefixes = self.prefixes()
+        paths = [b"/" if parent < 0 else prefixes[parent] + name
+                 for parent, name in zip(parent_dir.tolist(), self._cut(names))]
+        return b"\0".join(paths).decode("utf-8", "surrogateescape")
 
     def _joined(self, spans: np.ndarray) -> bytes:
         """The strings at ``spans`` (each ending at its NUL), each with its NUL, back to
@@ -589,6 +618,15 @@ class _MetadataColumn(_TextColumn):
         return self._texts.metadata_spelling(lo, hi)
 
 
+def _placed_paths(texts: _NodeTexts, pieces: list) -> list[tuple[str, int]]:
+    """(path, dirent offset) of the nodes of level ``pieces``, in walk order."""
+    out: list[tuple[str, int]] = []
+    for offs, parent_dir, names, _ in pieces:
+        if len(offs):
+            out += zip(texts.path_texts(parent_dir, names).split("\0"), offs.tolist())
+    return out
+
+
 def read_columns(codec: Codec, buf, source: str, seq: int, limit: int | None) -> Columns:
     """:meth:`GvfsTree.read_columns` (start and stop are ignored, as read() ignores them)."""
     try:
@@ -634,13 +672,18 @@ def _handed_over(codec, tree: TreeView, walk: _Walk, seq: int, limit: int | None
     with paused_gc():
         data = {name: (column.tolist() if hasattr(column, "tolist") else list(column))
                 for name, column in columns.items()}
-        # the exact walk, its nodes before the chunk handed over only stepped over (the
-        # vectorised walk made their rows): it then holds the paths and budgets from there
-        nodes = tree.walk_levels([("/", tree.root)], None, tree.node_budget(), tree.text_budget())
+        # read()'s walk from the chunk handed over on, with the paths and budgets it would
+        # have there (the vectorised walk made the rows before it)
+        state = walk.exact_state(columns["path"]._texts)
+        if state is None:  # stopped before the first level: read()'s walk from the root
+            nodes = tree.walk_levels([("/", tree.root)], None, tree.node_budget(),
+                                     tree.text_budget())
+        else:
+            level, found, chars = state
+            nodes = tree.walk_levels(level, None, tree.node_budget() - skip,
+                                     tree.text_budget() - chars, found)
         error = next_offset = None
         try:
-            for _ in itertools.islice(nodes, skip):
-                pass
             records = codec._records(tree, nodes, rows)
             if limit is not None and rows > limit:  # the vectorised rows alone pass it
                 records = iter(())
