@@ -642,6 +642,7 @@ def read_columns(codec: Codec, buf, source: str, seq: int, limit: int | None) ->
             walk.run()
     except _Unplain:
         return _handed_over(codec, tree, walk, seq, limit)
+    walk.history = []  # no hand-over: the levels' pieces can go before the columns are joined
     columns, rows = walk.columns(codec.name)
     if not rows:  # as the generic default: no rows, no columns
         return Columns({}, 0, None, seq, None)
