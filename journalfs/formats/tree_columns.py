@@ -220,7 +220,7 @@ class _Walk:
             return None
         level = self.history[-1]
         at, lo, found = self.level_start[3] or (0, 0, [])
-        before = [piece for levels in self.history[:-1] for piece in levels]
+        before = [piece for earlier in self.history[:-1] for piece in earlier]
         before += level[:at] + [tuple(part[:lo] for part in level[at])]
         # each piece's paths joined by NULs: all but one NUL are not path text
         chars = sum(len(texts.path_texts(piece[1], piece[2])) - len(piece[1]) + 1
