@@ -10,9 +10,10 @@ tree: no non-empty children block reached twice (then there is no loop and no sh
 :meth:`TreeView.find_loop` has nothing to report and the budgets hold), keys strictly
 increasing inside a metadata block (no duplicate key, whose dict order only ``read()``
 knows), times that fit 64 bits. Where anything does not hold, ``read()``'s own walk takes
-over at the first node of that level or chunk of nodes (after its loop check, which may name
-damage before any record), keeping the rows of the nodes before it, so rows, damage and its
-offset are always ``read()``'s.
+over at the first node of that chunk of nodes, with the paths and budgets it would have
+there, keeping the rows of the nodes before it -- after its loop check, which may name
+damage before any record (skipped when a numpy pass over the children blocks alone finds
+them plain) -- so rows, damage and its offset are always ``read()``'s.
 
 Texts are kept as spans of a copy of the file's bytes (the caller's buffer may be an mmap it
 closes) and made into ``str`` -- or straight into their JSON spelling, for ``records
