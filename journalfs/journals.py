@@ -313,8 +313,15 @@ class RecordIndex:
             else:  # no resuming mid-file (a tree): the whole file; only the count is kept
                 if win is not None:
                     win.window(0, len(buf))
-                for _ in codec.read(buf, path):
-                    self.count += 1
+                if type(codec).read_columns is not Codec.read_columns:
+                    # its own column decoder counts the same records, without a dict each
+                    cols = codec.read_columns(buf, path)
+                    self.count = cols.rows
+                    if cols.error is not None:
+                        raise cols.error
+                else:
+                    for _ in codec.read(buf, path):
+                        self.count += 1
         except FormatError as exc:
             self.error = exc.detached()
 

@@ -283,6 +283,28 @@ _BOOLS = np.frombuffer(b"false\0true", dtype=np.uint8).reshape(2, 5)
 _POWERS = np.array([10 ** k for k in range(1, 20)], dtype=np.uint64)
 
 
+def render_rows(cols: Columns, order: list[str], lo: int, hi: int) -> bytes | bytearray:
+    """The JSON lines of rows ``lo .. hi-1`` of ``cols``, whose fields are in ``order`` (the
+    records' own): from the columns where they can be written exactly that way, else record
+    by record from the columns' values. For columns of a whole file rendered a window at a
+    time (a gvfs tree cannot resume mid-file)."""
+    data = cols.data
+    if hi - lo >= COLUMNS_MIN_ROWS and set(data) == set(order):
+        rendered = _render(data, order, lo, hi)
+        if rendered is not None:
+            return rendered[0]
+    values = [_row_values(data[name], lo, hi) for name in order]
+    return b"".join(json_line(dict(zip(order, row))) for row in zip(*values))
+
+
+def _row_values(column, lo: int, hi: int) -> list:
+    """Rows ``lo .. hi-1`` of ``column`` as Python values."""
+    if isinstance(column, str):
+        return [column] * (hi - lo)
+    part = column[lo:hi]
+    return part.tolist() if hasattr(part, "tolist") else list(part)
+
+
 def render_columns(cols: Columns, order: list[str]) -> bytes | bytearray | None:
     """Every row of ``cols`` as :func:`json_line` writes it, the fields in ``order`` (the
     first record's); None when some column has no exact vectorised spelling (or the batch is
@@ -764,4 +786,5 @@ class _Base64(_Packed):
 
 
 __all__ = ["EMPTY", "JsonChunk", "columns_chunk", "has_columns", "json_chunk", "json_line",
-           "keep_freed_memory", "records_chunk", "render_columns", "render_columns_measured"]
+           "keep_freed_memory", "records_chunk", "render_columns", "render_columns_measured",
+           "render_rows"]

@@ -17,7 +17,7 @@ from typing import Iterable, Iterator, TextIO
 from ..formats import Codec, FormatError
 from ..formats.base import Record
 from ..journals import mapped, sniff_file
-from ..jsonlines import columns_chunk, has_columns, keep_freed_memory, records_chunk
+from ..jsonlines import columns_chunk, has_columns, keep_freed_memory, records_chunk, render_rows
 from ..pagecache import Releaser
 from .parsing import add_command
 from .progress import Progress
@@ -150,9 +150,13 @@ def json_chunks(codec: Codec, buf, path: str, progress: Progress | None = None
     codec's :class:`FormatError` after the chunks of the valid prefix.
 
     Codecs that decode columns are read in batches of about ``BATCH_SPAN`` bytes and rendered
-    by :func:`journalfs.jsonlines.columns_chunk`; the others stream :meth:`Codec.read` (a
-    gvfs tree cannot resume mid-file). Pages behind the reader are released."""
+    by :func:`journalfs.jsonlines.columns_chunk`; one that cannot resume mid-file (a gvfs
+    tree) is decoded as columns once and rendered a window of rows at a time; the others
+    stream :meth:`Codec.read`. Pages behind the reader are released."""
     progress = progress or Progress(0, "", enabled=False)
+    if not codec.resumable and has_columns(codec):
+        yield from _whole_file_chunks(codec, buf, path, progress)
+        return
     if not (codec.resumable and has_columns(codec)):
         with contextlib.closing(_released(codec.read(buf, path), buf, progress)) as records:
             while True:
@@ -182,6 +186,20 @@ def json_chunks(codec: Codec, buf, path: str, progress: Progress | None = None
         if cols.next_offset is None or (not cols.rows and cols.next_offset == start):
             return
         start, seq = cols.next_offset, cols.next_seq
+
+
+def _whole_file_chunks(codec: Codec, buf, path: str, progress: Progress) -> Iterator[bytes]:
+    """The ``--json`` chunks of a codec that decodes columns but cannot resume mid-file (a
+    gvfs tree): the whole file's columns at once, rendered MAX_ROWS rows at a time."""
+    cols = codec.read_columns(buf, path)
+    Releaser(buf).passed(len(buf))  # the columns hold what they need: drop the mapping's pages
+    order = list(cols.data)  # a record's fields: the columns are in their order
+    for lo in range(0, cols.rows, MAX_ROWS):
+        hi = min(cols.rows, lo + MAX_ROWS)
+        yield render_rows(cols, order, lo, hi)
+        progress.update(int(cols.data["offset"][hi - 1]), hi)
+    if cols.error is not None:
+        raise cols.error
 
 
 def _next_rows(rows: int, span: int) -> int:

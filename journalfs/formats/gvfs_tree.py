@@ -427,12 +427,27 @@ class TreeView:
         parents (which could multiply the walk) are bounded by visits -- a tree holds at most
         size/16 dirents -- and by the path text produced."""
         looping = self.find_loop()
-        budget = self.size // DIRENT_SIZE + 1
-        text_budget = PATH_TEXT_FACTOR * self.size + (1 << 20)
-        level = [("/", self.root)]
+        yield from self.walk_levels([("/", self.root)], looping, self.node_budget(),
+                                    self.text_budget())
+
+    def node_budget(self) -> int:
+        """Nodes a walk may visit: a tree holds at most size/16 dirents."""
+        return self.size // DIRENT_SIZE + 1
+
+    def text_budget(self) -> int:
+        """Characters of path text a walk may produce."""
+        return PATH_TEXT_FACTOR * self.size + (1 << 20)
+
+    def walk_levels(self, level: list[tuple[str, int]], looping: tuple[int, int] | None,
+                    budget: int, text_budget: int, found: Sequence[tuple[str, int]] = ()
+                    ) -> Iterator[tuple[str, int]]:
+        """:meth:`walk` from nodes ``level`` of a breadth-first level on, with what is left
+        of its budgets, :meth:`find_loop`'s answer and ``found``, the next level's nodes
+        that nodes of that level before ``level`` have: where a column decoder hands over to
+        the exact walk."""
         loop_at = None
         while level:
-            nxt = []
+            nxt, found = list(found), ()
             for path, off in level:
                 budget -= 1
                 text_budget -= len(path)
@@ -1143,8 +1158,18 @@ class GvfsTree(Codec):
 
     def read(self, buf, source, start=None, seq=0, stop=None) -> Iterator[Record]:
         tree = TreeView(buf, source)
-        seq = 0
-        for path, off in tree.walk():
+        yield from self._records(tree, tree.walk(), 0)
+
+    def read_columns(self, buf, source, start=None, seq=0, stop=None, limit=None):
+        """A level of the tree at a time with numpy (see :mod:`.tree_columns`): exactly the
+        generic default's columns, rows and damage."""
+        from .tree_columns import read_columns  # it builds on this module
+        return read_columns(self, buf, source, seq, limit)
+
+    def _records(self, tree: TreeView, walk: Iterator[tuple[str, int]], seq: int
+                 ) -> Iterator[Record]:
+        """The records of the nodes ``walk`` visits that carry metadata, numbered from ``seq``."""
+        for path, off in walk:
             if not tree.has_metadata(off):
                 continue
             yield {"format": self.name, "seq": seq, "offset": off, "kind": "node", "path": path,
@@ -1164,10 +1189,6 @@ class GvfsTree(Codec):
         return tree_bytes(merged, tag)
 
     def validate(self, buf, source, **context) -> list[Finding]:
-        try:
-            for _ in self.read(buf, source):
-                pass
-        except FormatError as exc:
-            return [Finding(exc.offset, exc.reason)]
-        return []
+        error = self.read_columns(buf, source).error  # read()'s damage, without its dicts
+        return [Finding(error.offset, error.reason)] if error is not None else []
 

@@ -1,0 +1,728 @@
+"""Column decoding of gvfs metadata trees: :meth:`GvfsTree.read_columns` without a Python
+step per node.
+
+The tree is walked breadth-first a whole level at a time with numpy: the level's dirents are
+gathered as big-endian words, their metadata and children blocks checked and gathered at
+once, and every string of the level (the children's names, the metadata values) is ended by
+looking for its NUL eight bytes at a time. Each check is the one :class:`TreeView` makes
+(offsets inside the file and aligned, counts that fit). On top, the walk insists on a plain
+tree: no non-empty children block reached twice (then there is no loop and no sharing, so
+:meth:`TreeView.find_loop` has nothing to report and the budgets hold), keys strictly
+increasing inside a metadata block (no duplicate key, whose dict order only ``read()``
+knows), times that fit 64 bits. Where anything does not hold, ``read()``'s own walk takes
+over at the first node of that chunk of nodes, with the paths and budgets it would have
+there, keeping the rows of the nodes before it -- after its loop check, which may name
+damage before any record (skipped when a numpy pass over the children blocks alone finds
+them plain) -- so rows, damage and its offset are always ``read()``'s.
+
+Texts are kept as spans of a copy of the file's bytes (the caller's buffer may be an mmap it
+closes) and made into ``str`` -- or straight into their JSON spelling, for ``records
+--json`` -- only when a column is read.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .base import Codec, Columns, FormatError
+from .gvfs_tree import DIRENT_SIZE, LIST_FLAG, TreeView
+from .spans import paused_gc
+
+#: 8-byte words looked at per string by numpy before the rest are found by bytes.find.
+NUL_STEPS = 4
+#: A level with fewer nodes than this, past NARROW_LEVELS levels, means a deep narrow tree:
+#: numpy's cost per level would exceed read()'s per node, so read() decodes it.
+NARROW_NODES, NARROW_LEVELS = 16, 256
+#: Nodes checked and gathered per numpy step: bounds the step's temporaries.
+CHUNK_NODES = 1 << 15
+
+_ONES = np.uint64(0x0101010101010101)
+_HIGHS = np.uint64(0x8080808080808080)
+_ONE = np.uint64(1)
+
+
+class _Unplain(Exception):
+    """The tree is not the plain case the vectorised walk decodes: read() decodes it."""
+
+
+def string_ends(data: bytes, starts: np.ndarray) -> np.ndarray:
+    """The NUL ending the string at each of ``starts`` (every one inside ``data``), -1
+    where the file ends first. Eight bytes per string and step as one 64-bit word: the
+    lowest byte flagged by ``(w - 0x01..) & ~w & 0x80..`` is the first NUL (borrows only
+    flag bytes above a real NUL)."""
+    size = len(data)
+    ends = np.full(len(starts), -1, np.int64)
+    which = np.arange(len(starts))
+    pos = starts.astype(np.int64)
+    if size >= 8 and len(pos):
+        words = np.ndarray((size - 7,), dtype="<u8", buffer=data, strides=(1,))
+        late_which, late_pos = [], []
+        for _ in range(NUL_STEPS):
+            near_end = pos > size - 8
+            if near_end.any():  # no whole word left: bytes.find below
+                late_which.append(which[near_end])
+                late_pos.append(pos[near_end])
+                which, pos = which[~near_end], pos[~near_end]
+            word = words[pos]
+            flags = (word - _ONES) & ~word & _HIGHS
+            hit = flags != 0
+            found = flags[hit]
+            lowest = found & (~found + _ONE)  # 2 ** (8k + 7) for the first NUL at byte k
+            ends[which[hit]] = pos[hit] + ((np.log2(lowest.astype(np.float64)).astype(np.int64)
+                                            - 7) >> 3)
+            which, pos = which[~hit], pos[~hit] + 8
+            if not len(which):
+                break
+        which = np.concatenate([which] + late_which)
+        pos = np.concatenate([pos] + late_pos)
+    # the rest one by one in file order: the NUL found for one string also ends every later
+    # one that starts before it (hostile offsets into one long run cost one scan, not many)
+    find, nul = data.find, None
+    order = np.argsort(pos, kind="stable")
+    for i, p in zip(which[order].tolist(), pos[order].tolist()):
+        if nul is None or -1 < nul < p:
+            nul = find(b"\0", p)
+        ends[i] = nul
+    return ends
+
+
+def _ranges(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For groups of ``counts`` items: (group of each item, its index in its group)."""
+    if len(counts) and (counts == 1).all():
+        n = len(counts)
+        return np.arange(n), np.zeros(n, np.int64)
+    group = np.repeat(np.arange(len(counts)), counts)
+    starts = np.cumsum(counts) - counts
+    return group, np.arange(len(group)) - starts[group]
+
+
+class _Walk:
+    """The vectorised breadth-first walk (see the module's notes); :meth:`run` fills the
+    arrays :class:`_NodeTexts` makes the columns from, or raises :class:`_Unplain`."""
+
+    def __init__(self, tree, data: bytes):
+        self.tree, self.data = tree, data
+        self.size = size = len(data)
+        self.words = np.frombuffer(data, dtype=">u4", count=size // 4)
+        self.keyword_count = len(tree.keywords)
+        # per row (node with metadata), in walk order
+        self.row_off, self.row_time, self.row_dir, self.row_name = [], [], [], []
+        self.row_pairs = []
+        # per metadata pair: keyword id, list?, value span (scalars) / item count (lists)
+        self.pair_kid, self.pair_list, self.pair_span, self.pair_items = [], [], [], []
+        self.item_span = []  # per list item: its span
+        # per directory (node with a non-empty children block): parent directory, name span
+        self.dir_parent, self.dir_name = [], []
+        self.dirs = 0
+
+    def run(self) -> None:
+        tree, size = self.tree, self.size
+        self.history: list[list] = []  # every level's pieces: where a hand-over starts from
+        self._mark_level(0)
+        if not -(1 << 62) < tree.time_base < 1 << 62:
+            raise _Unplain("times do not fit 64 bits")
+        self.pairs = self.items = 0
+        self.dirent_budget = size // 16 + 1           # find_loop's bound on dirents
+        self.blocks_seen: set[int] = set()
+        node_budget, text_budget = tree.node_budget(), tree.text_budget()
+        nodes = text = levels = 0
+        # a level: pieces of (dirent offsets, parent directory, name span, path length);
+        # the root has no parent (-1), its name is not part of paths, its path is "/"
+        level = [(np.array([tree.root], np.int64), np.array([-1], np.int64),
+                  np.zeros((1, 2), np.int64), np.array([1], np.int64))]
+        while level:
+            self.history.append(level)
+            self._mark_level(nodes)
+            levels += 1
+            width = sum(len(piece[0]) for piece in level)
+            if levels > NARROW_LEVELS and width < NARROW_NODES:
+                raise _Unplain("deep and narrow")
+            nodes += width
+            text += sum(int(piece[3].sum()) for piece in level)  # bytes: at least the characters
+            if nodes > node_budget or text > text_budget:
+                raise _Unplain("budgets")
+            nxt = []
+            done = nodes - width
+            for at, piece in enumerate(level):  # in chunks: small numpy temporaries
+                for lo in range(0, len(piece[0]), CHUNK_NODES):
+                    self._mark_level(done, (at, lo, nxt))
+                    chunk = [part[lo:lo + CHUNK_NODES] for part in piece]
+                    children = self._nodes(*chunk)
+                    done += len(chunk[0])
+                    if children is not None:
+                        nxt.append(children)
+            level = nxt
+
+    def plain_structure(self) -> bool:
+        """True when :meth:`TreeView.find_loop` has nothing to report (no damage, no loop):
+        every children block reachable from the root passes its checks, none is reached
+        twice, and together they hold no more dirents than the file can. Breadth-first over
+        the children blocks alone, with numpy; False also for a deep narrow tree (then
+        find_loop itself answers)."""
+        size, words = self.size, self.words
+        seen: set[int] = set()
+        dirents = size // 16 + 1
+        level = [np.array([self.tree.root], np.int64)]
+        levels = 0
+        while level:
+            levels += 1
+            if levels > NARROW_LEVELS and sum(map(len, level)) < NARROW_NODES:
+                return False
+            nxt = []
+            for piece in level:
+                for lo in range(0, len(piece), CHUNK_NODES):
+                    kids = words[(piece[lo:lo + CHUNK_NODES] >> 2) + 1].astype(np.int64)
+                    blocks = kids[kids != 0]
+                    if ((blocks & 3) | (blocks + 4 > size)).any():
+                        return False
+                    n = words[blocks >> 2].astype(np.int64)
+                    if (n > (size - blocks - 4) >> 4).any():
+                        return False
+                    blocks, n = blocks[n > 0], n[n > 0]
+                    listed = blocks.tolist()
+                    if len(set(listed)) != len(listed) or not seen.isdisjoint(listed):
+                        return False
+                    seen.update(listed)
+                    dirents -= int(n.sum())
+                    if dirents < 0:
+                        return False
+                    if len(blocks):
+                        child_of, index = _ranges(n)
+                        nxt.append(blocks[child_of] + 4 + DIRENT_SIZE * index)
+            level = nxt
+        return True
+
+    _KEPT = ("row_off", "row_time", "row_dir", "row_name", "row_pairs", "pair_kid", "pair_list",
+             "pair_span", "pair_items", "item_span", "dir_parent", "dir_name")
+
+    def _mark_level(self, nodes: int, where: tuple | None = None) -> None:
+        """Remember where the nodes about to be walked (a level, or a chunk of one) start:
+        how many nodes come before them, how much of each kept list those filled, and
+        ``where``: (piece, its first node, the next level's pieces found before them) --
+        None at a level's start."""
+        self.level_start = (nodes, self.dirs, [len(getattr(self, name)) for name in self._KEPT],
+                            where)
+
+    def drop_level(self) -> int:
+        """Forget what the nodes the walk stopped in kept (their rows go to the exact walk);
+        return how many nodes come before them."""
+        nodes, self.dirs, lengths, _ = self.level_start
+        for name, length in zip(self._KEPT, lengths):
+            del getattr(self, name)[length:]
+        return nodes
+
+    def exact_state(self, texts: "_NodeTexts"):
+        """Where read()'s walk goes on from the nodes the walk stopped in (after
+        :meth:`drop_level`): (their level's nodes from the first of them on, the next
+        level's nodes found before them -- both as (path, dirent) --, the characters of
+        path text of every node before them); None before the first level."""
+        if not self.history:
+            return None
+        level = self.history[-1]
+        at, lo, found = self.level_start[3] or (0, 0, [])
+        before = [piece for earlier in self.history[:-1] for piece in earlier]
+        before += level[:at] + [tuple(part[:lo] for part in level[at])]
+        # each piece's paths joined by NULs: all but one NUL are not path text
+        chars = sum(len(texts.path_texts(piece[1], piece[2])) - len(piece[1]) + 1
+                    for piece in before if len(piece[1]))
+        rest = [tuple(part[lo:] for part in level[at])] + level[at + 1:]
+        return _placed_paths(texts, rest), _placed_paths(texts, found), chars
+
+    def _nodes(self, offs, parent_dir, names, path_len):
+        """Check and gather nodes ``offs`` of one level (in walk order): their rows, and the
+        next level's piece of their children (None: none)."""
+        size, words = self.size, self.words
+        at = offs >> 2
+        kids = words[at + 1].astype(np.int64)
+        meta = words[at + 2].astype(np.int64)
+        # -- metadata blocks: the rows ------------------------------------------------
+        has = np.flatnonzero(meta)
+        counts = np.zeros(len(offs), np.int64)
+        if len(has):
+            blocks = meta[has]
+            if ((blocks & 3) | (blocks + 4 > size)).any():
+                raise _Unplain("metadata block")
+            n = words[blocks >> 2].astype(np.int64)
+            if (n > (size - blocks - 4) >> 3).any():
+                raise _Unplain("metadata count")
+            counts[has] = n
+        rows = np.flatnonzero(counts)
+        starts = []  # every string of the level: values, list items, then names
+        if len(rows):
+            n = counts[rows]
+            self.pairs += int(n.sum())
+            if self.pairs > size >> 3:
+                raise _Unplain("shared metadata blocks")
+            row_of, index = _ranges(n)
+            pair_at = (meta[rows][row_of] >> 2) + 1 + 2 * index
+            key = words[pair_at].astype(np.int64)
+            value = words[pair_at + 1].astype(np.int64)
+            is_list = (key & LIST_FLAG) != 0
+            kid = key & ~LIST_FLAG
+            if (kid >= self.keyword_count).any():
+                raise _Unplain("keyword id")
+            if len(kid) > len(rows) and (np.diff(kid)[row_of[1:] == row_of[:-1]] <= 0).any():
+                raise _Unplain("keys out of order")
+            item_counts = np.zeros(len(kid), np.int64)
+            scalars = np.flatnonzero(~is_list)
+            lists = np.flatnonzero(is_list)
+            scalar_at = value[scalars]
+            if ((scalar_at <= 0) | (scalar_at >= size)).any():
+                raise _Unplain("value offset")
+            starts.append(scalar_at)
+            if len(lists):
+                tables = value[lists]
+                if ((tables & 3) | (tables + 4 > size)).any():
+                    raise _Unplain("list table")
+                m = words[tables >> 2].astype(np.int64)
+                if (m > (size - tables - 4) >> 2).any():
+                    raise _Unplain("list count")
+                self.items += int(m.sum())
+                if self.items > size >> 2:
+                    raise _Unplain("shared list tables")
+                item_counts[lists] = m
+                table_of, index = _ranges(m)
+                item_at = words[(tables[table_of] >> 2) + 1 + index].astype(np.int64)
+                if ((item_at <= 0) | (item_at >= size)).any():
+                    raise _Unplain("list item offset")
+                starts.append(item_at)
+            self.row_off.append(offs[rows])
+            self.row_time.append(words[at[rows] + 3].astype(np.int64))
+            # what the texts need is kept narrow: offsets fit 32 bits, counts and ids 31
+            self.row_dir.append(parent_dir[rows].astype(np.int32))
+            self.row_name.append(names[rows].astype(np.uint32))
+            self.row_pairs.append(n.astype(np.int32))
+            self.pair_kid.append(kid.astype(np.int32))
+            self.pair_list.append(is_list)
+            self.pair_items.append(item_counts.astype(np.int32))
+        # -- children blocks: the next level ------------------------------------------
+        has = np.flatnonzero(kids)
+        child_counts = np.zeros(len(offs), np.int64)
+        if len(has):
+            blocks = kids[has]
+            if ((blocks & 3) | (blocks + 4 > size)).any():
+                raise _Unplain("children block")
+            n = words[blocks >> 2].astype(np.int64)
+            if (n > (size - blocks - 4) >> 4).any():
+                raise _Unplain("child count")
+            child_counts[has] = n
+        parents = np.flatnonzero(child_counts)
+        if len(parents):
+            blocks = kids[parents]
+            listed = blocks.tolist()
+            if len(set(listed)) != len(listed) or not self.blocks_seen.isdisjoint(listed):
+                raise _Unplain("a children block reached twice")
+            self.blocks_seen.update(listed)
+            n = child_counts[parents]
+            self.dirent_budget -= int(n.sum())
+            if self.dirent_budget < 0:
+                raise _Unplain("overlapping children blocks")
+            child_of, index = _ranges(n)
+            children = blocks[child_of] + 4 + DIRENT_SIZE * index
+            name_at = words[children >> 2].astype(np.int64)
+            if ((name_at <= 0) | (name_at >= size)).any():
+                raise _Unplain("name offset")
+            starts.append(name_at)
+            dir_ids = np.arange(self.dirs, self.dirs + len(parents))
+            self.dirs += len(parents)
+            self.dir_parent.append(parent_dir[parents])
+            self.dir_name.append(names[parents].astype(np.uint32))
+        # -- every string of the level ended at once ----------------------------------
+        if starts:
+            at_all = np.concatenate(starts) if len(starts) > 1 else starts[0]
+            ends = string_ends(self.data, at_all)
+            if (ends < 0).any():
+                raise _Unplain("string runs past the end")
+            spans = np.stack([at_all, ends], axis=1)
+            cut = 0
+            if len(rows):
+                value_spans = np.zeros((len(kid), 2), np.uint32)  # lists: (0, 0), no text
+                value_spans[scalars] = spans[:len(scalars)]
+                cut = len(scalars)
+                self.pair_span.append(value_spans)
+                if len(lists):
+                    self.item_span.append(spans[cut:cut + len(item_at)].astype(np.uint32))
+                    cut += len(item_at)
+            if len(parents):
+                child_names = spans[cut:]
+                plen = np.where(parent_dir[parents] < 0, 0, path_len[parents])[child_of]
+                return (children, dir_ids[child_of], child_names,
+                        plen + 1 + (child_names[:, 1] - child_names[:, 0]))
+        return None
+
+    def columns(self, name: str) -> tuple[dict, int]:
+        """(the columns of every row, how many rows)."""
+        def joined(name, dtype=np.int64, shape=(0,)):
+            parts = getattr(self, name)
+            setattr(self, name, None)  # each chunk freed once joined: no second copy of all
+            return np.concatenate(parts) if parts else np.zeros(shape, dtype)
+
+        offsets = joined("row_off")
+        raw = joined("row_time")
+        rows = len(offsets)
+        mtimes = np.where(raw == 0, 0, raw + self.tree.time_base)
+        del raw
+        texts = _NodeTexts(
+            self.data, self.tree.keywords, joined("row_dir", np.int32),
+            joined("row_name", np.uint32, (0, 2)), joined("row_pairs", np.int32),
+            joined("pair_kid", np.int32), joined("pair_list", bool),
+            joined("pair_span", np.uint32, (0, 2)), joined("pair_items", np.int32),
+            joined("item_span", np.uint32, (0, 2)), joined("dir_parent"),
+            joined("dir_name", np.uint32, (0, 2)))
+        return {"format": [name] * rows, "seq": np.arange(rows, dtype=np.int64),
+                "offset": offsets, "kind": ["node"] * rows, "path": _PathColumn(texts),
+                "mtime": mtimes, "metadata": _MetadataColumn(texts)}, rows
+
+
+class _NodeTexts:
+    """The path and metadata texts of the rows, as spans of ``data``, made into Python
+    values (or JSON text) when first asked."""
+
+    def __init__(self, data: bytes, keywords: list[str], row_dir, row_name, row_pairs,
+                 pair_kid, pair_list, pair_span, pair_items, item_span, dir_parent, dir_name):
+        self.data, self.keywords = data, keywords
+        self.u8 = np.frombuffer(data, np.uint8)
+        self.rows = len(row_dir)
+        self.row_dir, self.row_name = row_dir, row_name
+        self.pair_bounds = np.zeros(self.rows + 1, np.int64)
+        np.cumsum(row_pairs, out=self.pair_bounds[1:])
+        self.pair_kid, self.pair_list, self.pair_span = pair_kid, pair_list, pair_span
+        self.item_bounds = np.zeros(len(pair_kid) + 1, np.int64)
+        np.cumsum(pair_items, out=self.item_bounds[1:])
+        self.item_span = item_span
+        self.dir_parent, self.dir_name = dir_parent, dir_name
+        self._prefixes: list[bytes] | None = None
+        self._paths: list[str] | None = None
+        self._metadata: list[dict] | None = None
+
+    def path_texts(self, parent_dir: np.ndarray, names: np.ndarray) -> str:
+        """The paths of nodes whose parents are directories ``parent_dir`` (-1: the root
+        itself) and names are at ``names``, decoded as read() does, NUL-separated."""
+        prefixes = self.prefixes()
+        paths = [b"/" if parent < 0 else prefixes[parent] + name
+                 for parent, name in zip(parent_dir.tolist(), self._cut(names))]
+        return b"\0".join(paths).decode("utf-8", "surrogateescape")
+
+    def _joined(self, spans: np.ndarray) -> bytes:
+        """The strings at ``spans`` (each ending at its NUL), each with its NUL, back to
+        back: one numpy gather, no Python step per string."""
+        starts = spans[:, 0].astype(np.int64)
+        lengths = spans[:, 1].astype(np.int64) - starts + 1
+        if not len(lengths):
+            return b""
+        placed = np.cumsum(lengths) - lengths
+        where = np.repeat(starts - placed, lengths) + np.arange(int(placed[-1] + lengths[-1]))
+        return self.u8[where].tobytes()
+
+    def _cut(self, spans: np.ndarray) -> list[bytes]:
+        data = self.data
+        return list(map(data.__getitem__, map(slice, spans[:, 0].tolist(), spans[:, 1].tolist())))
+
+    def prefixes(self) -> list[bytes]:
+        """Each directory's path and a "/": what its children's paths start with; "/"
+        alone where the path is "/" (the root, whose parent is -1, and directories whose
+        names are all empty: join_path's rule). Directories come after their parents."""
+        if self._prefixes is None:
+            prefixes: list[bytes] = []
+            append = prefixes.append
+            for parent, name in zip(self.dir_parent.tolist(), self._cut(self.dir_name)):
+                if parent < 0:
+                    append(b"/")
+                else:
+                    path = prefixes[parent] + name
+                    append(path + b"/" if path != b"/" else path)
+            self._prefixes = prefixes
+        return self._prefixes
+
+    def path_bytes(self, lo: int, hi: int) -> list[bytes]:
+        """The raw paths of rows ``lo .. hi-1``."""
+        prefixes = self.prefixes()
+        dirs = self.row_dir[lo:hi]
+        if len(dirs) and dirs[0] < 0:  # the root's row: "/"
+            return [b"/"] + self.path_bytes(lo + 1, hi)
+        names = self._joined(self.row_name[lo:hi]).split(b"\0")
+        return list(map(bytes.__add__, map(prefixes.__getitem__, dirs.tolist()), names))
+
+    def paths(self) -> list[str]:
+        if self._paths is None:
+            with paused_gc():
+                joined = b"\0".join(self.path_bytes(0, self.rows))
+                self._paths = joined.decode("utf-8", "surrogateescape").split("\0") \
+                    if self.rows else []
+        return self._paths
+
+    def _values(self, lo: int, hi: int) -> tuple[list[bytes], list[bytes]]:
+        """(scalar value of each pair of rows lo..hi-1, b"" for lists; every list item of
+        those pairs), raw bytes."""
+        a, b = int(self.pair_bounds[lo]), int(self.pair_bounds[hi])
+        spans = self.pair_span[a:b]  # lists: (0, 0), an empty text
+        items = self.item_span[int(self.item_bounds[a]):int(self.item_bounds[b])]
+        return self._cut(spans), self._cut(items)
+
+    def metadata(self) -> list[dict]:
+        if self._metadata is None:
+            with paused_gc():
+                self._metadata = self._dicts(0, self.rows)
+        return self._metadata
+
+    def _dicts(self, lo: int, hi: int) -> list[dict]:
+        values, items = self._values(lo, hi)
+        text = b"\0".join(values + items).decode("utf-8", "surrogateescape").split("\0")
+        a, b = int(self.pair_bounds[lo]), int(self.pair_bounds[hi])
+        pairs = b - a
+        keys = np.array(self.keywords, dtype=object)[self.pair_kid[a:b]].tolist() \
+            if self.keywords else []
+        listed = self.pair_list[a:b]
+        if listed.any():
+            bounds = (self.item_bounds[a:b + 1] - self.item_bounds[a] + pairs).tolist()
+            for p in np.flatnonzero(listed).tolist():
+                text[p] = text[bounds[p]:bounds[p + 1]]
+        counts = np.diff(self.pair_bounds[lo:hi + 1])
+        if (counts == 1).all():
+            return list(map(dict, zip(zip(keys, text))))
+        out, at = [], 0
+        for n in counts.tolist():
+            out.append(dict(zip(keys[at:at + n], text[at:at + n])))
+            at += n
+        return out
+
+    # -- JSON ---------------------------------------------------------------------------------
+    def path_spelling(self, lo: int, hi: int):
+        """Rows lo..hi-1's paths as JSON text without quotes (UTF-8), or None when one needs
+        escaping or is not UTF-8 (json_line's own spelling)."""
+        paths = self.path_bytes(lo, hi)
+        if not _plain_json(b"\0".join(paths)):
+            return None
+        return paths, True
+
+    def metadata_spelling(self, lo: int, hi: int):
+        """Rows lo..hi-1's metadata as json.dumps spells the dicts, or None (see above)."""
+        keys = self._key_texts()
+        if keys is None:
+            return None
+        a, b = int(self.pair_bounds[lo]), int(self.pair_bounds[hi])
+        if a == b:
+            return None
+        listed = self.pair_list[a:b]
+        scalars = np.flatnonzero(~listed)
+        values = self._joined(self.pair_span[a:b][scalars])
+        items = self._joined(self.item_span[int(self.item_bounds[a]):int(self.item_bounds[b])])
+        if not _plain_json(values + items):
+            return None
+        texts = (b'"' + values[:-1].replace(b"\0", b'"\0"') + b'"').split(b"\0") \
+            if values else []
+        if len(scalars) < b - a:
+            texts = self._with_lists(texts, scalars, listed, items, a, b)
+        # each pair's text after what comes before it: ", " inside a row, "{" at the first
+        # row's first key, "}{" at every other row's: the rows' texts are then slices of
+        # one joined text, each ending with the "}" that starts the next one's lead
+        lead = np.zeros(b - a, np.int64)
+        bounds = self.pair_bounds[lo:hi + 1] - a
+        lead[bounds[1:-1]] = 2
+        lead[0] = 1
+        heads = keys[3 * self.pair_kid[a:b].astype(np.int64) + lead].tolist()
+        pieces = list(map(bytes.__add__, heads, texts))
+        joined = b"".join(pieces) + b"}"
+        ends = np.zeros(b - a + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, pieces), np.int64, b - a), out=ends[1:])
+        firsts = ends[bounds[:-1]] + (np.arange(hi - lo) > 0)
+        return list(map(joined.__getitem__, map(slice, firsts.tolist(),
+                                                (ends[bounds[1:]] + 1).tolist()))), False
+
+    def _with_lists(self, texts: list[bytes], scalars, listed, items: bytes, a: int, b: int
+                    ) -> list[bytes]:
+        """Pairs ``a .. b-1``'s value texts: ``texts`` of the scalars, and each list as
+        json.dumps spells it, made from ``items`` (every item with its NUL) at once: the
+        NUL after a list's last item becomes \\x01, then NULs are the ", " inside lists and
+        \\x01s the cuts between them."""
+        counts = np.diff(self.item_bounds[a:b + 1])[listed]
+        full = counts > 0
+        spelt = np.empty(b - a, dtype=object)
+        spelt[scalars] = texts
+        lists = np.flatnonzero(listed)
+        spelt[lists[~full]] = b"[]"
+        if full.any():
+            marked = np.frombuffer(items, np.uint8).copy()
+            ends = np.flatnonzero(marked == 0)  # each item's NUL (texts hold no other)
+            marked[ends[np.cumsum(counts[full]) - 1]] = 1
+            joined = marked[:-1].tobytes()
+            spelt[lists[full]] = (b'["' + joined.replace(b"\0", b'", "')
+                                  .replace(b"\x01", b'"]\x01["') + b'"]').split(b"\x01")
+        return spelt.tolist()
+
+    def _key_texts(self):
+        """Per keyword id k: at 3k its JSON key after ", ", at 3k+1 after "{", at 3k+2
+        after "}{"; None when a keyword is not UTF-8 (json_line writes it as "b64:...")."""
+        if not hasattr(self, "_keys"):
+            import json
+            texts = []
+            try:
+                if len(set(self.keywords)) < len(self.keywords):
+                    raise UnicodeEncodeError("utf-8", "", 0, 1, "two ids, one key: one dict entry")
+                for key in self.keywords:
+                    spelt = json.dumps(key, ensure_ascii=False).encode("utf-8") + b": "
+                    texts += [b", " + spelt, b"{" + spelt, b"}{" + spelt]
+                self._keys = np.array(texts, dtype=object)
+            except UnicodeEncodeError:
+                self._keys = None
+        return self._keys
+
+
+def _plain_json(text: bytes) -> bool:
+    """True when ``text`` (strings joined by NULs) is UTF-8 and none of its strings needs a
+    JSON escape (control characters, quotes, backslashes): each is its own JSON text."""
+    if not text.isascii():
+        try:
+            text.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+    codes = np.frombuffer(text, np.uint8)
+    return not ((codes - np.uint8(1) < 0x1F).any() or b'"' in text or b"\\" in text)
+
+
+class _TextColumn(Sequence):
+    """A text column of the rows (a list once read)."""
+
+    def __init__(self, texts: _NodeTexts):
+        self._texts = texts
+
+    def __len__(self) -> int:
+        return self._texts.rows
+
+    def __getitem__(self, index):
+        return self._values()[index]
+
+    def __iter__(self):
+        return iter(self._values())
+
+    def __eq__(self, other):
+        return list(self) == list(other)
+
+    def tolist(self) -> list:
+        return list(self._values())
+
+
+class _PathColumn(_TextColumn):
+    def _values(self) -> list[str]:
+        return self._texts.paths()
+
+    def json_spelling(self, lo: int, hi: int):
+        return self._texts.path_spelling(lo, hi)
+
+
+class _MetadataColumn(_TextColumn):
+    def _values(self) -> list[dict]:
+        return self._texts.metadata()
+
+    def json_spelling(self, lo: int, hi: int):
+        return self._texts.metadata_spelling(lo, hi)
+
+
+def _placed_paths(texts: _NodeTexts, pieces: list) -> list[tuple[str, int]]:
+    """(path, dirent offset) of the nodes of level ``pieces``, in walk order."""
+    out: list[tuple[str, int]] = []
+    for offs, parent_dir, names, _ in pieces:
+        if len(offs):
+            out += zip(texts.path_texts(parent_dir, names).split("\0"), offs.tolist())
+    return out
+
+
+def read_columns(codec: Codec, buf, source: str, seq: int, limit: int | None) -> Columns:
+    """:meth:`GvfsTree.read_columns` (start and stop are ignored, as read() ignores them)."""
+    try:
+        tree = TreeView(buf, source)
+    except FormatError as exc:
+        return Columns({}, 0, None, seq, exc)
+    data = buf if isinstance(buf, bytes) else bytes(buf)
+    if data is not buf:
+        tree = TreeView(data, source)
+    walk = _Walk(tree, data)
+    try:
+        with paused_gc():
+            walk.run()
+    except _Unplain:
+        return _handed_over(codec, tree, walk, seq, limit)
+    walk.history = []  # no hand-over: the levels' pieces can go before the columns are joined
+    columns, rows = walk.columns(codec.name)
+    if not rows:  # as the generic default: no rows, no columns
+        return Columns({}, 0, None, seq, None)
+    next_offset = None
+    if limit is not None and rows > limit:
+        next_offset = int(columns["offset"][limit])
+        columns = {k: v[:limit] if not isinstance(v, _TextColumn) else _Window(v, limit)
+                   for k, v in columns.items()}
+        rows = limit
+    return Columns(columns if rows else {}, rows, next_offset, seq + rows, None)
+
+
+def _handed_over(codec, tree: TreeView, walk: _Walk, seq: int, limit: int | None) -> Columns:
+    """The columns when the vectorised walk stopped in some chunk of nodes: read()'s loop
+    check first (its damage comes before any record, a loop may end the walk early: then
+    read() decodes the whole tree), the rows of the nodes before that chunk as the
+    vectorised walk found them, then read()'s own walk from that chunk on. The same
+    columns as the generic default: a list per field, rows up to ``limit`` (the one after
+    it names the resume point), the damage."""
+    try:
+        looping = None if walk.plain_structure() else tree.find_loop()
+    except FormatError as exc:
+        return Columns({}, 0, None, seq, exc)
+    if looping is not None:
+        return Codec.read_columns(codec, tree.buf, tree.source, None, seq, None, limit)
+    skip = walk.drop_level()
+    columns, rows = walk.columns(codec.name)
+    with paused_gc():
+        data = {name: (column.tolist() if hasattr(column, "tolist") else list(column))
+                for name, column in columns.items()}
+        # read()'s walk from the chunk handed over on, with the paths and budgets it would
+        # have there (the vectorised walk made the rows before it)
+        state = walk.exact_state(columns["path"]._texts)
+        if state is None:  # stopped before the first level: read()'s walk from the root
+            nodes = tree.walk_levels([("/", tree.root)], None, tree.node_budget(),
+                                     tree.text_budget())
+        else:
+            level, found, chars = state
+            nodes = tree.walk_levels(level, None, tree.node_budget() - skip,
+                                     tree.text_budget() - chars, found)
+        error = next_offset = None
+        try:
+            records = codec._records(tree, nodes, rows)
+            if limit is not None and rows > limit:  # the vectorised rows alone pass it
+                records = iter(())
+            for rec in records:
+                if rows == limit:
+                    next_offset = rec["offset"]
+                    break
+                for name, value in rec.items():
+                    data[name].append(value)
+                rows += 1
+        except FormatError as exc:
+            error = exc
+        finally:
+            nodes.close()
+    if limit is not None and rows > limit:
+        next_offset = data["offset"][limit]
+        data = {name: values[:limit] for name, values in data.items()}
+        rows = limit
+        error = None
+    return Columns(data if rows else {}, rows, next_offset, seq + rows, error)
+
+
+class _Window(Sequence):
+    """The first ``rows`` rows of a text column (a limit smaller than the tree)."""
+
+    def __init__(self, column: _TextColumn, rows: int):
+        self._column, self._rows = column, rows
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def __getitem__(self, index):
+        return self.tolist()[index]
+
+    def tolist(self) -> list:
+        return self._column.tolist()[:self._rows]
+
+    def json_spelling(self, lo: int, hi: int):
+        return self._column.json_spelling(lo, hi)
+
