@@ -87,6 +87,19 @@ def string_ends(data: bytes, starts: np.ndarray) -> np.ndarray:
     return ends
 
 
+def _block_counts(words: np.ndarray, blocks: np.ndarray, size: int, item_bytes: int,
+                  what: str) -> np.ndarray:
+    """The count word at the start of each block (children blocks, metadata blocks, list
+    tables): each block aligned to 4 bytes and inside the file, each count of ``item_bytes``
+    items fitting in the rest of the file; else :class:`_Unplain` (``what`` failed)."""
+    if ((blocks & 3) | (blocks + 4 > size)).any():
+        raise _Unplain(what)
+    counts = words[blocks >> 2].astype(np.int64)
+    if (counts > (size - blocks - 4) // item_bytes).any():
+        raise _Unplain(f"{what}: count")
+    return counts
+
+
 def _ranges(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For groups of ``counts`` items: (group of each item, its index in its group)."""
     if len(counts) and (counts == 1).all():
@@ -174,10 +187,9 @@ class _Walk:
                 for lo in range(0, len(piece), CHUNK_NODES):
                     kids = words[(piece[lo:lo + CHUNK_NODES] >> 2) + 1].astype(np.int64)
                     blocks = kids[kids != 0]
-                    if ((blocks & 3) | (blocks + 4 > size)).any():
-                        return False
-                    n = words[blocks >> 2].astype(np.int64)
-                    if (n > (size - blocks - 4) >> 4).any():
+                    try:
+                        n = _block_counts(words, blocks, size, DIRENT_SIZE, "children block")
+                    except _Unplain:
                         return False
                     blocks, n = blocks[n > 0], n[n > 0]
                     listed = blocks.tolist()
@@ -240,13 +252,7 @@ class _Walk:
         has = np.flatnonzero(meta)
         counts = np.zeros(len(offs), np.int64)
         if len(has):
-            blocks = meta[has]
-            if ((blocks & 3) | (blocks + 4 > size)).any():
-                raise _Unplain("metadata block")
-            n = words[blocks >> 2].astype(np.int64)
-            if (n > (size - blocks - 4) >> 3).any():
-                raise _Unplain("metadata count")
-            counts[has] = n
+            counts[has] = _block_counts(words, meta[has], size, 8, "metadata block")
         rows = np.flatnonzero(counts)
         starts = []  # every string of the level: values, list items, then names
         if len(rows):
@@ -273,11 +279,7 @@ class _Walk:
             starts.append(scalar_at)
             if len(lists):
                 tables = value[lists]
-                if ((tables & 3) | (tables + 4 > size)).any():
-                    raise _Unplain("list table")
-                m = words[tables >> 2].astype(np.int64)
-                if (m > (size - tables - 4) >> 2).any():
-                    raise _Unplain("list count")
+                m = _block_counts(words, tables, size, 4, "list table")
                 self.items += int(m.sum())
                 if self.items > size >> 2:
                     raise _Unplain("shared list tables")
@@ -300,13 +302,8 @@ class _Walk:
         has = np.flatnonzero(kids)
         child_counts = np.zeros(len(offs), np.int64)
         if len(has):
-            blocks = kids[has]
-            if ((blocks & 3) | (blocks + 4 > size)).any():
-                raise _Unplain("children block")
-            n = words[blocks >> 2].astype(np.int64)
-            if (n > (size - blocks - 4) >> 4).any():
-                raise _Unplain("child count")
-            child_counts[has] = n
+            child_counts[has] = _block_counts(words, kids[has], size, DIRENT_SIZE,
+                                              "children block")
         parents = np.flatnonzero(child_counts)
         if len(parents):
             blocks = kids[parents]
