@@ -496,14 +496,15 @@ class _Piece:
         if len(setvs):
             # each span as a JSON list of its strings; a list's values are one span, after
             # its entry's head span
-            lists = (b'["' + spans.replace(b"\0", b'", "').replace(b"\x01", b'"]\x01["')
-                     + b'"]').split(b"\x01")
+            list_texts = (b'["' + spans.replace(b"\0", b'", "').replace(b"\x01", b'"]\x01["')
+                          + b'"]').split(b"\x01")
             listed = (ops == OP_SETV) & (counts > 0)
             slot = np.arange(take) + np.cumsum(listed) - listed
             for row in setvs[counts[setvs] == 0].tolist():
                 values[row] = b"[]"
             full = np.flatnonzero(listed)
-            for row, value in zip(full.tolist(), map(lists.__getitem__, (slot[full] + 1).tolist())):
+            texts_at = (slot[full] + 1).tolist()
+            for row, value in zip(full.tolist(), map(list_texts.__getitem__, texts_at)):
                 values[row] = value
             value_sizes[setvs] = [len(values[row]) for row in setvs.tolist()]
         key_at, source_at = head[keyed] + 1, head[copies] + 1
