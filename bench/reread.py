@@ -11,7 +11,10 @@ shows where the difference comes from:
 - the FUSE requests a re-read sends (``fuse_request_send`` tracepoint, bench/fuse.py's counter);
 - the page cache's 2 MiB folios (``FileHugePages`` in /proc/meminfo) while only SOURCE's pages
   are cached, and while only the mount's pages are (SOURCE's evicted with
-  ``POSIX_FADV_DONTNEED``).
+  ``POSIX_FADV_DONTNEED``);
+- what a FUSE filesystem in kernel passthrough mode reaches (bench/fuse_passthrough.c, built
+  here with gcc: it speaks /dev/fuse itself, since neither libfuse 3.14 nor pyfuse3 3.5 can
+  ask for passthrough): its reads go to SOURCE's own page cache.
 
 Prints a table and a JSON blob.
 """
@@ -56,6 +59,35 @@ def evict(path: Path) -> None:
         os.close(fd)
 
 
+def start_passthrough(src: Path, mnt: Path, work: Path) -> subprocess.Popen | None:
+    """bench/fuse_passthrough.c built and mounted on ``mnt`` (serving ``src``); None, with
+    the reason on stderr, where it cannot run (no gcc, a kernel without passthrough)."""
+    binary = work / "fuse_passthrough"
+    try:
+        subprocess.run(["gcc", "-Wall", "-O2", "-o", str(binary),
+                        str(REPO / "bench" / "fuse_passthrough.c")], check=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        print(f"reread: no FUSE passthrough row: {exc}", file=sys.stderr)
+        return None
+    mnt.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([str(binary), str(src), str(mnt)])
+    deadline = time.monotonic() + 10
+    while not os.path.ismount(mnt):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            print("reread: no FUSE passthrough row: it did not mount", file=sys.stderr)
+            return None
+        time.sleep(0.02)
+    try:
+        os.stat(mnt / "big.bin")
+    except OSError as exc:  # e.g. the kernel refused the backing file
+        print(f"reread: no FUSE passthrough row: {exc}", file=sys.stderr)
+        subprocess.run(["umount", str(mnt)], check=False)
+        proc.wait(timeout=30)
+        return None
+    return proc
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=256)
@@ -75,9 +107,12 @@ def main() -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     subprocess.run([sys.executable, "-m", "journalfs.cli", "mount", "--store", str(store),
                     str(src), str(mnt)], check=True, env=env)
+    passthrough = start_passthrough(src, work / "mnt-passthrough", work)
     try:
         files = {"SOURCE (ext4)": src / "big.bin", "journalfs": mnt / "big.bin",
                  "tmpfs": shm / "big.bin"}
+        if passthrough is not None:
+            files["FUSE passthrough"] = work / "mnt-passthrough" / "big.bin"
         drop_caches()
         for path in files.values():
             dd_gbs(path)  # fill every page cache
@@ -101,12 +136,17 @@ def main() -> None:
         mount_huge = file_huge_kib()
     finally:
         subprocess.run(["fusermount3", "-u", str(mnt)], check=False)
+        if passthrough is not None:
+            subprocess.run(["umount", str(work / "mnt-passthrough")], check=False)
+            passthrough.wait(timeout=30)
         shutil.rmtree(shm, ignore_errors=True)
     medians = {name: statistics.median(v) for name, v in rates.items()}
     result = {"benchmark": "reread", "mib": args.mib, "rounds": args.rounds,
               "gb_s": rates, "median_gb_s": medians,
               "journalfs_vs_source": medians["journalfs"] / medians["SOURCE (ext4)"],
               "journalfs_vs_tmpfs": medians["journalfs"] / medians["tmpfs"],
+              "passthrough_vs_source": (medians["FUSE passthrough"] / medians["SOURCE (ext4)"]
+                                        if "FUSE passthrough" in medians else None),
               "fuse_requests_per_reread": requests,
               "file_huge_kib_source_cached": source_huge,
               "file_huge_kib_mount_cached": mount_huge}
@@ -115,6 +155,8 @@ def main() -> None:
         print(f"{name:<16}{medians[name]:>12.2f}   {' '.join(f'{x:.1f}' for x in v)}")
     print(f"journalfs / SOURCE {result['journalfs_vs_source']:.2f}, journalfs / tmpfs "
           f"{result['journalfs_vs_tmpfs']:.2f}; FUSE requests per re-read: {requests}")
+    if result["passthrough_vs_source"] is not None:
+        print(f"FUSE passthrough / SOURCE {result['passthrough_vs_source']:.2f}")
     print(f"2 MiB folios in the page cache (FileHugePages): SOURCE's pages cached "
           f"{source_huge} KiB, only the mount's pages cached {mount_huge} KiB")
     print(json.dumps(result, indent=1))
