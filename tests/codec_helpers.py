@@ -63,6 +63,16 @@ def read_traced(codec: Codec, buf, source: str = "f"
     return records, error, cols, peak
 
 
+def columns_traced(codec: Codec, buf, source: str = "f") -> tuple[Columns, int]:
+    """``read_columns`` of ``buf`` alone under tracemalloc: (columns, peak bytes allocated)."""
+    tracemalloc.start()
+    try:
+        cols = codec.read_columns(buf, source)
+        return cols, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def columns_as_records(cols: Columns) -> list[dict]:
     """The rows of ``cols`` as record dicts (numpy values as Python ones, masked as None)."""
     values = {k: (v.tolist() if hasattr(v, "tolist") else list(v)) for k, v in cols.data.items()}

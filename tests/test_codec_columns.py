@@ -5,13 +5,12 @@ and on truncated, bit-flipped and lying ones; and the text-span helper."""
 from __future__ import annotations
 
 import struct
-import tracemalloc
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from codec_helpers import FAST, columns_as_records, flip_bits, read_all, same_error
+from codec_helpers import FAST, columns_as_records, columns_traced, flip_bits, read_all, same_error
 from journalfs.formats import CODECS, Codec
 from journalfs.formats.base import BuiltOnAccess
 from journalfs.formats.gvfs_journal import MAGIC as GVFS_MAGIC
@@ -289,12 +288,7 @@ HOSTILE = [
 @pytest.mark.parametrize("fmt, buf", HOSTILE)
 def test_lying_sizes_fail_fast_without_big_allocations(fmt, buf):
     codec = CODECS[fmt]
-    tracemalloc.start()
-    try:
-        cols = codec.read_columns(buf, "f")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    cols, peak = columns_traced(codec, buf)
     records, error = read_all(codec, buf)
     assert error is not None and same_error(cols.error, error)
     assert rows_are_records(columns_as_records(cols), records)

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import struct
-import tracemalloc
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from codec_helpers import FAST, columns_as_records, read_all, same_error
+from codec_helpers import FAST, columns_as_records, columns_traced, read_all, same_error
 from journalfs import jsonlines
 from journalfs.formats import CODECS, Codec, FormatError, tree_columns
 from journalfs.formats.gvfs_tree import DIRENT_SIZE, TreeView
@@ -244,12 +243,7 @@ HOSTILE = [_loop(30, 3, None), _loop(40, 2, 10), _shared(300), _overlap(), _unso
 
 @pytest.mark.parametrize("buf", HOSTILE, ids=range(len(HOSTILE)))
 def test_hostile_trees_decode_as_read_does_without_big_allocations(buf):
-    tracemalloc.start()
-    try:
-        cols = TREE.read_columns(buf, "f")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    cols, peak = columns_traced(TREE, buf)
     records, error = read_all(TREE, buf)
     assert same_error(cols.error, error) and columns_as_records(cols) == \
         columns_as_records(Codec.read_columns(TREE, buf, "f"))
