@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import os
 import shutil
@@ -341,3 +342,39 @@ def test_batches_adapt_to_record_size(tmp_path):
     assert sum(b.num_rows for b in batches) == 400
     assert len(batches) >= 3
     assert max(b.nbytes for b in batches) <= 2 * spark_read.BATCH_BYTES
+
+
+@pytest.mark.timeout(120)  # the old code never finished its second batch
+@pytest.mark.parametrize("damaged", [False, True])
+def test_a_tree_bigger_than_a_batch_is_read_once_in_order(tmp_path, damaged):
+    """A gvfs tree cannot resume mid-file: its rows come from its own stream of batches,
+    each once and in order (read from a resume offset, a tree used to start again at its
+    first row: the same rows over and over), then its damage."""
+    from journalfs.spark import read as spark_read
+    from journalfs.spark.plan import FileSlice
+    from journalfs.spark.schema import DAMAGE_KIND
+    tree = CODECS["gvfs-tree"]
+    buf = bytearray(tree.write([{"path": f"/home/d{i // 1000}/f{i}", "mtime": 1_700_000_000 + i,
+                                 "metadata": {"annotation": "x" * 40}} for i in range(60_000)]))
+    if damaged:  # the last node's value points past the end
+        last = max(r["offset"] for r in tree.read(bytes(buf), "t"))
+        meta = int.from_bytes(buf[last + 8:last + 12], "big")
+        buf[meta + 8:meta + 12] = (len(buf) + 9).to_bytes(4, "big")
+    path = tmp_path / "home"
+    path.write_bytes(bytes(buf))
+    records = []
+    try:
+        records.extend(tree.read(bytes(buf), str(path)))
+    except FormatError as exc:
+        error = exc
+    else:
+        error = None
+    batches = list(itertools.islice(  # bounded: a tree read again from its top never ends
+        spark_read.read_slice(FileSlice(str(path), "gvfs-tree"), True, None, 4096), 1000))
+    rows = [r for b in batches for r in b.to_pylist()]
+    damage = [r for r in rows if r["kind"] == DAMAGE_KIND]
+    rows = [r for r in rows if r["kind"] != DAMAGE_KIND]
+    assert [(r["seq"], r["offset"], r["key"]) for r in rows] == \
+        [(rec["seq"], rec["offset"], rec["path"]) for rec in records]
+    assert len(batches) > 1
+    assert [r["offset"] for r in damage] == ([] if error is None else [error.offset])

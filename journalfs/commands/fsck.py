@@ -248,6 +248,16 @@ def count_records(buf, path: str, codec: Codec, progress: Progress | None = None
             if cols.next_offset is None or (not cols.rows and cols.next_offset == start):
                 return count
             start, seq = cols.next_offset, cols.next_seq
+    if hasattr(codec, "column_batches"):  # a gvfs tree: it streams only in batches
+        pacer = PagePacer(buf)
+        with contextlib.closing(codec.column_batches(buf, path, COUNT_BATCH, pacer)) as batches:
+            for cols in batches:
+                count += cols.rows
+                if cols.rows and progress is not None:
+                    progress.update(base + int(cols.data["offset"][-1]), count, f"reading {name}")
+                if cols.error is not None:
+                    raise _Damage(count, cols.error)
+        return count
     records = codec.read(buf, path)
     try:
         for rec in records:

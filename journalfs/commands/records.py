@@ -15,10 +15,10 @@ import sys
 from typing import Iterable, Iterator, TextIO
 
 from ..formats import Codec, FormatError
-from ..formats.base import Record
+from ..formats.base import Columns, Record
 from ..journals import mapped, sniff_file
 from ..jsonlines import columns_chunk, has_columns, keep_freed_memory, records_chunk, render_rows
-from ..pagecache import Releaser
+from ..pagecache import PagePacer, Releaser
 from .parsing import add_command
 from .progress import Progress
 
@@ -80,7 +80,7 @@ def _print_records(args, codec: Codec) -> int:
                 for chunk in json_chunks(codec, buf, args.file, progress):
                     _write(out, chunk)
             else:
-                records = _released(codec.read(buf, args.file), buf, progress)
+                records = _record_stream(codec, buf, args.file, progress)
                 _write_batched(out, table_lines(records, codec.name, _terminal_width(out)))
         except FormatError as exc:
             out.flush()
@@ -105,6 +105,29 @@ def _write(out: TextIO, chunk: bytes) -> None:
     else:  # an in-memory text stream (tests)
         out.write(chunk.decode("utf-8"))
     out.flush()
+
+
+def _record_stream(codec: Codec, buf, path: str, progress: Progress) -> Iterator[Record]:
+    """:meth:`Codec.read`'s records of ``path``; a codec that streams only in batches of
+    columns (a gvfs tree, which cannot resume mid-file) is read through them."""
+    if not hasattr(codec, "column_batches"):
+        return _released(codec.read(buf, path), buf, progress)
+    return (rec for cols in _column_batches(codec, buf, path, progress)
+            for rec in cols.records())
+
+
+def _column_batches(codec: Codec, buf, path: str, progress: Progress) -> Iterator[Columns]:
+    """``codec.column_batches`` of ``path``, the mapping's pages dropped after each batch and
+    the bar moved; raises the damage after the batches of the valid rows."""
+    count = 0
+    with contextlib.closing(codec.column_batches(buf, path, MAX_ROWS, PagePacer(buf))) as batches:
+        for cols in batches:
+            if cols.rows:
+                yield cols
+                count += cols.rows
+                progress.update(int(cols.data["offset"][-1]), count)
+            if cols.error is not None:
+                raise cols.error
 
 
 def _released(records: Iterator[Record], buf, progress: Progress) -> Iterator[Record]:
@@ -151,11 +174,14 @@ def json_chunks(codec: Codec, buf, path: str, progress: Progress | None = None
 
     Codecs that decode columns are read in batches of about ``BATCH_SPAN`` bytes and rendered
     by :func:`journalfs.jsonlines.columns_chunk`; one that cannot resume mid-file (a gvfs
-    tree) is decoded as columns once and rendered a window of rows at a time; the others
+    tree) is rendered from its ``column_batches`` as they come; the others
     stream :meth:`Codec.read`. Pages behind the reader are released."""
     progress = progress or Progress(0, "", enabled=False)
-    if not codec.resumable and has_columns(codec):
-        yield from _whole_file_chunks(codec, buf, path, progress)
+    if hasattr(codec, "column_batches"):
+        for cols in _column_batches(codec, buf, path, progress):
+            order = list(cols.data)  # a record's fields: the columns are in their order
+            for lo in range(0, cols.rows, MAX_ROWS):
+                yield render_rows(cols, order, lo, min(cols.rows, lo + MAX_ROWS))
         return
     if not (codec.resumable and has_columns(codec)):
         with contextlib.closing(_released(codec.read(buf, path), buf, progress)) as records:
@@ -186,20 +212,6 @@ def json_chunks(codec: Codec, buf, path: str, progress: Progress | None = None
         if cols.next_offset is None or (not cols.rows and cols.next_offset == start):
             return
         start, seq = cols.next_offset, cols.next_seq
-
-
-def _whole_file_chunks(codec: Codec, buf, path: str, progress: Progress) -> Iterator[bytes]:
-    """The ``--json`` chunks of a codec that decodes columns but cannot resume mid-file (a
-    gvfs tree): the whole file's columns at once, rendered MAX_ROWS rows at a time."""
-    cols = codec.read_columns(buf, path)
-    Releaser(buf).passed(len(buf))  # the columns hold what they need: drop the mapping's pages
-    order = list(cols.data)  # a record's fields: the columns are in their order
-    for lo in range(0, cols.rows, MAX_ROWS):
-        hi = min(cols.rows, lo + MAX_ROWS)
-        yield render_rows(cols, order, lo, hi)
-        progress.update(int(cols.data["offset"][hi - 1]), hi)
-    if cols.error is not None:
-        raise cols.error
 
 
 def _next_rows(rows: int, span: int) -> int:

@@ -63,6 +63,13 @@ class Columns:
         if self.error is not None:
             self.error.detached()
 
+    def records(self) -> Iterator[Record]:
+        """The rows as the records :meth:`Codec.read` yields (fields in the columns' order)."""
+        names = list(self.data)
+        values = [c.tolist() if hasattr(c, "tolist") else list(c) for c in self.data.values()]
+        for row in zip(*values):
+            yield dict(zip(names, row))
+
 
 class BuiltOnAccess(Sequence):
     """A column whose values are built only when read: ``build(i)`` makes row ``i``'s value

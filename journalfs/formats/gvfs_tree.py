@@ -24,7 +24,7 @@ from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
 
-from .base import Codec, ColumnMap, Finding, FormatError, Record
+from .base import Codec, ColumnMap, Columns, Finding, FormatError, Record
 from .gvfs_journal import decode_str
 
 MAGIC = b"\xda\x1ameta"
@@ -34,6 +34,7 @@ LIST_FLAG = 0x80000000
 DIRENT_SIZE = 16
 MAX_RAW_TIME = 0xFFFFFFFF
 DIR_CACHE_NAMES = 1_500_000  # at most this many cached child names per tree view
+BATCH_ROWS = 16384          # rows per batch of column_batches
 MAX_REGION = 16 << 20       # bulk string reads of larger regions go one string at a time
 PATH_TEXT_FACTOR = 64       # a walk yields at most this many bytes of path text per byte of tree
 
@@ -1188,7 +1189,22 @@ class GvfsTree(Codec):
                 merged._note_time(node.mtime)
         return tree_bytes(merged, tag)
 
-    def validate(self, buf, source, **context) -> list[Finding]:
-        error = self.read_columns(buf, source).error  # read()'s damage, without its dicts
-        return [Finding(error.offset, error.reason)] if error is not None else []
+    def column_batches(self, buf, source, rows: int = BATCH_ROWS, pace=None
+                       ) -> Iterator[Columns]:
+        """:meth:`read_columns`' rows and damage in batches of about ``rows`` rows, in memory
+        bounded per batch (and per directory of two adjacent levels), whatever the tree's
+        size: a tree cannot resume mid-file, so this is how it streams. Each batch's texts
+        may be read from ``buf`` only while it stays open; ``pace`` is called between
+        batches (the pages read so far are not needed again)."""
+        from .tree_columns import column_batches  # it builds on this module
+        return column_batches(self, buf, source, rows, pace)
+
+    paces_validation = True  # validate() calls its ``pace`` keyword after each batch
+
+    def validate(self, buf, source, pace=None, **context) -> list[Finding]:
+        """read()'s damage, without its dicts, in bounded memory."""
+        for cols in self.column_batches(buf, source, pace=pace):
+            if cols.error is not None:
+                return [Finding(cols.error.offset, cols.error.reason)]
+        return []
 

@@ -15,13 +15,21 @@ there, keeping the rows of the nodes before it -- after its loop check, which ma
 damage before any record (skipped when a numpy pass over the children blocks alone finds
 them plain) -- so rows, damage and its offset are always ``read()``'s.
 
-Texts are kept as spans of a copy of the file's bytes (the caller's buffer may be an mmap it
-closes) and made into ``str`` -- or straight into their JSON spelling, for ``records
---json`` -- only when a column is read.
+A level is kept as the children blocks of the directories above it (block, count, directory,
+path length each), its nodes found a chunk at a time: memory per directory, not per node.
+
+Two ways out. :func:`read_columns` decodes the whole tree, its texts spans of a copy of the
+file's bytes (the caller's buffer may be an mmap it closes) made into ``str`` -- or straight
+into their JSON spelling, for ``records --json`` -- only when a column is read.
+:func:`column_batches` streams: after a check of the children blocks alone (in file order,
+so nothing is remembered per block), each batch of rows is given as it is walked, its texts
+spans of the caller's buffer, and the walk keeps only two levels' directories and their path
+prefixes. A tree cannot resume mid-file, so where that walk meets what it does not decode,
+:func:`read_columns` takes over and the rows after those given follow.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -36,6 +44,12 @@ NUL_STEPS = 4
 NARROW_NODES, NARROW_LEVELS = 16, 256
 #: Nodes checked and gathered per numpy step: bounds the step's temporaries.
 CHUNK_NODES = 1 << 15
+
+#: 64 KB windows of the file a paced step may reach (:func:`_paced_parts`): a fault on a
+#: mapped file maps the cached pages up to 64 KB around it, so nodes whose blocks lie far
+#: apart (a level of directories) would otherwise make one step hold the whole file.
+PACE_WINDOWS = 256
+_WINDOW_SHIFT = 16
 
 _ONES = np.uint64(0x0101010101010101)
 _HIGHS = np.uint64(0x8080808080808080)
@@ -100,6 +114,17 @@ def _block_counts(words: np.ndarray, blocks: np.ndarray, size: int, item_bytes: 
     return counts
 
 
+def _paced_parts(n: int, targets: np.ndarray) -> list[tuple[int, int]]:
+    """``n`` items in (lo, hi) parts of equal size, few enough that each part's ``targets``
+    (offsets the items lead to, in file order; 0: none) reach about PACE_WINDOWS windows."""
+    windows = len(np.unique(targets[targets != 0] >> _WINDOW_SHIFT))
+    parts = -(-windows // PACE_WINDOWS)
+    if parts <= 1:
+        return [(0, n)]
+    step = -(-n // parts)
+    return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+
+
 def _ranges(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For groups of ``counts`` items: (group of each item, its index in its group)."""
     if len(counts) and (counts == 1).all():
@@ -110,15 +135,80 @@ def _ranges(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return group, np.arange(len(group)) - starts[group]
 
 
+def _run_bounds(counts: np.ndarray) -> np.ndarray:
+    """Where each of runs of ``counts`` items starts among all of them, and their total."""
+    bounds = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=bounds[1:])
+    return bounds
+
+
+def _run_items(firsts: np.ndarray, bounds: np.ndarray, lo: int, hi: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Items ``lo .. hi-1`` of runs of consecutive dirents (run r: from ``firsts[r]``, items
+    ``bounds[r] .. bounds[r+1]-1``, see :func:`_run_bounds`): (each item's dirent, its run)."""
+    idx = np.arange(lo, hi, dtype=np.int64)
+    run = np.searchsorted(bounds, idx, side="right") - 1
+    return firsts[run] + DIRENT_SIZE * (idx - bounds[run]), run
+
+
+def _each_paced(parts: list[tuple[int, int]], pace) -> Iterator[tuple[int, int]]:
+    """``parts``, calling ``pace`` between them when there are several."""
+    for i, part in enumerate(parts):
+        if i and pace is not None:
+            pace()
+        yield part
+
+
+class _Nodes:
+    """A level's nodes given one by one (the root's level): dirent, parent directory (-1: none),
+    name span and path length (bytes, an upper bound) of each."""
+
+    def __init__(self, offs, parent_dir, names, path_len):
+        self.parts = (offs, parent_dir, names, path_len)
+
+    def __len__(self) -> int:
+        return len(self.parts[0])
+
+    def nodes(self, walk: "_Walk", lo: int, hi: int) -> tuple:
+        return tuple(part[lo:hi] for part in self.parts)
+
+
+class _Children:
+    """A level's nodes as the non-empty children blocks of some directories of the level
+    above (consecutive ids from ``first_dir``): per directory its block, where its children
+    start among the level's, and its path length. A node's dirent, name and path length are
+    found when its chunk is walked, so a level costs 24 bytes per directory, not per node."""
+
+    def __init__(self, blocks, counts, first_dir: int, plens):
+        self.firsts, self.first_dir, self.plens = blocks + 4, first_dir, plens
+        self.bounds = _run_bounds(counts)
+
+    def __len__(self) -> int:
+        return int(self.bounds[-1])
+
+    def dirents(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        return _run_items(self.firsts, self.bounds, lo, min(hi, len(self)))
+
+    def nodes(self, walk: "_Walk", lo: int, hi: int) -> tuple:
+        offs, parent = self.dirents(lo, hi)
+        name_at = walk.words[offs >> 2].astype(np.int64)
+        ends = string_ends(walk.data, name_at)  # each found when the parent was walked
+        return (offs, self.first_dir + parent, np.stack([name_at, ends], axis=1),
+                self.plens[parent] + 1 + (ends - name_at))
+
+
 class _Walk:
     """The vectorised breadth-first walk (see the module's notes); :meth:`run` fills the
     arrays :class:`_NodeTexts` makes the columns from, or raises :class:`_Unplain`."""
 
-    def __init__(self, tree, data: bytes):
+    def __init__(self, tree, data, plain: bool = False):
         self.tree, self.data = tree, data
         self.size = size = len(data)
         self.words = np.frombuffer(data, dtype=">u4", count=size // 4)
+        self.last_nul = data.rfind(b"\0")  # a string starting after it runs past the end
         self.keyword_count = len(tree.keywords)
+        # True once :meth:`plain_structure` said so: no block can be reached twice
+        self.plain = plain
         # per row (node with metadata), in walk order
         self.row_off, self.row_time, self.row_dir, self.row_name = [], [], [], []
         self.row_pairs = []
@@ -128,10 +218,18 @@ class _Walk:
         # per directory (node with a non-empty children block): parent directory, name span
         self.dir_parent, self.dir_name = [], []
         self.dirs = 0
+        self.history: list[list] = []  # every level's pieces: where a hand-over starts from
+        self.pace = None  # called while a wide level is checked (see :meth:`batches`)
 
     def run(self) -> None:
+        """The whole walk; every row kept."""
+        for _ in self.steps():
+            pass
+
+    def steps(self, keep_history: bool = True) -> Iterator[bool]:
+        """Walk the tree a chunk of nodes at a time, yielding after each chunk: True when the
+        chunk ended a level. ``keep_history``: remember every level (for a hand-over)."""
         tree, size = self.tree, self.size
-        self.history: list[list] = []  # every level's pieces: where a hand-over starts from
         self._mark_level(0)
         if not -(1 << 62) < tree.time_base < 1 << 62:
             raise _Unplain("times do not fit 64 bits")
@@ -140,68 +238,94 @@ class _Walk:
         self.blocks_seen: set[int] = set()
         node_budget, text_budget = tree.node_budget(), tree.text_budget()
         nodes = text = levels = 0
-        # a level: pieces of (dirent offsets, parent directory, name span, path length);
         # the root has no parent (-1), its name is not part of paths, its path is "/"
-        level = [(np.array([tree.root], np.int64), np.array([-1], np.int64),
-                  np.zeros((1, 2), np.int64), np.array([1], np.int64))]
+        level = [_Nodes(np.array([tree.root], np.int64), np.array([-1], np.int64),
+                        np.zeros((1, 2), np.int64), np.array([1], np.int64))]
         while level:
-            self.history.append(level)
+            if keep_history:
+                self.history.append(level)
             self._mark_level(nodes)
             levels += 1
-            width = sum(len(piece[0]) for piece in level)
-            if levels > NARROW_LEVELS and width < NARROW_NODES:
+            if levels > NARROW_LEVELS and sum(map(len, level)) < NARROW_NODES:
                 raise _Unplain("deep and narrow")
-            nodes += width
-            text += sum(int(piece[3].sum()) for piece in level)  # bytes: at least the characters
-            if nodes > node_budget or text > text_budget:
-                raise _Unplain("budgets")
-            nxt = []
-            done = nodes - width
+            nxt: list[_Children] = []
             for at, piece in enumerate(level):  # in chunks: small numpy temporaries
-                for lo in range(0, len(piece[0]), CHUNK_NODES):
-                    self._mark_level(done, (at, lo, nxt))
-                    chunk = [part[lo:lo + CHUNK_NODES] for part in piece]
-                    children = self._nodes(*chunk)
-                    done += len(chunk[0])
-                    if children is not None:
-                        nxt.append(children)
+                for lo in range(0, len(piece), CHUNK_NODES):
+                    self._mark_level(nodes, (at, lo, nxt))
+                    chunk = piece.nodes(self, lo, lo + CHUNK_NODES)
+                    nodes += len(chunk[0])
+                    text += int(chunk[3].sum())  # bytes: at least the characters
+                    if nodes > node_budget or text > text_budget:
+                        raise _Unplain("budgets")
+                    parts = [(0, len(chunk[0]))]
+                    if self.pace is not None:  # nodes far apart: in parts, paced
+                        at = chunk[0] >> 2
+                        parts = _paced_parts(len(at), np.concatenate([self.words[at + 1],
+                                                                      self.words[at + 2]]))
+                    for a, b in _each_paced(parts, self.pace):
+                        children = self._nodes(*(part[a:b] for part in chunk))
+                        if children is not None:
+                            nxt.append(children)
+                    yield False
+            yield True
             level = nxt
 
-    def plain_structure(self) -> bool:
+    def plain_structure(self, pace=None) -> bool:
         """True when :meth:`TreeView.find_loop` has nothing to report (no damage, no loop):
         every children block reachable from the root passes its checks, none is reached
         twice, and together they hold no more dirents than the file can. Breadth-first over
         the children blocks alone, with numpy; False also for a deep narrow tree (then
-        find_loop itself answers)."""
+        find_loop itself answers). Blocks met in file order, each after the one before
+        (as writers lay them out), cannot be met twice: then nothing is remembered per
+        block; else a second pass remembers every block."""
+        return (self._plain_structure(True, pace)
+                or self._plain_structure(False, pace))
+
+    def _plain_structure(self, ordered: bool, pace) -> bool:
         size, words = self.size, self.words
         seen: set[int] = set()
+        last_end = 0  # ordered: where the last block met ends
         dirents = size // 16 + 1
-        level = [np.array([self.tree.root], np.int64)]
+        # a level: runs of consecutive dirents (first dirent, count)
+        level = [(np.array([self.tree.root], np.int64), np.array([1], np.int64))]
         levels = 0
         while level:
             levels += 1
-            if levels > NARROW_LEVELS and sum(map(len, level)) < NARROW_NODES:
+            if levels > NARROW_LEVELS and sum(int(n.sum()) for _, n in level) < NARROW_NODES:
                 return False
             nxt = []
-            for piece in level:
-                for lo in range(0, len(piece), CHUNK_NODES):
-                    kids = words[(piece[lo:lo + CHUNK_NODES] >> 2) + 1].astype(np.int64)
+            for firsts, counts in level:
+                bounds = _run_bounds(counts)
+                for lo in range(0, int(bounds[-1]), CHUNK_NODES):
+                    offs, _ = _run_items(firsts, bounds, lo, min(int(bounds[-1]), lo + CHUNK_NODES))
+                    if pace is not None and not lo % (8 * CHUNK_NODES):
+                        pace()  # the dirents read so far are not needed again
+                    kids = words[(offs >> 2) + 1].astype(np.int64)
                     blocks = kids[kids != 0]
+                    parts = _paced_parts(len(blocks), blocks) if pace else [(0, len(blocks))]
                     try:
-                        n = _block_counts(words, blocks, size, DIRENT_SIZE, "children block")
+                        n = np.concatenate([np.zeros(0, np.int64)] + [
+                            _block_counts(words, blocks[a:b], size, DIRENT_SIZE,
+                                          "children block") for a, b in _each_paced(parts, pace)])
                     except _Unplain:
                         return False
                     blocks, n = blocks[n > 0], n[n > 0]
-                    listed = blocks.tolist()
-                    if len(set(listed)) != len(listed) or not seen.isdisjoint(listed):
-                        return False
-                    seen.update(listed)
+                    if not len(blocks):
+                        continue
+                    if ordered:
+                        ends = blocks + 4 + DIRENT_SIZE * n
+                        if blocks[0] < last_end or (blocks[1:] < ends[:-1]).any():
+                            return False
+                        last_end = int(ends[-1])
+                    else:
+                        listed = blocks.tolist()
+                        if len(set(listed)) != len(listed) or not seen.isdisjoint(listed):
+                            return False
+                        seen.update(listed)
                     dirents -= int(n.sum())
                     if dirents < 0:
                         return False
-                    if len(blocks):
-                        child_of, index = _ranges(n)
-                        nxt.append(blocks[child_of] + 4 + DIRENT_SIZE * index)
+                    nxt.append((blocks + 4, n))
             level = nxt
         return True
 
@@ -233,13 +357,19 @@ class _Walk:
             return None
         level = self.history[-1]
         at, lo, found = self.level_start[3] or (0, 0, [])
-        before = [piece for earlier in self.history[:-1] for piece in earlier]
-        before += level[:at] + [tuple(part[:lo] for part in level[at])]
+
+        def expanded(pieces, first=0):
+            return [piece.nodes(self, first if i == 0 else 0, len(piece))
+                    for i, piece in enumerate(pieces)]
+
+        before = [piece.nodes(self, 0, len(piece)) for earlier in self.history[:-1]
+                  for piece in earlier]
+        before += expanded(level[:at]) + [level[at].nodes(self, 0, lo)]
         # each piece's paths joined by NULs: all but one NUL are not path text
         chars = sum(len(texts.path_texts(piece[1], piece[2])) - len(piece[1]) + 1
                     for piece in before if len(piece[1]))
-        rest = [tuple(part[lo:] for part in level[at])] + level[at + 1:]
-        return _placed_paths(texts, rest), _placed_paths(texts, found), chars
+        return (_placed_paths(texts, expanded(level[at:], lo)),
+                _placed_paths(texts, expanded(found)), chars)
 
     def _nodes(self, offs, parent_dir, names, path_len):
         """Check and gather nodes ``offs`` of one level (in walk order): their rows, and the
@@ -254,7 +384,7 @@ class _Walk:
         if len(has):
             counts[has] = _block_counts(words, meta[has], size, 8, "metadata block")
         rows = np.flatnonzero(counts)
-        starts = []  # every string of the level: values, list items, then names
+        starts = []  # every string of the rows: values, then list items
         if len(rows):
             n = counts[rows]
             self.pairs += int(n.sum())
@@ -305,54 +435,59 @@ class _Walk:
             child_counts[has] = _block_counts(words, kids[has], size, DIRENT_SIZE,
                                               "children block")
         parents = np.flatnonzero(child_counts)
+        children = None
         if len(parents):
             blocks = kids[parents]
-            listed = blocks.tolist()
-            if len(set(listed)) != len(listed) or not self.blocks_seen.isdisjoint(listed):
-                raise _Unplain("a children block reached twice")
-            self.blocks_seen.update(listed)
+            if not self.plain:
+                listed = blocks.tolist()
+                if len(set(listed)) != len(listed) or not self.blocks_seen.isdisjoint(listed):
+                    raise _Unplain("a children block reached twice")
+                self.blocks_seen.update(listed)
             n = child_counts[parents]
             self.dirent_budget -= int(n.sum())
             if self.dirent_budget < 0:
                 raise _Unplain("overlapping children blocks")
-            child_of, index = _ranges(n)
-            children = blocks[child_of] + 4 + DIRENT_SIZE * index
-            name_at = words[children >> 2].astype(np.int64)
-            if ((name_at <= 0) | (name_at >= size)).any():
-                raise _Unplain("name offset")
-            starts.append(name_at)
-            dir_ids = np.arange(self.dirs, self.dirs + len(parents))
+            children = _Children(blocks, n, self.dirs,
+                                 np.where(parent_dir[parents] < 0, 0, path_len[parents]))
             self.dirs += len(parents)
             self.dir_parent.append(parent_dir[parents])
             self.dir_name.append(names[parents].astype(np.uint32))
-        # -- every string of the level ended at once ----------------------------------
+            self._check_names(children)
+        # -- every string of the rows ended at once -----------------------------------
         if starts:
             at_all = np.concatenate(starts) if len(starts) > 1 else starts[0]
             ends = string_ends(self.data, at_all)
             if (ends < 0).any():
                 raise _Unplain("string runs past the end")
             spans = np.stack([at_all, ends], axis=1)
-            cut = 0
-            if len(rows):
-                value_spans = np.zeros((len(kid), 2), np.uint32)  # lists: (0, 0), no text
-                value_spans[scalars] = spans[:len(scalars)]
-                cut = len(scalars)
-                self.pair_span.append(value_spans)
-                if len(lists):
-                    self.item_span.append(spans[cut:cut + len(item_at)].astype(np.uint32))
-                    cut += len(item_at)
-            if len(parents):
-                child_names = spans[cut:]
-                plen = np.where(parent_dir[parents] < 0, 0, path_len[parents])[child_of]
-                return (children, dir_ids[child_of], child_names,
-                        plen + 1 + (child_names[:, 1] - child_names[:, 0]))
-        return None
+            value_spans = np.zeros((len(kid), 2), np.uint32)  # lists: (0, 0), no text
+            value_spans[scalars] = spans[:len(scalars)]
+            self.pair_span.append(value_spans)
+            if len(lists):
+                self.item_span.append(spans[len(scalars):].astype(np.uint32))
+        return children
 
-    def columns(self, name: str) -> tuple[dict, int]:
-        """(the columns of every row, how many rows)."""
+    def _check_names(self, children: _Children) -> None:
+        """The children's names: each offset inside the file with a NUL after it (their
+        ends are found when their own level is walked)."""
+        size, words, last_nul = self.size, self.words, self.last_nul
+        for lo in range(0, len(children), 8 * CHUNK_NODES):
+            offs, _ = children.dirents(lo, lo + 8 * CHUNK_NODES)
+            name_at = words[offs >> 2].astype(np.int64)
+            if ((name_at <= 0) | (name_at >= size) | (name_at > last_nul)).any():
+                raise _Unplain("name offset")
+            if self.pace is not None:
+                self.pace()  # a wide level's dirents are read again only when it is walked
+
+    def columns(self, name: str, chain: "_Chain | None" = None, first_seq: int = 0
+                ) -> tuple[dict, int]:
+        """(the columns of the rows kept, how many rows), the rows forgotten. Their paths
+        are made from ``chain`` (the rows' directories: the deepest level of it, from
+        ``prefix_base`` on); by default from every directory's path, made when a path is
+        first asked for."""
         def joined(name, dtype=np.int64, shape=(0,)):
             parts = getattr(self, name)
-            setattr(self, name, None)  # each chunk freed once joined: no second copy of all
+            setattr(self, name, [])  # each chunk freed once joined: no second copy of all
             return np.concatenate(parts) if parts else np.zeros(shape, dtype)
 
         offsets = joined("row_off")
@@ -360,24 +495,127 @@ class _Walk:
         rows = len(offsets)
         mtimes = np.where(raw == 0, 0, raw + self.tree.time_base)
         del raw
+        row_dir = joined("row_dir", np.int32)
+        if chain is None:
+            data, dir_parent = self.data, joined("dir_parent")
+            dir_name = joined("dir_name", np.uint32, (0, 2))
+
+            def paths():
+                return _dir_prefixes(data, dir_parent, dir_name)
+        else:
+            row_dir = np.where(row_dir < 0, -1, row_dir - self.prefix_base).astype(np.int32)
+            paths = (chain, len(chain.levels))
         texts = _NodeTexts(
-            self.data, self.tree.keywords, joined("row_dir", np.int32),
+            self.data, self.tree.keywords, paths, row_dir,
             joined("row_name", np.uint32, (0, 2)), joined("row_pairs", np.int32),
             joined("pair_kid", np.int32), joined("pair_list", bool),
             joined("pair_span", np.uint32, (0, 2)), joined("pair_items", np.int32),
-            joined("item_span", np.uint32, (0, 2)), joined("dir_parent"),
-            joined("dir_name", np.uint32, (0, 2)))
-        return {"format": [name] * rows, "seq": np.arange(rows, dtype=np.int64),
+            joined("item_span", np.uint32, (0, 2)))
+        return {"format": [name] * rows,
+                "seq": np.arange(first_seq, first_seq + rows, dtype=np.int64),
                 "offset": offsets, "kind": ["node"] * rows, "path": _PathColumn(texts),
                 "mtime": mtimes, "metadata": _MetadataColumn(texts)}, rows
+
+    def batches(self, name: str, rows: int, pace=None) -> Iterator[tuple[dict, int]]:
+        """The walk's rows as columns, about ``rows`` at a time and never across levels,
+        keeping only the next level's children blocks and the :class:`_Chain` of
+        directories the paths are made from. ``pace`` is called after each batch. Raises
+        :class:`_Unplain` where the walk stops."""
+        chain = _Chain(self.data)
+        self.prefix_base, level_dirs, seq, levels = 0, 0, 0, 0
+        self.pace = pace
+        for level_ended in self.steps(keep_history=False):
+            kept = sum(map(len, self.row_off))
+            if kept and (level_ended or kept >= rows):
+                columns, n = self.columns(name, chain, seq)
+                seq += n
+                yield columns, n
+                if pace is not None:
+                    pace()
+            if level_ended:  # the next level's nodes are children of this level's directories
+                if levels and self.dir_parent:  # the root is the chain's top, no level of it
+                    parent = np.concatenate(self.dir_parent) - self.prefix_base
+                    chain.levels.append((parent.astype(np.int32),
+                                         np.concatenate(self.dir_name).astype(np.uint32)))
+                levels += 1
+                self.prefix_base, level_dirs = level_dirs, self.dirs
+                self.dir_parent, self.dir_name = [], []
+
+
+class _Chain:
+    """The directories of the levels walked, 12 bytes each: per level, each directory's
+    parent (its index among the level above's; the first level's parent is the root) and
+    name span. A batch's paths are made from it, names gathered with numpy."""
+
+    def __init__(self, data):
+        self.u8 = np.frombuffer(data, np.uint8)
+        self.levels: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def paths(self, depth: int, parent: np.ndarray, names: np.ndarray) -> list[bytes]:
+        """The raw paths of nodes whose parents are directories ``parent`` of the chain's
+        level ``depth`` (its top, the root, when 0) and whose names are at ``names``."""
+        out: list[bytes] = []
+        step = max(1, (1 << 20) // (depth + 1))  # bounds the (rows x depth) temporaries
+        for lo in range(0, len(parent), step):
+            out += self._paths(depth, parent[lo:lo + step], names[lo:lo + step])
+        return out
+
+    def _paths(self, depth: int, parent: np.ndarray, names: np.ndarray) -> list[bytes]:
+        # a path is "/" and each name after a "/"; leading empty names of directories are
+        # dropped (join_path keeps "/" for a directory whose names are all empty)
+        n = len(parent)
+        starts = np.empty((n, depth + 1), np.int64)
+        lengths = np.empty((n, depth + 1), np.int64)
+        at = parent.astype(np.int64)
+        for level in range(depth - 1, -1, -1):
+            parents, spans = self.levels[level]
+            span = spans[at].astype(np.int64)
+            starts[:, level], lengths[:, level] = span[:, 0], span[:, 1] - span[:, 0]
+            at = parents[at]
+        starts[:, depth] = names[:, 0]
+        lengths[:, depth] = names[:, 1].astype(np.int64) - names[:, 0]
+        kept = np.ones((n, depth + 1), bool)
+        if depth:
+            kept[:, :depth] = ~np.logical_and.accumulate(lengths[:, :depth] == 0, axis=1)
+        piece = np.where(kept, lengths + 1, 0).ravel()
+        ends = np.cumsum(piece)
+        kept = kept.ravel()
+        src, size, dst = starts.ravel()[kept], lengths.ravel()[kept], (ends - piece + 1)[kept]
+        text = np.full(int(ends[-1]) if n else 0, ord("/"), np.uint8)
+        total = int(size.sum())
+        if total:
+            before = np.cumsum(size) - size
+            walk = np.arange(total)
+            text[np.repeat(dst - before, size) + walk] = self.u8[np.repeat(src - before, size) + walk]
+        blob = text.tobytes()
+        row_ends = ends.reshape(n, depth + 1)[:, -1] if n else ends
+        row_starts = np.concatenate([[0], row_ends[:-1]]) if n else row_ends
+        return list(map(blob.__getitem__, map(slice, row_starts.tolist(), row_ends.tolist())))
+
+
+def _dir_prefixes(data, dir_parent: np.ndarray, dir_name: np.ndarray) -> list[bytes]:
+    """Each directory's path and a "/": what its children's paths start with; "/" alone
+    where the path is "/" (the root, whose parent is -1, and directories whose names are all
+    empty: join_path's rule). Directories come after their parents."""
+    out: list[bytes] = []
+    append = out.append
+    cut = data.__getitem__
+    for parent, start, end in zip(dir_parent.tolist(), dir_name[:, 0].tolist(),
+                                  dir_name[:, 1].tolist()):
+        if parent < 0:
+            append(b"/")
+            continue
+        path = out[parent] + cut(slice(start, end))
+        append(path + b"/" if path != b"/" else path)
+    return out
 
 
 class _NodeTexts:
     """The path and metadata texts of the rows, as spans of ``data``, made into Python
     values (or JSON text) when first asked."""
 
-    def __init__(self, data: bytes, keywords: list[str], row_dir, row_name, row_pairs,
-                 pair_kid, pair_list, pair_span, pair_items, item_span, dir_parent, dir_name):
+    def __init__(self, data, keywords: list[str], prefixes, row_dir, row_name, row_pairs,
+                 pair_kid, pair_list, pair_span, pair_items, item_span):
         self.data, self.keywords = data, keywords
         self.u8 = np.frombuffer(data, np.uint8)
         self.rows = len(row_dir)
@@ -388,8 +626,10 @@ class _NodeTexts:
         self.item_bounds = np.zeros(len(pair_kid) + 1, np.int64)
         np.cumsum(pair_items, out=self.item_bounds[1:])
         self.item_span = item_span
-        self.dir_parent, self.dir_name = dir_parent, dir_name
-        self._prefixes: list[bytes] | None = None
+        # the directories' path prefixes: a list, or a function making it when first asked;
+        # or (chain, depth): paths made from a :class:`_Chain` (a streamed batch)
+        self._prefixes, self._chain = (None, prefixes) if isinstance(prefixes, tuple) \
+            else (prefixes, None)
         self._paths: list[str] | None = None
         self._metadata: list[dict] | None = None
 
@@ -417,29 +657,21 @@ class _NodeTexts:
         return list(map(data.__getitem__, map(slice, spans[:, 0].tolist(), spans[:, 1].tolist())))
 
     def prefixes(self) -> list[bytes]:
-        """Each directory's path and a "/": what its children's paths start with; "/"
-        alone where the path is "/" (the root, whose parent is -1, and directories whose
-        names are all empty: join_path's rule). Directories come after their parents."""
-        if self._prefixes is None:
-            prefixes: list[bytes] = []
-            append = prefixes.append
-            for parent, name in zip(self.dir_parent.tolist(), self._cut(self.dir_name)):
-                if parent < 0:
-                    append(b"/")
-                else:
-                    path = prefixes[parent] + name
-                    append(path + b"/" if path != b"/" else path)
-            self._prefixes = prefixes
+        """Each directory's path prefix (:func:`_dir_prefixes`)."""
+        if callable(self._prefixes):
+            self._prefixes = self._prefixes()
         return self._prefixes
 
     def path_bytes(self, lo: int, hi: int) -> list[bytes]:
         """The raw paths of rows ``lo .. hi-1``."""
-        prefixes = self.prefixes()
         dirs = self.row_dir[lo:hi]
         if len(dirs) and dirs[0] < 0:  # the root's row: "/"
             return [b"/"] + self.path_bytes(lo + 1, hi)
+        if self._chain is not None:
+            chain, depth = self._chain
+            return chain.paths(depth, dirs, self.row_name[lo:hi])
         names = self._joined(self.row_name[lo:hi]).split(b"\0")
-        return list(map(bytes.__add__, map(prefixes.__getitem__, dirs.tolist()), names))
+        return list(map(bytes.__add__, map(self.prefixes().__getitem__, dirs.tolist()), names))
 
     def paths(self) -> list[str]:
         if self._paths is None:
@@ -647,7 +879,7 @@ def read_columns(codec: Codec, buf, source: str, seq: int, limit: int | None) ->
     next_offset = None
     if limit is not None and rows > limit:
         next_offset = int(columns["offset"][limit])
-        columns = {k: v[:limit] if not isinstance(v, _TextColumn) else _Window(v, limit)
+        columns = {k: v[:limit] if not isinstance(v, _TextColumn) else _Window(v, 0, limit)
                    for k, v in columns.items()}
         rows = limit
     return Columns(columns if rows else {}, rows, next_offset, seq + rows, None)
@@ -706,20 +938,56 @@ def _handed_over(codec, tree: TreeView, walk: _Walk, seq: int, limit: int | None
 
 
 class _Window(Sequence):
-    """The first ``rows`` rows of a text column (a limit smaller than the tree)."""
+    """Rows ``lo .. hi-1`` of a text column."""
 
-    def __init__(self, column: _TextColumn, rows: int):
-        self._column, self._rows = column, rows
+    def __init__(self, column: _TextColumn, lo: int, hi: int):
+        self._column, self._lo, self._hi = column, lo, hi
 
     def __len__(self) -> int:
-        return self._rows
+        return self._hi - self._lo
 
     def __getitem__(self, index):
         return self.tolist()[index]
 
     def tolist(self) -> list:
-        return self._column.tolist()[:self._rows]
+        return self._column.tolist()[self._lo:self._hi]
 
     def json_spelling(self, lo: int, hi: int):
-        return self._column.json_spelling(lo, hi)
+        return self._column.json_spelling(self._lo + lo, self._lo + hi)
 
+
+def column_batches(codec: Codec, buf, source: str, rows: int, pace=None) -> Iterator[Columns]:
+    """:meth:`GvfsTree.column_batches`: read_columns' rows and damage in batches of about
+    ``rows``, holding memory per batch and per directory of two levels, not per node.
+
+    A plain tree (:meth:`_Walk.plain_structure`: then find_loop has nothing to report) is
+    walked straight from ``buf``, each batch's texts spans of it. Where the walk meets what
+    it does not decode (damage, unsorted keys, a deep narrow tree), the whole-file decoder
+    takes over -- read_columns, the file copied -- and its rows after those already given
+    follow; a tree that is not plain is decoded that way from the start."""
+    try:
+        tree = TreeView(buf, source)
+    except FormatError as exc:
+        yield Columns({}, 0, None, 0, exc)
+        return
+    walk = _Walk(tree, buf, plain=True)
+    given = 0
+    if walk.plain_structure(pace):
+        try:
+            for columns, n in walk.batches(codec.name, rows, pace):
+                given += n
+                yield Columns(columns, n, None, given, None)
+            return
+        except _Unplain:
+            pass
+    del walk
+    whole = read_columns(codec, buf, source, 0, None)
+    for lo in range(given, whole.rows, rows):
+        hi = min(whole.rows, lo + rows)
+        columns = {k: _Window(v, lo, hi) if isinstance(v, (_TextColumn, _Window)) else v[lo:hi]
+                   for k, v in whole.data.items()}
+        yield Columns(columns, hi - lo, None, hi, whole.error if hi == whole.rows else None)
+        if pace is not None:
+            pace()
+    if whole.error is not None and whole.rows <= given:
+        yield Columns({}, 0, None, given, whole.error)

@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 
 from ..formats import CODECS, FormatError
 from ..journals import mapped
-from ..pagecache import DroppingPages, Releaser
+from ..pagecache import DroppingPages, PagePacer, Releaser
 from .convert import damage_batch, to_batch
 from .plan import FileSlice
 from .schema import DAMAGE_KIND
@@ -74,10 +74,14 @@ def read_buffer(buf, sl: FileSlice, include_damage: bool, kinds: set | None,
     start, seq = sl.start, sl.seq
     file_key, batch_key = _keys_for(sl, buf)
     releaser = Releaser(buf)  # a worker's RSS stays flat however big the slice
+    # a codec that cannot resume mid-file (a gvfs tree, never split) streams its own batches
+    stream = codec.column_batches(buf, sl.path, max_rows, PagePacer(buf)) \
+        if hasattr(codec, "column_batches") else None
     while True:
         try:
-            cols = _read_columns(codec, buf, sl, start, seq, batch_rows)
-            error = cols.error
+            cols = next(stream, None) if stream is not None else \
+                _read_columns(codec, buf, sl, start, seq, batch_rows)
+            error = cols.error if cols is not None else None
         except FormatError as exc:  # a codec may raise instead of reporting
             cols, error = None, exc.detached()
         except Exception as exc:  # a decoder bug on hostile bytes must not kill the job
@@ -101,6 +105,8 @@ def read_buffer(buf, sl: FileSlice, include_damage: bool, kinds: set | None,
             if include_damage:
                 yield damage_batch(sl.path, sl.format, seq, error.offset, error.reason)
             return
+        if stream is not None and cols is not None:
+            continue
         if cols is None or cols.next_offset is None or (not cols.rows and cols.next_offset == start):
             return
         start = cols.next_offset

@@ -1,0 +1,215 @@
+"""A gvfs tree streamed in batches (``GvfsTree.column_batches``, what ``records`` and ``fsck``
+read a tree with): the batches together are ``read()``'s rows and damage exactly -- on random
+valid, damaged and lying trees, with every chunk, batch and pacing size, where the streamed
+walk hands over to the whole-file decoder mid-file, and on the real gvfs corpora -- and the
+memory they hold does not grow with the tree."""
+from __future__ import annotations
+
+import contextlib
+import struct
+import tracemalloc
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from codec_helpers import FAST, columns_as_records, read_all, same_error
+from journalfs.formats import FormatError, tree_columns
+from journalfs.formats.gvfs_tree import TreeView
+from test_codec_columns import mutate
+from test_gvfs_tree_columns import TREE, _corpus_trees, _deep, chunks_of, chunk_sizes, trees
+
+batch_rows = st.sampled_from([1, 2, 5, 16384])
+
+
+@contextlib.contextmanager
+def windows_of(windows: int):
+    """A paced step reaching at most ``windows`` 64 KB windows of the file."""
+    old = tree_columns.PACE_WINDOWS
+    tree_columns.PACE_WINDOWS = windows
+    try:
+        yield
+    finally:
+        tree_columns.PACE_WINDOWS = old
+
+
+def streamed(buf, rows: int, pace=None) -> tuple[list[dict], FormatError | None, list]:
+    """(every row of the batches as a record, the damage, the batches' row counts), having
+    checked that only the last batch names damage and that ``seq`` runs on across them."""
+    got, error, sizes = [], None, []
+    for cols in TREE.column_batches(buf, "f", rows, pace):
+        assert error is None, "a batch after the damage"
+        records = columns_as_records(cols)
+        assert [r["seq"] for r in records] == list(range(len(got), len(got) + cols.rows))
+        got += records
+        sizes.append(cols.rows)
+        error = cols.error
+    return got, error, sizes
+
+
+def assert_streams_as_read(buf, rows: int, pace=None) -> tuple[list[dict], list]:
+    want, error = read_all(TREE, buf)
+    got, streamed_error, sizes = streamed(buf, rows, pace)
+    assert got == want
+    assert same_error(streamed_error, error), (streamed_error, error)
+    if error is not None:
+        assert streamed_error.reason == error.reason
+    return got, sizes
+
+
+@FAST
+@given(buf=trees, rows=batch_rows, chunk=chunk_sizes, windows=st.sampled_from([1, 256]))
+def test_valid_trees_stream_as_read_does(buf, rows, chunk, windows):
+    paced = []
+    with chunks_of(chunk), windows_of(windows):
+        assert_streams_as_read(buf, rows, lambda: paced.append(1))
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_damaged_trees_stream_as_read_does(data):
+    buf = mutate(data, data.draw(trees))
+    with chunks_of(data.draw(chunk_sizes)), windows_of(data.draw(st.sampled_from([1, 256]))):
+        assert_streams_as_read(buf, data.draw(batch_rows), lambda: None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_lying_words_stream_as_read_does(data):
+    """Loops, sharing, overlaps and huge counts: not plain, decoded whole from the start."""
+    buf = bytearray(data.draw(trees))
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = 4 * data.draw(st.integers(4, len(buf) // 4 - 1))
+        word = data.draw(st.one_of(st.integers(0, len(buf) + 8), st.integers(0, 40),
+                                   st.sampled_from([0xFFFFFFFF, 0x80000000, 0x7FFFFFFF])))
+        buf[at:at + 4] = struct.pack(">I", word)
+    with chunks_of(data.draw(chunk_sizes)):
+        assert_streams_as_read(bytes(buf), data.draw(batch_rows))
+
+
+@pytest.mark.parametrize("tree", _corpus_trees(), ids=lambda p: "/".join(p.parts[-5:]))
+def test_conformance_trees_stream_as_read_does(tree):
+    for rows in (1, 16384):
+        assert_streams_as_read(tree.read_bytes(), rows)
+
+
+def test_damage_deep_in_the_tree_hands_over_after_the_rows_given(monkeypatch):
+    """A bad value offset in the last level: the batches before it are given straight from
+    the streamed walk; then the whole-file decoder takes over, and only its rows after those
+    already given follow, with read()'s damage."""
+    tree = _deep(6, 40)
+    view = TreeView(bytes(tree), "t")
+    meta = view.dirent(view.lookup("/d/d/d/d/d/d/f039"))[2]
+    struct.pack_into(">I", tree, meta + 8, len(tree) + 5)
+    whole = []
+    read_columns = tree_columns.read_columns
+
+    def counted(*args):
+        whole.append(args)
+        return read_columns(*args)
+    monkeypatch.setattr(tree_columns, "read_columns", counted)
+    with chunks_of(7):
+        _, sizes = assert_streams_as_read(bytes(tree), 5)
+    assert len(whole) == 1  # handed over once, mid-file
+    assert sum(sizes) == 6 * 40 - 1 and len(sizes) > 2
+
+
+def test_a_plain_tree_never_decodes_whole(monkeypatch):
+    monkeypatch.setattr(tree_columns, "read_columns", None)  # calling it would fail
+    with chunks_of(3), windows_of(1):
+        _, sizes = assert_streams_as_read(bytes(_deep(4, 30)), 7, lambda: None)
+    assert len(sizes) > 4
+
+
+def test_blocks_out_of_file_order_are_still_plain():
+    """A tree whose children blocks are not in breadth-first file order (each still met
+    once): the ordered check fails, the second pass remembering blocks finds it plain."""
+    buf = bytearray(TREE.write([{"path": f"/{d}/{f}", "metadata": {"k": f"{d}{f}"}, "mtime": 1}
+                                for d in "ab" for f in "xyz"]))
+    view = TreeView(bytes(buf), "t")
+    a, b = view.lookup("/a"), view.lookup("/b")
+    # swap the two directories' children blocks and their names: the same tree, blocks
+    # now met in reverse file order
+    for field in (0, 4):
+        x, y = struct.unpack_from(">I", buf, a + field)[0], struct.unpack_from(">I", buf, b + field)[0]
+        struct.pack_into(">I", buf, a + field, y)
+        struct.pack_into(">I", buf, b + field, x)
+    walk = tree_columns._Walk(TreeView(bytes(buf), "t"), bytes(buf))
+    assert not walk._plain_structure(True, None)
+    assert walk.plain_structure()
+    assert_streams_as_read(bytes(buf), 2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_ordered_blocks_mean_find_loop_has_nothing_to_report(data):
+    """The check that needs no memory per block: where it passes, find_loop returns None
+    and raises nothing."""
+    buf = bytearray(data.draw(trees))
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = 4 * data.draw(st.integers(4, len(buf) // 4 - 1))
+        buf[at:at + 4] = struct.pack(">I", data.draw(st.integers(0, len(buf) + 8)))
+    try:
+        view = TreeView(bytes(buf), "f")
+    except FormatError:
+        return
+    with chunks_of(data.draw(chunk_sizes)):
+        ordered = tree_columns._Walk(view, bytes(buf))._plain_structure(True, None)
+    if ordered:
+        assert view.find_loop() is None
+
+
+def _wide_tree(files: int) -> bytes:
+    """bench/parse.py's shape: files of 1000 per directory, every fourth with a list."""
+    return TREE.write([{"path": f"/home/user/d{i // 1000}/file-{i}.txt", "mtime": 1_700_000_000 + i,
+                        "metadata": {"annotation": f"note {i}",
+                                     **({"emblems": ["urgent", "shared"]} if i % 4 == 3 else {})}}
+                       for i in range(files)])
+
+
+def _streamed_peak(buf: bytes) -> tuple[int, int]:
+    """(rows, peak bytes allocated) while every batch is taken and dropped."""
+    rows = 0
+    tracemalloc.start()
+    try:
+        for cols in TREE.column_batches(buf, "f", 2048):
+            rows += cols.rows
+            del cols
+        return rows, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_memory_does_not_grow_with_the_tree():
+    """Four times the files, the same memory: what the batches hold is a batch and the
+    directories of two levels, never a node of every level (the whole-file decoder, for
+    comparison, grows with the tree)."""
+    small, big = _wide_tree(40_000), _wide_tree(160_000)
+    with chunks_of(2048):  # batches of a few thousand rows: small beside the trees
+        rows_small, peak_small = _streamed_peak(small)
+        rows_big, peak_big = _streamed_peak(big)
+    assert (rows_small, rows_big) == (40_000, 160_000)
+    assert peak_big < 1.25 * peak_small + (1 << 20), (peak_small, peak_big)
+    tracemalloc.start()
+    try:
+        TREE.read_columns(big, "f")
+        whole_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert whole_peak > 3 * peak_big  # the measure tells the two apart
+
+
+@pytest.mark.parametrize("empty", [(), ("/a",), ("/a", "/a/b"), ("/a/b",), ("/a/b/c",),
+                                   ("/a", "/a/b", "/a/b/c")])
+def test_empty_names_give_the_paths_join_path_gives(empty):
+    """Directories named "" (a name offset at the file's last byte, a NUL): leading ones add
+    nothing to a path, later ones an empty component, as join_path joins them."""
+    tree = bytearray(TREE.write([{"path": p, "metadata": {"k": p}, "mtime": 1}
+                                 for p in ("/a", "/a/b", "/a/b/c", "/a/b/c/d", "/a/x")]))
+    view = TreeView(bytes(tree), "t")
+    targets = [view.lookup(p) for p in empty]
+    for at in targets:
+        struct.pack_into(">I", tree, at, len(tree) - 1)
+    assert tree[-1] == 0
+    with chunks_of(1):
+        records, _ = assert_streams_as_read(bytes(tree), 1, lambda: None)
+    assert all(r["path"].startswith("/") for r in records)
