@@ -32,6 +32,21 @@ def windows_of(windows: int):
         tree_columns.PACE_WINDOWS = old
 
 
+@contextlib.contextmanager
+def kept_in_memory(nbytes: int):
+    """A streamed walk keeping at most ``nbytes`` of per-directory arrays in memory (the
+    rest in its temporary file)."""
+    old = tree_columns.KEEP_BYTES
+    tree_columns.KEEP_BYTES = nbytes
+    try:
+        yield
+    finally:
+        tree_columns.KEEP_BYTES = old
+
+
+keep_sizes = st.sampled_from([0, 64, 16 << 20])
+
+
 def streamed(buf, rows: int, pace=None) -> tuple[list[dict], FormatError | None, list]:
     """(every row of the batches as a record, the damage, the batches' row counts), having
     checked that only the last batch names damage and that ``seq`` runs on across them."""
@@ -57,10 +72,11 @@ def assert_streams_as_read(buf, rows: int, pace=None) -> tuple[list[dict], list]
 
 
 @FAST
-@given(buf=trees, rows=batch_rows, chunk=chunk_sizes, windows=st.sampled_from([1, 256]))
-def test_valid_trees_stream_as_read_does(buf, rows, chunk, windows):
+@given(buf=trees, rows=batch_rows, chunk=chunk_sizes, windows=st.sampled_from([1, 256]),
+       keep=keep_sizes)
+def test_valid_trees_stream_as_read_does(buf, rows, chunk, windows, keep):
     paced = []
-    with chunks_of(chunk), windows_of(windows):
+    with chunks_of(chunk), windows_of(windows), kept_in_memory(keep):
         assert_streams_as_read(buf, rows, lambda: paced.append(1))
 
 
@@ -68,7 +84,8 @@ def test_valid_trees_stream_as_read_does(buf, rows, chunk, windows):
 @given(data=st.data())
 def test_damaged_trees_stream_as_read_does(data):
     buf = mutate(data, data.draw(trees))
-    with chunks_of(data.draw(chunk_sizes)), windows_of(data.draw(st.sampled_from([1, 256]))):
+    with chunks_of(data.draw(chunk_sizes)), windows_of(data.draw(st.sampled_from([1, 256]))), \
+            kept_in_memory(data.draw(keep_sizes)):
         assert_streams_as_read(buf, data.draw(batch_rows), lambda: None)
 
 
@@ -82,7 +99,7 @@ def test_lying_words_stream_as_read_does(data):
         word = data.draw(st.one_of(st.integers(0, len(buf) + 8), st.integers(0, 40),
                                    st.sampled_from([0xFFFFFFFF, 0x80000000, 0x7FFFFFFF])))
         buf[at:at + 4] = struct.pack(">I", word)
-    with chunks_of(data.draw(chunk_sizes)):
+    with chunks_of(data.draw(chunk_sizes)), kept_in_memory(data.draw(keep_sizes)):
         assert_streams_as_read(bytes(buf), data.draw(batch_rows))
 
 
@@ -113,9 +130,10 @@ def test_damage_deep_in_the_tree_hands_over_after_the_rows_given(monkeypatch):
     assert sum(sizes) == 6 * 40 - 1 and len(sizes) > 2
 
 
-def test_a_plain_tree_never_decodes_whole(monkeypatch):
+@pytest.mark.parametrize("keep", [0, 16 << 20])
+def test_a_plain_tree_never_decodes_whole(monkeypatch, keep):
     monkeypatch.setattr(tree_columns, "read_columns", None)  # calling it would fail
-    with chunks_of(3), windows_of(1):
+    with chunks_of(3), windows_of(1), kept_in_memory(keep):
         _, sizes = assert_streams_as_read(bytes(_deep(4, 30)), 7, lambda: None)
     assert len(sizes) > 4
 
@@ -166,13 +184,21 @@ def _wide_tree(files: int) -> bytes:
                        for i in range(files)])
 
 
+def _one_file_per_directory(directories: int) -> bytes:
+    """The shape that costs a streamed walk most: a level of directories as wide as the
+    tree, each holding one file."""
+    return TREE.write([{"path": f"/home/user/project-{i:07d}/notes.txt", "mtime": 1_700_000_000,
+                        "metadata": {"annotation": f"note {i}"}} for i in range(directories)])
+
+
 def _streamed_peak(buf: bytes) -> tuple[int, int]:
-    """(rows, peak bytes allocated) while every batch is taken and dropped."""
+    """(rows, peak bytes allocated) while every batch is taken, its paths made, and dropped."""
     rows = 0
     tracemalloc.start()
     try:
         for cols in TREE.column_batches(buf, "f", 2048):
             rows += cols.rows
+            cols.data["path"].json_spelling(0, cols.rows)
             del cols
         return rows, tracemalloc.get_traced_memory()[1]
     finally:
@@ -210,6 +236,19 @@ def test_empty_names_give_the_paths_join_path_gives(empty):
     for at in targets:
         struct.pack_into(">I", tree, at, len(tree) - 1)
     assert tree[-1] == 0
-    with chunks_of(1):
+    with chunks_of(1), kept_in_memory(0):
         records, _ = assert_streams_as_read(bytes(tree), 1, lambda: None)
     assert all(r["path"].startswith("/") for r in records)
+
+
+def test_memory_does_not_grow_with_a_wide_level_of_directories():
+    """Four times the directories in one level, the same memory: their children blocks and
+    names go to the walk's temporary file past KEEP_BYTES (kept small here)."""
+    small, big = _one_file_per_directory(20_000), _one_file_per_directory(80_000)
+    with chunks_of(2048), kept_in_memory(64 << 10):
+        rows_small, peak_small = _streamed_peak(small)
+        rows_big, peak_big = _streamed_peak(big)
+    assert (rows_small, rows_big) == (20_000, 80_000)
+    assert peak_big < 1.25 * peak_small + (1 << 20), (peak_small, peak_big)
+    with chunks_of(2048):  # all kept in memory: the measure tells the two apart
+        assert _streamed_peak(big)[1] > 1.5 * peak_big

@@ -29,6 +29,8 @@ prefixes. A tree cannot resume mid-file, so where that walk meets what it does n
 """
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -159,6 +161,89 @@ def _each_paced(parts: list[tuple[int, int]], pace) -> Iterator[tuple[int, int]]
         yield part
 
 
+#: Bytes of arrays a streamed walk keeps in memory per directory (the next level's
+#: children blocks, the chain of directories) before the rest go to a temporary file.
+KEEP_BYTES = 16 << 20
+
+
+class _Kept:
+    """An array a :class:`_Store` keeps, in memory or in its file: :meth:`get` gives it
+    (from the file: read into memory for the caller), :meth:`rows` a range of its rows."""
+    __slots__ = ("array", "store", "at", "dtype", "shape")
+
+    def __init__(self, array=None, store=None, at=0, dtype=None, shape=()):
+        self.array, self.store, self.at, self.dtype, self.shape = array, store, at, dtype, shape
+
+    def get(self) -> np.ndarray:
+        return self.array if self.array is not None else self.rows(0, self.shape[0])
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        if self.array is not None:
+            return self.array[lo:hi]
+        row = np.dtype(self.dtype).itemsize * int(np.prod(self.shape[1:], dtype=np.int64))
+        return self.store.read(self.at + lo * row, (hi - lo, *self.shape[1:]), self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.array.nbytes if self.array is not None else \
+            int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+class _Store:
+    """The arrays of a streamed walk that grow with the tree's directories: in memory up
+    to KEEP_BYTES in all, then written to an unlinked temporary file and read back with
+    pread, a piece (a chunk's worth) or a range of rows at a time, so memory stays bounded
+    whatever the number of directories. Not mapped: a mapping's faults bring in the pages
+    around each one, which a walk reading here and there would keep resident."""
+
+    def __init__(self, limit: int | None = None):
+        self.limit = KEEP_BYTES if limit is None else limit
+        self.in_memory = self.size = 0
+        self.file = None
+
+    def keep(self, array: np.ndarray) -> _Kept:
+        if self.in_memory + array.nbytes <= self.limit:
+            self.in_memory += array.nbytes
+            return _Kept(array)
+        array = np.ascontiguousarray(array)
+        at = self._append(array)
+        return _Kept(None, self, at, array.dtype, array.shape)
+
+    def concat(self, pieces: list[_Kept]) -> _Kept:
+        """One array of ``pieces`` (1-d, or 2-d of equal widths) end to end."""
+        if all(piece.array is not None for piece in pieces):
+            return _Kept(np.concatenate([piece.array for piece in pieces]))
+        arrays = (piece.get() for piece in pieces)
+        first = next(arrays)
+        start = self._append(first)
+        rows = len(first)
+        for array in arrays:
+            self._append(array)
+            rows += len(array)
+        return _Kept(None, self, start, first.dtype, (rows, *first.shape[1:]))
+
+    def _append(self, array: np.ndarray) -> int:
+        if self.file is None:
+            self.file = tempfile.TemporaryFile(prefix="journalfs-tree-", buffering=0)
+        at = self.size
+        data = memoryview(np.ascontiguousarray(array)).cast("B")
+        while data:  # a write may be short
+            data = data[os.pwrite(self.file.fileno(), data, self.size):]
+            self.size = at + array.nbytes - len(data)
+        return at
+
+    def read(self, at: int, shape: tuple, dtype) -> np.ndarray:
+        out = np.empty(shape, dtype)
+        if out.nbytes and os.preadv(self.file.fileno(), [memoryview(out).cast("B")], at) \
+                != out.nbytes:
+            raise OSError("the walk's temporary file was cut short")
+        return out
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
 class _Nodes:
     """A level's nodes given one by one (the root's level): dirent, parent directory (-1: none),
     name span and path length (bytes, an upper bound) of each."""
@@ -179,22 +264,25 @@ class _Children:
     start among the level's, and its path length. A node's dirent, name and path length are
     found when its chunk is walked, so a level costs 24 bytes per directory, not per node."""
 
-    def __init__(self, blocks, counts, first_dir: int, plens):
-        self.firsts, self.first_dir, self.plens = blocks + 4, first_dir, plens
-        self.bounds = _run_bounds(counts)
+    def __init__(self, blocks, counts, first_dir: int, plens, store: "_Store | None" = None):
+        bounds = _run_bounds(counts)
+        self.first_dir, self.size = first_dir, int(bounds[-1])
+        self.kept = [store.keep(a) if store is not None else _Kept(a)
+                     for a in (blocks + 4, bounds, plens)]
 
     def __len__(self) -> int:
-        return int(self.bounds[-1])
+        return self.size
 
     def dirents(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        return _run_items(self.firsts, self.bounds, lo, min(hi, len(self)))
+        firsts, bounds, _ = (kept.get() for kept in self.kept)
+        return _run_items(firsts, bounds, lo, min(hi, self.size))
 
     def nodes(self, walk: "_Walk", lo: int, hi: int) -> tuple:
         offs, parent = self.dirents(lo, hi)
         name_at = walk.words[offs >> 2].astype(np.int64)
         ends = string_ends(walk.data, name_at)  # each found when the parent was walked
         return (offs, self.first_dir + parent, np.stack([name_at, ends], axis=1),
-                self.plens[parent] + 1 + (ends - name_at))
+                self.kept[2].get()[parent] + 1 + (ends - name_at))
 
 
 class _Walk:
@@ -220,15 +308,19 @@ class _Walk:
         self.dirs = 0
         self.history: list[list] = []  # every level's pieces: where a hand-over starts from
         self.pace = None  # called while a wide level is checked (see :meth:`batches`)
+        self.store: _Store | None = None  # a streamed walk's per-directory arrays
+        self.parent_names: _Kept | None = None  # name spans of the level's parents (streamed)
 
     def run(self) -> None:
         """The whole walk; every row kept."""
         for _ in self.steps():
             pass
 
-    def steps(self, keep_history: bool = True) -> Iterator[bool]:
-        """Walk the tree a chunk of nodes at a time, yielding after each chunk: True when the
-        chunk ended a level. ``keep_history``: remember every level (for a hand-over)."""
+    def steps(self, keep_history: bool = True) -> Iterator[str]:
+        """Walk the tree a chunk of nodes at a time, yielding after each chunk ("chunk"),
+        each level ("level") and, paced, each part of a chunk whose nodes lie far apart
+        ("part": see :func:`_paced_parts`). ``keep_history``: remember every level (for a
+        hand-over)."""
         tree, size = self.tree, self.size
         self._mark_level(0)
         if not -(1 << 62) < tree.time_base < 1 << 62:
@@ -257,18 +349,29 @@ class _Walk:
                     text += int(chunk[3].sum())  # bytes: at least the characters
                     if nodes > node_budget or text > text_budget:
                         raise _Unplain("budgets")
-                    parts = [(0, len(chunk[0]))]
-                    if self.pace is not None:  # nodes far apart: in parts, paced
-                        at = chunk[0] >> 2
-                        parts = _paced_parts(len(at), np.concatenate([self.words[at + 1],
-                                                                      self.words[at + 2]]))
-                    for a, b in _each_paced(parts, self.pace):
+                    parts = self._parts(chunk)
+                    for a, b in parts:
                         children = self._nodes(*(part[a:b] for part in chunk))
                         if children is not None:
                             nxt.append(children)
-                    yield False
-            yield True
+                        if len(parts) > 1:
+                            yield "part"
+                    yield "chunk"
+            yield "level"
             level = nxt
+
+    def _parts(self, chunk: tuple) -> list[tuple[int, int]]:
+        """A chunk of nodes in parts that each reach a bounded part of the file (paced
+        walks only): their children blocks, metadata blocks and parents' names."""
+        if self.pace is None:
+            return [(0, len(chunk[0]))]
+        dirent_words = chunk[0] >> 2
+        targets = [self.words[dirent_words + 1], self.words[dirent_words + 2]]
+        if self.parent_names is not None and len(chunk[1]):
+            parents = chunk[1] - self.prefix_base  # a run of the level above, in order
+            lo, hi = int(parents[0]), int(parents[-1]) + 1
+            targets.append(self.parent_names.rows(lo, hi)[parents - lo][:, 0])
+        return _paced_parts(len(dirent_words), np.concatenate(targets))
 
     def plain_structure(self, pace=None) -> bool:
         """True when :meth:`TreeView.find_loop` has nothing to report (no damage, no loop):
@@ -291,10 +394,14 @@ class _Walk:
         levels = 0
         while level:
             levels += 1
-            if levels > NARROW_LEVELS and sum(int(n.sum()) for _, n in level) < NARROW_NODES:
+            if levels > NARROW_LEVELS and len(level) < NARROW_NODES and sum(
+                    int((n.get() if isinstance(n, _Kept) else n).sum()) for _, n in level
+            ) < NARROW_NODES:
                 return False
             nxt = []
             for firsts, counts in level:
+                if isinstance(firsts, _Kept):
+                    firsts, counts = firsts.get(), counts.get()
                 bounds = _run_bounds(counts)
                 for lo in range(0, int(bounds[-1]), CHUNK_NODES):
                     offs, _ = _run_items(firsts, bounds, lo, min(int(bounds[-1]), lo + CHUNK_NODES))
@@ -325,7 +432,8 @@ class _Walk:
                     dirents -= int(n.sum())
                     if dirents < 0:
                         return False
-                    nxt.append((blocks + 4, n))
+                    nxt.append((blocks + 4, n) if self.store is None else
+                               (self.store.keep(blocks + 4), self.store.keep(n)))
             level = nxt
         return True
 
@@ -447,11 +555,17 @@ class _Walk:
             self.dirent_budget -= int(n.sum())
             if self.dirent_budget < 0:
                 raise _Unplain("overlapping children blocks")
+            store = self.store
             children = _Children(blocks, n, self.dirs,
-                                 np.where(parent_dir[parents] < 0, 0, path_len[parents]))
+                                 np.where(parent_dir[parents] < 0, 0, path_len[parents]), store)
             self.dirs += len(parents)
-            self.dir_parent.append(parent_dir[parents])
-            self.dir_name.append(names[parents].astype(np.uint32))
+            if store is None:
+                self.dir_parent.append(parent_dir[parents])
+                self.dir_name.append(names[parents].astype(np.uint32))
+            else:  # streamed: kept for the chain, the parent as its index in its level
+                self.dir_parent.append(store.keep(
+                    (parent_dir[parents] - self.prefix_base).astype(np.int32)))
+                self.dir_name.append(store.keep(names[parents].astype(np.uint32)))
             self._check_names(children)
         # -- every string of the rows ended at once -----------------------------------
         if starts:
@@ -524,19 +638,22 @@ class _Walk:
         chain = _Chain(self.data)
         self.prefix_base, level_dirs, seq, levels = 0, 0, 0, 0
         self.pace = pace
-        for level_ended in self.steps(keep_history=False):
+        self.store = self.store or _Store()
+        for step in self.steps(keep_history=False):
             kept = sum(map(len, self.row_off))
-            if kept and (level_ended or kept >= rows):
+            if kept and (step != "chunk" or kept >= rows):
                 columns, n = self.columns(name, chain, seq)
                 seq += n
                 yield columns, n
                 if pace is not None:
                     pace()
-            if level_ended:  # the next level's nodes are children of this level's directories
+            elif step == "part" and pace is not None:
+                pace()
+            if step == "level":  # the next level's nodes are children of this level's directories
                 if levels and self.dir_parent:  # the root is the chain's top, no level of it
-                    parent = np.concatenate(self.dir_parent) - self.prefix_base
-                    chain.levels.append((parent.astype(np.int32),
-                                         np.concatenate(self.dir_name).astype(np.uint32)))
+                    chain.levels.append((self.store.concat(self.dir_parent),
+                                         self.store.concat(self.dir_name)))
+                    self.parent_names = chain.levels[-1][1]
                 levels += 1
                 self.prefix_base, level_dirs = level_dirs, self.dirs
                 self.dir_parent, self.dir_name = [], []
@@ -549,7 +666,7 @@ class _Chain:
 
     def __init__(self, data):
         self.u8 = np.frombuffer(data, np.uint8)
-        self.levels: list[tuple[np.ndarray, np.ndarray]] = []
+        self.levels: list[tuple[_Kept, _Kept]] = []
 
     def paths(self, depth: int, parent: np.ndarray, names: np.ndarray) -> list[bytes]:
         """The raw paths of nodes whose parents are directories ``parent`` of the chain's
@@ -568,10 +685,12 @@ class _Chain:
         lengths = np.empty((n, depth + 1), np.int64)
         at = parent.astype(np.int64)
         for level in range(depth - 1, -1, -1):
-            parents, spans = self.levels[level]
-            span = spans[at].astype(np.int64)
+            # the rows' ancestors at a level are a run of it (breadth-first order): read that
+            lo, hi = (int(at.min()), int(at.max()) + 1) if n else (0, 0)
+            parents, spans = (kept.rows(lo, hi) for kept in self.levels[level])
+            span = spans[at - lo].astype(np.int64)
             starts[:, level], lengths[:, level] = span[:, 0], span[:, 1] - span[:, 0]
-            at = parents[at]
+            at = parents[at - lo]
         starts[:, depth] = names[:, 0]
         lengths[:, depth] = names[:, 1].astype(np.int64) - names[:, 0]
         kept = np.ones((n, depth + 1), bool)
@@ -971,15 +1090,22 @@ def column_batches(codec: Codec, buf, source: str, rows: int, pace=None) -> Iter
         yield Columns({}, 0, None, 0, exc)
         return
     walk = _Walk(tree, buf, plain=True)
+    store = walk.store = _Store()
+
+    def paced() -> None:  # a paced walk splits far-apart nodes into parts: always pace
+        if pace is not None:
+            pace()
     given = 0
-    if walk.plain_structure(pace):
-        try:
-            for columns, n in walk.batches(codec.name, rows, pace):
+    try:
+        if walk.plain_structure(paced):
+            for columns, n in walk.batches(codec.name, rows, paced):
                 given += n
                 yield Columns(columns, n, None, given, None)
             return
-        except _Unplain:
-            pass
+    except _Unplain:
+        pass
+    finally:
+        store.close()
     del walk
     whole = read_columns(codec, buf, source, 0, None)
     for lo in range(given, whole.rows, rows):
