@@ -252,3 +252,18 @@ def test_memory_does_not_grow_with_a_wide_level_of_directories():
     assert peak_big < 1.25 * peak_small + (1 << 20), (peak_small, peak_big)
     with chunks_of(2048):  # all kept in memory: the measure tells the two apart
         assert _streamed_peak(big)[1] > 1.5 * peak_big
+
+
+@pytest.mark.parametrize("cut", [0.3, 0.6])
+def test_a_truncated_tree_names_its_damage_without_the_whole_file_decoder(monkeypatch, cut):
+    """A tree cut before its last children blocks: the loop check names that damage
+    before any record, as read() does, straight from the buffer (no copy of the file).
+    (Cut later, only texts are lost: the streamed rows come first, then the whole-file
+    decoder names the damage -- test_damaged_trees_stream_as_read_does.)"""
+    buf = _wide_tree(5_000)
+    cut_buf = buf[:int(len(buf) * cut)]
+    want, error = read_all(TREE, cut_buf)
+    monkeypatch.setattr(tree_columns, "read_columns", None)  # calling it would fail
+    got, streamed_error, _ = streamed(cut_buf, 1000)
+    assert got == want == [] and error is not None
+    assert (streamed_error.offset, streamed_error.reason) == (error.offset, error.reason)

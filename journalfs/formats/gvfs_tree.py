@@ -467,22 +467,24 @@ class TreeView:
                                   "is on its own path from the root")
             level = nxt
 
-    def find_loop(self) -> tuple[int, int] | None:
+    def find_loop(self, pace=None) -> tuple[int, int] | None:
         """(dirent, block) where children offsets first loop back to a block on the path from
         the root, or None. Depth-first over children blocks, each expanded once: a block met
         again while still on the current path is a loop; met again elsewhere it is sharing
         (healthy trees share the one empty block). Distinct blocks that hold more dirents in
         total than the file has room for must overlap: FormatError, so the work is bounded by
-        the file's size."""
+        the file's size. ``pace`` is called every 64 blocks read (the pages read so
+        far are not needed again)."""
         on_path, done = 1, 2
         state: dict[int, int] = {}
         dirents_left = self.size // DIRENT_SIZE + 1
+        reads = 0  # children blocks' counts read
         buf = self.buf
 
         def child_blocks(dirent: int) -> tuple[int, list[tuple[int, int]]]:
             """(children block of ``dirent``, [(child dirent, its children block)] of the
             children that have a non-empty block)."""
-            nonlocal dirents_left
+            nonlocal dirents_left, reads
             n, first = self._children_block(dirent)
             if not n:
                 return 0, []
@@ -497,6 +499,9 @@ class TreeView:
                     child = first + DIRENT_SIZE * i
                     if self._u32(block, child + 4):
                         out.append((child, block))
+                    reads += 1
+                    if pace is not None and not reads & 63:
+                        pace()  # the counts of blocks all over the file: keep few pages
             return _u32_from(buf, dirent + 4)[0], out
 
         root_block, kids = child_blocks(self.root)

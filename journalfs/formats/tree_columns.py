@@ -1083,7 +1083,8 @@ def column_batches(codec: Codec, buf, source: str, rows: int, pace=None) -> Iter
     walked straight from ``buf``, each batch's texts spans of it. Where the walk meets what
     it does not decode (damage, unsorted keys, a deep narrow tree), the whole-file decoder
     takes over -- read_columns, the file copied -- and its rows after those already given
-    follow; a tree that is not plain is decoded that way from the start."""
+    follow; a tree that is not plain is decoded that way from the start, unless its loop
+    check already names damage before any record."""
     try:
         tree = TreeView(buf, source)
     except FormatError as exc:
@@ -1102,8 +1103,14 @@ def column_batches(codec: Codec, buf, source: str, rows: int, pace=None) -> Iter
                 given += n
                 yield Columns(columns, n, None, given, None)
             return
+        # not plain: damage find_loop names before any record (a truncated tree) is
+        # found here, without the whole-file decoder's copy of the file
+        tree.find_loop(paced)
     except _Unplain:
         pass
+    except FormatError as exc:
+        yield Columns({}, 0, None, 0, exc)
+        return
     finally:
         store.close()
     del walk
