@@ -72,25 +72,15 @@ def tree_file(shape: str, megabytes: int) -> Path:
     return path
 
 
-def run(cmd: list[str], stdout=subprocess.DEVNULL) -> tuple[float, float, float, int]:
+def run(cmd: list[str]) -> tuple[float, float, float, int]:
     """(wall s, CPU s, peak RSS MB, exit status) of ``cmd`` as a child process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    child = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.DEVNULL, cwd=REPO, env=env)
-    peak = 0
-    while child.poll() is None:
-        try:
-            with open(f"/proc/{child.pid}/status") as f:
-                peak = max(peak, next((int(line.split()[1]) for line in f
-                                       if line.startswith("VmHWM")), 0))
-        except OSError:  # it has just exited
-            pass
-        time.sleep(0.02)
+    status, peak = parse.run_sampled(cmd)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, peak / 1024, child.returncode
+    return wall, cpu, peak / 1024, status
 
 
 def best(repeat: int, cmd: list[str]) -> dict:

@@ -224,9 +224,18 @@ def cli_json(path: Path) -> int:
     """``journalfs records FILE --json > /dev/null`` as a user runs it (this tree's code);
     returns its peak RSS in KiB, sampled from /proc while it runs (a child's rusage would
     also count this process's pages it was forked with)."""
+    status, peak = run_sampled([sys.executable, "-m", "journalfs.cli", "records", str(path),
+                                "--json"])
+    if status:
+        raise SystemExit(f"records --json {path} exited {status}")
+    return peak
+
+
+def run_sampled(cmd: list[str]) -> tuple[int, int]:
+    """(exit status, peak RSS in KiB) of ``cmd`` run from this tree, output discarded."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    child = subprocess.Popen([sys.executable, "-m", "journalfs.cli", "records", str(path),
-                              "--json"], stdout=subprocess.DEVNULL, cwd=REPO, env=env)
+    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             cwd=REPO, env=env)
     peak = 0
     while child.poll() is None:
         try:
@@ -236,9 +245,7 @@ def cli_json(path: Path) -> int:
         except OSError:  # it has just exited
             pass
         time.sleep(0.02)
-    if child.returncode:
-        raise SystemExit(f"records --json {path} exited {child.returncode}")
-    return peak
+    return child.returncode, peak
 
 
 def indexed(path: Path) -> int:
