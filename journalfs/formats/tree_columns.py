@@ -23,9 +23,10 @@ file's bytes (the caller's buffer may be an mmap it closes) made into ``str`` --
 into their JSON spelling, for ``records --json`` -- only when a column is read.
 :func:`column_batches` streams: after a check of the children blocks alone (in file order,
 so nothing is remembered per block), each batch of rows is given as it is walked, its texts
-spans of the caller's buffer, and the walk keeps only two levels' directories and their path
-prefixes. A tree cannot resume mid-file, so where that walk meets what it does not decode,
-:func:`read_columns` takes over and the rows after those given follow.
+spans of the caller's buffer; the walk keeps the next level's children blocks and a chain of
+every directory's parent and name (paths are made from it per batch), past KEEP_BYTES in a
+temporary file. A tree cannot resume mid-file, so where that walk meets what it does not
+decode, :func:`read_columns` takes over and the rows after those given follow.
 """
 from __future__ import annotations
 
@@ -48,8 +49,9 @@ NARROW_NODES, NARROW_LEVELS = 16, 256
 CHUNK_NODES = 1 << 15
 
 #: 64 KB windows of the file a paced step may reach (:func:`_paced_parts`): a fault on a
-#: mapped file maps the cached pages up to 64 KB around it, so nodes whose blocks lie far
-#: apart (a level of directories) would otherwise make one step hold the whole file.
+#: mapped file maps the cached pages around it (whole large folios: ~300 KB a read measured
+#: on 6.18), so nodes whose blocks lie far apart (a level of directories) would otherwise
+#: make one step hold the whole file.
 PACE_WINDOWS = 256
 _WINDOW_SHIFT = 16
 
@@ -264,11 +266,10 @@ class _Children:
     start among the level's, and its path length. A node's dirent, name and path length are
     found when its chunk is walked, so a level costs 24 bytes per directory, not per node."""
 
-    def __init__(self, blocks, counts, first_dir: int, plens, store: "_Store | None" = None):
+    def __init__(self, walk: "_Walk", blocks, counts, first_dir: int, plens):
         bounds = _run_bounds(counts)
         self.first_dir, self.size = first_dir, int(bounds[-1])
-        self.kept = [store.keep(a) if store is not None else _Kept(a)
-                     for a in (blocks + 4, bounds, plens)]
+        self.kept = [walk._keep(a) for a in (blocks + 4, bounds, plens)]
 
     def __len__(self) -> int:
         return self.size
@@ -310,6 +311,10 @@ class _Walk:
         self.pace = None  # called while a wide level is checked (see :meth:`batches`)
         self.store: _Store | None = None  # a streamed walk's per-directory arrays
         self.parent_names: _Kept | None = None  # name spans of the level's parents (streamed)
+
+    def _keep(self, array: np.ndarray) -> _Kept:
+        """``array``, in the streamed walk's store when there is one."""
+        return self.store.keep(array) if self.store is not None else _Kept(array)
 
     def run(self) -> None:
         """The whole walk; every row kept."""
@@ -390,19 +395,16 @@ class _Walk:
         last_end = 0  # ordered: where the last block met ends
         dirents = size // 16 + 1
         # a level: runs of consecutive dirents (first dirent, count)
-        level = [(np.array([self.tree.root], np.int64), np.array([1], np.int64))]
+        level = [(_Kept(np.array([self.tree.root], np.int64)), _Kept(np.array([1], np.int64)))]
         levels = 0
         while level:
             levels += 1
-            if levels > NARROW_LEVELS and len(level) < NARROW_NODES and sum(
-                    int((n.get() if isinstance(n, _Kept) else n).sum()) for _, n in level
-            ) < NARROW_NODES:
+            if levels > NARROW_LEVELS and len(level) < NARROW_NODES and \
+                    sum(int(n.get().sum()) for _, n in level) < NARROW_NODES:
                 return False
             nxt = []
-            for firsts, counts in level:
-                if isinstance(firsts, _Kept):
-                    firsts, counts = firsts.get(), counts.get()
-                bounds = _run_bounds(counts)
+            for kept_firsts, kept_counts in level:
+                firsts, bounds = kept_firsts.get(), _run_bounds(kept_counts.get())
                 for lo in range(0, int(bounds[-1]), CHUNK_NODES):
                     offs, _ = _run_items(firsts, bounds, lo, min(int(bounds[-1]), lo + CHUNK_NODES))
                     if pace is not None and not lo % (8 * CHUNK_NODES):
@@ -432,8 +434,7 @@ class _Walk:
                     dirents -= int(n.sum())
                     if dirents < 0:
                         return False
-                    nxt.append((blocks + 4, n) if self.store is None else
-                               (self.store.keep(blocks + 4), self.store.keep(n)))
+                    nxt.append((self._keep(blocks + 4), self._keep(n)))
             level = nxt
         return True
 
@@ -555,17 +556,16 @@ class _Walk:
             self.dirent_budget -= int(n.sum())
             if self.dirent_budget < 0:
                 raise _Unplain("overlapping children blocks")
-            store = self.store
-            children = _Children(blocks, n, self.dirs,
-                                 np.where(parent_dir[parents] < 0, 0, path_len[parents]), store)
+            children = _Children(self, blocks, n, self.dirs,
+                                 np.where(parent_dir[parents] < 0, 0, path_len[parents]))
             self.dirs += len(parents)
-            if store is None:
+            if self.store is None:
                 self.dir_parent.append(parent_dir[parents])
                 self.dir_name.append(names[parents].astype(np.uint32))
             else:  # streamed: kept for the chain, the parent as its index in its level
-                self.dir_parent.append(store.keep(
+                self.dir_parent.append(self._keep(
                     (parent_dir[parents] - self.prefix_base).astype(np.int32)))
-                self.dir_name.append(store.keep(names[parents].astype(np.uint32)))
+                self.dir_name.append(self._keep(names[parents].astype(np.uint32)))
             self._check_names(children)
         # -- every string of the rows ended at once -----------------------------------
         if starts:
