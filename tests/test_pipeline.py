@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from journalfs.formats import CODECS, FormatError, kestrel
 from journalfs.formats.akka import AkkaData
@@ -295,3 +296,75 @@ def test_input_without_journals_gives_empty_tables(spark, tmp_path):
     for name in ("metadata", "queues", "persistence", "transactions", "_damage"):
         assert (out / name / "_SUCCESS").exists()
     assert pq.read_table(out / "queues").column_names == ["queue", "reader", "head", "tail", "pending"]
+
+
+def _store_table(store: str, records: list[dict], journal: list[tuple] = ()):
+    """A store's group as the metadata table's replay gets it: its tree's records (and
+    journal rows: (source, seq, kind, path, attrs))."""
+    import pyarrow as pa
+    rows = [{"store": store, "source": store, "format": "gvfs-tree", "seq": r["seq"],
+             "kind": "node", "key": r["path"],
+             "attrs": [("mtime", str(r["mtime"])), ("metadata", json.dumps(r["metadata"]))]}
+            for r in records]
+    rows += [{"store": store, "source": source, "format": "gvfs-journal", "seq": seq,
+              "kind": kind, "key": path, "attrs": list(attrs.items())}
+             for source, seq, kind, path, attrs in journal]
+    return pa.Table.from_pylist(rows, schema=pa.schema([
+        ("store", pa.string()), ("source", pa.string()), ("format", pa.string()),
+        ("seq", pa.int64()), ("kind", pa.string()), ("key", pa.string()),
+        ("attrs", pa.map_(pa.string(), pa.string()))]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(nodes=st.lists(st.tuples(
+    st.lists(st.sampled_from(["a", "b", "é", "z z", "0"]), max_size=3),
+    st.dictionaries(st.sampled_from(["k", "emblems", "ä"]),
+                    st.one_of(st.text(max_size=4), st.lists(st.text(max_size=3), max_size=2)),
+                    max_size=2)), max_size=12))
+def test_a_store_with_nothing_to_replay_is_its_trees_rows(tmp_path_factory, nodes):
+    """The fast path of the metadata table (no MergedTree, no dict per record) gives the
+    rows the replay gives, in the same order."""
+    from journalfs.spark import derived
+    tree = CODECS["gvfs-tree"]
+    buf = tree.write([{"path": "/" + "/".join(parts), "metadata": meta, "mtime": 1}
+                      for parts, meta in nodes])
+    store = str(tmp_path_factory.mktemp("store") / "home")
+    Path(store).write_bytes(buf)
+    table = _store_table(store, list(tree.read(buf, store)))
+    fast = derived._tree_state(store, table)
+    assert fast is not None
+    assert fast.to_pylist() == derived._replay_group(table).to_pylist()
+    state = derived.replay_store(store, table.to_pylist())
+    assert [(r["path"], r["key"], r["value"] if r["values"] is None else r["values"])
+            for r in fast.to_pylist()] == \
+        [(p, k, state[p][k]) for p in sorted(state) for k in sorted(state[p])]
+
+
+def test_paths_the_replay_would_merge_take_the_replay(tmp_path):
+    """Two nodes of one path, or a path with an empty component: MergedTree merges them,
+    so the fast path declines."""
+    from journalfs.spark import derived
+    store = str(tmp_path / "home")
+    Path(store).write_bytes(CODECS["gvfs-tree"].write([]))
+    for paths in (["/a", "/a"], ["/a//b"], ["/a/"], ["a"]):
+        records = [{"seq": i, "path": p, "mtime": 0, "metadata": {"k": str(i)}}
+                   for i, p in enumerate(paths)]
+        table = _store_table(store, records)
+        assert derived._tree_state(store, table) is None
+        state = derived.replay_store(store, table.to_pylist())
+        assert derived._replay_group(table).to_pylist() == [
+            {"store": store, "path": p, "key": k, "value": v, "values": None}
+            for p in sorted(state) for k, v in sorted(state[p].items())]
+
+
+def test_a_store_with_journal_entries_is_replayed(tmp_path, monkeypatch):
+    """Entries of the tree's own journal: the replay (they may copy or remove subtrees)."""
+    from journalfs.spark import derived
+    tree = CODECS["gvfs-tree"]
+    store = str(tmp_path / "home")
+    buf = tree.write([{"path": "/a/b", "metadata": {"k": "1"}, "mtime": 1}], tag=0x1234abcd)
+    Path(store).write_bytes(buf)
+    journal = [(store + "-1234abcd.log", 0, "remove", "/a", {})]
+    table = _store_table(store, list(tree.read(buf, store)), journal)
+    monkeypatch.setattr(derived, "_tree_state", None)  # calling it would fail
+    assert derived._replay_group(table).to_pylist() == []

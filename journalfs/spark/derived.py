@@ -154,23 +154,70 @@ def metadata(records: DataFrame) -> DataFrame:
     return gvfs.groupBy("store").applyInArrow(_replay_group, METADATA_DDL)
 
 
+#: Rows of a tree turned into state rows at a time (the fast path of _replay_group).
+TREE_ROWS_AT_ONCE = 65536
+
+
 def _replay_group(table):
     import pyarrow as pa
-    rows = table.to_pylist()
-    store = rows[0]["store"] if rows else None
-    state = replay_store(store, rows)
-    out = {"store": [], "path": [], "key": [], "value": [], "values": []}
+    import pyarrow.compute as pc
+    store = table.column("store")[0].as_py() if table.num_rows else None
+    is_tree = pc.equal(table.column("format"), GvfsTree.name)
+    # a store whose journal has nothing to replay is its tree's rows as they are: no
+    # MergedTree (a node object per path: GBs for a big tree), no dict per record
+    if not _journal_entries(store, table.filter(pc.invert(is_tree)).to_pylist()):
+        state = _tree_state(store, table.filter(is_tree))
+        if state is not None:
+            return state
+    state = replay_store(store, table.to_pylist())
+    out: dict[str, list] = {"store": [], "path": [], "key": [], "value": [], "values": []}
     for path in sorted(state):
         for key in sorted(state[path]):
-            value = state[path][key]
-            out["store"].append(store)
-            out["path"].append(path)
-            out["key"].append(key)
-            out["value"].append(value if isinstance(value, str) else None)
-            out["values"].append(list(value) if isinstance(value, list) else None)
-    return pa.table(out, schema=pa.schema([("store", pa.string()), ("path", pa.string()),
-                                           ("key", pa.string()), ("value", pa.string()),
-                                           ("values", pa.list_(pa.string()))]))
+            _state_row(out, store, path, key, state[path][key])
+    return pa.table(out, schema=_metadata_schema())
+
+
+def _metadata_schema():
+    import pyarrow as pa
+    return pa.schema([("store", pa.string()), ("path", pa.string()), ("key", pa.string()),
+                      ("value", pa.string()), ("values", pa.list_(pa.string()))])
+
+
+def _state_row(out: dict[str, list], store, path: str, key: str, value) -> None:
+    out["store"].append(store)
+    out["path"].append(path)
+    out["key"].append(key)
+    out["value"].append(value if isinstance(value, str) else None)
+    out["values"].append(list(value) if isinstance(value, list) else None)
+
+
+def _tree_state(store: str | None, tree):
+    """The state rows of a store with nothing to replay, from its tree's rows (an Arrow
+    table) a batch at a time, sorted by path and key as :func:`replay_store`'s; None when a
+    path is not canonical ("/a/b": no empty component, no trailing "/") or occurs twice,
+    which MergedTree would merge."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    paths = tree.column("key")
+    if paths.null_count or len(pc.unique(paths)) != len(paths):
+        return None
+    odd = pc.or_(pc.invert(pc.starts_with(paths, "/")), pc.match_substring(paths, "//"))
+    odd = pc.or_(odd, pc.and_(pc.ends_with(paths, "/"), pc.not_equal(paths, "/")))
+    if len(paths) and pc.any(odd).as_py():
+        return None
+    order = pc.sort_indices(paths)  # UTF-8 bytes sort as code points: sorted()'s order
+    paths = paths.take(order)
+    texts = pc.map_lookup(tree.column("attrs").take(order), "metadata", "first")
+    batches = []
+    for lo in range(0, len(paths), TREE_ROWS_AT_ONCE):
+        out: dict[str, list] = {"store": [], "path": [], "key": [], "value": [], "values": []}
+        for path, text in zip(paths[lo:lo + TREE_ROWS_AT_ONCE].to_pylist(),
+                              texts[lo:lo + TREE_ROWS_AT_ONCE].to_pylist()):
+            meta = json.loads(text or "{}")
+            for key in sorted(meta):
+                _state_row(out, store, path, key, meta[key])
+        batches.append(pa.record_batch(out, schema=_metadata_schema()))
+    return pa.Table.from_batches(batches, schema=_metadata_schema())
 
 
 def _tree_tag(tree_path: str) -> str | None:
@@ -188,22 +235,33 @@ def replay_store(store: str | None, rows: list[dict]) -> dict[str, dict]:
     nodes, then the entries of the journal whose tag matches the tree, oldest first, applied
     as the store's own compaction applies them (:class:`MergedTree`)."""
     merged = MergedTree(None)
-    tag = _tree_tag(store) if store else None
-    entries = []
     for r in rows:
-        attrs = r["attrs"] or {}
-        if isinstance(attrs, list):  # Arrow map -> list of (key, value) pairs
-            attrs = dict(attrs)
         if r["format"] == GvfsTree.name:
+            attrs = _attrs(r)
             for key, value in json.loads(attrs.get("metadata") or "{}").items():
                 merged.set(r["key"], key, value, 0)
-        else:
-            named = tree_and_tag(r["source"])
-            if tag is None or (named and named[1] == tag):
-                entries.append((r["source"], r["seq"], r["kind"], r["key"], attrs))
-    for _source, _seq, kind, path, attrs in sorted(entries, key=lambda e: (e[0], e[1])):
+    for _source, _seq, kind, path, attrs in _journal_entries(store, rows):
         value = attrs.get("value", "")
         merged.apply({"kind": kind, "path": path, "key": attrs.get("key"), "mtime": 0,
                       "value": json.loads(value or "[]") if kind == "setv" else value,
                       "source": attrs.get("source")})
     return {path: meta for path, meta, _mtime in merged.items()}
+
+
+def _attrs(row: dict) -> dict:
+    attrs = row["attrs"] or {}
+    return dict(attrs) if isinstance(attrs, list) else attrs  # Arrow map: (key, value) pairs
+
+
+def _journal_entries(store: str | None, rows: list[dict]) -> list[tuple]:
+    """(source, seq, kind, path, attrs) of the journal rows among ``rows`` that the store's
+    tree reads (a journal named with the tree's tag; any when the tag is unknown), oldest
+    first."""
+    tag = _tree_tag(store) if store else None
+    entries = []
+    for r in rows:
+        if r["format"] != GvfsTree.name:
+            named = tree_and_tag(r["source"])
+            if tag is None or (named and named[1] == tag):
+                entries.append((r["source"], r["seq"], r["kind"], r["key"], _attrs(r)))
+    return sorted(entries, key=lambda e: (e[0], e[1]))
