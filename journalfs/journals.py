@@ -10,6 +10,7 @@ import bisect
 import contextlib
 import datetime
 import errno
+import itertools
 import mmap
 import os
 import stat
@@ -313,7 +314,16 @@ class RecordIndex:
             else:  # no resuming mid-file (a tree): the whole file; only the count is kept
                 if win is not None:
                     win.window(0, len(buf))
-                if type(codec).read_columns is not Codec.read_columns:
+                if hasattr(codec, "column_batches"):
+                    # counted a batch at a time: no copy of the file, no columns of it all
+                    count = 0
+                    for cols in codec.column_batches(buf, path):
+                        count += cols.rows
+                        if cols.error is not None:
+                            self.count = count
+                            raise cols.error
+                    self.count = count
+                elif type(codec).read_columns is not Codec.read_columns:
                     # its own column decoder counts the same records, without a dict each
                     cols = codec.read_columns(buf, path)
                     self.count = cols.rows
@@ -357,6 +367,9 @@ class RecordIndex:
         last = self.count if count is None else min(self.count, first + count)
         if first >= last:
             return
+        if hasattr(self.codec, "column_batches"):  # a tree: it streams in batches only
+            yield from self._batch_records(first, last)
+            return
         if self.codec.resumable and self.seqs:
             i = bisect.bisect_right(self.seqs, first) - 1
             seq, start = self.seqs[i], self.offsets[i]
@@ -375,6 +388,20 @@ class RecordIndex:
                 pass  # the damage is already recorded in self.error; the prefix was served
             finally:
                 it.close()
+
+    def _batch_records(self, first: int, last: int) -> Iterator[Record]:
+        """Records ``first .. last-1`` of a codec that streams only in batches of columns
+        (a gvfs tree): the batches before them counted, not made into records."""
+        with self._range(None, last) as (buf, _), \
+                contextlib.closing(self.codec.column_batches(buf, self.path)) as batches:
+            seen = 0
+            for cols in batches:
+                lo, hi = max(first - seen, 0), min(last - seen, cols.rows)
+                if lo < hi:
+                    yield from itertools.islice(cols.records(), lo, hi)
+                seen += cols.rows
+                if seen >= last or cols.error is not None:
+                    return  # the damage is already recorded in self.error
 
     @contextlib.contextmanager
     def _range(self, start: int | None, last: int):

@@ -232,3 +232,29 @@ def test_a_truncated_tree_names_its_damage_without_the_whole_file_decoder(monkey
     got, streamed_error, _ = streamed(cut_buf, 1000)
     assert got == want == [] and error is not None
     assert (streamed_error.offset, streamed_error.reason) == (error.offset, error.reason)
+
+
+@pytest.mark.parametrize("damaged", [False, True])
+@pytest.mark.parametrize("read_by", ["mapped", "pread"])
+def test_the_views_index_and_records_of_a_tree_come_from_its_batches(tmp_path, damaged, read_by):
+    """RecordIndex (what the mount's views use) counts a tree and serves any range of its
+    records from the streamed batches (many here): exactly read()'s, damage included."""
+    from journalfs import journals
+    from journalfs.journals import RecordIndex
+    buf = bytearray(_deep(5, 30))
+    if damaged:  # a bad value offset in the last level
+        view = TreeView(bytes(buf), "t")
+        meta = view.dirent(view.lookup("/d/d/d/d/d/f017"))[2]
+        struct.pack_into(">I", buf, meta + 8, len(buf) + 5)
+    path = tmp_path / "home"
+    path.write_bytes(bytes(buf))
+    records, error = read_all(TREE, bytes(buf), str(path))
+    opener = (lambda: journals.open_path(str(path))) if read_by == "pread" else None
+    with chunks_of(4):
+        index = RecordIndex.build(str(path), opener=opener)
+        assert index.count == len(records) and same_error(index.error, error)
+        n = len(records)
+        for first in (0, 1, 7, n // 2, n - 1, n):
+            for count in (None, 1, 9):
+                want = records[first:] if count is None else records[first:first + count]
+                assert list(index.records(first, count)) == want, (first, count)

@@ -1290,8 +1290,8 @@ class Views:
         only: the names need the records' kinds, not their lines, so a codec with a
         vectorised column decoder is asked for the columns alone (nothing rendered)."""
         codec = idx.codec
-        if len(codec.kinds) == 1 and codec.resumable:
-            # one kind of record (jrnl, akka): the names follow from the index's count alone
+        if len(codec.kinds) == 1:
+            # one kind of record (jrnl, akka, gvfs trees): the names follow from the count alone
             last = min(idx.settled(), first + LIST_BATCH)
             return [(last - first, codec.kinds[0].encode("utf-8", "surrogateescape"))] \
                 if last > first else []
