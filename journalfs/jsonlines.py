@@ -98,6 +98,8 @@ def json_chunk(codec: Codec, buf, path: str, start: int | None, seq: int, count:
     """The JSON lines of up to ``count`` records of ``buf`` from record ``seq`` at ``start``
     (decoding stops before ``stop``); stops silently at damage (callers learn of it from
     their index, or from :func:`columns_chunk`'s caller)."""
+    if hasattr(codec, "column_batches") and start is None:  # a tree: batches from its top
+        return _batches_chunk(codec, buf, path, seq, count)
     if has_columns(codec):
         cols = codec.read_columns(buf, path, start, seq, stop, count)
         if not cols.rows:
@@ -106,6 +108,32 @@ def json_chunk(codec: Codec, buf, path: str, start: int | None, seq: int, count:
         return columns_chunk(codec, buf, path, cols, start, seq, end)
     with contextlib.closing(codec.read(buf, path, start, seq, stop)) as records:
         return records_chunk(records, count)
+
+
+#: Rows rendered at a time from a codec's column batches.
+RENDER_ROWS = 16384
+
+
+def _batches_chunk(codec: Codec, buf, path: str, first: int, count: int) -> JsonChunk:
+    """The JSON lines of records ``first .. first+count-1`` of a codec that streams only in
+    batches of columns (a gvfs tree): the batches before them walked, not rendered; no
+    columns of the whole file held."""
+    parts: list[bytes] = []
+    kinds: list[str] = []
+    seen = 0
+    with contextlib.closing(codec.column_batches(buf, path)) as batches:
+        for cols in batches:
+            lo, hi = max(first - seen, 0), min(first + count - seen, cols.rows)
+            order = list(cols.data)
+            for a in range(lo, hi, RENDER_ROWS):
+                b = min(hi, a + RENDER_ROWS)
+                parts.append(bytes(render_rows(cols, order, a, b)))
+                column = cols.data["kind"]
+                kinds += [column] * (b - a) if isinstance(column, str) else list(column[a:b])
+            seen += cols.rows
+            if seen >= first + count or cols.error is not None:
+                break
+    return JsonChunk(b"".join(parts), len(kinds), kinds) if kinds else EMPTY
 
 
 def columns_chunk(codec: Codec, buf, path: str, cols: Columns, start: int | None, seq: int,

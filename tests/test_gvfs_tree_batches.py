@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from codec_helpers import FAST, columns_as_records, read_all, same_error
+from journalfs import jsonlines
 from journalfs.formats import FormatError, tree_columns
 from journalfs.formats.gvfs_tree import TreeView
 from test_codec_columns import mutate
@@ -258,3 +259,6 @@ def test_the_views_index_and_records_of_a_tree_come_from_its_batches(tmp_path, d
             for count in (None, 1, 9):
                 want = records[first:] if count is None else records[first:first + count]
                 assert list(index.records(first, count)) == want, (first, count)
+        chunk = index.json_chunk(0, n)  # what records.jsonl is made of
+        assert chunk.data == b"".join(map(jsonlines.json_line, records))
+        assert chunk.rows == n and chunk.kinds == ["node"] * n
