@@ -64,6 +64,10 @@ LIST_BATCH = 16 * 1024
 #: Records decoded together for single-record requests; batches with more payload bytes
 #: than this are not remembered.
 RECORD_BATCH = 256
+#: ... for a format that cannot resume mid-file (a gvfs tree, walked from its top for every
+#: batch): more records a walk, so that `ls -l` of a big one walks it tens of times, not
+#: thousands (its records have no payload: a batch costs ~400 bytes a record).
+UNRESUMABLE_RECORD_BATCH = 1 << 14
 BATCH_PAYLOAD_LIMIT = 1 << 20
 #: How long a checked journal is trusted without a stat (writes through the mount reset it).
 TRUST_SECONDS = 0.5
@@ -173,6 +177,11 @@ def record_content(rec: dict) -> bytes:
     if "payload" in rec:
         return bytes(rec["payload"] or b"")
     return json_line(rec)
+
+
+def _record_batch(idx: RecordIndex) -> int:
+    """Records decoded together with one a request asks for."""
+    return RECORD_BATCH if idx.codec.resumable else UNRESUMABLE_RECORD_BATCH
 
 
 def record_file_name(rec: dict) -> bytes:
@@ -839,13 +848,14 @@ class Views:
     def _record(self, rel: bytes, seq: int, idx: RecordIndex) -> dict:
         """Record ``seq`` of a journal, decoded with its neighbours: ``ls -l`` or ``cat *``
         over a journal directory then decodes each record about once, not once per call."""
-        first = seq - seq % RECORD_BATCH
+        size = _record_batch(idx)
+        first = seq - seq % size
         key = self._batch_key(rel, idx, first)
         batch = self.catalog.get(key)
         if batch is None:
-            batch = list(idx.records(first, RECORD_BATCH))
+            batch = list(idx.records(first, size))
             payload = sum(len(r.get("payload") or b"") for r in batch)
-            whole = len(batch) == RECORD_BATCH or idx.complete
+            whole = len(batch) == size or idx.complete
             if whole and payload <= BATCH_PAYLOAD_LIMIT:
                 self.catalog.put(key, batch, payload + 400 * len(batch))
         if not 0 <= seq - first < len(batch):
@@ -861,7 +871,7 @@ class Views:
         info = self._trusted_info(node.rel)
         if info is None or info.index is None:
             return None
-        first = node.seq - node.seq % RECORD_BATCH
+        first = node.seq - node.seq % _record_batch(info.index)
         batch = self.catalog.get(self._batch_key(node.rel, info.index, first))
         if batch is None or not 0 <= node.seq - first < len(batch):
             return None
