@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from .formats import CODECS, SNIFF_BYTES, Codec, FormatError, detect, record_offsets
-from .formats.base import Record
+from .formats.base import Record, rows_of_batches
 from .jsonlines import EMPTY, JsonChunk, json_chunk
 
 #: A checkpoint is kept every this many records (bounded memory for huge journals).
@@ -394,14 +394,9 @@ class RecordIndex:
         (a gvfs tree): the batches before them counted, not made into records."""
         with self._range(None, last) as (buf, _), \
                 contextlib.closing(self.codec.column_batches(buf, self.path)) as batches:
-            seen = 0
-            for cols in batches:
-                lo, hi = max(first - seen, 0), min(last - seen, cols.rows)
-                if lo < hi:
-                    yield from itertools.islice(cols.records(), lo, hi)
-                seen += cols.rows
-                if seen >= last or cols.error is not None:
-                    return  # the damage is already recorded in self.error
+            # clipped at the damage, which is already recorded in self.error
+            for cols, lo, hi in rows_of_batches(batches, first, last):
+                yield from itertools.islice(cols.records(), lo, hi)
 
     @contextlib.contextmanager
     def _range(self, start: int | None, last: int):

@@ -21,7 +21,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .formats import Codec, FormatError
-from .formats.base import Base64Bytes, Columns, IntLists, Record, RecordLists, record_json_line
+from .formats.base import (Base64Bytes, Columns, IntLists, Record, RecordLists, record_json_line,
+                          rows_of_batches)
 
 
 def json_line(rec: Record) -> bytes:
@@ -120,19 +121,14 @@ def _batches_chunk(codec: Codec, buf, path: str, first: int, count: int) -> Json
     columns of the whole file held."""
     parts: list[bytes] = []
     kinds: list[str] = []
-    seen = 0
     with contextlib.closing(codec.column_batches(buf, path)) as batches:
-        for cols in batches:
-            lo, hi = max(first - seen, 0), min(first + count - seen, cols.rows)
+        for cols, lo, hi in rows_of_batches(batches, first, first + count):
             order = list(cols.data)
             for a in range(lo, hi, RENDER_ROWS):
                 b = min(hi, a + RENDER_ROWS)
                 parts.append(bytes(render_rows(cols, order, a, b)))
                 column = cols.data["kind"]
                 kinds += [column] * (b - a) if isinstance(column, str) else list(column[a:b])
-            seen += cols.rows
-            if seen >= first + count or cols.error is not None:
-                break
     return JsonChunk(b"".join(parts), len(kinds), kinds) if kinds else EMPTY
 
 

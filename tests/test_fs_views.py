@@ -339,6 +339,30 @@ def test_big_journal_lists_and_reads(tmp_path):
         check_big_journal(mnt, src, 30_000)
 
 
+def test_a_big_gvfs_tree_lists_and_reads(tmp_path):
+    """A tree of 150,000 records (many batches of its streamed walk, more than one of
+    single-record requests) through a real mount: every name listed, records far in read as
+    the CLI prints them, records.jsonl whole."""
+    from journalfs.formats import CODECS
+    count = 150_000
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    (src / "home").write_bytes(CODECS["gvfs-tree"].write(
+        [{"path": f"/home/d{i // 1000}/f{i}", "mtime": 1_700_000_000 + i,
+          "metadata": {"annotation": f"note {i}"}} for i in range(count)]))
+    lines = subprocess.run([sys.executable, "-m", "journalfs.cli", "records", str(src / "home"),
+                            "--json"], capture_output=True, check=True).stdout.splitlines()
+    assert len(lines) == count
+    with mounted(src, mnt, "--store", str(tmp_path / "store")):
+        view = mnt / ".journalfs" / "records" / "home"
+        with os.scandir(view) as it:
+            names = sorted(entry.name for entry in it)
+        assert names == [f"{n:08d}.node" for n in range(count)] + ["records.jsonl"]
+        for seq in (0, 20_000, count - 1):
+            assert (view / f"{seq:08d}.node").read_bytes().rstrip(b"\n") == lines[seq]
+        assert (view / "records.jsonl").read_bytes().splitlines() == lines
+
+
 @pytest.mark.soak
 def test_ten_million_records_bounded_memory(tmp_path):
     import psutil

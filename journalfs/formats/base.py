@@ -71,6 +71,21 @@ class Columns:
             yield dict(zip(names, row))
 
 
+def rows_of_batches(batches: Iterator[Columns], first: int, last: int
+                    ) -> Iterator[tuple[Columns, int, int]]:
+    """(batch, lo, hi) for rows ``first .. last-1`` counted across consecutive batches of
+    columns (a codec's ``column_batches``): the batches before them are passed over; stops
+    after the one holding the last row or the damage."""
+    seen = 0
+    for cols in batches:
+        lo, hi = max(first - seen, 0), min(last - seen, cols.rows)
+        if lo < hi:
+            yield cols, lo, hi
+        seen += cols.rows
+        if seen >= last or cols.error is not None:
+            return
+
+
 class BuiltOnAccess(Sequence):
     """A column whose values are built only when read: ``build(i)`` makes row ``i``'s value
     (a fresh object each time). For nested values whose Python objects cost far more than

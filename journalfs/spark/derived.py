@@ -170,7 +170,7 @@ def _replay_group(table):
         if state is not None:
             return state
     state = replay_store(store, table.to_pylist())
-    out: dict[str, list] = {"store": [], "path": [], "key": [], "value": [], "values": []}
+    out = _empty_state()
     for path in sorted(state):
         for key in sorted(state[path]):
             _state_row(out, store, path, key, state[path][key])
@@ -181,6 +181,10 @@ def _metadata_schema():
     import pyarrow as pa
     return pa.schema([("store", pa.string()), ("path", pa.string()), ("key", pa.string()),
                       ("value", pa.string()), ("values", pa.list_(pa.string()))])
+
+
+def _empty_state() -> dict[str, list]:
+    return {name: [] for name in ("store", "path", "key", "value", "values")}
 
 
 def _state_row(out: dict[str, list], store, path: str, key: str, value) -> None:
@@ -210,7 +214,7 @@ def _tree_state(store: str | None, tree):
     texts = pc.map_lookup(tree.column("attrs").take(order), "metadata", "first")
     batches = []
     for lo in range(0, len(paths), TREE_ROWS_AT_ONCE):
-        out: dict[str, list] = {"store": [], "path": [], "key": [], "value": [], "values": []}
+        out = _empty_state()
         for path, text in zip(paths[lo:lo + TREE_ROWS_AT_ONCE].to_pylist(),
                               texts[lo:lo + TREE_ROWS_AT_ONCE].to_pylist()):
             meta = json.loads(text or "{}")
