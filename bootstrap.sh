@@ -22,6 +22,7 @@ APT_PACKAGES=(
   acl libcap2-bin                                       # setfacl/getfacl, setcap/getcap (xattr namespace tests)
   autoconf automake make perl openssl                   # pjdfstest's build and run (tests/pjdfstest_build.py)
   fio                                                   # bench/fuse.py's fio rows
+  jq                                                    # the demo's payloads checked as a user would
 )
 
 install() {
