@@ -96,8 +96,8 @@ demo() {
 }
 
 run_tests() {
-  # shared/ sits beside the repo (../shared); tests read the conformance data from there
-  export JOURNALFS_SHARED=${JOURNALFS_SHARED:-$(cd .. && pwd)/shared}
+  # The tests' data is in the repository (tests/data/). The third-party suites (pjdfstest)
+  # are found as tests/suites.py says, and skip with a one-line reason when absent.
   .venv/bin/python -m pytest -q -ra --durations=20 -p no:cacheprovider "$@"
 }
 

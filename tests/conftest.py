@@ -114,8 +114,9 @@ def suite_cleans_up(request):
 
 @pytest.hookimpl(trylast=True)  # after pytest's own tmp_path clean-up, which reads the directory
 def pytest_sessionfinish(session, exitstatus):
-    # a passed session leaves nothing; a failed one keeps its files to look at
-    if SESSION_TMP is not None and exitstatus == 0 and not mounts_under(SESSION_TMP):
+    # a passed session (or one that selected no test: 5) leaves nothing; a failed one keeps
+    # its files to look at
+    if SESSION_TMP is not None and exitstatus in (0, 5) and not mounts_under(SESSION_TMP):
         shutil.rmtree(SESSION_TMP, ignore_errors=True)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRE_ENV = "JOURNALFS_REQUIRE_SUITES"
+SHARED_ENV = "JOURNALFS_SHARED"
 
 #: what each suite is and where to get it (for the one-line skip reason)
 HOW_TO_GET = {
@@ -35,8 +36,8 @@ def candidates(name: str) -> list[Path]:
     found = []
     if os.environ.get(env_var(name)):
         found.append(Path(os.environ[env_var(name)]))
-    if os.environ.get("JOURNALFS_SHARED"):
-        found.append(Path(os.environ["JOURNALFS_SHARED"]) / "conformance" / name)
+    if os.environ.get(SHARED_ENV):
+        found.append(Path(os.environ[SHARED_ENV]) / "conformance" / name)
     found.append(REPO.parent / "shared" / "conformance" / name)
     return found
 
@@ -59,6 +60,7 @@ def require(name: str, required_file: str) -> Path:
     """Suite ``name``'s directory, else skip the calling test with one line (fail instead
     under JOURNALFS_REQUIRE_SUITES=1)."""
     import pytest  # here: bench/ scripts use this module without pytest
+    __tracebackhide__ = True  # the skip is reported at the calling test's line
     directory = locate(name, required_file)
     if directory is not None:
         return directory

@@ -31,10 +31,11 @@ def ensure_user(name: str) -> pwd.struct_passwd:
     return pwd.getpwnam(name)
 
 
-def remove_created() -> None:
-    """userdel every user this process created (with the group useradd made for it); one that
-    cannot be removed (a process of theirs still runs) stays listed by remaining_created()."""
-    for name in list(_created):
+def remove_created(names: list[str] | None = None) -> None:
+    """userdel every user this process created (or those of ``names`` it created), with the
+    group useradd made for it; one that cannot be removed (a process of theirs still runs)
+    stays listed by remaining_created()."""
+    for name in [n for n in _created if names is None or n in names]:
         proc = subprocess.run(["userdel", name], capture_output=True, text=True)
         if proc.returncode in (0, 6):  # 6: already gone
             _created.remove(name)
