@@ -26,14 +26,31 @@ CONFORMANCE = REPO / "tests" / "data" / "conformance"
 
 #: this session's temporary directory (set in pytest_configure)
 SESSION_TMP: Path | None = None
+SESSION_PREFIX = "journalfs-tests-"
+#: directories of failed sessions kept to look at (older ones are removed)
+KEEP_FAILED = 3
+
+
+def prune_dead_sessions(parent: Path) -> None:
+    """Remove the directories of finished sessions (failed ones, which keep theirs) beyond
+    the newest KEEP_FAILED; a session still running or with a mount below is left alone."""
+    dead = []
+    for path in parent.glob(SESSION_PREFIX + "*-*"):
+        pid = path.name[len(SESSION_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists() and not mounts_under(path):
+            dead.append(path)
+    dead.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in dead[KEEP_FAILED:]:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def pytest_configure(config):
     global SESSION_TMP
     if SESSION_TMP is not None:
         return
+    prune_dead_sessions(Path(tempfile.gettempdir()))
     # 0755: tests hand sub-directories to unprivileged users and to allow_other mounts
-    SESSION_TMP = Path(tempfile.mkdtemp(prefix="journalfs-tests-"))
+    SESSION_TMP = Path(tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{os.getpid()}-"))
     SESSION_TMP.chmod(0o755)
     tempfile.tempdir = str(SESSION_TMP)
     os.environ["TMPDIR"] = str(SESSION_TMP)

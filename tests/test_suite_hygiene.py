@@ -12,7 +12,8 @@ import pytest
 
 import suites
 import users
-from conftest import CONFORMANCE, leftovers, user_stores
+from conftest import (CONFORMANCE, KEEP_FAILED, SESSION_PREFIX, prune_dead_sessions, leftovers,
+                      user_stores)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,3 +97,20 @@ def test_leftovers_name_mounts_loop_devices_users_and_stores(tmp_path, monkeypat
         users.remove_created([name])
     found = leftovers(tmp_path, stores_before)
     assert found == ["store leaked left in the user's data directory"], found
+
+
+def test_finished_sessions_directories_are_pruned_to_the_newest_few(tmp_path):
+    """A failed session keeps its directory to look at; the next session removes all but the
+    newest KEEP_FAILED of those, never one of a session still running."""
+    dead = []
+    for i in range(KEEP_FAILED + 2):
+        path = tmp_path / f"{SESSION_PREFIX}{99_999_990 + i}-abc"  # no such process
+        path.mkdir()
+        (path / "f").write_text("x")
+        os.utime(path, (1_000_000 + i, 1_000_000 + i))
+        dead.append(path)
+    running = tmp_path / f"{SESSION_PREFIX}{os.getpid()}-abc"
+    running.mkdir()
+    os.utime(running, (0, 0))
+    prune_dead_sessions(tmp_path)
+    assert sorted(tmp_path.iterdir()) == sorted(dead[-KEEP_FAILED:] + [running])
