@@ -22,7 +22,8 @@ SHARED_ENV = "JOURNALFS_SHARED"
 
 #: what each suite is and where to get it (for the one-line skip reason)
 HOW_TO_GET = {
-    "pjdfstest": "a `git archive` of github.com/pjd/pjdfstest as pjdfstest-src.tar.gz",
+    "pjdfstest": "pjdfstest-src.tar.gz (`git archive --format=tar.gz` of github.com/pjd/pjdfstest; "
+                 "README's Tests section)",
     "xfstests": "xfstests-src.tar.gz (git.kernel.org xfstests-dev) with xfstests-fuse.patch and sample.txt",
 }
 
