@@ -27,6 +27,7 @@ def bare_clone(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.fast
 def test_a_missing_suite_skips_with_one_line_saying_how_to_get_it(bare_clone):
     with pytest.raises(pytest.skip.Exception) as skipped:
         suites.require("pjdfstest", "pjdfstest-src.tar.gz")
@@ -36,6 +37,7 @@ def test_a_missing_suite_skips_with_one_line_saying_how_to_get_it(bare_clone):
     assert "JOURNALFS_PJDFSTEST" in reason and "github.com/pjd/pjdfstest" in reason
 
 
+@pytest.mark.fast
 def test_a_missing_suite_fails_where_suites_are_required(bare_clone, monkeypatch):
     monkeypatch.setenv(suites.REQUIRE_ENV, "1")
     with pytest.raises(pytest.fail.Exception) as failed:
@@ -43,6 +45,7 @@ def test_a_missing_suite_fails_where_suites_are_required(bare_clone, monkeypatch
     assert "JOURNALFS_REQUIRE_SUITES=1" in str(failed.value)
 
 
+@pytest.mark.fast
 def test_a_suite_is_found_by_its_variable_then_shared_then_beside_the_clone(bare_clone, monkeypatch):
     beside = bare_clone / "shared" / "conformance" / "pjdfstest"
     beside.mkdir(parents=True)
@@ -60,6 +63,7 @@ def test_a_suite_is_found_by_its_variable_then_shared_then_beside_the_clone(bare
     assert suites.require("pjdfstest", "pjdfstest-src.tar.gz") == own
 
 
+@pytest.mark.fast
 def test_the_tests_read_no_data_from_outside_the_repository():
     """Only the third-party suites' finder may look beside the clone."""
     assert (CONFORMANCE / "records" / "expected.json").is_file()
@@ -99,6 +103,7 @@ def test_leftovers_name_mounts_loop_devices_users_and_stores(tmp_path, monkeypat
     assert found == ["store leaked left in the user's data directory"], found
 
 
+@pytest.mark.fast
 def test_finished_sessions_directories_are_pruned_to_the_newest_few(tmp_path):
     """A failed session keeps its directory to look at; the next session removes all but the
     newest KEEP_FAILED of those, never one of a session still running."""
