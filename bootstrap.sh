@@ -22,6 +22,7 @@ APT_PACKAGES=(
   acl libcap2-bin                                       # setfacl/getfacl, setcap/getcap (xattr namespace tests)
   autoconf automake make perl openssl                   # pjdfstest's build and run (tests/pjdfstest_build.py)
   fio                                                   # bench/fuse.py's fio rows
+  jq                                                    # the demo's payloads checked as a user would
 )
 
 install() {
@@ -95,8 +96,8 @@ demo() {
 }
 
 run_tests() {
-  # shared/ sits beside the repo (../shared); tests read the conformance data from there
-  export JOURNALFS_SHARED=${JOURNALFS_SHARED:-$(cd .. && pwd)/shared}
+  # The tests' data is in the repository (tests/data/). The third-party suites (pjdfstest)
+  # are found as tests/suites.py says, and skip with a one-line reason when absent.
   .venv/bin/python -m pytest -q -ra --durations=20 -p no:cacheprovider "$@"
 }
 

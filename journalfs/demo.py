@@ -40,10 +40,22 @@ WORDS = ("invoice", "resize", "thumbnail", "email", "backup", "index", "report",
 
 
 def _text(rng: random.Random, lo: int, hi: int) -> bytes:
-    """A JSON-ish payload of ``lo..hi`` bytes (realistic, compressible, not random noise)."""
+    """A whole JSON object of ``lo..hi`` bytes, as a queue's producer would put: a task, a
+    number, who sent it, and a ``note`` of words filling it to the size drawn (realistic,
+    compressible, not random noise). Below ~40 bytes the fullest object that fits (at least
+    12 bytes; then a bare JSON number cut to the size)."""
     size = rng.randint(lo, hi)
-    body = f'{{"task":"{rng.choice(WORDS)}","n":{rng.randrange(10**6)},"by":"{rng.choice(WORDS)}"}}'
-    return (body * (size // len(body) + 1)).encode()[:size]
+    task, n, by = rng.choice(WORDS), rng.randrange(10**6), rng.choice(WORDS)
+    heads = (f'{{"task":"{task}","n":{n},"by":"{by}"', f'{{"task":"{task}","n":{n}', f'{{"n":{n}')
+    for head in heads:
+        room = size - len(head) - len(',"note":""}')
+        if room >= 0:
+            note = (f"{task} {by} " * (room // 2 + 1))[:room]
+            return f'{head},"note":"{note}"}}'.encode()
+    for head in heads:
+        if len(head) + 1 <= size:
+            return f"{head}}}".encode()
+    return str(n).encode()[:size]
 
 
 # -- Kestrel -------------------------------------------------------------------------------------

@@ -1,32 +1,152 @@
-"""Fixtures shared by every test module: where ../shared's conformance data lives."""
+"""Fixtures shared by every test module: the conformance corpus the repository carries
+(tests/data/conformance), and the suite's own clean-up check.
+
+Every test session works in one private temporary directory (TMPDIR and ``tempfile``'s default
+point into it, pytest's ``tmp_path`` too). When the session ends, the users it created are
+removed (tests/users.py), and the session fails if any mount or loop device it made is still
+there, or a store appeared in the real user's data directory; the directory is removed when
+the session passed.
+"""
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
+import users
+
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("JOURNALFS_SHARED", REPO.parent / "shared")).resolve()
-CONFORMANCE = SHARED / "conformance"
+#: the project's conformance corpus, in the repository (its README says what made each file)
+CONFORMANCE = REPO / "tests" / "data" / "conformance"
+
+#: this session's temporary directory (set in pytest_configure)
+SESSION_TMP: Path | None = None
+SESSION_PREFIX = "journalfs-tests-"
+#: directories of failed sessions kept to look at (older ones are removed)
+KEEP_FAILED = 3
 
 
-def _need(path: Path) -> Path:
-    if not path.exists():
-        pytest.fail(f"conformance data missing: {path} (set JOURNALFS_SHARED)")
-    return path
+def prune_dead_sessions(parent: Path) -> None:
+    """Remove the directories of finished sessions (failed ones, which keep theirs) beyond
+    the newest KEEP_FAILED; a session still running or with a mount below is left alone."""
+    dead = []
+    for path in parent.glob(SESSION_PREFIX + "*-*"):
+        pid = path.name[len(SESSION_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists() and not mounts_under(path):
+            dead.append(path)
+    dead.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in dead[KEEP_FAILED:]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def pytest_configure(config):
+    global SESSION_TMP
+    if SESSION_TMP is not None:
+        return
+    prune_dead_sessions(Path(tempfile.gettempdir()))
+    # 0755: tests hand sub-directories to unprivileged users and to allow_other mounts
+    SESSION_TMP = Path(tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{os.getpid()}-"))
+    SESSION_TMP.chmod(0o755)
+    tempfile.tempdir = str(SESSION_TMP)
+    os.environ["TMPDIR"] = str(SESSION_TMP)
+
+
+def _unescape(field: str) -> str:
+    return field.encode().decode("unicode_escape").encode("latin-1").decode(errors="surrogateescape")
+
+
+def mounts_under(top: Path) -> list[tuple[str, str]]:
+    """(mountpoint, filesystem type) of every mount at or below ``top``, deepest first."""
+    found = []
+    prefix = str(top).rstrip("/") + "/"
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            point = _unescape(fields[4])
+            fstype = fields[fields.index("-") + 1]
+            if point == str(top) or point.startswith(prefix):
+                found.append((point, fstype))
+    return sorted(found, key=lambda m: m[0].count("/"), reverse=True)
+
+
+def loops_under(top: Path) -> list[tuple[str, str]]:
+    """(loop device, backing file) of every loop device whose image lies below ``top``."""
+    out = subprocess.run(["losetup", "--list", "--noheadings", "--raw", "--output", "NAME,BACK-FILE"],
+                         capture_output=True, text=True).stdout
+    prefix = str(top).rstrip("/") + "/"
+    found = []
+    for line in out.splitlines():
+        name, _, back = line.partition(" ")
+        back = _unescape(back.strip()).removesuffix(" (deleted)")
+        if back.startswith(prefix):
+            found.append((name, back))
+    return found
+
+
+def user_stores() -> set[str]:
+    """The stores in the real user's data directory (where `journalfs mount` puts a default
+    store); no test may add one."""
+    data = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    stores = data / "journalfs" / "stores"
+    return set(os.listdir(stores)) if stores.is_dir() else set()
+
+
+def leftovers(top: Path, stores_before: set[str]) -> list[str]:
+    """What the suite made and did not remove: mounts and loop devices under ``top``, users it
+    created, stores added to the real user's data directory."""
+    problems = [f"mount left on {point} ({fstype})" for point, fstype in mounts_under(top)]
+    problems += [f"loop device {name} left on {back}" for name, back in loops_under(top)]
+    problems += [f"user {name} left behind" for name in users.remaining_created()]
+    problems += [f"store {name} left in the user's data directory"
+                 for name in sorted(user_stores() - stores_before)]
+    return problems
+
+
+def _remove_leftovers(top: Path) -> None:
+    """Best effort, so that one leak does not break the next run (the session fails anyway)."""
+    for point, _ in mounts_under(top):
+        subprocess.run(["umount", "-l", point], capture_output=True)
+    for name, _ in loops_under(top):
+        subprocess.run(["losetup", "-d", name], capture_output=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def suite_cleans_up(request):
+    """Removes the users the session created; fails the session if it left a mount, a loop
+    device, a user or a store behind."""
+    stores_before = user_stores()
+    yield
+    users.remove_created()
+    problems = leftovers(SESSION_TMP, stores_before)
+    if problems:
+        _remove_leftovers(SESSION_TMP)
+        pytest.fail("the test suite left behind what it made:\n  " + "\n  ".join(problems),
+                    pytrace=False)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own tmp_path clean-up, which reads the directory
+def pytest_sessionfinish(session, exitstatus):
+    # a passed session (or one that selected no test: 5) leaves nothing; a failed one keeps
+    # its files to look at
+    if SESSION_TMP is not None and exitstatus in (0, 5) and not mounts_under(SESSION_TMP):
+        shutil.rmtree(SESSION_TMP, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    return _need(SHARED)
+def conformance_dir() -> Path:
+    """tests/data/conformance: gvfs/, records/, vectors.json."""
+    return CONFORMANCE
 
 
 @pytest.fixture(scope="session")
 def records_corpus() -> Path:
-    """../shared/conformance/records (holds expected.json)."""
-    return _need(CONFORMANCE / "records")
+    """tests/data/conformance/records (holds expected.json)."""
+    return CONFORMANCE / "records"
 
 
 @pytest.fixture(scope="session")
@@ -36,12 +156,12 @@ def records_expected(records_corpus) -> dict:
 
 @pytest.fixture(scope="session")
 def vectors() -> dict:
-    return json.loads(_need(CONFORMANCE / "vectors.json").read_text())
+    return json.loads((CONFORMANCE / "vectors.json").read_text())
 
 
 @pytest.fixture(scope="session")
 def gvfs_snapshots() -> list[Path]:
     """Every snapshot directory of the real-gvfs corpora (each has gvfs-metadata/ and expected.json)."""
-    snaps = sorted(_need(CONFORMANCE / "gvfs").glob("*/snapshots/*"))
+    snaps = sorted((CONFORMANCE / "gvfs").glob("*/snapshots/*"))
     assert snaps, "no gvfs snapshots found"
     return snaps

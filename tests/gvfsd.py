@@ -139,7 +139,7 @@ class GvfsSession:
         self.start_metadata_daemon = start_metadata_daemon
         self._activated: set[int] = set()  # pids of gvfsd-metadata the bus started
         # unix socket paths are limited to 108 bytes: keep the bus in a short /tmp dir
-        self._bus_dir = Path(tempfile.mkdtemp(prefix="jfs-bus-", dir="/tmp"))
+        self._bus_dir = Path(tempfile.mkdtemp(prefix="jfs-bus-"))
         self._own_scratch = scratch is None
         self.scratch = Path(scratch) if scratch else Path(tempfile.mkdtemp(prefix="jfs-gvfs-"))
         self.home = self.scratch / "home"

@@ -1,8 +1,8 @@
 """Build pjdfstest (the POSIX filesystem test suite) once into a cache directory, run it in a
 directory, and read its TAP results.
 
-The source is the tarball in ``../shared/conformance/pjdfstest/`` (a ``git archive`` of one
-commit, named in the README beside it); it is never copied into this repository. The build
+The source is the tarball ``pjdfstest-src.tar.gz`` (a ``git archive`` of one commit, named in
+the README beside it), found as tests/suites.py says; it is never copied into this repository. The build
 goes to ``$JOURNALFS_CACHE`` (default ``~/.cache/journalfs``) ``/pjdfstest-<commit>`` and is
 reused while that directory exists. Needs autoconf, automake, make, gcc, perl (prove) and
 openssl (Debian packages; bootstrap.sh installs them).
@@ -24,10 +24,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("JOURNALFS_SHARED", REPO.parent / "shared")).resolve()
-SOURCE_DIR = SHARED / "conformance" / "pjdfstest"
-TARBALL = SOURCE_DIR / "pjdfstest-src.tar.gz"
+import suites
+
+TARBALL_NAME = "pjdfstest-src.tar.gz"
 TOOLS = ("autoreconf", "make", "gcc", "prove", "openssl")
 
 
@@ -35,18 +34,26 @@ class BuildError(RuntimeError):
     """pjdfstest could not be built; the message says what is missing or what failed."""
 
 
-def source_commit() -> str:
+def source_dir() -> Path:
+    """The directory holding the tarball (see tests/suites.py)."""
+    found = suites.locate("pjdfstest", TARBALL_NAME)
+    if found is None:
+        raise BuildError(suites.missing_reason("pjdfstest", TARBALL_NAME))
+    return found
+
+
+def source_commit(tarball: Path) -> str:
     """The commit the tarball was archived from (named in its README, else the tar header)."""
-    readme = SOURCE_DIR / "README.md"
+    readme = tarball.parent / "README.md"
     if readme.exists():
         found = re.search(r"\b[0-9a-f]{40}\b", readme.read_text())
         if found:
             return found.group(0)
-    with tarfile.open(TARBALL) as tar:  # `git archive` stores the commit as the pax comment
+    with tarfile.open(tarball) as tar:  # `git archive` stores the commit as the pax comment
         comment = tar.pax_headers.get("comment", "")
     if re.fullmatch(r"[0-9a-f]{40}", comment):
         return comment
-    raise BuildError(f"cannot tell which pjdfstest commit {TARBALL} holds")
+    raise BuildError(f"cannot tell which pjdfstest commit {tarball} holds")
 
 
 def cache_root() -> Path:
@@ -58,9 +65,8 @@ def cache_root() -> Path:
 def build() -> Path:
     """The directory holding the built ``pjdfstest`` binary and its ``tests/`` (built now
     unless a previous build of the same commit is there)."""
-    if not TARBALL.exists():
-        raise BuildError(f"pjdfstest source missing: {TARBALL} (set JOURNALFS_SHARED)")
-    target = cache_root() / f"pjdfstest-{source_commit()}"
+    tarball = source_dir() / TARBALL_NAME
+    target = cache_root() / f"pjdfstest-{source_commit(tarball)}"
     if (target / "pjdfstest").is_file() and (target / "tests" / "conf").is_file():
         return target
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
@@ -70,7 +76,7 @@ def build() -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".pjdfstest-build-", dir=target.parent))
     try:
-        with tarfile.open(TARBALL) as tar:
+        with tarfile.open(tarball) as tar:
             tar.extractall(work, filter="data")
         tree = work / "pjdfstest" if (work / "pjdfstest").is_dir() else work
         for cmd in (["autoreconf", "-ifs"], ["./configure"], ["make", "pjdfstest"]):
@@ -231,7 +237,7 @@ def run_suite(directory: str | os.PathLike, jobs: int = 2, only: list[str] | Non
 
 def searchable_tempdir(prefix: str) -> Path:
     """A fresh 0755 directory whose every parent others can search (not pytest's 0700 one)."""
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    path = Path(tempfile.mkdtemp(prefix=prefix))
     path.chmod(0o755)
     return path
 

@@ -1,4 +1,4 @@
-"""Every conformance file and byte vector decodes exactly as ../shared says.
+"""Every conformance file and byte vector decodes exactly as tests/data/conformance says.
 
 The corpus is run through the real console script (as the acceptance check does) and through
 the codecs in-process; the vectors through the codecs and the CLI's JSON encoding.

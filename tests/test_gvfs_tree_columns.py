@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from codec_helpers import FAST, columns_as_records, columns_traced, read_all, same_error
+from conftest import CONFORMANCE
 from journalfs import jsonlines
 from journalfs.formats import CODECS, Codec, FormatError, tree_columns
 from journalfs.formats.gvfs_tree import DIRENT_SIZE, TreeView
@@ -21,8 +22,7 @@ TREE = CODECS["gvfs-tree"]
 
 
 def _corpus_trees() -> list[Path]:
-    import os
-    root = Path(os.environ.get("JOURNALFS_SHARED", "/work/shared")) / "conformance" / "gvfs"
+    root = CONFORMANCE / "gvfs"
     return sorted(p for p in root.glob("*/snapshots/*/gvfs-metadata/*")
                   if p.is_file() and not p.name.endswith(".log"))
 

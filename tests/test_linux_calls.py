@@ -64,7 +64,7 @@ def second_user() -> pwd.struct_passwd:
 @pytest.fixture(scope="module")
 def box():
     """(SOURCE, MOUNT, store) of one shared allow_other mount, reachable by the test users."""
-    top = Path(tempfile.mkdtemp(prefix="jfs-calls-", dir="/tmp"))
+    top = Path(tempfile.mkdtemp(prefix="jfs-calls-"))
     os.chmod(top, 0o755)
     src, mnt, store = top / "src", top / "mnt", top / "store"
     src.mkdir(mode=0o755)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -114,6 +115,15 @@ def test_installer_fills_in_the_journalfs_path(staged):
         assert str(JOURNALFS) in text, path
     assert os.access(helper, os.X_OK) and os.access(shim, os.X_OK)
     assert unit.stat().st_mode & 0o777 == 0o644
+
+
+def test_unit_documentation_is_the_installed_man_page(staged):
+    """`systemctl help journalfs@X` opens journalfs(1), the page the installer puts beside it."""
+    unit = (staged / "etc" / "systemd" / "system" / "journalfs@.service").read_text()
+    docs = re.findall(r"^Documentation=(.*)$", unit, re.M)
+    assert docs == ["man:journalfs(1)"]
+    page = staged / "usr" / "local" / "share" / "man" / "man1" / "journalfs.1"
+    assert page.is_file() and page.read_text().startswith(".TH JOURNALFS 1")
 
 
 def test_installer_refuses_without_a_journalfs(tmp_path):

@@ -32,12 +32,12 @@ def table(out: Path, name: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def conformance_run(spark, tmp_path_factory, shared_dir):
+def conformance_run(spark, tmp_path_factory, conformance_dir):
     """One pipeline run over a copy of every conformance journal (records + gvfs stores)."""
     base = tmp_path_factory.mktemp("pipe")
     src = base / "in"
-    shutil.copytree(shared_dir / "conformance" / "records", src / "records")
-    shutil.copytree(shared_dir / "conformance" / "gvfs", src / "gvfs")
+    shutil.copytree(conformance_dir / "records", src / "records")
+    shutil.copytree(conformance_dir / "gvfs", src / "gvfs")
     for d, _dirs, files in os.walk(src):
         os.chmod(d, 0o755)
         for f in files:

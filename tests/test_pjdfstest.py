@@ -4,7 +4,8 @@ journalfs is mounted as root with ``-o allow_other`` (the suite switches to uids
 65533) and default options otherwise, over a fresh SOURCE; the suite runs with ``prove -r
 -j2`` from a 0755 subdirectory of the mount. Any failed subtest fails the test, listing every
 failed file with its subtest numbers and first diagnostics. The build is cached (see
-tests/pjdfstest_build.py); the first run builds it (~10 s).
+tests/pjdfstest_build.py); the first run builds it (~10 s). The suite is not in the repository:
+without it the test skips saying how to get it (tests/suites.py).
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import shutil
 
 import pytest
 
+import suites
 from mountutil import mounted
-from pjdfstest_build import build, run_suite, searchable_tempdir
+from pjdfstest_build import TARBALL_NAME, build, run_suite, searchable_tempdir
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="pjdfstest needs root")
 
@@ -28,6 +30,7 @@ def public_dir():
 
 @pytest.mark.timeout(1800)
 def test_pjdfstest_passes_in_the_mount(public_dir):
+    suites.require("pjdfstest", TARBALL_NAME)  # third-party: skips with how to get it
     build()  # before mounting: a build error is then not mistaken for a mount problem
     source, mnt = public_dir / "source", public_dir / "mnt"
     source.mkdir(mode=0o755)

@@ -71,11 +71,11 @@ def cluster(tmp_path):
         stop_processes(procs)
 
 
-def test_pipeline_on_a_standalone_cluster(cluster, tmp_path, shared_dir):
+def test_pipeline_on_a_standalone_cluster(cluster, tmp_path, conformance_dir):
     master_url, work = cluster
     src = tmp_path / "in"
-    shutil.copytree(shared_dir / "conformance" / "records", src)
-    snap = sorted((shared_dir / "conformance" / "gvfs").glob("*/snapshots/*"))[-1]
+    shutil.copytree(conformance_dir / "records", src)
+    snap = sorted((conformance_dir / "gvfs").glob("*/snapshots/*"))[-1]
     shutil.copytree(snap / "gvfs-metadata", src / "store")
     out = tmp_path / "out"
     # a tiny input: JVM start-up and warm-up dominate, so C1-only JIT and serial GC

@@ -187,7 +187,7 @@ def test_store_dir_owned_by_another_user_is_refused(tmp_path, attacker):
 def searchable_dir():
     """A directory every user can reach (pytest's own tmp_path sits in a 0700 directory)."""
     import tempfile
-    path = Path(tempfile.mkdtemp(prefix="jfs-open-", dir="/tmp"))
+    path = Path(tempfile.mkdtemp(prefix="jfs-open-"))
     path.chmod(0o755)
     yield path
     shutil.rmtree(path, ignore_errors=True)

@@ -539,6 +539,46 @@ def test_settings_show_and_change_through_xattrs(open_tree, tmp_path):
     assert "DEBUG" in text  # the log level took effect
 
 
+def test_refused_settings_say_why_and_log_level_debug_traces_requests(tmp_path):
+    """A value a setting does not take: EINVAL to the caller, the reason in the log and in
+    status.json's last_error. log_level=debug set at run time traces every request, as -d
+    does at mount time; log_level=info stops it."""
+    src, mnt, log_file = tmp_path / "src", tmp_path / "mnt", tmp_path / "log"
+    src.mkdir()
+    (src / "a.txt").write_text("a\n")
+    control = mnt / ".journalfs"
+    with mounted(src, mnt, "--store", str(tmp_path / "store"), "--log-file", str(log_file)):
+        status = json.loads((control / "status.json").read_text())
+        assert status["last_error"] is None
+        timeout = getfattr_dump(control)["user.journalfs.timeout"]
+        p = setfattr(control, "user.journalfs.timeout", "abc")
+        assert p.returncode == 1 and "Invalid argument" in p.stderr
+        text = log_file.read_text()
+        assert "setting timeout to 'abc' refused (EINVAL): timeout must be a number of seconds" in text
+        last = json.loads((control / "status.json").read_text())["last_error"]
+        assert last["setting"] == "timeout" and last["value"] == "abc" and last["errno"] == "EINVAL"
+        assert "timeout must be a number of seconds" in last["message"]
+        p = setfattr(control, "user.journalfs.log_level", "loud")
+        assert p.returncode == 1
+        last = json.loads((control / "status.json").read_text())["last_error"]
+        assert last["setting"] == "log_level" and "debug, info, warning, error" in last["message"]
+        assert getfattr_dump(control)["user.journalfs.timeout"] == timeout  # unchanged
+
+        os.stat(mnt / "a.txt")
+        assert " DEBUG " not in log_file.read_text()  # info: no request is traced
+        for name in ("b.txt", "c.txt"):
+            (src / name).write_text(name)  # names the kernel has not looked up yet
+        assert setfattr(control, "user.journalfs.log_level", "debug").returncode == 0
+        assert (mnt / "b.txt").read_text() == "b.txt"
+        traced = log_file.read_text()
+        assert re.search(r" DEBUG lookup\(1, b'b\.txt'", traced), traced[-2000:]
+        assert re.search(r" DEBUG read\(\d+, 0, ", traced), traced[-2000:]
+        assert setfattr(control, "user.journalfs.log_level", "info").returncode == 0
+        size = len(log_file.read_text())
+        assert (mnt / "c.txt").read_text() == "c.txt"
+        assert " DEBUG " not in log_file.read_text()[size:]
+
+
 def test_daemon_logs_to_the_system_log_when_there_is_one(tmp_path):
     """A private mount namespace gets a /dev of its own whose /dev/log is a datagram socket
     this test listens on, as journald's or rsyslog's is: the daemon logs there and says so."""

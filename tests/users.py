@@ -1,4 +1,7 @@
-"""Real unprivileged users for the tests that act as someone other than root."""
+"""Real unprivileged users for the tests that act as someone other than root.
+
+A user this process creates is removed again when the test session ends (tests/conftest.py
+calls ``remove_created``); a user that already existed is left alone."""
 from __future__ import annotations
 
 import contextlib
@@ -8,6 +11,9 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+#: the users this process created with useradd, removed by remove_created()
+_created: list[str] = []
 
 
 def ensure_user(name: str) -> pwd.struct_passwd:
@@ -20,14 +26,38 @@ def ensure_user(name: str) -> pwd.struct_passwd:
                            name], capture_output=True, text=True)
     if proc.returncode not in (0, 9):  # 9: created meanwhile by someone else
         raise RuntimeError(f"useradd {name}: {proc.stderr.strip()}")
+    if proc.returncode == 0:
+        _created.append(name)
     return pwd.getpwnam(name)
+
+
+def remove_created(names: list[str] | None = None) -> None:
+    """userdel every user this process created (or those of ``names`` it created), with the
+    group useradd made for it; one that cannot be removed (a process of theirs still runs)
+    stays listed by remaining_created()."""
+    for name in [n for n in _created if names is None or n in names]:
+        proc = subprocess.run(["userdel", name], capture_output=True, text=True)
+        if proc.returncode in (0, 6):  # 6: already gone
+            _created.remove(name)
+
+
+def remaining_created() -> list[str]:
+    """Users this process created that still exist."""
+    out = []
+    for name in _created:
+        try:
+            pwd.getpwnam(name)
+            out.append(name)
+        except KeyError:
+            pass
+    return out
 
 
 @contextlib.contextmanager
 def reachable_dir(prefix: str):
-    """A fresh directory under /tmp another user can reach (pytest's own tmp_path lives
-    under a root-only 0700 directory); removed afterwards."""
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    """A fresh directory another user can reach, in the session's 0755 temporary directory
+    (pytest's own tmp_path lives under a root-only 0700 directory); removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
     os.chmod(path, 0o755)
     try:
         yield path

@@ -10,24 +10,38 @@ does on its control file)::
 Anyone who can see the mount may read them; only the mount's owner (the user the daemon runs
 as) and root may change them, others get EPERM. ``user.journalfs.rotate`` reads as the number
 of rotations done so far; writing any value rotates the store and returns when it is done.
+A refused value answers EINVAL (ENOTSUP where the store does not have the setting); the reason
+goes to the daemon's log and to status.json's ``last_error``. ``log_level=debug`` traces every
+request, as ``-d`` does at mount time; another level stops the tracing again.
 """
 from __future__ import annotations
 
 import errno
 import logging
 import os
+import time
 
 import pyfuse3
 import trio
 
 from ..metastore.store import SYNC_MODES
-from .main import OptionError, parse_timeout
+from .main import OptionError, parse_timeout, trace_requests
 from .passthrough import SNAPSHOT_TTL
 
 log = logging.getLogger("journalfs.fs.control")
 
 PREFIX = b"user.journalfs."
 LOG_LEVELS = ("debug", "info", "warning", "error")
+#: no setting takes a longer value; a longer one is cut before it reaches a log line
+MAX_VALUE_SHOWN = 64
+
+
+class SettingRefused(Exception):
+    """A value a setting does not take: the errno the caller gets and the reason the log gets."""
+
+    def __init__(self, errno_: int, reason: str):
+        super().__init__(reason)
+        self.errno, self.reason = errno_, reason
 
 
 class Control:
@@ -36,6 +50,8 @@ class Control:
     def __init__(self, ops, owner_uid: int | None = None):
         self.ops = ops
         self.owner_uid = os.geteuid() if owner_uid is None else owner_uid
+        #: status.json's "last_error": the last setting refused, with why (None until one is)
+        self.last_error: dict | None = None
 
     # -- reading ---------------------------------------------------------------------------
     def _values(self) -> dict[bytes, str]:
@@ -72,7 +88,26 @@ class Control:
             raise pyfuse3.FUSEError(errno.ENOTSUP if setting is None else pyfuse3.ENOATTR)
         if ctx.uid not in (self.owner_uid, 0):
             raise pyfuse3.FUSEError(errno.EPERM)
-        text = value.decode("utf-8", "replace").strip()
+        text = value.decode("utf-8", "replace").strip()[:MAX_VALUE_SHOWN]
+        try:
+            await self._change(setting, text)
+        except SettingRefused as refused:
+            self._refuse(setting, text, ctx.uid, refused)
+            raise pyfuse3.FUSEError(refused.errno) from None
+        if setting != b"rotate":
+            log.info("setting %s changed to %s by uid %d", setting.decode(), text, ctx.uid)
+
+    def _refuse(self, setting: bytes, text: str, uid: int, refused: SettingRefused) -> None:
+        """Say in the log and in status.json why a value was refused (only the owner and root
+        get this far, so nobody else can fill the log)."""
+        message = (f"setting {setting.decode()} to {text!r} refused "
+                   f"({errno.errorcode[refused.errno]}): {refused.reason}")
+        log.warning("%s (uid %d)", message, uid)
+        self.last_error = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "setting": setting.decode(),
+                           "value": text, "errno": errno.errorcode[refused.errno],
+                           "message": message}
+
+    async def _change(self, setting: bytes, text: str) -> None:
         if setting == b"timeout":
             self._set_timeout(text)
         elif setting == b"sync":
@@ -80,16 +115,14 @@ class Control:
         elif setting == b"log_level":
             self._set_log_level(text)
         elif setting == b"rotate":
-            log.info("rotation requested through %s", name.decode())
+            log.info("rotation requested through %s", (PREFIX + setting).decode())
             await self.ops.meta.compact()
-            return
-        log.info("setting %s changed to %s by uid %d", setting.decode(), text, ctx.uid)
 
     def _set_timeout(self, text: str) -> None:
         try:
             seconds = parse_timeout(text)
-        except OptionError:
-            raise pyfuse3.FUSEError(errno.EINVAL) from None
+        except OptionError as exc:
+            raise SettingRefused(errno.EINVAL, str(exc)) from None
         ops = self.ops
         ops.timeout = seconds  # entry/attr timeouts of every later reply
         # the daemon's own short-lived caches never outlive the kernel's (as when mounting)
@@ -105,11 +138,12 @@ class Control:
 
     def _set_sync(self, mode: str) -> None:
         if mode not in SYNC_MODES:
-            raise pyfuse3.FUSEError(errno.EINVAL)
+            raise SettingRefused(errno.EINVAL, f"sync must be one of {', '.join(SYNC_MODES)}")
         meta = self.ops.meta
         set_sync = getattr(meta, "set_sync", None)
         if set_sync is None:  # gvfsd-metadata owns durability of the stores it writes
-            raise pyfuse3.FUSEError(errno.ENOTSUP)
+            raise SettingRefused(errno.ENOTSUP, "gvfsd-metadata writes this store and decides "
+                                 "when it reaches the disk")
         set_sync(mode)
         options = getattr(getattr(self.ops, "views", None), "options", None)
         if isinstance(options, dict):
@@ -117,5 +151,6 @@ class Control:
 
     def _set_log_level(self, text: str) -> None:
         if text.lower() not in LOG_LEVELS:
-            raise pyfuse3.FUSEError(errno.EINVAL)
+            raise SettingRefused(errno.EINVAL, f"log_level must be one of {', '.join(LOG_LEVELS)}")
         logging.getLogger().setLevel(text.upper())
+        trace_requests(self.ops, text.lower() == "debug")

@@ -563,19 +563,30 @@ def start_logging(config: MountConfig, location, foreground: bool) -> None:
     config.log = ", ".join(places)
 
 
-def trace_requests(ops) -> None:
-    """Log every FUSE request and its answer at debug level (``-d``): each operation of
-    ``ops`` is wrapped on the instance, so nothing is paid without ``-d``."""
+def trace_requests(ops, on: bool = True) -> None:
+    """Log every FUSE request and its answer at debug level (``-d``, or ``log_level=debug``
+    at run time): each operation of ``ops`` is wrapped on the instance, so nothing is paid
+    while tracing is off; ``on=False`` puts the unwrapped handlers back."""
     import functools
     import inspect
 
     import pyfuse3
 
+    untraced = ops.__dict__.get("_untraced_handlers")
+    if not on:
+        if untraced is not None:
+            for name, handler in untraced.items():
+                setattr(ops, name, handler)
+            del ops._untraced_handlers
+        return
+    if untraced is not None:  # already tracing
+        return
     trace = logging.getLogger("journalfs.requests")
     names = [n for n, f in inspect.getmembers(pyfuse3.Operations, inspect.iscoroutinefunction)
              if not n.startswith("_")]
+    ops._untraced_handlers = untraced = {}
     for name in names:
-        handler = getattr(ops, name)
+        handler = untraced[name] = getattr(ops, name)
 
         @functools.wraps(handler)
         async def traced(*args, _name=name, _handler=handler):

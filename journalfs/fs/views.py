@@ -1043,6 +1043,8 @@ class Views:
             "service": status,
             "watch": self.ctx.watch.status() if self.ctx.watch is not None else None,
             "options": self.options,
+            # the last runtime setting refused, and why (fs/control.py)
+            "last_error": self.control.last_error if self.control is not None else None,
             **self.status_fields(),
         }
         return (json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n").encode()
