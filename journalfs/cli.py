@@ -84,9 +84,30 @@ def _group_commands(parser: argparse.ArgumentParser, sub) -> None:
     parser._action_groups = [positionals, *groups, optionals, *others]
 
 
+#: Options whose value may start with "-" (a relative time: ``--since -10min``, as journalctl
+#: takes it); argparse would read such a value as an option.
+DASH_VALUE_OPTIONS = ("--since", "--until", "-S", "-U", "--from-time", "--to-time")
+
+
+def _join_dash_values(argv: list[str]) -> list[str]:
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return out + argv[i:]
+        if arg in DASH_VALUE_OPTIONS and i + 1 < len(argv) and argv[i + 1][:1] == "-" \
+                and argv[i + 1][1:2].isdigit():
+            out.append(f"{arg}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_dash_values(sys.argv[1:] if argv is None else list(argv)))
     if args.man:  # needs no command
         from .manpage import render
         sys.stdout.write(render(parser))
