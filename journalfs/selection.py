@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import datetime as dt
+import decimal
 import os
 import re
 import time
@@ -158,7 +159,7 @@ def _span_ns(text: str) -> int:
         unit = m.group(2) or "s"
         if unit not in _UNITS:
             raise ValueError(f"unknown time unit {unit!r} in {text!r}")
-        total += int(float(m.group(1)) * _UNITS[unit])
+        total += int(decimal.Decimal(m.group(1)) * _UNITS[unit])
         pos = m.end()
     return total
 
@@ -184,7 +185,10 @@ def parse_time(text: str, utc: bool = False, now_ns: int | None = None) -> int:
         day = midnight + dt.timedelta(days=days)
         return _to_ns(day if day.tzinfo else day.astimezone())
     if text.startswith("@"):
-        return int(float(text[1:]) * 10**9)
+        try:
+            return int(decimal.Decimal(text[1:]) * 10**9)  # exact: ns need 19 digits
+        except (decimal.InvalidOperation, ValueError):
+            raise ValueError(f"not a time: {raw!r}") from None
     if text[:1] in "+-":
         span = _span_ns(text[1:])
         return now_ns + span if text[0] == "+" else now_ns - span
