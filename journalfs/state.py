@@ -1,0 +1,284 @@
+"""Each system's state from its journal files, without Spark: a Kestrel queue's readers and
+their pending items, akka persistence ids and their events in order, JRNL transactions and
+their status, what each gvfs journal entry changed.
+
+The semantics are those of the pipeline's derived tables (``spark/derived.py``: ``queues``,
+``persistence``, ``transactions``) and come from the codec modules' own definitions
+(:func:`journalfs.formats.kestrel.queue_state`, :func:`journalfs.formats.akka.follow_chain`,
+the jrnl codec's ``status``), which the pipeline's tests hold the Spark tables to; the CLI's
+state commands and the mount's state views read them here. Files are read fresh on every
+call (they may be growing); a damaged file contributes its valid prefix and its damage is
+returned beside the answer.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .formats import CODECS, FormatError
+from .formats.akka import AkkaData, AkkaMeta, follow_chain
+from .formats.base import Record
+from .formats.gvfs_journal import GvfsJournal
+from .formats.jrnl import Jrnl
+from .formats.kestrel import KestrelReader, KestrelWriter, queue_name, queue_state
+from .journals import is_backup_name, open_path, pread_buffer, sniff_file
+from .selection import natural_key
+
+WRITER, READER = KestrelWriter.name, KestrelReader.name
+
+
+def read_records(path: str, codec=None) -> tuple[list[Record], FormatError | None]:
+    """Every valid record of ``path`` (read with pread: a file truncated meanwhile reads
+    short) and the damage that ended them, if any."""
+    codec = codec or sniff_file(path)
+    if codec is None:
+        return [], FormatError(path, 0, "not a supported journal (unknown magic bytes)")
+    fd = open_path(path)
+    out: list[Record] = []
+    try:
+        size = os.fstat(fd).st_size
+        with pread_buffer(fd, 0, size, size) as buf:
+            try:
+                out.extend(codec.read(buf, path))
+            except FormatError as exc:
+                return out, exc.detached()
+    finally:
+        os.close(fd)
+    return out, None
+
+
+# -- Kestrel queues ----------------------------------------------------------------------------
+
+@dataclass
+class ReaderState:
+    """What one reader of a queue sees: the derived table ``queues``'s row, plus the items."""
+
+    queue: str
+    reader: str
+    head: int
+    tail: int
+    pending: int
+    #: the pending PUT records, by id (their ``source`` file added)
+    items: list[Record] = field(default_factory=list, repr=False)
+
+    @property
+    def oldest_pending_ms(self) -> int | None:
+        times = [r["add_time"] for r in self.items if isinstance(r.get("add_time"), int)]
+        return min(times) if times else None
+
+    def summary(self, now_ms: int | None = None) -> dict[str, Any]:
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        oldest = self.oldest_pending_ms
+        return {"queue": self.queue, "reader": self.reader, "head": self.head,
+                "tail": self.tail, "pending": self.pending,
+                "oldest_pending_add_time": oldest,
+                "oldest_pending_age_ms": None if oldest is None else now_ms - oldest}
+
+
+@dataclass
+class QueueState:
+    directory: str
+    queue: str
+    segments: list[str]
+    readers: list[ReaderState]
+    errors: list[FormatError]
+
+
+def queue_files(directory: str) -> dict[str, tuple[list[str], list[tuple[str, str]]]]:
+    """``{queue: (writer files in order, [(reader name, reader file)])}`` of ``directory``,
+    by the Kestrel file-name rule and each file's content."""
+    out: dict[str, tuple[list[str], list[tuple[str, str]]]] = {}
+    try:
+        names = sorted(os.listdir(directory or "."), key=natural_key)
+    except OSError:
+        return out
+    for name in names:
+        q = queue_name(name)
+        if q is None or is_backup_name(name):
+            continue
+        path = os.path.join(directory, name)
+        codec = sniff_file(path)
+        if codec is None or codec.name not in (WRITER, READER):
+            continue
+        writers, readers = out.setdefault(q, ([], []))
+        if codec.name == WRITER:
+            writers.append(path)
+        else:
+            readers.append((name[len(q) + len(".read."):], path))
+    return out
+
+
+def queue(directory: str, name: str, reader: str | None = None) -> QueueState:
+    """The state of queue ``name`` in ``directory`` for each of its readers (the default
+    reader "" when it has no reader file), as the derived table ``queues`` has it: pending =
+    PUTs after the reader's head, not done, expiry not applied."""
+    writers, readers = queue_files(directory).get(name, ([], []))
+    errors: list[FormatError] = []
+    writer_files = []
+    for path in writers:
+        records, error = read_records(path, CODECS[WRITER])
+        for rec in records:
+            rec["source"] = path
+        writer_files.append((os.path.basename(path), records))
+        if error is not None:
+            errors.append(error)
+    if not readers:
+        readers = [("", None)]
+    states = []
+    by_id = {rec["id"]: rec for _, records in writer_files for rec in records}
+    for reader_name, path in readers:
+        if reader is not None and reader_name != reader:
+            continue
+        reader_records: list[Record] = []
+        if path is not None:
+            reader_records, error = read_records(path, CODECS[READER])
+            if error is not None:
+                errors.append(error)
+        st = queue_state(writer_files, reader_records)
+        items = [by_id[i] for i in st["pending_ids"] if i in by_id]
+        states.append(ReaderState(name, reader_name, st["head"], st["tail"], st["pending"],
+                                  items))
+    return QueueState(directory, name, writers, states, errors)
+
+
+def queues_of(arg: str) -> list[tuple[str, str]]:
+    """(directory, queue) pairs a command-line argument names: ``DIR/Q`` or every queue of
+    ``DIR``; a writer or reader file names its queue."""
+    if os.path.isdir(arg):
+        return [(arg, q) for q in queue_files(arg)]
+    directory, name = os.path.split(arg)
+    if os.path.isfile(arg):
+        q = queue_name(name)
+        return [(directory, q)] if q else []
+    return [(directory, name)] if name in queue_files(directory) else []
+
+
+# -- akka persistence -----------------------------------------------------------------------------
+
+@dataclass
+class PersistenceId:
+    """One persistence id: the derived table ``persistence``'s row and its events in order."""
+
+    persistence_id: str
+    messages: int
+    highest_seq: int
+    consistent: bool
+    problems: list[str]
+    events: list[Record] = field(default_factory=list, repr=False)
+
+    def summary(self) -> dict[str, Any]:
+        return {"persistence_id": self.persistence_id, "messages": self.messages,
+                "highest_seq": self.highest_seq, "consistent": self.consistent,
+                "problems": self.problems}
+
+
+@dataclass
+class Journal:
+    directory: str
+    meta: str | None
+    data: str | None
+    ids: list[PersistenceId]
+    errors: list[FormatError]
+
+
+def akka_pair(arg: str) -> tuple[str | None, str | None]:
+    """(meta file, data file) of an akka file journal named by its directory or either file."""
+    directory = arg if os.path.isdir(arg) else os.path.dirname(arg)
+    files = {}
+    try:
+        names = sorted(os.listdir(directory or "."))
+    except OSError:
+        names = []
+    for name in names:
+        path = os.path.join(directory, name)
+        if is_backup_name(name) or not os.path.isfile(path):
+            continue
+        codec = sniff_file(path)
+        if codec is not None and codec.name in (AkkaMeta.name, AkkaData.name):
+            files.setdefault(codec.name, []).append(name)
+    metas, datas = files.get(AkkaMeta.name, []), files.get(AkkaData.name, [])
+    meta = (os.path.join(directory, "meta") if "meta" in metas
+            else os.path.join(directory, metas[0]) if metas else None)
+    data = None
+    if meta is not None:
+        partner = AkkaMeta().partners(os.path.basename(meta),
+                                      [(n, AkkaData.name) for n in datas])
+        data = os.path.join(directory, partner["data"]) if "data" in partner else None
+    elif datas:
+        data = os.path.join(directory, datas[0])
+    return meta, data
+
+
+def persistence(arg: str, persistence_id: str | None = None) -> Journal:
+    """Every persistence id of the akka journal ``arg`` names (or just ``persistence_id``):
+    messages along its chain, highest_seq from its meta block, consistent as the derived
+    table ``persistence`` has it, and the events (data blocks) in chain order."""
+    meta, data = akka_pair(arg)
+    errors: list[FormatError] = []
+    metas: list[Record] = []
+    blocks: list[Record] = []
+    if meta is not None:
+        metas, error = read_records(meta, CODECS[AkkaMeta.name])
+        if error is not None:
+            errors.append(error)
+    if data is not None:
+        blocks, error = read_records(data, CODECS[AkkaData.name])
+        if error is not None:
+            errors.append(error)
+    by_offset = {b["self"]: b for b in blocks}
+    ids = []
+    for m in metas:
+        if persistence_id is not None and m["persistence_id"] != persistence_id:
+            continue
+        chain, problems = follow_chain(m, by_offset)
+        ids.append(PersistenceId(m["persistence_id"], len(chain), m["highest_seq"],
+                                 not problems, problems, chain))
+    directory = arg if os.path.isdir(arg) else os.path.dirname(arg)
+    return Journal(directory, meta, data, ids, errors)
+
+
+# -- JRNL transactions ----------------------------------------------------------------------------
+
+#: A transaction's status (the contract's ``status``) and what it means to a DBA.
+TRANSACTION_STATUS = {"complete": "complete", "redo": "incomplete: to redo",
+                      "rollback": "incomplete: to roll back"}
+
+
+def transactions(path: str) -> tuple[list[dict[str, Any]], FormatError | None]:
+    """(source, offset, seq, time, status, ops) of every transaction of a JRNL file, as the
+    derived table ``transactions`` has them (ops = the operation names in order)."""
+    records, error = read_records(path, CODECS[Jrnl.name])
+    out = []
+    for rec in records:
+        if rec.get("kind") != "transaction":
+            continue
+        ops = [op.get("op") if isinstance(op, dict) else op for op in rec.get("ops") or []]
+        out.append({"source": path, "offset": rec["offset"], "seq": rec["seq"],
+                    "time": rec.get("time"), "status": rec.get("status"), "ops": ops})
+    return out, error
+
+
+# -- gvfs journal entries -------------------------------------------------------------------------
+
+def metadata_changes(path: str) -> tuple[list[dict[str, Any]], FormatError | None]:
+    """What each entry of a gvfs metadata journal changed, in order: ``{seq, offset, time,
+    change, path, key, value, source}`` where change is set / set-list / unset / copy /
+    remove (a remove or copy acts on the whole subtree)."""
+    records, error = read_records(path, CODECS[GvfsJournal.name])
+    names = {"set": "set", "setv": "set-list", "unset": "unset", "copy": "copy",
+             "remove": "remove"}
+    out = []
+    for rec in records:
+        kind = rec.get("kind")
+        out.append({"seq": rec["seq"], "offset": rec["offset"], "time": rec.get("mtime"),
+                    "change": names.get(kind, kind), "path": rec.get("path"),
+                    "key": rec.get("key"), "value": rec.get("value"),
+                    "source": rec.get("source")})
+    return out, error
+
+
+__all__ = ["Journal", "PersistenceId", "QueueState", "ReaderState", "TRANSACTION_STATUS",
+           "akka_pair", "metadata_changes", "persistence", "queue", "queue_files", "queues_of",
+           "read_records", "transactions"]
