@@ -49,6 +49,7 @@ from . import direntries
 from .catalog import Catalog
 from .dirlist import DIR_BLKSIZE, NameOnlyEntry
 from .indexfiles import IndexDir, matches, may_extend
+from .jsonlfollow import JsonlGrowth
 from .sourcefiles import SourceTree, open_regular_path
 
 log = logging.getLogger("journalfs.fs.views")
@@ -799,7 +800,7 @@ class Views:
             prior = info.layout
             info.layout = None
             if prior.size is not None and index.grown_from is not None \
-                    and index.count <= SMALL_JOURNAL_RECORDS:
+                    and index.count - index.grown_from[1] <= SMALL_JOURNAL_RECORDS:
                 info.layout = JsonlLayout(index, prior)
         self._adopt(rel, info, index)
         resumed = index.grown_from[1] if index.grown_from else 0
@@ -952,8 +953,9 @@ class Views:
         owner, _, file_mode = self._journal_perms(node.rel, info)
         if layout is None or layout.size is None:
             return self._attrs(node, file_mode, 0, info.ident[3], 0, owner)
-        timeout = 0 if node.rel == LIVE else None
-        return self._attrs(node, file_mode, layout.size, info.ident[3], timeout, owner)
+        # never cached either: it grows with its journal, and pollers (tail -f) go by the
+        # size they stat
+        return self._attrs(node, file_mode, layout.size, info.ident[3], 0, owner)
 
     def _known_layout(self, info: JournalInfo) -> JsonlLayout | None:
         layout, idx = info.layout, info.index
@@ -998,11 +1000,15 @@ class Views:
     async def _jsonl_getattr(self, node: VNode) -> pyfuse3.EntryAttributes:
         info = await self._on_file(node.rel, self._info_or_enoent, node.rel)
         layout = self._known_layout(info)
-        if layout is None and (info.ident[2] <= SMALL_JOURNAL_BYTES or node.rel == LIVE):
+        # measured before it grew: the index and the layout are extended by the growth only
+        grown = info.layout is not None and info.layout.size is not None
+        if layout is None and (info.ident[2] <= SMALL_JOURNAL_BYTES or node.rel == LIVE
+                               or grown):
             idx = await self._index(node.rel)
             if idx.count <= SMALL_JOURNAL_RECORDS:
                 layout = await self._on_file(node.rel, self._full_layout, node.rel, idx)
             info = self.catalog.get(("journal", node.rel)) or info
+            layout = layout or self._known_layout(info)
         return self._jsonl_attrs(node, info, layout)
 
     def _service_status(self) -> dict:
@@ -1430,19 +1436,59 @@ class Views:
         if content is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         if isinstance(content, JsonlReader):
+            growth = getattr(content, "growth", None)
+            if off == 0 and growth is not None and (growth.ended
+                                                    or not await self._follow_journal(content)):
+                # its journal was truncated or replaced, and the reader starts over (tail -f
+                # after "file truncated"): the lines of the journal as it is now
+                idx = await self._index(content.rel, 0)
+                content = await self._on_file(content.rel, self._jsonl_reader, content.rel, idx)
+                self.files[fh] = content
             data = content.read_in_hand(off, size)
             if data is not None:
                 return data
             while True:
                 data, waiting = await self._on_file(content.rel, content.read_settled, off, size)
                 if data or waiting is None:
-                    return data
+                    return data or await self._jsonl_growth(content, off, size)
                 # the index has not reached this far yet: wait for its next checkpoint
                 # (this request only; everything else is served meanwhile)
                 idx = await self._index(content.rel, waiting + CHECKPOINT_EVERY)
                 if idx is not content.index and not content.index.complete:
                     raise pyfuse3.FUSEError(errno.ESTALE)  # that indexing was abandoned
         return content[off:off + size]
+
+    async def _jsonl_growth(self, reader: JsonlReader, off: int, size: int) -> bytes:
+        """A read at or past the end of what an open records.jsonl serves: the lines of the
+        records appended to its journal since (tail -f), or end-of-file for good once the
+        journal was truncated or replaced (:mod:`journalfs.fs.jsonlfollow`)."""
+        end = reader.layout.size
+        if end is None or off < end or not reader.index.complete:
+            return b""
+        if getattr(reader, "growth", None) is None:
+            reader.growth = JsonlGrowth(reader.index, end)
+        if not await self._follow_journal(reader):
+            return b""
+        return await self._on_file(reader.rel, reader.growth.read, off, size)
+
+    async def _follow_journal(self, reader: JsonlReader) -> bool:
+        """Look at the journal of a records.jsonl handle that reached its end again: True
+        while it only grew (the handle's growth follows its newest index), False once it was
+        truncated, rewritten or replaced (the handle's stream has ended)."""
+        growth = reader.growth
+        if growth.ended:
+            return False
+        info = await self._on_file(reader.rel, self._journal_info, reader.rel)
+        if info is None:  # gone, or no longer a journal
+            growth.adopt_end()
+            return False
+        idx = info.index if info.index is not None and info.index.complete else None
+        if idx is None or idx.identity != info.ident[1:] or idx.dev != info.ident[0]:
+            try:
+                idx = await self._index(reader.rel)
+            except OSError:
+                return False
+        return await self._on_file(reader.rel, growth.adopt, idx)
 
     def release(self, fh: int) -> None:
         content = self.files.pop(fh, None)
