@@ -132,6 +132,15 @@ def test_record_xattrs(fs, cli_output):
                 text = value if isinstance(value, str) else json.dumps(value)
                 assert os.getxattr(path, attr) == text.encode(), (name, fname, field)
                 assert attr in listed
+            from journalfs.formats import CODECS
+            from journalfs.selection import format_time, record_time_ns
+            codec = CODECS[rec["format"]]
+            ns = record_time_ns(codec, rec)
+            if ns is None:
+                assert "user.record.time_iso" not in listed
+            else:
+                assert os.getxattr(path, "user.record.time_iso").decode() == \
+                    format_time(ns, codec.columns.time_unit, utc=True)
     out = subprocess.run(["getfattr", "--only-values", "-n", "user.record.kind",
                           str(fs.views / "records" / "corpus" / "db0.jrnl" / "00000000.transaction")],
                          capture_output=True, check=True)

@@ -50,6 +50,7 @@ from .catalog import Catalog
 from .dirlist import DIR_BLKSIZE, NameOnlyEntry
 from .indexfiles import IndexDir, matches, may_extend
 from .jsonlfollow import JsonlGrowth
+from ..selection import format_time, record_time_ns
 from .sourcefiles import SourceTree, open_regular_path
 
 log = logging.getLogger("journalfs.fs.views")
@@ -1511,7 +1512,12 @@ class Views:
         if node.kind == RECORD:
             idx = await self._index(node.rel, node.seq)
             rec = await self._on_file(node.rel, self._record, node.rel, node.seq, idx)
-            return self._record_fields(rec)
+            fields = self._record_fields(rec)
+            ns = record_time_ns(idx.codec, rec)
+            if ns is not None:  # the record's own time, readable (UTC)
+                fields[RECORD_XATTR_PREFIX + b"time_iso"] = \
+                    format_time(ns, idx.codec.columns.time_unit, utc=True).encode()
+            return fields
         if node.kind == JOURNAL:
             idx = await self._index(node.rel)
             if idx.error is None:
