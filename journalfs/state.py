@@ -110,10 +110,30 @@ def queue_files(directory: str) -> dict[str, tuple[list[str], list[tuple[str, st
     return out
 
 
+def queue_readers(name: str, writer_files: list[tuple[str, list[Record]]],
+                  reader_files: list[tuple[str, list[Record]]],
+                  reader: str | None = None) -> list[ReaderState]:
+    """Each reader's state of queue ``name`` from its writer files' PUT records (``(file
+    name, records)``, any order) and its reader files' records (``(reader name, records)``;
+    none: the default reader "" with head 0), as the derived table ``queues`` has it:
+    pending = PUTs after the reader's head, not done, expiry not applied."""
+    if not reader_files:
+        reader_files = [("", [])]
+    by_id = {rec["id"]: rec for _, records in writer_files for rec in records}
+    states = []
+    for reader_name, reader_records in reader_files:
+        if reader is not None and reader_name != reader:
+            continue
+        st = queue_state(writer_files, reader_records)
+        items = [by_id[i] for i in st["pending_ids"] if i in by_id]
+        states.append(ReaderState(name, reader_name, st["head"], st["tail"], st["pending"],
+                                  items))
+    return states
+
+
 def queue(directory: str, name: str, reader: str | None = None) -> QueueState:
-    """The state of queue ``name`` in ``directory`` for each of its readers (the default
-    reader "" when it has no reader file), as the derived table ``queues`` has it: pending =
-    PUTs after the reader's head, not done, expiry not applied."""
+    """The state of queue ``name`` in ``directory`` for each of its readers
+    (:func:`queue_readers`)."""
     writers, readers = queue_files(directory).get(name, ([], []))
     errors: list[FormatError] = []
     writer_files = []
@@ -124,22 +144,13 @@ def queue(directory: str, name: str, reader: str | None = None) -> QueueState:
         writer_files.append((os.path.basename(path), records))
         if error is not None:
             errors.append(error)
-    if not readers:
-        readers = [("", None)]
-    states = []
-    by_id = {rec["id"]: rec for _, records in writer_files for rec in records}
+    reader_files = []
     for reader_name, path in readers:
-        if reader is not None and reader_name != reader:
-            continue
-        reader_records: list[Record] = []
-        if path is not None:
-            reader_records, error = read_records(path, CODECS[READER])
-            if error is not None:
-                errors.append(error)
-        st = queue_state(writer_files, reader_records)
-        items = [by_id[i] for i in st["pending_ids"] if i in by_id]
-        states.append(ReaderState(name, reader_name, st["head"], st["tail"], st["pending"],
-                                  items))
+        records, error = read_records(path, CODECS[READER])
+        if error is not None:
+            errors.append(error)
+        reader_files.append((reader_name, records))
+    states = queue_readers(name, writer_files, reader_files, reader)
     return QueueState(directory, name, writers, states, errors)
 
 
@@ -211,6 +222,21 @@ def akka_pair(arg: str) -> tuple[str | None, str | None]:
     return meta, data
 
 
+def persistence_ids(metas: list[Record], blocks: list[Record],
+                    persistence_id: str | None = None) -> list[PersistenceId]:
+    """Each persistence id of a meta file's records (or just ``persistence_id``), its chain
+    followed through the data file's blocks (:func:`~journalfs.formats.akka.follow_chain`)."""
+    by_offset = {b["self"]: b for b in blocks}
+    ids = []
+    for m in metas:
+        if persistence_id is not None and m["persistence_id"] != persistence_id:
+            continue
+        chain, problems = follow_chain(m, by_offset)
+        ids.append(PersistenceId(m["persistence_id"], len(chain), m["highest_seq"],
+                                 not problems, problems, chain))
+    return ids
+
+
 def persistence(arg: str, persistence_id: str | None = None) -> Journal:
     """Every persistence id of the akka journal ``arg`` names (or just ``persistence_id``):
     messages along its chain, highest_seq from its meta block, consistent as the derived
@@ -227,14 +253,7 @@ def persistence(arg: str, persistence_id: str | None = None) -> Journal:
         blocks, error = read_records(data, CODECS[AkkaData.name])
         if error is not None:
             errors.append(error)
-    by_offset = {b["self"]: b for b in blocks}
-    ids = []
-    for m in metas:
-        if persistence_id is not None and m["persistence_id"] != persistence_id:
-            continue
-        chain, problems = follow_chain(m, by_offset)
-        ids.append(PersistenceId(m["persistence_id"], len(chain), m["highest_seq"],
-                                 not problems, problems, chain))
+    ids = persistence_ids(metas, blocks, persistence_id)
     directory = arg if os.path.isdir(arg) else os.path.dirname(arg)
     return Journal(directory, meta, data, ids, errors)
 
@@ -250,14 +269,19 @@ def transactions(path: str) -> tuple[list[dict[str, Any]], FormatError | None]:
     """(source, offset, seq, time, status, ops) of every transaction of a JRNL file, as the
     derived table ``transactions`` has them (ops = the operation names in order)."""
     records, error = read_records(path, CODECS[Jrnl.name])
+    return transaction_rows(path, records), error
+
+
+def transaction_rows(source: str, records: list[Record]) -> list[dict[str, Any]]:
+    """The transactions among a JRNL file's records (see :func:`transactions`)."""
     out = []
     for rec in records:
         if rec.get("kind") != "transaction":
             continue
         ops = [op.get("op") if isinstance(op, dict) else op for op in rec.get("ops") or []]
-        out.append({"source": path, "offset": rec["offset"], "seq": rec["seq"],
+        out.append({"source": source, "offset": rec["offset"], "seq": rec["seq"],
                     "time": rec.get("time"), "status": rec.get("status"), "ops": ops})
-    return out, error
+    return out
 
 
 # -- gvfs journal entries -------------------------------------------------------------------------
@@ -280,5 +304,6 @@ def metadata_changes(path: str) -> tuple[list[dict[str, Any]], FormatError | Non
 
 
 __all__ = ["Journal", "PersistenceId", "QueueState", "ReaderState", "TRANSACTION_STATUS",
-           "akka_pair", "metadata_changes", "persistence", "queue", "queue_files", "queues_of",
-           "read_records", "transactions"]
+           "akka_pair", "metadata_changes", "persistence", "persistence_ids", "queue",
+           "queue_files", "queue_readers", "queues_of", "read_records", "transaction_rows",
+           "transactions"]

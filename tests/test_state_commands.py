@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import random
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -193,10 +195,17 @@ def test_queue_state_is_live(tmp_path):
     (q / "jobs.1700000000000").write_bytes(data[:ends[4]])
     (q / "jobs.read.mailer").write_bytes(READER.write([{"kind": "read_head", "id": 1}]))
     proc = subprocess.Popen([sys.executable, "-m", "journalfs.cli", "queue", str(q / "jobs"),
-                             "--json", "--watch"], stdout=subprocess.PIPE, text=True)
+                             "--json", "--watch"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
     try:
         def next_row():
-            return json.loads(proc.stdout.readline())
+            try:
+                return json.loads(lines.get(timeout=60))
+            except queue.Empty:
+                proc.terminate()
+                raise AssertionError(f"no answer from queue --watch: {proc.stderr.read()}")
         assert (next_row()["pending"]) == 3
         with open(q / "jobs.1700000000000", "ab") as f:
             f.write(data[ends[4]:ends[6]])
