@@ -95,10 +95,10 @@ def _damage(errors) -> int:
 
 def _watched(args, paths_of, answer) -> int:
     """``answer()`` once, or with --watch again each time the files ``paths_of()`` change."""
+    seen = _stamp(paths_of()) if args.watch else None  # before reading: no change missed
     code = answer()
     if not args.watch:
         return code
-    seen = _stamp(paths_of())
     try:
         while True:
             time.sleep(WATCH_POLL)
