@@ -32,7 +32,7 @@ import os
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .. import state
 from ..formats import CODECS, FormatError
@@ -49,8 +49,9 @@ DEFAULT_READER = b"(default)"
 STATE_MAX_BYTES = 256 << 20
 #: The most entries a state directory lists (the rest are counted in its state.json).
 MAX_ENTRIES = 100_000
-#: How long a computed state is reused without looking at its files again.
-STATE_TRUST_SECONDS = 0.5
+#: How long a SOURCE directory's journals (names, lstat) are reused without a new scan: the
+#: state shows a change within this time (ls -l of a reader's items scans about once).
+STATE_TRUST_SECONDS = 0.2
 #: How long "does this SOURCE dir hold any such journal" answers are reused.
 SCAN_TTL = 2.0
 
@@ -252,32 +253,34 @@ class StateTree:
         self._check_size(files)
         owner, dmode, fmode = self._perms(files)
         mtime = max(st.st_mtime_ns for _, st in files)
-        writer_files = []
-        for n, _, info in writers:
-            records, _ = self._records(_join(d, n), info)
-            writer_files.append((n.decode("utf-8", "surrogateescape"), records))
-        reader_files = [(r.decode("utf-8", "surrogateescape"),
-                         self._records(_join(d, n), info)[0]) for r, n, _, info in readers]
-        states = state.queue_readers(name.decode("utf-8", "surrogateescape"), writer_files,
-                                     reader_files)
+        key = ("statequeue", d, name, tuple(info.ident for *_, info in writers + readers))
+        states = self.views.catalog.get(key)
+        if states is None:  # computed once per version of the files (ls -l asks per item)
+            writer_files = []
+            for n, _, info in writers:
+                records, _ = self._records(_join(d, n), info)
+                writer_files.append((n.decode("utf-8", "surrogateescape"), records))
+            reader_files = [(r.decode("utf-8", "surrogateescape"),
+                             self._records(_join(d, n), info)[0]) for r, n, _, info in readers]
+            states = {(escape_name(r.reader) if r.reader else DEFAULT_READER):
+                      (r, {b"%08d.item" % i["id"]: i for i in r.items})
+                      for r in state.queue_readers(name.decode("utf-8", "surrogateescape"),
+                                                   writer_files, reader_files)}
+            self.views.catalog.put(key, states, 1000 + 100 * sum(len(v[1]) for v in states.values()))
         now_ms = int(time.time() * 1000)
-
-        def dirname(r: state.ReaderState) -> bytes:
-            return escape_name(r.reader) if r.reader else DEFAULT_READER
         if not rest:
-            return Entry(True, owner, dmode, mtime, [STATE_JSON] + [dirname(r) for r in states])
+            return Entry(True, owner, dmode, mtime, [STATE_JSON] + list(states))
         if rest == [STATE_JSON]:
-            doc = [r.summary(now_ms) for r in states]
+            doc = [r.summary(now_ms) for r, _ in states.values()]
             return Entry(False, owner, fmode, mtime, content=_json(doc))
-        reader = next((r for r in states if dirname(r) == rest[0]), None)
-        if reader is None or len(rest) > 2:
+        if rest[0] not in states or len(rest) > 2:
             return None
+        reader, items = states[rest[0]]
         if len(rest) == 1:
-            names = [b"%08d.item" % item["id"] for item in reader.items[:MAX_ENTRIES]]
-            return Entry(True, owner, dmode, mtime, [STATE_JSON] + names)
+            return Entry(True, owner, dmode, mtime, [STATE_JSON] + list(items)[:MAX_ENTRIES])
         if rest[1] == STATE_JSON:
             return Entry(False, owner, fmode, mtime, content=_json(reader.summary(now_ms)))
-        item = next((i for i in reader.items if b"%08d.item" % i["id"] == rest[1]), None)
+        item = items.get(rest[1])
         if item is None:
             return None
         return Entry(False, owner, fmode, mtime, content=bytes(item.get("payload") or b""))
@@ -289,23 +292,28 @@ class StateTree:
         self._check_size(files)
         owner, dmode, fmode = self._perms(files)
         mtime = max(st.st_mtime_ns for _, st in files)
-        metas = self._records(_join(sub, meta[0]), meta[2])[0]
-        blocks = self._records(_join(sub, data[0]), data[2])[0] if data is not None else []
-        ids = state.persistence_ids(metas, blocks)
+        key = ("statejournal", sub, tuple(f[2].ident for f in parts))
+        ids = self.views.catalog.get(key)
+        if ids is None:  # computed once per version of the files
+            metas = self._records(_join(sub, meta[0]), meta[2])[0]
+            blocks = self._records(_join(sub, data[0]), data[2])[0] if data is not None else []
+            ids = {escape_name(p.persistence_id): (p, {b"%08d.event" % e["seq_nr"]: e
+                                                       for e in p.events})
+                   for p in state.persistence_ids(metas, blocks)}
+            self.views.catalog.put(key, ids, 1000 + 100 * sum(len(v[1]) for v in ids.values()))
         if not rest:
-            return Entry(True, owner, dmode, mtime,
-                         [STATE_JSON] + [escape_name(p.persistence_id) for p in ids])
+            return Entry(True, owner, dmode, mtime, [STATE_JSON] + list(ids))
         if rest == [STATE_JSON]:
-            return Entry(False, owner, fmode, mtime, content=_json([p.summary() for p in ids]))
-        pid = next((p for p in ids if escape_name(p.persistence_id) == rest[0]), None)
-        if pid is None or len(rest) > 2:
+            doc = [p.summary() for p, _ in ids.values()]
+            return Entry(False, owner, fmode, mtime, content=_json(doc))
+        if rest[0] not in ids or len(rest) > 2:
             return None
+        pid, events = ids[rest[0]]
         if len(rest) == 1:
-            names = [b"%08d.event" % e["seq_nr"] for e in pid.events[:MAX_ENTRIES]]
-            return Entry(True, owner, dmode, mtime, [STATE_JSON] + names)
+            return Entry(True, owner, dmode, mtime, [STATE_JSON] + list(events)[:MAX_ENTRIES])
         if rest[1] == STATE_JSON:
             return Entry(False, owner, fmode, mtime, content=_json(pid.summary()))
-        ev = next((e for e in pid.events if b"%08d.event" % e["seq_nr"] == rest[1]), None)
+        ev = events.get(rest[1])
         if ev is None:
             return None
         return Entry(False, owner, fmode, mtime, content=bytes(ev.get("payload") or b""))
@@ -319,13 +327,16 @@ class StateTree:
         self._check_size([(name, st)])
         owner, dmode, fmode = self._perms([(name, st)])
         records, error = self._records(sub, info)
-        rows = state.transaction_rows(self.views._display_path(sub), records)
-
-        def fname(row) -> bytes:
-            return b"%08d.%s" % (row["seq"], str(row["status"]).encode())
+        key = ("statetx", sub, info.ident)
+        named = self.views.catalog.get(key)
+        if named is None:
+            rows = state.transaction_rows(sub.decode("utf-8", "surrogateescape"), records)
+            named = {b"%08d.%s" % (r["seq"], str(r["status"]).encode()): r for r in rows}
+            self.views.catalog.put(key, named, 1000 + 300 * len(named))
+        rows = list(named.values())
         if not rest:
             return Entry(True, owner, dmode, st.st_mtime_ns,
-                         [STATE_JSON] + [fname(r) for r in rows[:MAX_ENTRIES]])
+                         [STATE_JSON] + list(named)[:MAX_ENTRIES])
         if len(rest) > 1:
             return None
         if rest[0] == STATE_JSON:
@@ -337,7 +348,7 @@ class StateTree:
                    "damage": None if error is None else
                    {"offset": error.offset, "reason": error.reason}}
             return Entry(False, owner, fmode, st.st_mtime_ns, content=_json(doc))
-        row = next((r for r in rows if fname(r) == rest[0]), None)
+        row = named.get(rest[0])
         if row is None:
             return None
         return Entry(False, owner, fmode, st.st_mtime_ns,

@@ -50,6 +50,7 @@ from .catalog import Catalog
 from .dirlist import DIR_BLKSIZE, NameOnlyEntry
 from .indexfiles import IndexDir, matches, may_extend
 from .jsonlfollow import JsonlGrowth
+from .stateviews import TOPS as STATE_TOPS, StateTree
 from ..selection import format_time, record_time_ns
 from .sourcefiles import SourceTree, open_regular_path
 
@@ -96,6 +97,9 @@ DAMAGE_LIST_MAX = 1000
 
 ROOT, RECORDS_DIR, JOURNAL, RECORD, JSONL, METADATA, STATUS = (
     "root", "records_dir", "journal", "record", "jsonl", "metadata", "status")
+#: A path of the state views (queues/, persistence/, transactions/: fs/stateviews.py); its
+#: rel is the path below .journalfs.
+STATE = "state"
 #: Record inode numbers: RECORD_INO_BASE | journal id << SEQ_BITS | seq.
 RECORD_INO_BASE = 1 << 62
 SEQ_BITS = 36
@@ -510,6 +514,8 @@ class Views:
         self.metadata = self._node(METADATA, permanent=True)
         self.status = self._node(STATUS, permanent=True)
         self.live = self._node(JOURNAL, LIVE, permanent=True)
+        self.state_tree = StateTree(self)
+        self.state_tops = [(top, self._node(STATE, top, permanent=True)) for top in STATE_TOPS]
 
     # -- inode table -----------------------------------------------------------------------
     # Record files are never stored: their inode number encodes (journal id, seq), so listing
@@ -984,11 +990,31 @@ class Views:
             return self._journal_attrs(node, info)
         if node.kind == JSONL:
             return await self._jsonl_getattr(node)
+        if node.kind == STATE:  # the tops need no walk of SOURCE for their attributes
+            entry = await self._state_entry(node) if b"/" in node.rel else None
+            return self._state_attrs(node, entry)
         idx = await self._index(node.rel, node.seq)
         rec = await self._on_file(node.rel, self._record, node.rel, node.seq, idx)
         info = self.catalog.get(("journal", node.rel)) or \
             await self._on_file(node.rel, self._info_or_enoent, node.rel)
         return self._record_attrs(node, rec, info)
+
+    async def _state_entry(self, node: VNode):
+        try:
+            entry = await self._on_file(node.rel, self.state_tree.resolve, node.rel)
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        if entry is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return entry
+
+    def _state_attrs(self, node: VNode, entry) -> pyfuse3.EntryAttributes:
+        """A state path: never cached (the state follows its journals)."""
+        if entry is None:  # queues/, persistence/, transactions/ themselves
+            st = self.source.lstat(b"")
+            return self._attrs(node, stat.S_IFDIR | (st.st_mode & 0o555), 0, st.st_mtime_ns,
+                               0, (st.st_uid, st.st_gid))
+        return self._attrs(node, entry.mode, len(entry.content), entry.mtime_ns, 0, entry.owner)
 
     def _records_dir_stat(self, rel: bytes) -> os.stat_result:
         if not rel:
@@ -1105,6 +1131,10 @@ class Views:
             rel = parent.rel + b"/" + name if parent.rel else name
             entry = await self._on_file(rel, self._records_entry, rel)
             return None if entry is None else (entry[0], rel)
+        if parent.kind == STATE and name not in (b".", b".."):
+            rel = parent.rel + b"/" + name
+            entry = await self._on_file(rel, self.state_tree.resolve, rel)
+            return None if entry is None else (STATE, rel)
         if parent.kind == JOURNAL:
             if name == JSONL_NAME:
                 return (JSONL, parent.rel)
@@ -1136,6 +1166,11 @@ class Views:
             state["entries"] = await self._on_file(node.rel, self._list_records_dir, node.rel)
         elif node.kind == JOURNAL:  # listing waits for indexing as far as it goes, not here
             state["info"] = await self._on_file(node.rel, self._journal_info, node.rel)
+        elif node.kind == STATE:
+            entry = await self._state_entry(node)
+            if not entry.is_dir:
+                raise pyfuse3.FUSEError(errno.ENOTDIR)
+            state["entries"] = entry.children
         return state
 
     def _list_records_dir(self, rel: bytes) -> list[tuple[bytes, str, Any]]:
@@ -1160,7 +1195,7 @@ class Views:
     def _fixed_entries(self, node: VNode) -> list[tuple[bytes, VNode]]:
         if node.kind == ROOT:
             return [(b"metadata", self.metadata), (b"records", self.records),
-                    (b"status.json", self.status)]
+                    (b"status.json", self.status), *self.state_tops]
         if node.kind == METADATA:
             return [(b"journal", self.live)]
         return []
@@ -1177,6 +1212,19 @@ class Views:
         state["read"] = True
         if node.kind == JOURNAL:
             return await self._readdir_journal(state, start_id, token)
+        if node.kind == STATE:
+            for i, name in enumerate(state["entries"][start_id:], start_id + 1):
+                child = self._node(STATE, node.rel + b"/" + name)
+                try:
+                    attrs = await self.getattr(child.ino)
+                except (pyfuse3.FUSEError, OSError):  # gone meanwhile
+                    self.forget(child.ino, 0)
+                    continue
+                if not pyfuse3.readdir_reply(token, name, attrs, i):
+                    self.forget(child.ino, 0)
+                    return
+                child.lookups += 1
+            return
         if node.kind == RECORDS_DIR:
             for i, (name, kind, what) in enumerate(state["entries"][start_id:], start_id + 1):
                 child = self._node(kind, node.rel + b"/" + name if node.rel else name)
@@ -1395,11 +1443,18 @@ class Views:
     # -- files -----------------------------------------------------------------------------
     async def open(self, ino: int) -> pyfuse3.FileInfo:
         node = self._get(ino)
-        if node.kind not in (RECORD, JSONL, STATUS):
+        if node.kind not in (RECORD, JSONL, STATUS, STATE):
             raise pyfuse3.FUSEError(errno.EISDIR)
+        if node.kind == STATE:
+            entry = await self._state_entry(node)
+            if entry.is_dir:
+                raise pyfuse3.FUSEError(errno.EISDIR)
         handle = self.ctx.next_handle()
         if node.kind == STATUS:
             self.files[handle] = await self._status_bytes()
+            return pyfuse3.FileInfo(fh=handle, direct_io=True)
+        if node.kind == STATE:  # as of this open; the size in its attributes may be older
+            self.files[handle] = entry.content
             return pyfuse3.FileInfo(fh=handle, direct_io=True)
         cached = self._cached_record(node) if node.kind == RECORD else None
         if cached is not None:  # decoded moments ago: answered inline
