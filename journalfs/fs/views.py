@@ -7,6 +7,7 @@
         <seq:08d>.<kind>               payload bytes, else the record's JSON line
     .journalfs/metadata/journal/       the live metadata journal, the same way
     .journalfs/status.json             store paths, journal fill, counters, mount options
+    .journalfs/queues/, persistence/, transactions/   each system's state (fs/stateviews.py)
 
 Permissions follow SOURCE: a directory under ``records/`` carries its SOURCE directory's owner,
 group and mode (without write bits); a journal's view directory and its files carry the
