@@ -529,6 +529,9 @@ class _Followed:
     gone: bool = False
 
 
+#: How often a followed directory or queue is listed again for new files (a directory tree
+#: is walked: not at every poll).
+GROUP_SCAN_INTERVAL = 0.15
 #: How long a record that cannot be decoded may stay at a growing file's end before it is
 #: reported as damage (a writer is usually in the middle of appending it).
 TORN_GRACE = 1.0
@@ -546,6 +549,7 @@ class Follower:
     def __init__(self, groups: Sequence[SourceGroup]):
         self.groups = list(groups)
         self.files: dict[str, _Followed] = {}
+        self._scanned = 0.0
 
     def start(self, source: Source, last: tuple[int, int] | None,
               seen: tuple[int, int, int] | None = None) -> None:
@@ -570,6 +574,10 @@ class Follower:
     def poll(self) -> Iterator[tuple[Source, Record] | Notice]:
         for path in list(self.files):
             yield from self._poll_file(self.files[path])
+        now = time.monotonic()
+        if now - self._scanned < GROUP_SCAN_INTERVAL:
+            return
+        self._scanned = now
         for group in self.groups:
             if group.kind == "file":
                 continue

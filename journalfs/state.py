@@ -286,24 +286,71 @@ def transaction_rows(source: str, records: list[Record]) -> list[dict[str, Any]]
 
 # -- gvfs journal entries -------------------------------------------------------------------------
 
-def metadata_changes(path: str) -> tuple[list[dict[str, Any]], FormatError | None]:
-    """What each entry of a gvfs metadata journal changed, in order: ``{seq, offset, time,
-    change, path, key, value, source}`` where change is set / set-list / unset / copy /
-    remove (a remove or copy acts on the whole subtree)."""
-    records, error = read_records(path, CODECS[GvfsJournal.name])
-    names = {"set": "set", "setv": "set-list", "unset": "unset", "copy": "copy",
-             "remove": "remove"}
+#: What each kind of gvfs journal entry does, in words for `ls`.
+CHANGE_NAMES = {"set": "set", "setv": "set-list", "unset": "unset", "copy": "copy",
+                "remove": "remove"}
+
+
+def change_rows(records: list[Record], tree=None) -> list[dict[str, Any]]:
+    """What each gvfs journal entry changed, in order, replayed as the store's compaction
+    applies them on top of ``tree`` (a :class:`~journalfs.formats.gvfs_tree.TreeView` of the
+    journal's own tree, or None): ``{seq, offset, time, change, path, key, before, after,
+    source}``; ``before``/``after`` are the key's values (a string, a list, or null when
+    unset) around a set, set-list or unset; a copy (``source`` to ``path``) and a remove act
+    on a whole subtree and carry none."""
+    from .formats.gvfs_tree import MergedTree
+    merged = MergedTree(tree)
     out = []
     for rec in records:
-        kind = rec.get("kind")
-        out.append({"seq": rec["seq"], "offset": rec["offset"], "time": rec.get("mtime"),
-                    "change": names.get(kind, kind), "path": rec.get("path"),
-                    "key": rec.get("key"), "value": rec.get("value"),
-                    "source": rec.get("source")})
-    return out, error
+        kind, path, key = rec.get("kind"), rec.get("path"), rec.get("key")
+        row = {"seq": rec["seq"], "offset": rec["offset"], "time": rec.get("mtime"),
+               "change": CHANGE_NAMES.get(kind, kind), "path": path, "key": key,
+               "source": rec.get("source")}
+        keyed = kind in ("set", "setv", "unset") and isinstance(path, str)
+        if keyed:
+            row["before"] = _meta_value(merged, path, key)
+        merged.apply(rec)
+        if keyed:
+            row["after"] = _meta_value(merged, path, key)
+        out.append(row)
+    return out
+
+
+def _meta_value(merged, path: str, key):
+    node = merged.node(path)
+    return None if node is None else merged.metadata_of(node).get(key)
+
+
+def metadata_changes(path: str) -> tuple[list[dict[str, Any]], FormatError | None]:
+    """:func:`change_rows` of the gvfs metadata journal ``path``, on top of its tree (the
+    file its name names, when that tree's tag is the journal's)."""
+    from .formats.gvfs_journal import tree_and_tag
+    from .formats.gvfs_tree import TreeView, header_tag
+    records, error = read_records(path, CODECS[GvfsJournal.name])
+    tree = None
+    named = tree_and_tag(os.path.basename(path))
+    if named is not None:
+        tree_path = os.path.join(os.path.dirname(path), named[0])
+        try:
+            fd = open_path(tree_path)
+        except OSError:
+            fd = None
+        if fd is not None:
+            try:
+                size = os.fstat(fd).st_size
+                with pread_buffer(fd, 0, size, size) as buf:
+                    tag = header_tag(bytes(buf[:16]))
+                    if tag is not None and f"{tag:08x}" == named[1]:
+                        tree = TreeView(bytes(buf), tree_path)
+                        return change_rows(records, tree), error
+            except (OSError, FormatError):
+                pass
+            finally:
+                os.close(fd)
+    return change_rows(records, tree), error
 
 
 __all__ = ["Journal", "PersistenceId", "QueueState", "ReaderState", "TRANSACTION_STATUS",
-           "akka_pair", "metadata_changes", "persistence", "persistence_ids", "queue",
+           "CHANGE_NAMES", "akka_pair", "change_rows", "metadata_changes", "persistence", "persistence_ids", "queue",
            "queue_files", "queue_readers", "queues_of", "read_records", "transaction_rows",
            "transactions"]

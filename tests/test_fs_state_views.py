@@ -39,7 +39,7 @@ def _summary_without_age(rows):
 def test_queue_paths_are_the_queue_state(demo_mount):
     q = demo_mount.views / "queues" / "queues" / "jobs"
     assert sorted(os.listdir(demo_mount.views)) == [
-        "metadata", "persistence", "queues", "records", "status.json", "transactions"]
+        "changes", "metadata", "persistence", "queues", "records", "status.json", "transactions"]
     assert os.listdir(demo_mount.views / "queues") == ["queues"]
     assert sorted(os.listdir(q)) == ["(default)", "mailer", "state.json"]
     want = state.queue(str(demo_mount.source / "queues"), "jobs")
@@ -154,3 +154,14 @@ def test_state_paths_carry_source_permissions(shared_base, records_corpus):  # n
     assert isinstance(got["open_state"], int) and got["open_state"] > 0
     assert got["closed"] == got["closed_state"] == got["mixed"] == got["akka"] == "EACCES"
     assert isinstance(got["jrnl"], int)
+
+
+def test_changes_paths(demo_mount):
+    d = demo_mount.views / "changes" / "gvfs-metadata" / "home-5eedface.log"
+    rows, _ = state.metadata_changes(str(demo_mount.source / "gvfs-metadata" /
+                                         "home-5eedface.log"))
+    names = [f"{r['seq']:08d}.{r['change']}" for r in rows]
+    assert sorted(os.listdir(d)) == sorted(["state.json"] + names)
+    unset = json.loads((d / "00000002.unset").read_text())
+    assert (unset["before"], unset["after"]) == ("order #0", None)
+    assert json.loads((d / "state.json").read_text())["entries"] == len(rows)

@@ -198,8 +198,8 @@ def test_views_are_read_only(fs):
 
 def test_views_hidden_from_root_listing(fs):
     assert ".journalfs" not in os.listdir(fs.mountpoint)
-    assert sorted(os.listdir(fs.views)) == ["metadata", "persistence", "queues", "records",
-                                            "status.json", "transactions"]
+    assert sorted(os.listdir(fs.views)) == ["changes", "metadata", "persistence", "queues",
+                                            "records", "status.json", "transactions"]
 
 
 def test_live_metadata_journal_follows_setfattr(fs):

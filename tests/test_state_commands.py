@@ -222,3 +222,26 @@ def test_queue_state_is_live(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_changes_of_the_demo_gvfs_journal(demo_tree):
+    log = demo_tree / "gvfs-metadata" / "home-5eedface.log"
+    rows = _lines(run_cli("changes", str(log), "--json"))
+    got = [(r["change"], r["path"], r["key"], r.get("before"), r.get("after"), r["source"])
+           for r in rows]
+    assert got == [
+        ("set", "/docs/report.txt", "rating", None, "5", None),
+        ("set-list", "/docs/notes.md", "tags", None, ["draft", "q3"], None),
+        # the tree had this value: the journal's own tree is the base of the replay
+        ("unset", "/docs/report.txt", "annotation", "order #0", None, None),
+        ("copy", "/docs/archive/old-notes.md", None, None, None, "/docs/old-notes.md"),
+        ("remove", "/docs/old-notes.md", None, None, None, None),
+    ]
+    tree = json.loads(run_cli("meta", "dump", str(demo_tree / "gvfs-metadata" / "home"),
+                              "--json").stdout)
+    assert "annotation" not in tree.get("/docs/report.txt", {})
+    assert tree["/docs/report.txt"]["rating"] == "5"
+    only = _lines(run_cli("changes", str(log), "--json", "--path", "/docs/old-notes.md"))
+    assert [r["change"] for r in only] == ["copy", "remove"]
+    table = run_cli("changes", str(log)).stdout
+    assert 'annotation: "order #0" -> (unset)' in table

@@ -15,6 +15,6 @@ COMMANDS = (records, state, fsck, meta, mount, pipeline)
 COMMAND_GROUPS = (
     ("Mounting", ("mount", "umount")),
     ("Journal files", ("records", "fsck", "pipeline")),
-    ("Each system's state", ("queue", "events", "transactions")),
+    ("Each system's state", ("queue", "events", "transactions", "changes")),
     ("Metadata stores", ("meta",)),
 )

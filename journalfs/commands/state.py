@@ -73,6 +73,19 @@ def add_parser(sub) -> None:
     _common(p)
     p.set_defaults(run=run_transactions)
 
+    p = add_command(
+        sub, "changes", "what each entry of a gvfs metadata journal changed",
+        "List the entries of a gvfs metadata journal (TREE-<tag>.log) in order with what each "
+        "changed: set, set-list and unset with the key's value before and after (replayed on "
+        "top of the journal's own tree, as the store's compaction applies them), copy and "
+        "remove of a whole subtree.",
+        "journalfs changes ~/.local/share/gvfs-metadata/home-5eedface.log",
+        "journalfs changes home-5eedface.log --path /docs/notes.md --json")
+    p.add_argument("journal", metavar="JOURNAL", help="a gvfs metadata journal file")
+    p.add_argument("--path", metavar="PATH", help="only entries about PATH (or below it)")
+    _common(p)
+    p.set_defaults(run=run_changes)
+
 
 def _common(p) -> None:
     p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
@@ -307,4 +320,48 @@ def run_transactions(args) -> int:
     return _watched(args, lambda: list(args.files), answer)
 
 
-__all__ = ["add_parser", "run_events", "run_queue", "run_transactions"]
+# -- gvfs changes ---------------------------------------------------------------------------------
+
+def run_changes(args) -> int:
+    with open(args.journal, "rb"):  # missing or unreadable: an ordinary error, named
+        pass
+
+    def under(row) -> bool:
+        if args.path is None:
+            return True
+        base = args.path.rstrip("/") or "/"
+        return any(isinstance(p, str) and (p == base or p.startswith(base.rstrip("/") + "/"))
+                   for p in (row["path"], row["source"]))
+
+    def answer() -> int:
+        rows, error = state.metadata_changes(args.journal)
+        lines: list[str] = []
+        if not args.json:
+            lines.append(f"{'SEQ':>6}  {'TIME':<25}  {'CHANGE':<8}  PATH  KEY: BEFORE -> AFTER")
+        for row in rows:
+            if not under(row):
+                continue
+            if args.json:
+                lines.append(json.dumps(row, ensure_ascii=False))
+                continue
+            t = row["time"]
+            when = format_time(t * 10**9 if isinstance(t, int) else None, "s", args.utc)
+            what = f"{row['path']}"
+            if row["change"] == "copy":
+                what = f"{row['source']} -> {row['path']}"
+            elif row["key"] is not None:
+                what += f"  {row['key']}: {_value(row.get('before'))} -> {_value(row.get('after'))}"
+            lines.append(f"{row['seq']:>6}  {when:<25}  {row['change']:<8}  {what}")
+        _emit(lines)
+        return _damage([error] if error is not None else [])
+
+    return _watched(args, lambda: [args.journal], answer)
+
+
+def _value(value) -> str:
+    if value is None:
+        return "(unset)"
+    return json.dumps(value, ensure_ascii=False)
+
+
+__all__ = ["add_parser", "run_changes", "run_events", "run_queue", "run_transactions"]

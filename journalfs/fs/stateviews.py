@@ -13,6 +13,10 @@
     transactions/<p>/                     a JRNL journal SOURCE/<p>
         state.json                        transactions by status, and the incomplete ones
         <seq:08d>.<status>                each transaction (complete, redo, rollback): its JSON
+    changes/<p>/                          a gvfs metadata journal SOURCE/<p>
+        state.json                        entries by change
+        <seq:08d>.<change>                what each entry changed (set, set-list, unset, copy,
+                                          remove): path, key, before, after (on its tree)
 
 The answers are :mod:`journalfs.state`'s (the pipeline's derived tables' semantics), computed
 in a worker thread from the files as they are (attributes are never cached: the state follows
@@ -37,12 +41,14 @@ from typing import Any
 from .. import state
 from ..formats import CODECS, FormatError
 from ..formats.akka import AkkaData, AkkaMeta
+from ..formats.gvfs_journal import GvfsJournal, tree_and_tag
+from ..formats.gvfs_tree import GvfsTree, TreeView, header_tag
 from ..formats.jrnl import Jrnl
 from ..formats.kestrel import KestrelReader, KestrelWriter, queue_name
 from ..journals import is_backup_name, pread_buffer
 from ..selection import natural_key
 
-TOPS = (b"queues", b"persistence", b"transactions")
+TOPS = (b"queues", b"persistence", b"transactions", b"changes")
 STATE_JSON = b"state.json"
 DEFAULT_READER = b"(default)"
 #: The most bytes of journal files one state is computed from (hostile input: bounded).
@@ -142,6 +148,8 @@ class StateTree:
             return list(self._queues(d))
         if top == b"transactions":
             return [n for n, _, info in self._files(d) if info.codec.name == Jrnl.name]
+        if top == b"changes":
+            return [n for n, _, info in self._files(d) if info.codec.name == GvfsJournal.name]
         return [n for n, _ in self._subdirs(d) if self._akka(_join(d, n)) is not None]
 
     def _queues(self, d: bytes) -> dict[bytes, tuple[list, list]]:
@@ -242,6 +250,8 @@ class StateTree:
                 return self._journal(sub, comps[i + 1:])
             if top == b"transactions" and c in self._here(d, top):
                 return self._transactions(sub, comps[i + 1:])
+            if top == b"changes" and c in self._here(d, top):
+                return self._changes(sub, comps[i + 1:])
             if not any(n == c for n, _ in self._subdirs(d)) or not self._holds(sub, top):
                 return None
             d = sub
@@ -353,6 +363,71 @@ class StateTree:
             return None
         return Entry(False, owner, fmode, st.st_mtime_ns,
                      content=(json.dumps(row, ensure_ascii=False) + "\n").encode())
+
+
+    def _changes(self, sub: bytes, rest: list[bytes]) -> Entry | None:
+        d, _, name = sub.rpartition(b"/")
+        files = self._files(d)
+        found = next((f for f in files if f[0] == name), None)
+        if found is None:
+            return None
+        name, st, info = found
+        parts = [(name, st)]
+        tree = None
+        named = tree_and_tag(name.decode("utf-8", "surrogateescape"))
+        tree_file = None
+        if named is not None:
+            tree_file = next((f for f in files if f[0].decode("utf-8", "surrogateescape")
+                              == named[0] and f[2].codec.name == GvfsTree.name), None)
+        self._check_size(parts + ([(tree_file[0], tree_file[1])] if tree_file else []))
+        owner, dmode, fmode = self._perms(parts)
+        key = ("statechanges", sub, info.ident, tree_file[2].ident if tree_file else None)
+        named_rows = self.views.catalog.get(key)
+        if named_rows is None:
+            records, error = self._records(sub, info)
+            if tree_file is not None:
+                tree = self._tree(_join(d, tree_file[0]), named[1])
+            rows = state.change_rows(records, tree)
+            named_rows = ({b"%08d.%s" % (r["seq"], str(r["change"]).encode()): r for r in rows},
+                          error)
+            self.views.catalog.put(key, named_rows, 1000 + 300 * len(rows))
+        by_name, error = named_rows
+        if not rest:
+            return Entry(True, owner, dmode, st.st_mtime_ns,
+                         [STATE_JSON] + list(by_name)[:MAX_ENTRIES])
+        if len(rest) > 1:
+            return None
+        if rest[0] == STATE_JSON:
+            counts: dict[str, int] = {}
+            for r in by_name.values():
+                counts[r["change"]] = counts.get(r["change"], 0) + 1
+            doc = {"entries": len(by_name), "by_change": counts,
+                   "damage": None if error is None else
+                   {"offset": error.offset, "reason": error.reason}}
+            return Entry(False, owner, fmode, st.st_mtime_ns, content=_json(doc))
+        row = by_name.get(rest[0])
+        if row is None:
+            return None
+        return Entry(False, owner, fmode, st.st_mtime_ns,
+                     content=(json.dumps(row, ensure_ascii=False) + "\n").encode(
+                         "utf-8", "surrogateescape"))
+
+    def _tree(self, rel: bytes, tag: str):
+        """A TreeView of the tree SOURCE/``rel`` when its tag is ``tag``, else None."""
+        fd = self.views._open(rel)
+        try:
+            size = os.fstat(fd).st_size
+            with pread_buffer(fd, 0, size, size) as buf:
+                data = bytes(buf)
+        finally:
+            os.close(fd)
+        got = header_tag(data[:16])
+        if got is None or f"{got:08x}" != tag:
+            return None
+        try:
+            return TreeView(data, self.views._display_path(rel))
+        except FormatError:
+            return None
 
 
 def _json(doc) -> bytes:
