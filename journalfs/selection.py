@@ -529,6 +529,8 @@ class _Followed:
     gone: bool = False
 
 
+#: Bytes of a followed file read at a time when much was appended at once.
+FOLLOW_WINDOW = 16 << 20
 #: How often a followed directory or queue is listed again for new files (a directory tree
 #: is walked: not at every poll).
 GROUP_SCAN_INTERVAL = 0.15
@@ -647,19 +649,38 @@ class Follower:
         else:
             start, seq = (f.last if f.last else (None, 0))
         skip = f.last[1] if (f.last and codec.resumable) else -1
-        try:
-            with pread_buffer(f.fd, start or 0, st.st_size, st.st_size) as buf:
-                it = codec.read(buf, f.source.path, start, seq)
-                try:
-                    for rec in it:
-                        f.last = (rec["offset"], rec["seq"])
-                        if rec["seq"] > skip:
-                            yield f.source, rec
-                    f.stalled = None
-                finally:
-                    it.close()
-        except FormatError as exc:
-            where = (exc.offset, exc.reason)
+        size, width = st.st_size, FOLLOW_WINDOW
+        while True:
+            # a window of the file read as if the file ended there (memory stays a window
+            # however much was appended); a record reaching past it is read again with the
+            # next window, which starts at the last record decoded (or is twice as wide)
+            lo = start or 0
+            end = min(size, lo + width) if codec.resumable else size
+            error = None
+            try:
+                with pread_buffer(f.fd, lo, end, end) as buf:
+                    it = codec.read(buf, f.source.path, start, seq)
+                    try:
+                        for rec in it:
+                            f.last = (rec["offset"], rec["seq"])
+                            if rec["seq"] > skip:
+                                skip = rec["seq"]
+                                yield f.source, rec
+                    finally:
+                        it.close()
+            except FormatError as exc:
+                error = exc
+            if end >= size:
+                break
+            if f.last is not None and f.last[0] > lo:
+                start, seq = f.last
+                width = FOLLOW_WINDOW
+            else:
+                width *= 2
+        if error is None:
+            f.stalled = None
+        else:
+            where = (error.offset, error.reason)
             if f.stalled != where:
                 f.stalled, f.stalled_since, f.reported = where, time.monotonic(), False
         f.head_crc = _head_crc(f.fd, f.last[0] if f.last else 0)

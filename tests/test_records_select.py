@@ -451,3 +451,24 @@ def test_follow_reports_damage_that_stays_and_goes_on(tmp_path, follow):
     notice = f.notice(timeout=10)
     assert "damaged at byte" in notice and str(w.path) in notice
     assert f.proc.poll() is None and f.quiet(0.2)
+
+
+def test_follower_reads_a_big_burst_a_window_at_a_time(tmp_path, monkeypatch):
+    """Much appended at once is read in windows (memory stays a window), records that cross
+    a window's end included, each record once and in order."""
+    from journalfs import selection
+    monkeypatch.setattr(selection, "FOLLOW_WINDOW", 200)  # smaller than some records
+    w = Writer(tmp_path / "jobs.1700000000000", count=300)
+    w.start(1)
+    groups, sources = selection.expand_sources([str(w.path)])
+    follower = selection.Follower(groups)
+    first = file_records(w.path)[0]
+    follower.start(sources[0], (first["offset"], first["seq"]), None)
+    try:
+        w.put(250)
+        got = [item[1]["id"] for item in follower.poll()
+               if not isinstance(item, selection.Notice)]
+        assert got == list(range(2, 252))
+        assert not any(isinstance(i, selection.Notice) for i in follower.poll())
+    finally:
+        follower.close()

@@ -361,12 +361,17 @@ def _follow(args, select, groups, files: list[FileRecords], printer: Printer, pa
     by_path = {f.path: f for f in files}
     try:
         for f in files:
-            last = None
+            last, seen = None, f.index.identity or None
             if f.count:
-                rec = next(iter(f.forward(f.count - 1, f.count)), None)
+                try:
+                    rec = next(iter(f.forward(f.count - 1, f.count)), None)
+                except (FormatError, OSError):  # changed since the selection was read
+                    printer.notice(f.path, "truncated or rewritten while it was read: "
+                                           "reading it from its start")
+                    rec, seen = None, (0, -1, 0)
                 if rec is not None:
                     last = (rec["offset"], rec["seq"])
-            follower.start(f.source, last, f.index.identity or None)
+            follower.start(f.source, last, seen)
         while True:
             for item in follower.poll():
                 if isinstance(item, Notice):
