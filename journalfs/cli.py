@@ -20,7 +20,13 @@ gvfs reads and writes too; and a read-only view of every journal file inside
 Nine journal formats are understood, found by their content: gvfs metadata tree and journal,
 Kestrel queue writer and reader files, akka-persistence file journals, Wallaby LOG and IDX, and
 JRNL transaction journals. The same decoding works without a mount (records, fsck) and on Apache
-Spark (pipeline)."""
+Spark (pipeline).
+
+Each system's state is one command or one path away: a queue's pending items per reader
+(queue), a persistence id's events in order (events), incomplete transactions
+(transactions), what each metadata change did (changes); on a mount under
+MOUNTPOINT/.journalfs/queues/, persistence/, transactions/ and changes/. journalfs records -f
+and tail -f on a view's records.jsonl follow journals as they grow."""
 
 EPILOG = examples(
     "journalfs mount ~/queues /mnt/q          # returns once the mount is usable",
@@ -28,6 +34,8 @@ EPILOG = examples(
     "ls /mnt/q/.journalfs/records/jobs.1700000000000/",
     "journalfs umount /mnt/q",
     "journalfs records db.jrnl --json         # one JSON object per record",
+    "journalfs records -f ~/queues/jobs       # follow a live queue",
+    "journalfs queue ~/queues/jobs --pending  # what each reader has still to read",
     "journalfs meta dump ~/.local/share/gvfs-metadata/home",
 ) + """
 
