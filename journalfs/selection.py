@@ -359,9 +359,21 @@ class FileRecords:
     """The records of one file through its :class:`RecordIndex`: ``count``, ranges forward
     and backward, and the sequence numbers where a time range starts and ends."""
 
-    def __init__(self, source: Source, index: RecordIndex):
+    def __init__(self, source: Source, index: RecordIndex | Callable[[], RecordIndex]):
+        """``index``: the file's index, or a function making it when first needed (a
+        selection over many files indexes only those it reaches)."""
         self.source, self.codec, self.path = source, source.codec, source.path
-        self.index = index
+        self._index = index
+
+    @property
+    def index(self) -> RecordIndex:
+        if callable(self._index):
+            self._index = self._index()
+        return self._index
+
+    @property
+    def indexed(self) -> bool:
+        return not callable(self._index)
 
     @property
     def count(self) -> int:

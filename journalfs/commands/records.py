@@ -284,13 +284,17 @@ def _print_selection(args, select: RecordFilter, groups, sources: list[Source]) 
     several = len(sources) > 1 or any(g.kind != "file" for g in groups)
     printer = Printer(args, several)
     cache = IndexCache()
-    files = []
     try:
-        for src in sources:
-            files.append(FileRecords(src, cache(src)))
+        return _select(args, select, groups, sources, printer, cache)
     finally:
         cache.close()
-    bounds = [_bounds(args, select, f) for f in files]
+
+
+def _select(args, select: RecordFilter, groups, sources: list[Source], printer: "Printer",
+            cache: "IndexCache") -> int:
+    several = printer.several
+    # indexed when first reached: -n on a directory of many journals touches the last ones
+    files = [FileRecords(src, lambda src=src: cache(src)) for src in sources]
     lines = args.lines
     if lines is None and args.follow and args.count is None and args.from_seq is None \
             and not select.by_time:
@@ -304,9 +308,10 @@ def _print_selection(args, select: RecordFilter, groups, sources: list[Source]) 
     if lines is not None:
         picked: list[tuple[FileRecords, list[Record]]] = []
         need = lines
-        for f, (lo, hi) in zip(reversed(files), reversed(bounds)):
+        for f in reversed(files):
             if need <= 0:
                 break
+            lo, hi = _bounds(args, select, f)
             for piece in f.backward(lo, hi):
                 kept = [r for r in piece if passes(f, r)][-need:] if need else []
                 if kept:
@@ -320,9 +325,10 @@ def _print_selection(args, select: RecordFilter, groups, sources: list[Source]) 
         printer.flush()
     else:
         left = args.count
-        for f, (lo, hi) in zip(files, bounds):
+        for f in files:
             if left is not None and left <= 0:
                 break
+            lo, hi = _bounds(args, select, f)
             for rec in f.forward(lo, hi):
                 if passes(f, rec):
                     printer.record(f.source, rec)
@@ -336,7 +342,7 @@ def _print_selection(args, select: RecordFilter, groups, sources: list[Source]) 
     if not args.json and not several and files and printer.current is None:
         printer.record_header(files[0].source)
         printer.flush()
-    damaged = [f.error for f in files if f.error is not None]
+    damaged = [f.error for f in files if f.indexed and f.error is not None]
     for exc in damaged:
         print(f"journalfs: {exc}", file=sys.stderr, flush=True)
     if not args.follow:

@@ -95,6 +95,8 @@ def _common(p) -> None:
 
 
 def _emit(lines: list[str]) -> None:
+    if hasattr(sys.stdout, "reconfigure"):  # names that are not UTF-8 print as \udcXX
+        sys.stdout.reconfigure(errors="backslashreplace")
     if lines:
         sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.flush()
