@@ -28,8 +28,11 @@ class Writer:
     def __init__(self, path: Path, count: int = 300, first_id: int = 1):
         self.path = path
         self.records = demo.kestrel_put_records(random.Random(first_id), count, first_id=first_id)
-        self.data = KESTREL.write(self.records)
-        self.ends = [len(KESTREL.write(self.records[:i])) for i in range(count + 1)]
+        frames = [KESTREL.write([rec])[4:] for rec in self.records]  # after the magic
+        self.data = KESTREL.write([]) + b"".join(frames)
+        self.ends = [4]
+        for frame in frames:
+            self.ends.append(self.ends[-1] + len(frame))
         self.written = 0
 
     def start(self, n: int) -> None:
@@ -66,7 +69,9 @@ class Tail:
     """A real `tail -f` (or -F) process; its output lines read with timeouts."""
 
     def __init__(self, path: Path, *options: str):
-        self.proc = subprocess.Popen(["tail", *options, "-n", "+1", "-s", "0.1", str(path)],
+        if "-n" not in options:
+            options = (*options, "-n", "+1")
+        self.proc = subprocess.Popen(["tail", *options, "-s", "0.1", str(path)],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.out: queue.Queue = queue.Queue()
         self.err: list[str] = []
@@ -201,3 +206,22 @@ def test_a_torn_append_shows_once_complete(mount, tails):
         f.write(w.data[lo + 7:hi])
     w.written = 3
     assert t.lines(1) == w.lines(2, 3)
+
+
+def test_tail_f_on_a_big_journal_once_its_size_is_known(mount, tails):
+    """A journal over 4 MiB shows records.jsonl with size 0 until read once; after that
+    `tail -f` starts at its last lines and follows, the size extended by the growth only."""
+    count = 45_000
+    w = Writer(mount.source / "jobs.1700000000000", count=count + 20)
+    w.start(count)
+    assert w.path.stat().st_size > 4 << 20
+    jsonl = mount.views / "records" / w.path.name / "records.jsonl"
+    whole = jsonl.read_bytes()  # measures it
+    assert whole.count(b"\n") == count
+    assert os.stat(jsonl).st_size == len(whole)
+    t = tails(jsonl, "-f", "-n", "3")
+    assert t.lines(3) == w.lines(count - 3, count)
+    w.put(5)
+    assert t.lines(5) == w.lines(count, count + 5)
+    assert os.stat(jsonl).st_size == len(whole) + sum(
+        len(json_line(r)) for r in KESTREL.read(w.path.read_bytes(), "x") if r["seq"] >= count)
