@@ -117,6 +117,10 @@ demo() {
   sleep 1.5; demo_append_puts "$src/queues/jobs.1700000060000" 3
   wait "$follower" || true
   "$jfs" queue "$src/queues/jobs" --reader mailer          # 3 more pending
+  ls "$mnt/.journalfs/queues/queues/jobs/" "$mnt/.journalfs/queues/queues/jobs/mailer" | tail -n 4
+  cat "$mnt/.journalfs/queues/queues/jobs/mailer/state.json"
+  ls "$mnt/.journalfs/persistence/akka/orders/order-17" | head -n 3
+  ls "$mnt/.journalfs/transactions/jrnl/db.jrnl"
   { set +x; } 2>/dev/null
   echo "== the demo stays mounted on $mnt; unmount it with: journalfs umount $mnt"
   echo "== (journalfs is $here/.venv/bin/journalfs; as root bootstrap also put it on PATH)"
