@@ -165,3 +165,20 @@ def test_changes_paths(demo_mount):
     unset = json.loads((d / "00000002.unset").read_text())
     assert (unset["before"], unset["after"]) == ("order #0", None)
     assert json.loads((d / "state.json").read_text())["entries"] == len(rows)
+
+
+def test_hostile_queue_files_give_their_valid_prefix(demo_mount):
+    """A segment damaged after some PUTs, a reader file of garbage after its magic, a
+    symlink named like a segment: the state is computed from what is valid, the daemon
+    logs no error (the fixture checks), nothing outside SOURCE is read."""
+    qdir = demo_mount.source / "queues"
+    good = demo.kestrel_put_records(random.Random(5), 3, first_id=1000)
+    (qdir / "jobs.1800000000000").write_bytes(KESTREL.write(good) + b"\x99" + os.urandom(64))
+    (qdir / "jobs.read.evil").write_bytes(bytes.fromhex("263c2603") + os.urandom(50))
+    os.symlink("/etc/passwd", qdir / "jobs.1900000000000")
+    q = demo_mount.views / "queues" / "queues" / "jobs"
+    rows = {r["reader"]: r for r in json.loads((q / "state.json").read_text())}
+    assert rows["mailer"]["tail"] == 1002
+    assert f"{1002:08d}.item" in os.listdir(q / "mailer")
+    assert (q / "mailer" / f"{1002:08d}.item").read_bytes() == good[2]["payload"]
+    assert "evil" in rows and rows["evil"]["head"] >= 0
