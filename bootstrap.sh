@@ -54,6 +54,24 @@ install_commands() {
 #: The demo owns a directory only if it carries this file (written when the demo made it).
 DEMO_MARKER=.journalfs-demo
 
+# Append N PUTs to a Kestrel writer segment, one every 0.3 s, as a live writer does.
+demo_append_puts() {
+  .venv/bin/python - "$1" "$2" <<'PY'
+import random, sys, time
+from journalfs import demo
+from journalfs.formats import CODECS
+path, n = sys.argv[1], int(sys.argv[2])
+codec = CODECS["kestrel-writer"]
+last = list(codec.read(open(path, "rb").read(), path))[-1]["id"]
+puts = demo.kestrel_put_records(random.Random(), n, first_id=last + 1,
+                                start_ms=int(time.time() * 1000))
+for rec in puts:
+    with open(path, "ab") as f:
+        f.write(codec.write([rec])[4:])  # the frame after the file's magic
+    time.sleep(0.3)
+PY
+}
+
 demo() {
   base=${JOURNALFS_DEMO_DIR:-/tmp/journalfs-demo}
   src=$base/source; mnt=$base/mnt
@@ -90,6 +108,20 @@ demo() {
   ls "$mnt/.journalfs/metadata/journal/"
   getfattr -d "$mnt/.journalfs"                           # the mount's runtime settings
   cat "$mnt/.journalfs/status.json"; echo
+  # each system's state, and a live queue: a writer appends while we follow it
+  "$jfs" queue "$src/queues/jobs"                         # each reader: head, tail, pending
+  "$jfs" queue "$src/queues/jobs" --reader mailer --pending | head -n 6
+  "$jfs" events "$src/akka/orders" --id order-17 --to-seq 3
+  "$jfs" transactions "$src/jrnl/db.jrnl" --incomplete
+  timeout 4 "$jfs" records -f -n 2 --payload text "$src/queues/jobs" & follower=$!
+  timeout 4 tail -n 1 -f "$mnt/.journalfs/records/queues/jobs.1700000060000/records.jsonl" &
+  sleep 1.5; demo_append_puts "$src/queues/jobs.1700000060000" 3
+  wait "$follower" || true
+  "$jfs" queue "$src/queues/jobs" --reader mailer          # 3 more pending
+  ls "$mnt/.journalfs/queues/queues/jobs/" "$mnt/.journalfs/queues/queues/jobs/mailer" | tail -n 4
+  cat "$mnt/.journalfs/queues/queues/jobs/mailer/state.json"
+  ls "$mnt/.journalfs/persistence/akka/orders/order-17" | head -n 3
+  ls "$mnt/.journalfs/transactions/jrnl/db.jrnl"
   { set +x; } 2>/dev/null
   echo "== the demo stays mounted on $mnt; unmount it with: journalfs umount $mnt"
   echo "== (journalfs is $here/.venv/bin/journalfs; as root bootstrap also put it on PATH)"

@@ -20,7 +20,13 @@ gvfs reads and writes too; and a read-only view of every journal file inside
 Nine journal formats are understood, found by their content: gvfs metadata tree and journal,
 Kestrel queue writer and reader files, akka-persistence file journals, Wallaby LOG and IDX, and
 JRNL transaction journals. The same decoding works without a mount (records, fsck) and on Apache
-Spark (pipeline)."""
+Spark (pipeline).
+
+Each system's state is one command or one path away: a queue's pending items per reader
+(queue), a persistence id's events in order (events), incomplete transactions
+(transactions), what each metadata change did (changes); on a mount under
+MOUNTPOINT/.journalfs/queues/, persistence/, transactions/ and changes/. journalfs records -f
+and tail -f on a view's records.jsonl follow journals as they grow."""
 
 EPILOG = examples(
     "journalfs mount ~/queues /mnt/q          # returns once the mount is usable",
@@ -28,6 +34,8 @@ EPILOG = examples(
     "ls /mnt/q/.journalfs/records/jobs.1700000000000/",
     "journalfs umount /mnt/q",
     "journalfs records db.jrnl --json         # one JSON object per record",
+    "journalfs records -f ~/queues/jobs       # follow a live queue",
+    "journalfs queue ~/queues/jobs --pending  # what each reader has still to read",
     "journalfs meta dump ~/.local/share/gvfs-metadata/home",
 ) + """
 
@@ -84,9 +92,30 @@ def _group_commands(parser: argparse.ArgumentParser, sub) -> None:
     parser._action_groups = [positionals, *groups, optionals, *others]
 
 
+#: Options whose value may start with "-" (a relative time: ``--since -10min``, as journalctl
+#: takes it); argparse would read such a value as an option.
+DASH_VALUE_OPTIONS = ("--since", "--until", "-S", "-U", "--from-time", "--to-time")
+
+
+def _join_dash_values(argv: list[str]) -> list[str]:
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return out + argv[i:]
+        if arg in DASH_VALUE_OPTIONS and i + 1 < len(argv) and argv[i + 1][:1] == "-" \
+                and argv[i + 1][1:2].isdigit():
+            out.append(f"{arg}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_dash_values(sys.argv[1:] if argv is None else list(argv)))
     if args.man:  # needs no command
         from .manpage import render
         sys.stdout.write(render(parser))

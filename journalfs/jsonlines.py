@@ -21,8 +21,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .formats import Codec, FormatError
-from .formats.base import (Base64Bytes, Columns, IntLists, Record, RecordLists, record_json_line,
-                          rows_of_batches)
+from .formats.base import (Base64Bytes, Columns, IntLists, Record, RecordLists, json_safe,
+                          record_json_line, rows_of_batches)
 
 
 def json_line(rec: Record) -> bytes:
@@ -30,6 +30,43 @@ def json_line(rec: Record) -> bytes:
     every other way of rendering is held to. (``record_json_line`` already writes text that
     is not UTF-8 as ``<field>_b64``, so the encoding cannot fail.)"""
     return (record_json_line(rec) + "\n").encode("utf-8")
+
+
+#: How ``--payload`` shows a record's payload: ``base64`` is the contract's ``payload_b64``
+#: (the default of JSON lines); ``text`` and ``auto`` give UTF-8 payloads as ``payload`` text
+#: (anything else stays ``payload_b64``); ``hex`` gives ``payload_hex``.
+PAYLOAD_MODES = ("auto", "text", "hex", "base64")
+
+
+def payload_fields(payload, mode: str) -> dict:
+    """The JSON field (name and value) that shows ``payload`` in ``mode``."""
+    if payload is None:
+        return {"payload_b64": None}
+    data = bytes(payload)
+    if mode == "hex":
+        return {"payload_hex": data.hex()}
+    if mode in ("auto", "text"):
+        try:
+            return {"payload": data.decode("utf-8")}
+        except UnicodeDecodeError:
+            pass
+    return {"payload_b64": binascii.b2a_base64(data, newline=False).decode("ascii")}
+
+
+def record_line(rec: Record, payload: str = "base64", source: str | None = None) -> str:
+    """One JSON line (no newline) of ``rec`` with its payload shown as ``payload`` says
+    (:data:`PAYLOAD_MODES`) and, when given, the file it comes from first as ``source``;
+    with the defaults exactly :func:`journalfs.formats.record_json_line`."""
+    if payload == "base64" and source is None:
+        return record_json_line(rec)
+    out: dict = {} if source is None else {"source": source}
+    for name, value in rec.items():
+        if name == "payload":
+            out.update(payload_fields(value, payload))
+        else:
+            out[name] = value
+    safe = json_safe(out)
+    return json.dumps(safe, ensure_ascii=False, separators=(", ", ": "))
 
 
 class JsonChunk:
@@ -809,6 +846,6 @@ class _Base64(_Packed):
                 matrix[rows_hit, last[rows_hit] - k] = ord("=")
 
 
-__all__ = ["EMPTY", "JsonChunk", "columns_chunk", "has_columns", "json_chunk", "json_line",
+__all__ = ["EMPTY", "PAYLOAD_MODES", "JsonChunk", "payload_fields", "record_line", "columns_chunk", "has_columns", "json_chunk", "json_line",
            "keep_freed_memory", "records_chunk", "render_columns", "render_columns_measured",
            "render_rows"]

@@ -87,7 +87,7 @@ def test_kestrel_queue_names_come_from_the_codec():
 #: by definition: it takes the names from the codec classes).
 FORMAT_BLIND = ("spark/derived.py", "spark/read.py", "spark/plan.py", "spark/checkpoints.py", "spark/convert.py",
                 "spark/source.py", "commands/records.py", "commands/pipeline.py",
-                "commands/fsck.py", "journals.py")
+                "commands/fsck.py", "journals.py", "selection.py", "fs/jsonlfollow.py")
 
 
 @pytest.mark.parametrize("module", FORMAT_BLIND)

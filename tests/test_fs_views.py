@@ -132,6 +132,15 @@ def test_record_xattrs(fs, cli_output):
                 text = value if isinstance(value, str) else json.dumps(value)
                 assert os.getxattr(path, attr) == text.encode(), (name, fname, field)
                 assert attr in listed
+            from journalfs.formats import CODECS
+            from journalfs.selection import format_time, record_time_ns
+            codec = CODECS[rec["format"]]
+            ns = record_time_ns(codec, rec)
+            if ns is None:
+                assert "user.record.time_iso" not in listed
+            else:
+                assert os.getxattr(path, "user.record.time_iso").decode() == \
+                    format_time(ns, codec.columns.time_unit, utc=True)
     out = subprocess.run(["getfattr", "--only-values", "-n", "user.record.kind",
                           str(fs.views / "records" / "corpus" / "db0.jrnl" / "00000000.transaction")],
                          capture_output=True, check=True)
@@ -189,7 +198,8 @@ def test_views_are_read_only(fs):
 
 def test_views_hidden_from_root_listing(fs):
     assert ".journalfs" not in os.listdir(fs.mountpoint)
-    assert sorted(os.listdir(fs.views)) == ["metadata", "records", "status.json"]
+    assert sorted(os.listdir(fs.views)) == ["changes", "metadata", "persistence", "queues",
+                                            "records", "status.json", "transactions"]
 
 
 def test_live_metadata_journal_follows_setfattr(fs):

@@ -83,13 +83,14 @@ def test_table_has_a_row_per_record_with_fixed_columns(demo_tree):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "# kestrel-writer"
-    assert lines[1].split() == ["SEQ", "OFFSET", "KIND", "FIELDS"]
+    assert lines[1].split() == ["SEQ", "OFFSET", "TIME", "KIND", "FIELDS"]
     records = list(CODECS["kestrel-writer"].read(path.read_bytes(), "x"))
     rows = lines[2:]
     assert len(rows) == len(records) == 40
     for row, rec in zip(rows, records):
-        seq, offset, kind, fields = row.split(None, 3)
+        seq, offset, when, kind, fields = row.split(None, 4)
         assert (int(seq), int(offset), kind) == (rec["seq"], rec["offset"], "put")
+        assert when.startswith("2023-11-1") and "add_time=" not in fields
         assert f"id={rec['id']} " in fields and f"payload=<{len(rec['payload'])} B>" in fields
 
 

@@ -8,12 +8,13 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_DAMAGED = 0, 1, 2, 3
 #: Stopped by SIGINT (Ctrl-C) or SIGTERM, as a shell reports a process killed by them.
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
 
-from . import fsck, meta, mount, pipeline, records  # noqa: E402
+from . import fsck, meta, mount, pipeline, records, state  # noqa: E402
 
-COMMANDS = (records, fsck, meta, mount, pipeline)
+COMMANDS = (records, state, fsck, meta, mount, pipeline)
 #: How ``journalfs --help`` and the man page group the commands, in this order.
 COMMAND_GROUPS = (
     ("Mounting", ("mount", "umount")),
     ("Journal files", ("records", "fsck", "pipeline")),
+    ("Each system's state", ("queue", "events", "transactions", "changes")),
     ("Metadata stores", ("meta",)),
 )

@@ -1,4 +1,4 @@
-"""`journalfs records FILE [--json]`: decode any supported journal file.
+"""`journalfs records FILE... [--json] [selection] [-f]`: decode, select and follow journal files.
 
 Records stream straight from an mmap of the file to stdout in batches, so a journal of any size
 prints with bounded memory. On damage the valid prefix is printed first, then one line on
@@ -9,20 +9,27 @@ journal", exit 3): for ``records`` an input that cannot be decoded is damaged in
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
+import errno
 import os
+import re
 import sys
+import time
 from typing import Iterable, Iterator, TextIO
 
 from ..formats import Codec, FormatError
 from ..formats.base import Columns, Record
-from ..journals import mapped, sniff_file
-from ..jsonlines import columns_chunk, has_columns, keep_freed_memory, records_chunk, render_rows
+from ..journals import RecordIndex, mapped, open_path
+from ..jsonlines import (PAYLOAD_MODES, columns_chunk, has_columns, keep_freed_memory,
+                         payload_fields, record_line, records_chunk, render_rows)
+from ..selection import (FileRecords, Follower, Keys, Notice, RecordFilter, Source,
+                         expand_sources, format_time, parse_time, record_time_ns)
 from ..pagecache import PagePacer, Releaser
 from .parsing import add_command
 from .progress import Progress
 
-from . import EXIT_DAMAGED, EXIT_OK  # defined once, for every command
+from . import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE  # defined once, for every command
 #: Lines written (and flushed) per batch: large enough to be cheap, small enough to stream.
 BATCH = 2048
 #: Fields every record has; the table shows them as fixed columns.
@@ -37,51 +44,379 @@ OUTPUT_SPAN = 2 << 20
 
 
 DESCRIPTION = (
-    "Decode a journal file of any supported format (found by its content) and print its "
+    "Decode journal files of any supported format (found by their content) and print their "
     "records: a table by default, or with --json one JSON object per record and line (the "
-    "fields are listed in docs/contract.md). On damage the valid records are printed first, "
-    "then one line on stderr names the file, the byte offset and the reason, and the exit "
-    "status is 3.")
+    "fields are listed in docs/contract.md). FILE may be a journal file, a directory (every "
+    "journal under it, in name order) or a queue DIR/NAME (every Kestrel segment NAME.<n> of "
+    "DIR in order, then its readers NAME.read.<r>).\n\n"
+    "Selections: -n the last N records, --count the first N, --from/--to a range of record "
+    "numbers, --since/--until a range of the records' own times (formats that have one), "
+    "--kind, --key and --grep. They never decode the records they skip: a record index (kept "
+    "in ~/.cache/journalfs/indexes for big files) finds where records start, so -n 10 or "
+    "--since on a journal of gigabytes answers at once after the first run. With several "
+    "files the selection runs over all of them in order, and each JSON line starts with "
+    "its \"source\" file.\n\n"
+    "-f/--follow keeps printing records as they are appended (within 0.2 s), picks up new "
+    "files of a directory or queue, and reports on stderr a file that is truncated, rotated "
+    "(replaced) or removed, then goes on. Without a selection it starts with the last 10 "
+    "records, as journalctl -f does.\n\n"
+    "Times: --since/--until take ISO-8601 (2026-11-27, '2026-11-27 10:00', "
+    "2026-11-27T10:00:00Z, 10:00), relative times (-10min, -1h30min, '2 days ago', +5min), "
+    "now, today, yesterday, tomorrow and @EPOCH; times without a zone are local (UTC with "
+    "--utc). The table shows each record's time as ISO-8601 (local, or UTC with --utc); the "
+    "JSON keeps the raw numbers.\n\n"
+    "On damage the valid records are printed first, then one line on stderr names the file, "
+    "the byte offset and the reason, and the exit status is 3.")
 
 
 def add_parser(sub) -> None:
-    p = add_command(sub, "records", "decode a journal file into its records", DESCRIPTION,
+    p = add_command(sub, "records", "decode journal files into their records, select, follow",
+                    DESCRIPTION,
                     "journalfs records /data/queues/jobs.1700000000000",
+                    "journalfs records -f /data/queues/jobs      # follow a whole queue live",
+                    "journalfs records -n 10 --since -10min big.log",
+                    "journalfs records --kind put --grep order-17 --payload text queues/jobs",
                     "journalfs records db.jrnl --json | jq -r .status")
-    p.add_argument("file", help="any supported journal file (detected by its magic bytes)")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="a journal file (detected by its magic bytes), a directory, or a queue "
+                        "DIR/NAME")
     p.add_argument("--json", action="store_true",
                    help="one JSON object per record and line (the contract's fields)")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="keep printing records as they are appended (Ctrl-C stops)")
+    p.add_argument("-n", "--lines", type=_count, metavar="N",
+                   help="only the last N records (of the selection)")
+    p.add_argument("-c", "--count", type=_count, metavar="N",
+                   help="only the first N records (of the selection)")
+    p.add_argument("--from", dest="from_seq", type=_count, metavar="SEQ",
+                   help="records from record number SEQ on (0-based, per file)")
+    p.add_argument("--to", dest="to_seq", type=_count, metavar="SEQ",
+                   help="records up to record number SEQ, inclusive")
+    p.add_argument("-S", "--since", metavar="TIME", help="records whose time is TIME or later")
+    p.add_argument("-U", "--until", metavar="TIME", help="records whose time is TIME or earlier")
+    p.add_argument("--kind", metavar="KIND[,KIND...]",
+                   help="only records of these kinds (put, message, transaction, set, ...)")
+    p.add_argument("--key", metavar="KEY",
+                   help="only records of this key: the queue, the persistence id, the "
+                        "metadata path")
+    p.add_argument("-g", "--grep", metavar="REGEX",
+                   help="only records whose JSON line (payload as text where it is UTF-8) "
+                        "matches this Python regular expression")
+    p.add_argument("--payload", choices=PAYLOAD_MODES,
+                   help="how payloads are shown: auto (UTF-8 as text, else base64; the "
+                        "table's default), text, hex, base64 (the JSON default: payload_b64)")
+    p.add_argument("--utc", action="store_true",
+                   help="times in UTC (the table's times; --since/--until without a zone)")
     p.set_defaults(run=run)
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text}")
+    return value
+
+
+def _selective(args) -> bool:
+    return bool(args.follow or args.lines is not None or args.count is not None
+                or args.from_seq is not None or args.to_seq is not None or args.since
+                or args.until or args.kind or args.key is not None or args.grep
+                or args.payload or args.utc)
 
 
 def run(args) -> int:
     if args.json:
         keep_freed_memory()
-    codec = sniff_file(args.file)
-    if codec is None:
-        with open(args.file, "rb"):  # a missing/unreadable file is an ordinary error (exit 1)
-            pass
-        return _damaged(FormatError(args.file, 0, "not a supported journal (unknown magic bytes)"))
     try:
-        return _print_records(args, codec)
+        select = _selection(args)
+    except ValueError as exc:
+        print(f"journalfs records: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    groups, sources = expand_sources(args.files)
+    if not sources:
+        raise OSError(errno.ENOENT, "no journal files here", args.files[0])
+    plain = len(args.files) == 1 and groups[0].kind == "file" and not _selective(args)
+    try:
+        if plain:
+            return _print_records(args, sources[0].codec, sources[0].path)
+        return _print_selection(args, select, groups, sources)
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as cat does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+    except KeyboardInterrupt:  # -f stopped with Ctrl-C: what was printed is the answer
+        sys.stdout.flush()
+        return EXIT_OK
 
 
-def _print_records(args, codec: Codec) -> int:
+def _selection(args) -> RecordFilter:
+    """The content filter of ``args``; ValueError (a usage error) for what cannot be read."""
+    if args.lines is not None and args.count is not None:
+        raise ValueError("-n/--lines and -c/--count exclude each other")
+    if args.from_seq is not None and args.to_seq is not None and args.to_seq < args.from_seq:
+        raise ValueError(f"--to {args.to_seq} is before --from {args.from_seq}")
+    grep = None
+    if args.grep:
+        try:
+            grep = re.compile(args.grep)
+        except re.error as exc:
+            raise ValueError(f"--grep: {exc}") from None
+    since = until = None
+    if args.since:
+        since = parse_time(args.since, args.utc)
+    if args.until:
+        until = parse_time(args.until, args.utc)
+    kinds = frozenset(k.strip() for k in args.kind.split(",") if k.strip()) if args.kind else None
+    return RecordFilter(kinds, args.key, grep, since, until)
+
+
+# -- selections and following ---------------------------------------------------------------------
+
+#: Files at least this big keep their record index on disk (the user's cache directory).
+SAVE_INDEX_BYTES = 4 << 20
+#: How often a follower looks at its files (new records show within twice this).
+FOLLOW_POLL = 0.05
+
+
+def _index_dir():
+    from ..fs.indexfiles import IndexDir  # only for selections
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    top = os.path.join(base, "journalfs")
+    try:
+        os.makedirs(top, mode=0o700, exist_ok=True)
+        st = os.stat(top)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            return None
+    except OSError:
+        return None
+    cache = IndexDir(top)
+    return cache if cache.usable else None
+
+
+class IndexCache:
+    """Record indexes of the CLI's files: loaded from the user's cache directory when they
+    still describe the file, extended when it only grew, else built (and saved when big)."""
+
+    def __init__(self):
+        self._dir = _index_dir() if os.environ.get("JOURNALFS_NO_INDEX_CACHE") is None else None
+
+    def __call__(self, source: Source) -> RecordIndex:
+        from ..fs.indexfiles import head_crc, matches, may_extend
+        path, codec = source.path, source.codec
+
+        def opener():
+            return open_path(path)
+        previous = None
+        fd = opener()
+        try:
+            st = os.fstat(fd)
+            head = head_crc(os.pread(fd, 4096, 0))
+        finally:
+            os.close(fd)
+        loaded = self._dir.load(st.st_dev, st.st_ino, path) if self._dir else None
+        if loaded is not None:
+            index, header, _layout = loaded
+            if matches(header, codec.name, st.st_size, st.st_mtime_ns, head):
+                index.opener, index.complete = opener, True
+                return index
+            if may_extend(header, codec.name, st.st_size, head):
+                previous = index
+        index = RecordIndex.build(path, codec, previous=previous, opener=opener)
+        if self._dir is not None and st.st_size >= SAVE_INDEX_BYTES:
+            self._dir.save(index, head)
+        return index
+
+    def close(self) -> None:
+        if self._dir is not None:
+            self._dir.close()
+
+
+class Printer:
+    """Writes records as the table or JSON lines, and notices on stderr."""
+
+    def __init__(self, args, several: bool):
+        self.json, self.utc, self.several = args.json, args.utc, several
+        self.payload = args.payload or ("base64" if args.json else "auto")
+        self.out = sys.stdout
+        if hasattr(self.out, "reconfigure"):
+            self.out.reconfigure(errors="backslashreplace")
+        self.width = 0 if self.json else _terminal_width(self.out)
+        self.current = None
+        self.lines: list[str] = []
+        if not self.json and several:
+            self.lines.append(_row("SEQ", "OFFSET", "TIME", "KIND", "FIELDS", self.width))
+
+    def record(self, source: Source, rec: Record) -> None:
+        if self.json:
+            self.lines.append(record_line(rec, self.payload,
+                                          source.path if self.several else None))
+            return
+        if source.path != self.current:
+            self.current = source.path
+            self.lines.append(f"# {source.path} ({source.codec.name})" if self.several
+                              else f"# {source.codec.name}")
+            if not self.several:
+                self.lines.append(_row("SEQ", "OFFSET", "TIME", "KIND", "FIELDS", self.width))
+        self.lines.append(table_row(rec, source.codec, self.payload, self.utc, self.width))
+
+    def record_header(self, source: Source) -> None:
+        self.current = source.path
+        if self.several:
+            return
+        self.lines.append(f"# {source.codec.name}")
+        self.lines.append(_row("SEQ", "OFFSET", "TIME", "KIND", "FIELDS", self.width))
+
+    def flush(self) -> None:
+        if self.lines:
+            self.lines.append("")
+            self.out.write("\n".join(self.lines))
+            self.lines.clear()
+        self.out.flush()
+
+    def notice(self, path: str, text: str) -> None:
+        self.flush()
+        print(f"journalfs: {path}: {text}", file=sys.stderr, flush=True)
+
+
+def _print_selection(args, select: RecordFilter, groups, sources: list[Source]) -> int:
+    several = len(sources) > 1 or any(g.kind != "file" for g in groups)
+    printer = Printer(args, several)
+    cache = IndexCache()
+    try:
+        return _select(args, select, groups, sources, printer, cache)
+    finally:
+        cache.close()
+
+
+def _select(args, select: RecordFilter, groups, sources: list[Source], printer: "Printer",
+            cache: "IndexCache") -> int:
+    several = printer.several
+    # indexed when first reached: -n on a directory of many journals touches the last ones
+    files = [FileRecords(src, lambda src=src: cache(src)) for src in sources]
+    lines = args.lines
+    if lines is None and args.follow and args.count is None and args.from_seq is None \
+            and not select.by_time:
+        lines = 10  # journalctl -f
+    keys = {f.path: Keys(f.source) for f in files} if select.key is not None else {}
+
+    def passes(f: FileRecords, rec: Record) -> bool:
+        key = keys[f.path](rec) if keys else None
+        return select.matches(f.codec, rec, key)
+
+    if lines is not None:
+        picked: list[tuple[FileRecords, list[Record]]] = []
+        need = lines
+        for f in reversed(files):
+            if need <= 0:
+                break
+            lo, hi = _bounds(args, select, f)
+            for piece in f.backward(lo, hi):
+                kept = [r for r in piece if passes(f, r)][-need:] if need else []
+                if kept:
+                    picked.append((f, kept))
+                    need -= len(kept)
+                if need <= 0:
+                    break
+        for f, recs in reversed(picked):
+            for rec in recs:
+                printer.record(f.source, rec)
+        printer.flush()
+    else:
+        left = args.count
+        for f in files:
+            if left is not None and left <= 0:
+                break
+            lo, hi = _bounds(args, select, f)
+            for rec in f.forward(lo, hi):
+                if passes(f, rec):
+                    printer.record(f.source, rec)
+                    if len(printer.lines) >= BATCH:
+                        printer.flush()
+                    if left is not None:
+                        left -= 1
+                        if left <= 0:
+                            break
+        printer.flush()
+    if not args.json and not several and files and printer.current is None:
+        printer.record_header(files[0].source)
+        printer.flush()
+    damaged = [f.error for f in files if f.indexed and f.error is not None]
+    for exc in damaged:
+        print(f"journalfs: {exc}", file=sys.stderr, flush=True)
+    if not args.follow:
+        return EXIT_DAMAGED if damaged else EXIT_OK
+    return _follow(args, select, groups, files, printer, passes)
+
+
+def _bounds(args, select: RecordFilter, f: FileRecords) -> tuple[int, int]:
+    lo, hi = 0, f.count
+    if args.from_seq is not None:
+        lo = max(lo, args.from_seq)
+    if args.to_seq is not None:
+        hi = min(hi, args.to_seq + 1)
+    if select.by_time:
+        tlo, thi = f.time_bounds(select.since_ns, select.until_ns)
+        lo, hi = max(lo, tlo), min(hi, thi)
+    return lo, max(lo, hi)
+
+
+def _follow(args, select, groups, files: list[FileRecords], printer: Printer, passes) -> int:
+    follower = Follower(groups)
+    by_path = {f.path: f for f in files}
+    try:
+        for f in files:
+            last, seen = None, f.index.identity or None
+            if f.count:
+                try:
+                    rec = next(iter(f.forward(f.count - 1, f.count)), None)
+                except (FormatError, OSError):  # changed since the selection was read
+                    printer.notice(f.path, "truncated or rewritten while it was read: "
+                                           "reading it from its start")
+                    rec, seen = None, (0, -1, 0)
+                if rec is not None:
+                    last = (rec["offset"], rec["seq"])
+            follower.start(f.source, last, seen)
+        while True:
+            for item in follower.poll():
+                if isinstance(item, Notice):
+                    printer.notice(item.path, item.text)
+                    continue
+                source, rec = item
+                if args.to_seq is not None and rec["seq"] > args.to_seq:
+                    continue
+                f = by_path.get(source.path)
+                if f is None or f.codec is not source.codec:
+                    f = by_path[source.path] = _Live(source)
+                if passes(f, rec):
+                    printer.record(source, rec)
+            printer.flush()
+            time.sleep(FOLLOW_POLL)
+    finally:
+        follower.close()
+
+
+class _Live:
+    """What the filter asks of a file that appeared while following."""
+
+    def __init__(self, source: Source):
+        self.source, self.path, self.codec = source, source.path, source.codec
+
+
+def _print_records(args, codec: Codec, path: str) -> int:
     out = sys.stdout
     if hasattr(out, "reconfigure"):
         # a table row may show a raw file name (lone surrogates): print those as "\udcXX"
         out.reconfigure(errors="backslashreplace")
-    with mapped(args.file) as buf, Progress(len(buf), os.path.basename(args.file)) as progress:
+    with mapped(path) as buf, Progress(len(buf), os.path.basename(path)) as progress:
         try:
             if args.json:
-                for chunk in json_chunks(codec, buf, args.file, progress):
+                for chunk in json_chunks(codec, buf, path, progress):
                     _write(out, chunk)
             else:
-                records = _record_stream(codec, buf, args.file, progress)
-                _write_batched(out, table_lines(records, codec.name, _terminal_width(out)))
+                records = _record_stream(codec, buf, path, progress)
+                _write_batched(out, table_lines(records, codec, _terminal_width(out)))
         except FormatError as exc:
             out.flush()
             progress.close()
@@ -229,42 +564,59 @@ def _terminal_width(out: TextIO) -> int:
     return Console(file=out).width
 
 
-def table_lines(records: Iterator[Record], fmt: str, width: int = 0) -> Iterator[str]:
-    """A header, then one fixed-width row per record: seq, offset, kind and a compact
-    ``field=value`` summary of the rest (cut to ``width`` when non-zero)."""
-    yield f"# {fmt}"
-    yield _row("SEQ", "OFFSET", "KIND", "FIELDS", width)
+def table_lines(records: Iterator[Record], codec: Codec, width: int = 0,
+                payload: str = "auto", utc: bool = False) -> Iterator[str]:
+    """A header, then one fixed-width row per record (:func:`table_row`)."""
+    yield f"# {codec.name}"
+    yield _row("SEQ", "OFFSET", "TIME", "KIND", "FIELDS", width)
     for rec in records:
-        yield _row(rec.get("seq"), rec.get("offset"), rec.get("kind"), summary(rec), width)
+        yield table_row(rec, codec, payload, utc, width)
 
 
-def _row(seq, offset, kind, fields: str, width: int) -> str:
-    line = f"{seq!s:>8}  {offset!s:>12}  {kind!s:<12}  {fields}"
+def table_row(rec: Record, codec: Codec, payload: str = "auto", utc: bool = False,
+              width: int = 0) -> str:
+    """seq, offset, the record's time as ISO-8601 (``-`` without one), kind and a compact
+    ``field=value`` summary of the rest (cut to ``width`` when non-zero)."""
+    when = format_time(record_time_ns(codec, rec), codec.columns.time_unit, utc)
+    return _row(rec.get("seq"), rec.get("offset"), when, rec.get("kind"),
+                summary(rec, payload, skip=codec.columns.time), width)
+
+
+def _row(seq, offset, when, kind, fields: str, width: int) -> str:
+    line = f"{seq!s:>8}  {offset!s:>12}  {when!s:<29}  {kind!s:<12}  {fields}"
     if width and len(line) > width:
         line = line[: max(width - 1, 0)] + "…"
     return line
 
 
-def summary(rec: Record) -> str:
-    """``field=value`` for every non-fixed field; payloads as their length and a preview."""
+def summary(rec: Record, payload: str = "auto", skip: str | None = None) -> str:
+    """``field=value`` for every non-fixed field (but ``skip``, the time shown in its own
+    column); payloads as their length and a preview."""
     parts = []
     for name, value in rec.items():
-        if name in FIXED:
+        if name in FIXED or name == skip:
             continue
         if name == "payload":
-            parts.append(_payload_summary(value))
+            parts.append(_payload_summary(value, payload))
         else:
             parts.append(f"{name}={_short(value)}")
     return " ".join(parts)
 
 
-def _payload_summary(payload) -> str:
-    if payload is None:
+def _payload_summary(value, mode: str = "auto") -> str:
+    if value is None:
         return "payload=null"
-    data = bytes(payload[:SUMMARY_VALUE_CHARS])
-    return f"payload=<{len(payload)} B>{data!r}"
-
-
+    data = bytes(value)
+    if mode == "text":
+        text = data.decode("utf-8", "backslashreplace")
+    else:
+        (name, text), = payload_fields(data, mode).items()
+        if name == "payload_b64" and mode == "auto":
+            text = "b64:" + text
+    text = text.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    if len(text) > SUMMARY_VALUE_CHARS:
+        text = text[: SUMMARY_VALUE_CHARS - 1] + "…"
+    return f"payload=<{len(data)} B>{text}"
 def _short(value) -> str:
     if isinstance(value, str):
         text = repr(value) if (not value or " " in value) else value

@@ -7,6 +7,7 @@
         <seq:08d>.<kind>               payload bytes, else the record's JSON line
     .journalfs/metadata/journal/       the live metadata journal, the same way
     .journalfs/status.json             store paths, journal fill, counters, mount options
+    .journalfs/queues/, persistence/, transactions/   each system's state (fs/stateviews.py)
 
 Permissions follow SOURCE: a directory under ``records/`` carries its SOURCE directory's owner,
 group and mode (without write bits); a journal's view directory and its files carry the
@@ -49,6 +50,9 @@ from . import direntries
 from .catalog import Catalog
 from .dirlist import DIR_BLKSIZE, NameOnlyEntry
 from .indexfiles import IndexDir, matches, may_extend
+from .jsonlfollow import JsonlGrowth
+from .stateviews import TOPS as STATE_TOPS, StateTree
+from ..selection import format_time, record_time_ns
 from .sourcefiles import SourceTree, open_regular_path
 
 log = logging.getLogger("journalfs.fs.views")
@@ -94,6 +98,9 @@ DAMAGE_LIST_MAX = 1000
 
 ROOT, RECORDS_DIR, JOURNAL, RECORD, JSONL, METADATA, STATUS = (
     "root", "records_dir", "journal", "record", "jsonl", "metadata", "status")
+#: A path of the state views (queues/, persistence/, transactions/: fs/stateviews.py); its
+#: rel is the path below .journalfs.
+STATE = "state"
 #: Record inode numbers: RECORD_INO_BASE | journal id << SEQ_BITS | seq.
 RECORD_INO_BASE = 1 << 62
 SEQ_BITS = 36
@@ -508,6 +515,8 @@ class Views:
         self.metadata = self._node(METADATA, permanent=True)
         self.status = self._node(STATUS, permanent=True)
         self.live = self._node(JOURNAL, LIVE, permanent=True)
+        self.state_tree = StateTree(self)
+        self.state_tops = [(top, self._node(STATE, top, permanent=True)) for top in STATE_TOPS]
 
     # -- inode table -----------------------------------------------------------------------
     # Record files are never stored: their inode number encodes (journal id, seq), so listing
@@ -799,7 +808,7 @@ class Views:
             prior = info.layout
             info.layout = None
             if prior.size is not None and index.grown_from is not None \
-                    and index.count <= SMALL_JOURNAL_RECORDS:
+                    and index.count - index.grown_from[1] <= SMALL_JOURNAL_RECORDS:
                 info.layout = JsonlLayout(index, prior)
         self._adopt(rel, info, index)
         resumed = index.grown_from[1] if index.grown_from else 0
@@ -952,8 +961,9 @@ class Views:
         owner, _, file_mode = self._journal_perms(node.rel, info)
         if layout is None or layout.size is None:
             return self._attrs(node, file_mode, 0, info.ident[3], 0, owner)
-        timeout = 0 if node.rel == LIVE else None
-        return self._attrs(node, file_mode, layout.size, info.ident[3], timeout, owner)
+        # never cached either: it grows with its journal, and pollers (tail -f) go by the
+        # size they stat
+        return self._attrs(node, file_mode, layout.size, info.ident[3], 0, owner)
 
     def _known_layout(self, info: JournalInfo) -> JsonlLayout | None:
         layout, idx = info.layout, info.index
@@ -981,11 +991,31 @@ class Views:
             return self._journal_attrs(node, info)
         if node.kind == JSONL:
             return await self._jsonl_getattr(node)
+        if node.kind == STATE:  # the tops need no walk of SOURCE for their attributes
+            entry = await self._state_entry(node) if b"/" in node.rel else None
+            return self._state_attrs(node, entry)
         idx = await self._index(node.rel, node.seq)
         rec = await self._on_file(node.rel, self._record, node.rel, node.seq, idx)
         info = self.catalog.get(("journal", node.rel)) or \
             await self._on_file(node.rel, self._info_or_enoent, node.rel)
         return self._record_attrs(node, rec, info)
+
+    async def _state_entry(self, node: VNode):
+        try:
+            entry = await self._on_file(node.rel, self.state_tree.resolve, node.rel)
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        if entry is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return entry
+
+    def _state_attrs(self, node: VNode, entry) -> pyfuse3.EntryAttributes:
+        """A state path: never cached (the state follows its journals)."""
+        if entry is None:  # queues/, persistence/, transactions/ themselves
+            st = self.source.lstat(b"")
+            return self._attrs(node, stat.S_IFDIR | (st.st_mode & 0o555), 0, st.st_mtime_ns,
+                               0, (st.st_uid, st.st_gid))
+        return self._attrs(node, entry.mode, len(entry.content), entry.mtime_ns, 0, entry.owner)
 
     def _records_dir_stat(self, rel: bytes) -> os.stat_result:
         if not rel:
@@ -998,11 +1028,15 @@ class Views:
     async def _jsonl_getattr(self, node: VNode) -> pyfuse3.EntryAttributes:
         info = await self._on_file(node.rel, self._info_or_enoent, node.rel)
         layout = self._known_layout(info)
-        if layout is None and (info.ident[2] <= SMALL_JOURNAL_BYTES or node.rel == LIVE):
+        # measured before it grew: the index and the layout are extended by the growth only
+        grown = info.layout is not None and info.layout.size is not None
+        if layout is None and (info.ident[2] <= SMALL_JOURNAL_BYTES or node.rel == LIVE
+                               or grown):
             idx = await self._index(node.rel)
             if idx.count <= SMALL_JOURNAL_RECORDS:
                 layout = await self._on_file(node.rel, self._full_layout, node.rel, idx)
             info = self.catalog.get(("journal", node.rel)) or info
+            layout = layout or self._known_layout(info)
         return self._jsonl_attrs(node, info, layout)
 
     def _service_status(self) -> dict:
@@ -1100,6 +1134,10 @@ class Views:
             rel = parent.rel + b"/" + name if parent.rel else name
             entry = await self._on_file(rel, self._records_entry, rel)
             return None if entry is None else (entry[0], rel)
+        if parent.kind == STATE and name not in (b".", b".."):
+            rel = parent.rel + b"/" + name
+            entry = await self._on_file(rel, self.state_tree.resolve, rel)
+            return None if entry is None else (STATE, rel)
         if parent.kind == JOURNAL:
             if name == JSONL_NAME:
                 return (JSONL, parent.rel)
@@ -1131,6 +1169,11 @@ class Views:
             state["entries"] = await self._on_file(node.rel, self._list_records_dir, node.rel)
         elif node.kind == JOURNAL:  # listing waits for indexing as far as it goes, not here
             state["info"] = await self._on_file(node.rel, self._journal_info, node.rel)
+        elif node.kind == STATE:
+            entry = await self._state_entry(node)
+            if not entry.is_dir:
+                raise pyfuse3.FUSEError(errno.ENOTDIR)
+            state["entries"] = entry.children
         return state
 
     def _list_records_dir(self, rel: bytes) -> list[tuple[bytes, str, Any]]:
@@ -1155,7 +1198,7 @@ class Views:
     def _fixed_entries(self, node: VNode) -> list[tuple[bytes, VNode]]:
         if node.kind == ROOT:
             return [(b"metadata", self.metadata), (b"records", self.records),
-                    (b"status.json", self.status)]
+                    (b"status.json", self.status), *self.state_tops]
         if node.kind == METADATA:
             return [(b"journal", self.live)]
         return []
@@ -1172,6 +1215,19 @@ class Views:
         state["read"] = True
         if node.kind == JOURNAL:
             return await self._readdir_journal(state, start_id, token)
+        if node.kind == STATE:
+            for i, name in enumerate(state["entries"][start_id:], start_id + 1):
+                child = self._node(STATE, node.rel + b"/" + name)
+                try:
+                    attrs = await self.getattr(child.ino)
+                except (pyfuse3.FUSEError, OSError):  # gone meanwhile
+                    self.forget(child.ino, 0)
+                    continue
+                if not pyfuse3.readdir_reply(token, name, attrs, i):
+                    self.forget(child.ino, 0)
+                    return
+                child.lookups += 1
+            return
         if node.kind == RECORDS_DIR:
             for i, (name, kind, what) in enumerate(state["entries"][start_id:], start_id + 1):
                 child = self._node(kind, node.rel + b"/" + name if node.rel else name)
@@ -1390,11 +1446,18 @@ class Views:
     # -- files -----------------------------------------------------------------------------
     async def open(self, ino: int) -> pyfuse3.FileInfo:
         node = self._get(ino)
-        if node.kind not in (RECORD, JSONL, STATUS):
+        if node.kind not in (RECORD, JSONL, STATUS, STATE):
             raise pyfuse3.FUSEError(errno.EISDIR)
+        if node.kind == STATE:
+            entry = await self._state_entry(node)
+            if entry.is_dir:
+                raise pyfuse3.FUSEError(errno.EISDIR)
         handle = self.ctx.next_handle()
         if node.kind == STATUS:
             self.files[handle] = await self._status_bytes()
+            return pyfuse3.FileInfo(fh=handle, direct_io=True)
+        if node.kind == STATE:  # as of this open; the size in its attributes may be older
+            self.files[handle] = entry.content
             return pyfuse3.FileInfo(fh=handle, direct_io=True)
         cached = self._cached_record(node) if node.kind == RECORD else None
         if cached is not None:  # decoded moments ago: answered inline
@@ -1432,19 +1495,59 @@ class Views:
         if content is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         if isinstance(content, JsonlReader):
+            growth = getattr(content, "growth", None)
+            if off == 0 and growth is not None and (growth.ended
+                                                    or not await self._follow_journal(content)):
+                # its journal was truncated or replaced, and the reader starts over (tail -f
+                # after "file truncated"): the lines of the journal as it is now
+                idx = await self._index(content.rel, 0)
+                content = await self._on_file(content.rel, self._jsonl_reader, content.rel, idx)
+                self.files[fh] = content
             data = content.read_in_hand(off, size)
             if data is not None:
                 return data
             while True:
                 data, waiting = await self._on_file(content.rel, content.read_settled, off, size)
                 if data or waiting is None:
-                    return data
+                    return data or await self._jsonl_growth(content, off, size)
                 # the index has not reached this far yet: wait for its next checkpoint
                 # (this request only; everything else is served meanwhile)
                 idx = await self._index(content.rel, waiting + CHECKPOINT_EVERY)
                 if idx is not content.index and not content.index.complete:
                     raise pyfuse3.FUSEError(errno.ESTALE)  # that indexing was abandoned
         return content[off:off + size]
+
+    async def _jsonl_growth(self, reader: JsonlReader, off: int, size: int) -> bytes:
+        """A read at or past the end of what an open records.jsonl serves: the lines of the
+        records appended to its journal since (tail -f), or end-of-file for good once the
+        journal was truncated or replaced (:mod:`journalfs.fs.jsonlfollow`)."""
+        end = reader.layout.size
+        if end is None or off < end or not reader.index.complete:
+            return b""
+        if getattr(reader, "growth", None) is None:
+            reader.growth = JsonlGrowth(reader.index, end)
+        if not await self._follow_journal(reader):
+            return b""
+        return await self._on_file(reader.rel, reader.growth.read, off, size)
+
+    async def _follow_journal(self, reader: JsonlReader) -> bool:
+        """Look at the journal of a records.jsonl handle that reached its end again: True
+        while it only grew (the handle's growth follows its newest index), False once it was
+        truncated, rewritten or replaced (the handle's stream has ended)."""
+        growth = reader.growth
+        if growth.ended:
+            return False
+        info = await self._on_file(reader.rel, self._journal_info, reader.rel)
+        if info is None:  # gone, or no longer a journal
+            growth.adopt_end()
+            return False
+        idx = info.index if info.index is not None and info.index.complete else None
+        if idx is None or idx.identity != info.ident[1:] or idx.dev != info.ident[0]:
+            try:
+                idx = await self._index(reader.rel)
+            except OSError:
+                return False
+        return await self._on_file(reader.rel, growth.adopt, idx)
 
     def release(self, fh: int) -> None:
         content = self.files.pop(fh, None)
@@ -1467,7 +1570,12 @@ class Views:
         if node.kind == RECORD:
             idx = await self._index(node.rel, node.seq)
             rec = await self._on_file(node.rel, self._record, node.rel, node.seq, idx)
-            return self._record_fields(rec)
+            fields = self._record_fields(rec)
+            ns = record_time_ns(idx.codec, rec)
+            if ns is not None:  # the record's own time, readable (UTC)
+                fields[RECORD_XATTR_PREFIX + b"time_iso"] = \
+                    format_time(ns, idx.codec.columns.time_unit, utc=True).encode()
+            return fields
         if node.kind == JOURNAL:
             idx = await self._index(node.rel)
             if idx.error is None:
