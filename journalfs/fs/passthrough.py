@@ -34,7 +34,7 @@ import trio
 
 from . import xattrs
 from .caches import UNKNOWN, Listing, MetaCache, Scan
-from .dirlist import DIR_BLKSIZE, ListingCache, NameOnlyEntry, patched, rows
+from .dirlist import DIR_BLKSIZE, ListingCache, NameOnlyEntry, listing_rows, patched
 from .inodes import VIEW_INO_BASE, Inode, InodeTable, O_PATH_FLAGS, join, same_object, stale
 from .views import VIEWS_NAME, Views
 
@@ -64,6 +64,10 @@ LOCAL_FS_TYPES = {0xEF53, 0x58465342, 0x9123683E, 0x01021994, 0xF2F52010}
 #: Directory entries a scan lists on the trio thread before it hands the rest to a worker
 #: thread: a small directory costs no thread hop, a big one holds up no other request.
 SCAN_INLINE = 1024
+#: Entries whose inode and attributes a readdir reply builds at most (~50 µs each on a busy
+#: heap); the reply then ends early and the kernel asks for the rest in another request, so
+#: the first listing of a huge directory holds up nobody's requests for long.
+READDIR_NEW_MAX = 256
 
 
 class _Statfs(ctypes.Structure):
@@ -794,7 +798,8 @@ class JournalFS(pyfuse3.Operations):
         dots = await self._on(node, self._dots, node is self.table.root)
         plain = NameOnlyEntry(stat.S_IFREG) if current and NameOnlyEntry.available else None
         frozen = listing.frozen()
-        entries = (self.snapshots.rows(node.path, listing) if current else None) or rows(frozen)
+        entries = (self.snapshots.rows(node.path, listing) if current else None) \
+            or listing_rows(frozen)
         return [node, frozen, dots, False, plain, entries, uid]
 
     async def _dir_listing(self, node: Inode, uid: int = 0) -> tuple[Listing, bool]:
@@ -893,7 +898,11 @@ class JournalFS(pyfuse3.Operations):
         plain_type = plain_attrs.st_mode if plain is not None else 0  # as the last call left it
         start = max(0, start_id - len(dots))
         stale = False
-        for i, (name, st, entry) in enumerate(entries[start:], start + len(dots) + 1):
+        built = 0
+        first = len(dots) + 1
+        for j in range(start, len(entries)):  # no slice: a big listing is read in many calls
+            name, st, entry = entries[j]
+            i = j + first
             if entry is not None and entry[0] is st and by_ino.get(entry[1].ino) is entry[1]:
                 child, attrs = entry[1], entry[2]
                 if plain_attrs is not None and child.lookups:
@@ -904,6 +913,9 @@ class JournalFS(pyfuse3.Operations):
                         return
                     continue
             else:
+                if built >= READDIR_NEW_MAX and i > start_id + 1:
+                    return  # enough work for one request: the kernel asks for the rest
+                built += 1
                 child, attrs = self._listed(listing, node, name, st)
                 if not stale and node.path is not None:
                     stale = True
