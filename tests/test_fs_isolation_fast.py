@@ -182,7 +182,8 @@ def test_status_json_builds_at_most_once_a_second_and_never_older_than_the_open(
         status = StatusFile(build)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(status.run)
-            await trio.sleep(0)
+            while not status.running:
+                await trio.sleep(0)
             start = trio.current_time()
             first = await status.current()
             state["n"] += 10  # something changed after that read

@@ -1219,10 +1219,11 @@ class JournalFS(pyfuse3.Operations):
         return handle
 
     async def _handle_call(self, handle: Handle, fn: Callable, *args) -> Any:
-        """``fn(handle.fd, *args)`` in a worker thread; the fd stays open until it returns."""
+        """``fn(handle.fd, *args)`` in a worker thread of the opener's share (fsync and I/O
+        on a network SOURCE may wait long); the fd stays open until it returns."""
         handle.busy += 1
         try:
-            return await _in_thread(fn, handle.fd, *args)
+            return await self.workers.run(handle.writer[0], fn, handle.fd, *args)
         finally:
             self._handle_done(handle)
 
