@@ -67,7 +67,13 @@ SCAN_INLINE = 1024
 #: Entries whose inode and attributes a readdir reply builds at most (~50 µs each on a busy
 #: heap); the reply then ends early and the kernel asks for the rest in another request, so
 #: the first listing of a huge directory holds up nobody's requests for long.
-READDIR_NEW_MAX = 256
+READDIR_NEW_MAX = 128
+#: Entries a readdir reply carries at most (a 1 MiB buffer takes ~5,000): bounds the work of
+#: one request whatever the kernel asks for.
+READDIR_MAX = 1024
+#: Inodes one FORGET batch drops before letting other requests run (the kernel forgets
+#: thousands at once after a huge listing).
+FORGET_STEP = 256
 
 
 class _Statfs(ctypes.Structure):
@@ -639,7 +645,9 @@ class JournalFS(pyfuse3.Operations):
 
     @_guarded
     async def forget(self, inode_list):
-        for ino, count in inode_list:
+        for n, (ino, count) in enumerate(inode_list, 1):
+            if n % FORGET_STEP == 0:
+                await trio.lowlevel.checkpoint()
             if self.views.owns(ino):
                 self.views.forget(ino, count)
             else:
@@ -900,7 +908,8 @@ class JournalFS(pyfuse3.Operations):
         stale = False
         built = 0
         first = len(dots) + 1
-        for j in range(start, len(entries)):  # no slice: a big listing is read in many calls
+        for j in range(start, min(len(entries), start + READDIR_MAX)):  # no slice: a big
+            # listing is read in many calls
             name, st, entry = entries[j]
             i = j + first
             if entry is not None and entry[0] is st and by_ino.get(entry[1].ino) is entry[1]:
@@ -912,9 +921,9 @@ class JournalFS(pyfuse3.Operations):
                     if not reply(token, name, plain_attrs, i):
                         return
                     continue
+            elif built >= READDIR_NEW_MAX:
+                return  # enough work for one request: the kernel asks for the rest
             else:
-                if built >= READDIR_NEW_MAX and i > start_id + 1:
-                    return  # enough work for one request: the kernel asks for the rest
                 built += 1
                 child, attrs = self._listed(listing, node, name, st)
                 if not stale and node.path is not None:
