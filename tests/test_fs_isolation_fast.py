@@ -199,3 +199,27 @@ def test_status_json_builds_at_most_once_a_second_and_never_older_than_the_open(
             assert trio.current_time() - start >= BUILD_INTERVAL
             nursery.cancel_scope.cancel()
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+def test_acting_as_a_user_drops_the_capability_and_restores_it(monkeypatch):
+    """Caller.as_user drops CAP_SYS_RESOURCE (here stood in for by CAP_SYS_ADMIN: this
+    machine's root may lack CAP_SYS_RESOURCE altogether) and the fs capabilities for the
+    call only, per thread."""
+    from journalfs.fs import passthrough
+
+    def effective():
+        return passthrough._capabilities()[1][0].effective
+
+    if not effective() >> 21 & 1:
+        pytest.skip("no CAP_SYS_ADMIN to stand in with")
+    monkeypatch.setattr(passthrough, "_CAP_SYS_RESOURCE", 21)
+    caller = passthrough.Caller()
+    before = effective()
+    inside = caller.as_user(1000, 1000, effective)
+    assert not inside >> 21 & 1 and not inside >> 1 & 1  # CAP_SYS_ADMIN, CAP_DAC_OVERRIDE
+    assert effective() == before
+    assert caller.as_user(0, 5, effective) == before  # root keeps its capabilities
+    with pytest.raises(ZeroDivisionError):
+        caller.as_user(1000, 1000, lambda: 1 / 0)
+    assert effective() == before

@@ -184,6 +184,9 @@ class Handle:
     writer: tuple[int, int] = (0, 0)
 
 
+_setfsuid, _setfsgid, _capset = _libc.setfsuid, _libc.setfsgid, _libc.capset
+
+
 class _CapHeader(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
@@ -214,12 +217,12 @@ class Caller:
         self._groups: dict[int, tuple[float, list[int]]] = {}
         self._own_groups = os.getgroups()
         caps = _capabilities() if _IS_ROOT else None
-        self._caps = self._caps_as_user = None
+        self._caps = self._caps_as_user = None  # (header, data) for capset, as pointers
         if caps is not None and caps[1][0].effective >> _CAP_SYS_RESOURCE & 1:
-            self._caps = caps
-            header, data = _capabilities()
-            data[0].effective &= ~(1 << _CAP_SYS_RESOURCE)
-            self._caps_as_user = (header, data)
+            self._kept = (caps, _capabilities())
+            self._kept[1][1][0].effective &= ~(1 << _CAP_SYS_RESOURCE)
+            self._caps, self._caps_as_user = (
+                (ctypes.byref(header), data) for header, data in self._kept)
 
     def groups(self, pid: int) -> list[int]:
         now = time.monotonic()
@@ -256,18 +259,18 @@ class Caller:
         writes of file data: no permission check needs the groups then)."""
         if not _IS_ROOT or (uid == 0 and gid == 0):
             return fn(*args)
-        caps = self._caps_as_user if uid != 0 else None  # root keeps root's reserve
-        if caps is not None:
-            _check(_libc.capset(ctypes.byref(caps[0]), caps[1]))
-        _libc.setfsgid(gid)
-        _libc.setfsuid(uid)  # drops the fs capabilities from the effective set
+        drop = uid != 0 and self._caps_as_user is not None  # root keeps root's reserve
+        if drop and _capset(*self._caps_as_user) != 0:
+            _check(-1)
+        _setfsgid(gid)
+        _setfsuid(uid)  # drops the fs capabilities from the effective set
         try:
             return fn(*args)
         finally:
-            _libc.setfsuid(0)
-            _libc.setfsgid(0)
-            if caps is not None:
-                _check(_libc.capset(ctypes.byref(self._caps[0]), self._caps[1]))
+            _setfsuid(0)
+            _setfsgid(0)
+            if drop and _capset(*self._caps) != 0:
+                _check(-1)
 
     @staticmethod
     def _setgroups(groups: list[int]) -> None:
