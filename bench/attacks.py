@@ -358,7 +358,13 @@ def reserve_outcome(work: Path, bob) -> dict:
                 os.unlink(home / "fill")
                 subprocess.run(["sync", "-f", str(disk)])
     finally:
-        subprocess.run(["umount", str(disk)], capture_output=True)
+        for attempt in range(20):  # the daemons may still hold it for a moment
+            if not os.path.ismount(disk):
+                break
+            if subprocess.run(["umount", str(disk)], capture_output=True).returncode != 0:
+                time.sleep(0.5)
+                if attempt == 19:
+                    subprocess.run(["umount", "-l", str(disk)], capture_output=True)
         for line in subprocess.run(["losetup", "-j", str(image)], capture_output=True,
                                    text=True).stdout.splitlines():
             subprocess.run(["losetup", "-d", line.split(":", 1)[0]], capture_output=True)
