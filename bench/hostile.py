@@ -1,6 +1,10 @@
 """Hostile-user soak: a root mount with allow_other, attacked by a real unprivileged user.
 
     sudo .venv/bin/python bench/hostile.py [--minutes 10] [--round-seconds 20] [--json out.json]
+    sudo .venv/bin/python bench/hostile.py --attacks [--phase-seconds 8]
+
+``--attacks`` runs issue 24's attacks instead (bench/attacks.py): carol's latencies while bob
+attacks, through journalfs, on native ext4 and through ``bindfs --multithreaded``, in one run.
 
 Until the time is up, rounds of:
   swap      the user swaps their own SOURCE directory for a symlink to a root-only directory
@@ -35,6 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
 from diskutil import fill, small_disk  # noqa: E402
 from journalfs.metastore.fsck import check_store  # noqa: E402
 
@@ -398,11 +403,23 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--round-seconds", type=float, default=20.0)
     ap.add_argument("--json", help="also write the JSON result here")
+    ap.add_argument("--attacks", action="store_true",
+                    help="issue 24's attacks side by side with native and bindfs instead")
+    ap.add_argument("--phase-seconds", type=float, default=8.0,
+                    help="with --attacks: seconds carol probes per attack and target")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("hostile.py: must run as root (it mounts with allow_other and a loop filesystem)",
               file=sys.stderr)
         return 2
+    if args.attacks:
+        import attacks
+        res = attacks.run_attacks(args.phase_seconds)
+        attacks.report(res)
+        print(json.dumps({"attacks": res}))
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=1))
+        return 0
     res = run(args.minutes, args.round_seconds)
     ok = report(res)
     if args.json:

@@ -78,7 +78,11 @@ async def listdir(ops: JournalFS, inode: int, ctx: Ctx = ROOT) -> list[str]:
     fh = await ops.opendir(inode, ctx)
     entries: list = []
     try:
-        await ops.readdir(fh, 0, entries)
+        while True:  # as the kernel does: again from the last offset until nothing comes
+            before = len(entries)
+            await ops.readdir(fh, entries[-1][2] if entries else 0, entries)
+            if len(entries) == before:
+                break
     finally:
         await ops.releasedir(fh)
     names = [os.fsdecode(name) for name, _attrs, _next in entries]

@@ -106,24 +106,14 @@ class DirSnapshots:
 
     def scan(self, dir_fd: int, skip: bytes | None = None, limit: bool = True) -> Listing | None:
         """The listing of the SOURCE directory ``dir_fd`` (an O_PATH fd of it: opened again
-        for reading, no path walk); None when too big."""
-        listing = {}
-        fd = os.open(b".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+        for reading, no path walk); None when too big. All at once: see :class:`Scan` for
+        a scan in parts."""
+        scan = Scan(dir_fd, skip, self.max_entries if limit else None)
         try:
-            with os.scandir(fd) as it:
-                for entry in it:
-                    name = os.fsencode(entry.name)
-                    if name == skip:
-                        continue
-                    try:
-                        listing[name] = entry.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue  # vanished while listing
-                    if limit and len(listing) > self.max_entries:
-                        return None
+            scan.step(None)
+            return scan.result()
         finally:
-            os.close(fd)
-        return Listing(listing)
+            scan.close()
 
     def attrs_changed(self, *rels: bytes) -> None:
         """The objects at ``rels`` changed (call after the change has landed)."""
@@ -148,6 +138,52 @@ class DirSnapshots:
         listing = self._listings.get(directory)
         if listing is not None:
             listing.mark_unknown(name)
+
+
+class Scan:
+    """A directory scan in parts: :meth:`step` lists at most ``n`` more entries (lstat each)
+    and says whether the directory is done, so the trio thread can take a small directory
+    whole and hand the rest of a big one to a worker thread (one part at a time, never two
+    threads at once). ``max_entries``: give up (result None) beyond that many."""
+
+    def __init__(self, dir_fd: int, skip: bytes | None = None, max_entries: int | None = None):
+        self.skip, self.max_entries = skip, max_entries
+        self.stats: dict[bytes, os.stat_result] = {}
+        self.done = self.too_big = False
+        self.names: list[bytes] | None = None  # sorted, when sorted in a worker thread
+        self._fd = os.open(b".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            self._it = os.scandir(self._fd)
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    def step(self, n: int | None) -> bool:
+        """List up to ``n`` more entries (None: all); True once the directory is done."""
+        stats, skip, cap = self.stats, self.skip, self.max_entries
+        for count, entry in enumerate(self._it, 1):
+            name = os.fsencode(entry.name)
+            if name != skip:
+                try:
+                    stats[name] = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    pass  # vanished while listing
+                if cap is not None and len(stats) > cap:
+                    self.too_big = self.done = True
+                    return True
+            if n is not None and count >= n:
+                return False
+        self.done = True
+        return True
+
+    def result(self) -> Listing | None:
+        return None if self.too_big else Listing(self.stats, _names=self.names)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            self._it.close()
+            os.close(self._fd)
+            self._fd = None
 
 
 class MetaCache:

@@ -20,6 +20,7 @@ metadata store and of the views.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import stat
 from dataclasses import dataclass, field
@@ -35,6 +36,10 @@ FOREIGN_INO_BASE = 1 << 61
 VIEW_INO_BASE = FOREIGN_INO_BASE + (1 << 60)
 #: Hard-linked objects whose names are remembered across forgets (bounded).
 MAX_LINKED = 200_000
+#: Numbers of objects on other filesystems below SOURCE remembered across forgets; beyond
+#: this, the oldest of objects the kernel no longer holds are forgotten (the object gets a
+#: new number if it is looked up again: nothing holds the old one any more).
+MAX_FOREIGN = 100_000
 O_PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -113,7 +118,8 @@ class InodeTable:
         self.by_key: dict[tuple[int, int], Inode] = {}
         # path -> inode whose paths hold it: unlinking one file must not scan every inode
         self.by_path: dict[bytes, Inode] = {}
-        self._foreign: dict[tuple[int, int], int] = {}  # (dev, ino) -> number, kept
+        self._foreign: dict[tuple[int, int], int] = {}  # (dev, ino) -> number, bounded
+        self.max_foreign = MAX_FOREIGN
         self._next_foreign = FOREIGN_INO_BASE
         # (dev, ino) -> names of objects with several links, kept across forgets so that a
         # metadata write through one name reaches every name seen (see passthrough).
@@ -138,11 +144,26 @@ class InodeTable:
         dev, ino = key
         if dev == self.root_dev and pyfuse3.ROOT_INODE < ino < FOREIGN_INO_BASE:
             return ino
-        number = self._foreign.get(key)
+        foreign = self._foreign
+        number = foreign.get(key)
         if number is None:
-            number = self._foreign[key] = self._next_foreign
+            number = foreign[key] = self._next_foreign
             self._next_foreign += 1
+            if len(foreign) > self.max_foreign:
+                self._forget_foreign()
         return number
+
+    def _forget_foreign(self) -> None:
+        """Bring the foreign numbers back under their bound: drop the oldest of objects no
+        inode stands for now (those still in use move to the end)."""
+        foreign, alive = self._foreign, self.by_key
+        for old in list(itertools.islice(foreign, 64)):
+            if len(foreign) <= self.max_foreign:
+                return
+            if old in alive:
+                foreign[old] = foreign.pop(old)
+            else:
+                del foreign[old]
 
     # -- fds ------------------------------------------------------------------------------
     def fd(self, node: Inode) -> int:

@@ -22,6 +22,7 @@ from typing import Callable
 # pyfuse3 and trio are imported where a mount is actually served: every other `journalfs`
 # command imports this module (through commands/mount.py) and should start fast.
 
+from ..escaping import EscapingFormatter
 from ..metastore.store import SYNC_MODES
 
 log = logging.getLogger("journalfs.fs")
@@ -525,7 +526,7 @@ def _file_handler(path: str) -> logging.Handler:
         os.close(fd)
         raise MountError(f"log file {path} is not a regular file owned by uid {os.geteuid()}")
     handler = logging.StreamHandler(os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace"))
-    handler.setFormatter(logging.Formatter("%(asctime)s " + LOG_FORMAT))
+    handler.setFormatter(EscapingFormatter("%(asctime)s " + LOG_FORMAT))
     return handler
 
 
@@ -556,7 +557,7 @@ def start_logging(config: MountConfig, location, foreground: bool) -> None:
             places.append(path)
     for handler in handlers:
         if handler.formatter is None:
-            handler.setFormatter(logging.Formatter(LOG_FORMAT))
+            handler.setFormatter(EscapingFormatter(LOG_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = handlers
     root.setLevel(logging.DEBUG if config.debug else logging.INFO)
@@ -644,6 +645,7 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
                 raise MountError(f"cannot mount on {config.mountpoint}: {exc}") from None
             nursery.start_soon(_when_served, mountpoint, config.readahead, ready)
             nursery.start_soon(ops.watch.run)  # SOURCE changes made behind the mount
+            nursery.start_soon(ops.views.status_file.run)  # status.json, off the request path
             # Everything made so far (modules, the store's index) lives as long as the mount:
             # out of the collector's sight, a full collection no longer walks it (it cost
             # tens of ms each, about 1 us per request on average).

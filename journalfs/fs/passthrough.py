@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import functools
 import itertools
 import logging
@@ -32,12 +33,13 @@ import pyfuse3
 import trio
 
 from . import xattrs
-from .caches import UNKNOWN, Listing, MetaCache
-from .dirlist import DIR_BLKSIZE, ListingCache, NameOnlyEntry, patched, rows
+from .caches import UNKNOWN, Listing, MetaCache, Scan
+from .dirlist import DIR_BLKSIZE, ListingCache, NameOnlyEntry, listing_rows, patched
 from .inodes import VIEW_INO_BASE, Inode, InodeTable, O_PATH_FLAGS, join, same_object, stale
 from .views import VIEWS_NAME, Views
 
 from .watch import SourceWatcher
+from .workers import FairWorkers
 
 log = logging.getLogger("journalfs.fs")
 
@@ -50,6 +52,8 @@ _SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}.get(os.uname().machine)
 _IS_ROOT = os.geteuid() == 0
 _ABSENT = object()
 _CAP_SYS_ADMIN = 21
+_CAP_SYS_RESOURCE = 24
+_CAPABILITY_VERSION_3 = 0x20080522
 #: Longest a directory listing or a remembered stat answers lookups/getattr from memory
 #: (never longer than the kernel's own timeout; anything changed through the mount is
 #: forgotten at once).
@@ -57,6 +61,19 @@ SNAPSHOT_TTL = 2.0
 #: statfs f_type of local filesystems: syscalls there are cheaper inline than a thread hop,
 #: and close(2) flushes nothing (no deferred write errors): ext2/3/4, xfs, btrfs, tmpfs, f2fs.
 LOCAL_FS_TYPES = {0xEF53, 0x58465342, 0x9123683E, 0x01021994, 0xF2F52010}
+#: Directory entries a scan lists on the trio thread before it hands the rest to a worker
+#: thread: a small directory costs no thread hop, a big one holds up no other request.
+SCAN_INLINE = 1024
+#: Entries whose inode and attributes a readdir reply builds at most (~50 µs each on a busy
+#: heap); the reply then ends early and the kernel asks for the rest in another request, so
+#: the first listing of a huge directory holds up nobody's requests for long.
+READDIR_NEW_MAX = 128
+#: Entries a readdir reply carries at most (a 1 MiB buffer takes ~5,000): bounds the work of
+#: one request whatever the kernel asks for.
+READDIR_MAX = 1024
+#: Inodes one FORGET batch drops before letting other requests run (the kernel forgets
+#: thousands at once after a huge listing).
+FORGET_STEP = 256
 
 
 class _Statfs(ctypes.Structure):
@@ -105,6 +122,18 @@ def _same_attributes(old: os.stat_result, new: os.stat_result) -> bool:
                           and old.st_blksize == new.st_blksize)
 
 
+#: statx's STATX_ATTR_IMMUTABLE | STATX_ATTR_APPEND (chattr +i, +a), at byte 8 of struct statx
+_STATX_FROZEN = 0x10 | 0x20
+
+
+def _frozen(fd: int) -> bool:
+    """Whether the object of O_PATH ``fd`` is immutable or append-only (chattr +i/+a):
+    statx reports the inode flags without opening the file (no lease break, no FIFO wait)."""
+    buf = ctypes.create_string_buffer(256)
+    _check(_libc.statx(fd, b"", _AT_EMPTY_PATH | _AT_SYMLINK_NOFOLLOW, 0, buf))
+    return bool(int.from_bytes(buf.raw[8:16], "little") & _STATX_FROZEN)
+
+
 def proc_path(fd: int) -> bytes:
     """The kernel's link to exactly the object ``fd`` stands for (no path walk)."""
     return b"/proc/self/fd/%d" % fd
@@ -151,15 +180,49 @@ class Handle:
     # through the mount since needs no fstat for the keep_cache test of the next open
     opened: tuple | None = None
     changes: int = -1
+    # (fsuid, fsgid) of the opener: writes run as them (pyfuse3's write has no ctx)
+    writer: tuple[int, int] = (0, 0)
+
+
+_setfsuid, _setfsgid, _capset = _libc.setfsuid, _libc.setfsgid, _libc.capset
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def _capabilities() -> tuple[_CapHeader, ctypes.Array] | None:
+    """This thread's capability sets (capget), or None where that fails."""
+    header, data = _CapHeader(_CAPABILITY_VERSION_3, 0), (_CapData * 2)()
+    if _libc.capget(ctypes.byref(header), data) != 0:
+        return None
+    return header, data
 
 
 class Caller:
     """Acts with a request's credentials: fsuid/fsgid and supplementary groups are
-    per thread on Linux (raw syscalls; glibc's setgroups would change every thread)."""
+    per thread on Linux (raw syscalls; glibc's setgroups would change every thread).
+
+    As the caller, the thread also drops CAP_SYS_RESOURCE from its effective set (capset is
+    per thread too): ext4 lets root's reserved blocks and disk quotas be overrun by an fsuid
+    0 *or* a CAP_SYS_RESOURCE writer, so only both make a user's writes and creations stop
+    at the reserve and their quota as on SOURCE (setfsuid itself drops only the fs caps)."""
 
     def __init__(self):
         self._groups: dict[int, tuple[float, list[int]]] = {}
         self._own_groups = os.getgroups()
+        caps = _capabilities() if _IS_ROOT else None
+        self._caps = self._caps_as_user = None  # (header, data) for capset, as pointers
+        if caps is not None and caps[1][0].effective >> _CAP_SYS_RESOURCE & 1:
+            self._kept = (caps, _capabilities())
+            self._kept[1][1][0].effective &= ~(1 << _CAP_SYS_RESOURCE)
+            self._caps, self._caps_as_user = (
+                (ctypes.byref(header), data) for header, data in self._kept)
 
     def groups(self, pid: int) -> list[int]:
         now = time.monotonic()
@@ -186,14 +249,28 @@ class Caller:
             return fn(*args)
         groups = self.groups(ctx.pid) if ctx.pid else []
         self._setgroups(groups)
-        _libc.setfsgid(ctx.gid)
-        _libc.setfsuid(ctx.uid)
+        try:
+            return self.as_user(ctx.uid, ctx.gid, fn, *args)
+        finally:
+            self._setgroups(self._own_groups)
+
+    def as_user(self, uid: int, gid: int, fn: Callable, *args: Any) -> Any:
+        """``fn(*args)`` with fsuid ``uid``, fsgid ``gid`` and no CAP_SYS_RESOURCE (for
+        writes of file data: no permission check needs the groups then)."""
+        if not _IS_ROOT or (uid == 0 and gid == 0):
+            return fn(*args)
+        drop = uid != 0 and self._caps_as_user is not None  # root keeps root's reserve
+        if drop and _capset(*self._caps_as_user) != 0:
+            _check(-1)
+        _setfsgid(gid)
+        _setfsuid(uid)  # drops the fs capabilities from the effective set
         try:
             return fn(*args)
         finally:
-            _libc.setfsuid(0)
-            _libc.setfsgid(0)
-            self._setgroups(self._own_groups)
+            _setfsuid(0)
+            _setfsgid(0)
+            if drop and _capset(*self._caps) != 0:
+                _check(-1)
 
     @staticmethod
     def _setgroups(groups: list[int]) -> None:
@@ -248,9 +325,11 @@ class JournalFS(pyfuse3.Operations):
         self.local_dev = root.st_dev if self.local else None
         self.name_max = os.fstatvfs(root_fd).f_namemax or 255
         self.caller = Caller()
-        # Opens of FIFOs/devices may block until a peer shows up: their own thread pool,
-        # so they can never take the threads fsync and the others need.
-        self.special_limiter = trio.CapacityLimiter(64)
+        # Calls that may wait on another process (an open that would break a lease, FIFOs,
+        # devices, truncate by path, big directory scans): threads of their own, a fair
+        # share per user, so they never take the threads fsync and the others need and one
+        # user's slow files never delay another user's requests.
+        self.workers = FairWorkers()
         # Metadata values are cached only for a store this mount alone writes.
         store = getattr(meta, "store", None)
         exclusive = store is not None and getattr(store, "readonly", True) is False
@@ -456,7 +535,7 @@ class JournalFS(pyfuse3.Operations):
             listing.attrs[name] = (st, child, attrs)
         return child, attrs
 
-    async def _listing(self, parent: Inode) -> Listing | None:
+    async def _listing(self, parent: Inode, uid: int = 0) -> Listing | None:
         """A fresh listing of ``parent`` to answer lookups from, when it is busy enough."""
         dir_rel = parent.path
         if dir_rel is None:
@@ -465,7 +544,7 @@ class JournalFS(pyfuse3.Operations):
         if listing is None and self.snapshots.worth_scanning(dir_rel):
             generation = self.snapshots.generation
             skip = VIEWS_NAME if parent is self.table.root else None
-            scanned = await self._on(parent, self.snapshots.scan, skip)
+            scanned = await self._scan(parent, uid, skip, self.snapshots.max_entries)
             self.snapshots.store(dir_rel, generation, scanned)
             listing = self.snapshots.listing(dir_rel)
         return listing
@@ -514,11 +593,11 @@ class JournalFS(pyfuse3.Operations):
                                  self.watch.watching(node.ino)):
                             return built[2]
                         return self.attrs(node, st)
-            return await self._lookup(parent_inode, name)
+            return await self._lookup(parent_inode, name, ctx.uid if ctx is not None else 0)
         except Exception as exc:
             raise _fuse_error(exc, "lookup") from None
 
-    async def _lookup(self, parent_inode, name):
+    async def _lookup(self, parent_inode, name, uid: int = 0):
         if parent_inode == pyfuse3.ROOT_INODE and name == VIEWS_NAME:
             return self.views.lookup_root()
         if self.views.owns(parent_inode):
@@ -537,7 +616,7 @@ class JournalFS(pyfuse3.Operations):
             st = await self._stat(up)
             up.lookups += 1
             return self.attrs(up, st)
-        listing = await self._listing(parent)
+        listing = await self._listing(parent, uid)
         if listing is not None:  # answered from memory: `ls -l`, find, stat of many files
             st = listing.stats.get(name, _ABSENT)
             if st is _ABSENT:
@@ -569,7 +648,9 @@ class JournalFS(pyfuse3.Operations):
 
     @_guarded
     async def forget(self, inode_list):
-        for ino, count in inode_list:
+        for n, (ino, count) in enumerate(inode_list, 1):
+            if n % FORGET_STEP == 0:
+                await trio.lowlevel.checkpoint()
             if self.views.owns(ino):
                 self.views.forget(ino, count)
             else:
@@ -622,20 +703,35 @@ class JournalFS(pyfuse3.Operations):
         handle = self.files.get(fh) if fh is not None else None
         changes, st = node.changes, None
         try:
-            st = await self._with_handle(handle, node, self._apply_setattr, attr, fields)
+            if fields.update_size and (handle is None or handle.node is not node):
+                # truncate by path waits for a lease break like an open for writing:
+                # never on this thread
+                st = await self._with_handle(handle, node, self._apply_setattr, attr, fields,
+                                             uid=ctx.uid if ctx is not None else 0)
+            else:
+                st = await self._with_handle(handle, node, self._apply_setattr, attr, fields)
         finally:
             self._attrs_changed(node, st, changes)
         if fields.update_size and node.path is not None:
             await self.views.source_changed(node.path)
         return self.attrs(node, st)
 
-    async def _with_handle(self, handle: Handle | None, node: Inode, fn: Callable, *args):
-        """``fn(path_fd, open_fd or None, *args)``, both fds kept open for the call."""
+    async def _with_handle(self, handle: Handle | None, node: Inode, fn: Callable, *args,
+                           uid: int | None = None):
+        """``fn(path_fd, open_fd or None, *args)``, both fds kept open for the call; with
+        ``uid``, in a worker thread of that user's share (a call that may wait)."""
         if handle is not None and handle.node is not node:
             handle = None
         if handle is not None:
             handle.busy += 1
         try:
+            if uid is not None:
+                fd = self.table.hold(node)
+                try:
+                    return await self.workers.run(uid, fn, fd, handle.fd if handle else None,
+                                                  *args)
+                finally:
+                    self.table.unhold(node)
             return await self._on(node, fn, handle.fd if handle else None, *args)
         finally:
             if handle is not None:
@@ -702,21 +798,22 @@ class JournalFS(pyfuse3.Operations):
             return await self.views.opendir(inode)
         node = self.table.get(inode)
         handle = self.next_handle()
-        self.dirs[handle] = await self._dir_state(node)
+        self.dirs[handle] = await self._dir_state(node, ctx.uid if ctx is not None else 0)
         return handle
 
-    async def _dir_state(self, node: Inode) -> list:
+    async def _dir_state(self, node: Inode, uid: int = 0) -> list:
         """An open directory: [inode, its listing as of now, . and .., read from yet,
         NameOnlyEntry for names the kernel holds current attributes of, or None, the
         listing's rows (dirlist.rows)]."""
-        listing, current = await self._dir_listing(node)
+        listing, current = await self._dir_listing(node, uid)
         dots = await self._on(node, self._dots, node is self.table.root)
         plain = NameOnlyEntry(stat.S_IFREG) if current and NameOnlyEntry.available else None
         frozen = listing.frozen()
-        entries = (self.snapshots.rows(node.path, listing) if current else None) or rows(frozen)
-        return [node, frozen, dots, False, plain, entries]
+        entries = (self.snapshots.rows(node.path, listing) if current else None) \
+            or listing_rows(frozen)
+        return [node, frozen, dots, False, plain, entries, uid]
 
-    async def _dir_listing(self, node: Inode) -> tuple[Listing, bool]:
+    async def _dir_listing(self, node: Inode, uid: int = 0) -> tuple[Listing, bool]:
         """The current listing of directory ``node``: the one kept since the last scan when
         the watcher covers the directory (only names changed since are stat'ed again), else
         a fresh snapshot or a new scan; and whether every change in SOURCE has reached the
@@ -736,7 +833,7 @@ class JournalFS(pyfuse3.Operations):
             listing = await self._on(node, patched, listing.frozen(), skip)
             fresh = True
         if listing is None:
-            listing = await self._on(node, self._scan_sorted, skip)
+            listing = await self._scan(node, uid, skip, None)
             fresh = True
             if rel is not None and len(listing.stats) <= self.snapshots.max_entries:
                 self.snapshots.store(rel, generation, listing)
@@ -744,10 +841,40 @@ class JournalFS(pyfuse3.Operations):
             self.snapshots.keep(rel, node, generation, listing)
         return listing, watched
 
-    def _scan_sorted(self, fd: int, skip: bytes | None) -> Listing:
-        listing = self.snapshots.scan(fd, skip, limit=False)
-        listing.names  # sort in the thread
-        return listing
+    async def _scan(self, node: Inode, uid: int, skip: bytes | None,
+                    max_entries: int | None) -> Listing | None:
+        """A listing of directory ``node`` (None: more than ``max_entries``): on local
+        SOURCE its first ``SCAN_INLINE`` entries on this thread (most directories are done
+        then), the rest of a big one in a worker thread of ``uid``'s share, so a listing
+        of 100k names never holds up anyone else's requests."""
+        fd = self.table.hold(node)
+        try:
+            if not self.local:
+                return await self.workers.run(uid, self._scan_whole, fd, skip, max_entries)
+            scan = Scan(fd, skip, max_entries)
+            try:
+                if not scan.step(SCAN_INLINE):
+                    await self.workers.run(uid, self._scan_rest, scan)
+                return scan.result()
+            finally:
+                scan.close()
+        finally:
+            self.table.unhold(node)
+
+    @classmethod
+    def _scan_whole(cls, fd: int, skip: bytes | None, max_entries: int | None) -> Listing | None:
+        scan = Scan(fd, skip, max_entries)
+        try:
+            cls._scan_rest(scan)
+            return scan.result()
+        finally:
+            scan.close()
+
+    @staticmethod
+    def _scan_rest(scan: Scan) -> None:
+        scan.step(None)
+        if not scan.too_big:
+            scan.names = sorted(scan.stats)  # sort in the thread too
 
     def _dots(self, fd: int, is_root: bool) -> list:
         """``.`` and ``..`` as readdir reports them (``..`` of the root is the root)."""
@@ -764,9 +891,9 @@ class JournalFS(pyfuse3.Operations):
             return await self.views.readdir(fh, start_id, token)
         state = self.dirs[fh]
         if start_id == 0 and state[3]:  # rewinddir: the directory as it is now (POSIX)
-            state[:] = await self._dir_state(state[0])
+            state[:] = await self._dir_state(state[0], state[6])
         state[3] = True
-        node, listing, dots, _, plain, entries = state
+        node, listing, dots, _, plain, entries, _ = state
         for i in range(start_id, len(dots)):  # no lookup reference for these two
             if not pyfuse3.readdir_reply(token, dots[i][0], dots[i][1], i + 1):
                 return
@@ -782,7 +909,12 @@ class JournalFS(pyfuse3.Operations):
         plain_type = plain_attrs.st_mode if plain is not None else 0  # as the last call left it
         start = max(0, start_id - len(dots))
         stale = False
-        for i, (name, st, entry) in enumerate(entries[start:], start + len(dots) + 1):
+        built = 0
+        first = len(dots) + 1
+        for j in range(start, min(len(entries), start + READDIR_MAX)):  # no slice: a big
+            # listing is read in many calls
+            name, st, entry = entries[j]
+            i = j + first
             if entry is not None and entry[0] is st and by_ino.get(entry[1].ino) is entry[1]:
                 child, attrs = entry[1], entry[2]
                 if plain_attrs is not None and child.lookups:
@@ -792,7 +924,10 @@ class JournalFS(pyfuse3.Operations):
                     if not reply(token, name, plain_attrs, i):
                         return
                     continue
+            elif built >= READDIR_NEW_MAX:
+                return  # enough work for one request: the kernel asks for the rest
             else:
+                built += 1
                 child, attrs = self._listed(listing, node, name, st)
                 if not stale and node.path is not None:
                     stale = True
@@ -1006,13 +1141,19 @@ class JournalFS(pyfuse3.Operations):
             return await self.views.open(inode)
         node = self.table.get(inode)
         changes = node.changes
+        uid = ctx.uid if ctx is not None else 0
         path_fd = self.table.hold(node)
         try:
-            if node.file_type in (stat.S_IFREG, stat.S_IFDIR):
-                fd, st = await self._io(self._reopen, path_fd, node, flags)
-            else:  # FIFOs/devices may block: only this request waits
-                fd, st = await _in_thread(self._reopen, path_fd, node, flags,
-                                          limiter=self.special_limiter)
+            fd = st = None
+            if self.local and node.file_type in (stat.S_IFREG, stat.S_IFDIR):
+                # Linux answers EWOULDBLOCK instead of waiting for a lease break (started
+                # now): only then does this open need a thread, of its user's share
+                try:
+                    fd, st = self._reopen(path_fd, node, flags, nonblocking=True)
+                except BlockingIOError:
+                    pass
+            if fd is None:  # FIFOs/devices may block: only this user's requests wait
+                fd, st = await self.workers.run(uid, self._reopen, path_fd, node, flags)
         finally:
             self.table.unhold(node)
         if flags & os.O_TRUNC:
@@ -1021,24 +1162,32 @@ class JournalFS(pyfuse3.Operations):
             self._remember_stat(node, st)
         ident = (st.st_size, st.st_mtime_ns)
         keep = node.cache_ident == ident  # unchanged since last close
-        fh = self._new_handle(node, fd)
+        fh = self._new_handle(node, fd, ctx)
         if not flags & os.O_TRUNC:
             handle = self.files[fh]
             handle.opened, handle.changes = ident, node.changes
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
-    def _new_handle(self, node: Inode, fd: int) -> int:
+    def _new_handle(self, node: Inode, fd: int, ctx=None) -> int:
         fh = next(self._file_handles)
         node.handles.add(fh)
-        self.files[fh] = Handle(fd, node)
+        self.files[fh] = Handle(fd, node, writer=(ctx.uid, ctx.gid) if ctx is not None else (0, 0))
         return fh
 
     @staticmethod
-    def _reopen(path_fd: int, node: Inode, flags: int) -> tuple[int, os.stat_result]:
+    def _reopen(path_fd: int, node: Inode, flags: int,
+                nonblocking: bool = False) -> tuple[int, os.stat_result]:
+        """A real fd of ``node``'s object, opened with ``flags``; ``nonblocking``: with
+        O_NONBLOCK added (BlockingIOError where the open would wait for a lease break),
+        then cleared again unless the caller asked for it."""
         # O_DIRECT is the kernel's business: its requests reach us in unaligned buffers
         flags = (flags & ~(os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_DIRECT)) | os.O_CLOEXEC
-        fd = os.open(proc_path(path_fd), flags)
+        if nonblocking and flags & os.O_NONBLOCK:
+            nonblocking = False  # the caller's own flag: kept
+        fd = os.open(proc_path(path_fd), flags | os.O_NONBLOCK if nonblocking else flags)
         try:
+            if nonblocking:
+                fcntl.fcntl(fd, fcntl.F_SETFL, flags)
             st = os.fstat(fd)
             if not same_object(st, node):
                 raise stale()
@@ -1053,7 +1202,7 @@ class JournalFS(pyfuse3.Operations):
         fd, path_fd, st = await self._change_names(parent, (rel,), self._create, parent,
                                                    name, stat.S_IMODE(mode), flags, ctx)
         node, attrs = await self._created(parent, rel, name, path_fd, st)
-        return pyfuse3.FileInfo(fh=self._new_handle(node, fd)), attrs
+        return pyfuse3.FileInfo(fh=self._new_handle(node, fd, ctx)), attrs
 
     def _create(self, parent: Inode, name: bytes, mode: int, flags: int, ctx):
         dir_fd = self.table.fd(parent)
@@ -1082,10 +1231,11 @@ class JournalFS(pyfuse3.Operations):
         return handle
 
     async def _handle_call(self, handle: Handle, fn: Callable, *args) -> Any:
-        """``fn(handle.fd, *args)`` in a worker thread; the fd stays open until it returns."""
+        """``fn(handle.fd, *args)`` in a worker thread of the opener's share (fsync and I/O
+        on a network SOURCE may wait long); the fd stays open until it returns."""
         handle.busy += 1
         try:
-            return await _in_thread(fn, handle.fd, *args)
+            return await self.workers.run(handle.writer[0], fn, handle.fd, *args)
         finally:
             self._handle_done(handle)
 
@@ -1102,11 +1252,14 @@ class JournalFS(pyfuse3.Operations):
         handle.written = True
         node = handle.node
         changes, st = node.changes, None
+        uid, gid = handle.writer
         try:
+            # as the writer: root's reserved blocks and quotas apply to them as on SOURCE
             if self.local:
-                written, st = self._write(handle.fd, buf, off)
+                written, st = self.caller.as_user(uid, gid, self._write, handle.fd, buf, off)
             else:
-                written, st = await self._handle_call(handle, self._write, buf, off)
+                written, st = await self._handle_call(
+                    handle, lambda fd: self.caller.as_user(uid, gid, self._write, fd, buf, off))
             return written
         finally:
             self._attrs_changed(node, st, changes)
@@ -1222,6 +1375,13 @@ class JournalFS(pyfuse3.Operations):
             if self.meta_cache is not None:
                 self.meta_cache.moved_or_removed()
 
+    def _names_if_writable(self, fd: int, node: Inode) -> list[bytes]:
+        """:meth:`_names_now` of a file whose attributes may change: EPERM for an immutable
+        or append-only one, as the kernel answers for its native xattrs."""
+        if _frozen(fd):
+            raise pyfuse3.FUSEError(errno.EPERM)
+        return self._names_now(fd, node)
+
     def _names_now(self, fd: int, node: Inode) -> list[bytes]:
         """The names of ``node`` (O_PATH ``fd``) that still mean its object in SOURCE
         (ENOENT if none: a file deleted behind the mount's back gets no metadata)."""
@@ -1293,7 +1453,7 @@ class JournalFS(pyfuse3.Operations):
             return
         self._check_user_xattr_allowed(node)
         decoded = xattrs.decode_value(value)
-        names = await self._on(node, self._names_now, node)
+        names = await self._on(node, self._names_if_writable, node)
         for rel in names:  # metadata belongs to the file: every name of it
             await self._meta_write("set", self.store_path(rel), key, decoded)
 
@@ -1322,7 +1482,7 @@ class JournalFS(pyfuse3.Operations):
             await self._change_native_xattr(node, os.removexattr, name)
             return
         self._check_user_xattr_allowed(node)
-        names = await self._on(node, self._names_now, node)
+        names = await self._on(node, self._names_if_writable, node)
         store_path = self.store_path(self._path(node))
         if await self._meta_get(store_path, key) is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)

@@ -54,6 +54,7 @@ from .jsonlfollow import JsonlGrowth
 from .stateviews import TOPS as STATE_TOPS, StateTree
 from ..selection import format_time, record_time_ns
 from .sourcefiles import SourceTree, open_regular_path
+from .status import StatusFile
 
 log = logging.getLogger("journalfs.fs.views")
 
@@ -211,6 +212,10 @@ def _seq_of(name: bytes) -> int | None:
         return None
     seq = int(digits)
     return seq if b"%08d" % seq == digits and seq <= SEQ_MASK else None
+
+
+def _status_json(doc: dict) -> bytes:
+    return (json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n").encode()
 
 
 def _rel_text(rel: bytes) -> dict:
@@ -514,6 +519,7 @@ class Views:
         self.records = self._node(RECORDS_DIR, permanent=True)
         self.metadata = self._node(METADATA, permanent=True)
         self.status = self._node(STATUS, permanent=True)
+        self.status_file = StatusFile(self._status_bytes)
         self.live = self._node(JOURNAL, LIVE, permanent=True)
         self.state_tree = StateTree(self)
         self.state_tops = [(top, self._node(STATE, top, permanent=True)) for top in STATE_TOPS]
@@ -1081,13 +1087,13 @@ class Views:
             "last_error": self.control.last_error if self.control is not None else None,
             **self.status_fields(),
         }
-        return (json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n").encode()
+        # rendered in a worker thread: up to DAMAGE_LIST_MAX long names
+        return await trio.to_thread.run_sync(_status_json, doc)
 
     async def getattr(self, ino: int) -> pyfuse3.EntryAttributes:
         node = self._get(ino)
-        if node.kind == STATUS:
-            size = len(await self._status_bytes())
-            return self._attrs(node, stat.S_IFREG | 0o600, size, time.time_ns(), 0)
+        if node.kind == STATUS:  # size 0, as /proc files (fs/status.py)
+            return self._attrs(node, stat.S_IFREG | 0o600, 0, self.status_file.mtime_ns, 0)
         if node.kind == RECORD:
             cached = self._cached_record(node)
             if cached is not None:  # answered from memory, inline
@@ -1454,7 +1460,7 @@ class Views:
                 raise pyfuse3.FUSEError(errno.EISDIR)
         handle = self.ctx.next_handle()
         if node.kind == STATUS:
-            self.files[handle] = await self._status_bytes()
+            self.files[handle] = await self.status_file.current()
             return pyfuse3.FileInfo(fh=handle, direct_io=True)
         if node.kind == STATE:  # as of this open; the size in its attributes may be older
             self.files[handle] = entry.content

@@ -1,0 +1,225 @@
+"""Issue 24's mechanisms, in-process (fast tier): what may wait leaves the request thread,
+each user gets a fair share of the workers, status.json is not built by a stat, the maps
+keyed by files are bounded, names are escaped before any log line."""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+
+import pyfuse3
+import pytest
+import trio
+import trio.testing
+
+from fastops import ROOT, Ctx, listdir, lookup_path, serving
+from journalfs.escaping import EscapingFormatter, escaped
+from journalfs.fs import workers as workers_module
+from journalfs.fs.inodes import InodeTable
+from journalfs.fs.passthrough import SCAN_INLINE
+from journalfs.fs.workers import FairWorkers
+
+pytestmark = pytest.mark.fast
+
+
+def run(source, scenario, **kwargs):
+    async def main():
+        async with serving(source, source.parent / "store", sync="none", **kwargs) as ops:
+            return await scenario(ops)
+    return trio.run(main)
+
+
+@pytest.fixture
+def source(tmp_path):
+    src = tmp_path / "src"
+    (src / "small").mkdir(parents=True)
+    (src / "big").mkdir()
+    for i in range(5):
+        (src / "small" / f"f{i}").write_bytes(b"x")
+    for i in range(SCAN_INLINE * 3):
+        (src / "big" / f"n{i:05d}").write_bytes(b"")
+    (src / "plain").write_bytes(b"data")
+    return src
+
+
+def test_big_directory_scans_leave_the_request_thread(source):
+    async def scenario(ops):
+        small = await lookup_path(ops, "small")
+        big = await lookup_path(ops, "big")
+        before = ops.workers.calls
+        assert len(await listdir(ops, small.st_ino)) == 5
+        assert ops.workers.calls == before  # done inline: no thread hop
+        names = await listdir(ops, big.st_ino, Ctx(uid=1234))
+        assert len(names) == SCAN_INLINE * 3 and names == sorted(names)
+        assert ops.workers.calls == before + 1  # the rest of the scan ran in a worker
+    run(source, scenario, timeout=0)
+
+
+def test_open_without_a_lease_stays_inline_and_with_one_goes_to_a_worker(source):
+    previous = signal.signal(signal.SIGIO, lambda *_: None)  # the lease holder is us
+    try:
+        _lease_scenario(source)
+    finally:
+        signal.signal(signal.SIGIO, previous)
+
+
+def _lease_scenario(source):
+    async def scenario(ops):
+        plain = await lookup_path(ops, "plain")
+        before = ops.workers.calls
+        info = await ops.open(plain.st_ino, os.O_RDONLY, ROOT)
+        await ops.release(info.fh)
+        assert ops.workers.calls == before
+        # a read lease held on SOURCE: an open for writing would wait for its break
+        holder = os.open(source / "plain", os.O_RDONLY)
+        fcntl.fcntl(holder, 1024, fcntl.F_RDLCK)  # F_SETLEASE; its break signals SIGIO
+        released = []
+
+        async def release_later():
+            await trio.sleep(0.2)
+            fcntl.fcntl(holder, 1024, fcntl.F_UNLCK)
+            released.append(True)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(release_later)
+            info = await ops.open(plain.st_ino, os.O_WRONLY, Ctx(uid=4321))
+        # the open returned only after the lease was given up, in a worker thread, and
+        # the trio thread served the releasing task meanwhile
+        assert released and ops.workers.calls == before + 1
+        await ops.release(info.fh)
+        os.close(holder)
+        flags = fcntl.fcntl(ops.files[max(ops.files)].fd, fcntl.F_GETFL) if ops.files else 0
+        assert not flags & os.O_NONBLOCK
+    run(source, scenario)
+
+
+def test_the_nonblocking_attempt_leaves_no_o_nonblock_behind(source):
+    async def scenario(ops):
+        plain = await lookup_path(ops, "plain")
+        info = await ops.open(plain.st_ino, os.O_RDWR, ROOT)
+        assert not fcntl.fcntl(ops.files[info.fh].fd, fcntl.F_GETFL) & os.O_NONBLOCK
+        await ops.release(info.fh)
+        info = await ops.open(plain.st_ino, os.O_RDONLY | os.O_NONBLOCK, ROOT)
+        assert fcntl.fcntl(ops.files[info.fh].fd, fcntl.F_GETFL) & os.O_NONBLOCK
+        await ops.release(info.fh)
+    run(source, scenario)
+
+
+def test_one_user_never_takes_every_worker():
+    async def main():
+        workers = FairWorkers(total=8, per_user=2)
+        gate = trio.Event()
+        started = {"bob": 0, "carol": 0}
+
+        def slow(who):
+            started[who] += 1
+            trio.from_thread.run(gate.wait)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(6):  # bob's six slow calls: only two run
+                nursery.start_soon(workers.run, 1001, slow, "bob")
+            await trio.sleep(0.3)
+            assert started["bob"] == 2 and workers.busy() == {1001: 6}
+            assert await workers.run(1002, lambda: "carol served") == "carol served"
+            gate.set()
+        assert workers.busy() == {}  # the per-user map holds only users with calls in flight
+    trio.run(main)
+
+
+def test_status_json_is_not_built_by_a_stat(source):
+    async def scenario(ops):
+        views = ops.views
+        status = views.status
+        for _ in range(50):
+            attrs = await ops.getattr(status.ino, ROOT)
+            assert attrs.st_size == 0  # tells nobody anything
+        assert views.status_file.builds == 0
+        info = await views.open(status.ino)
+        assert views.status_file.builds == 1 and b'"damaged_journals"' in views.files[info.fh]
+        views.release(info.fh)
+    run(source, scenario)
+
+
+def test_foreign_numbers_are_bounded(tmp_path):
+    root_fd = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
+    try:
+        table = InodeTable(root_fd)
+        table.max_foreign = 100
+        for ino in range(1000):
+            table.number((table.root_dev + 1, ino))
+        assert len(table._foreign) <= 100
+        assert table.number((table.root_dev + 1, 999)) == table.number((table.root_dev + 1, 999))
+    finally:
+        os.close(root_fd)
+
+
+def test_names_are_escaped_as_journalctl_does():
+    hostile = b"x.jrnl\n2026-11-27 journalfs[1]: INFO forged\x1b[31m\xff\\"
+    shown = escaped(hostile)
+    assert shown == "x.jrnl\\n2026-11-27 journalfs[1]: INFO forged\\x1b[31m\\xff\\\\"
+    assert shown.isprintable()
+    assert escaped("r\u00e9sum\u00e9") == "r\u00e9sum\u00e9"  # printable text stays as is
+    assert escaped("a\u2028b\u202ec\x85") == "a\\u2028b\\u202ec\\u0085"
+    record = logging.LogRecord("t", logging.WARNING, __file__, 1, "damaged journal %s",
+                               (os.fsdecode(hostile),), None)
+    line = EscapingFormatter("%(message)s").format(record)
+    assert "\n" not in line and "\x1b" not in line
+
+
+def test_worker_module_defaults_leave_room_for_others():
+    assert workers_module.PER_USER_THREADS * 2 <= workers_module.TOTAL_THREADS
+
+
+def test_status_json_builds_at_most_once_a_second_and_never_older_than_the_open():
+    from journalfs.fs.status import BUILD_INTERVAL, StatusFile
+
+    async def main():
+        state = {"n": 0}
+
+        async def build():
+            state["n"] += 1
+            return b"%d" % state["n"]
+        status = StatusFile(build)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(status.run)
+            while not status.running:
+                await trio.sleep(0)
+            start = trio.current_time()
+            first = await status.current()
+            state["n"] += 10  # something changed after that read
+            readers = []
+
+            async def read():
+                readers.append(await status.current())
+            async with trio.open_nursery() as many:
+                for _ in range(20):
+                    many.start_soon(read)
+            # twenty readers shared one build, which started after the change
+            assert first == b"1" and set(readers) == {b"12"} and status.builds == 2
+            assert trio.current_time() - start >= BUILD_INTERVAL
+            nursery.cancel_scope.cancel()
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+def test_acting_as_a_user_drops_the_capability_and_restores_it(monkeypatch):
+    """Caller.as_user drops CAP_SYS_RESOURCE (here stood in for by CAP_SYS_ADMIN: this
+    machine's root may lack CAP_SYS_RESOURCE altogether) and the fs capabilities for the
+    call only, per thread."""
+    from journalfs.fs import passthrough
+
+    def effective():
+        return passthrough._capabilities()[1][0].effective
+
+    if not effective() >> 21 & 1:
+        pytest.skip("no CAP_SYS_ADMIN to stand in with")
+    monkeypatch.setattr(passthrough, "_CAP_SYS_RESOURCE", 21)
+    caller = passthrough.Caller()
+    before = effective()
+    inside = caller.as_user(1000, 1000, effective)
+    assert not inside >> 21 & 1 and not inside >> 1 & 1  # CAP_SYS_ADMIN, CAP_DAC_OVERRIDE
+    assert effective() == before
+    assert caller.as_user(0, 5, effective) == before  # root keeps its capabilities
+    with pytest.raises(ZeroDivisionError):
+        caller.as_user(1000, 1000, lambda: 1 / 0)
+    assert effective() == before
