@@ -425,11 +425,33 @@ def _open_metadata(config: MountConfig):
     try:
         return open_metadata_backend(location.tree_path, shared_dir=config.store is not None,
                                      gvfs=config.gvfs, sync=config.sync, readonly=config.ro,
-                                     exclusive=config.exclusive_store), location
+                                     exclusive=config.exclusive_store, location=location,
+                                     mountpoint=resolved_mountpoint(config.mountpoint),
+                                     source_kind=_source_kind(config.source)), location
     except StoreBusError as exc:  # gvfs_service's own one-line refusal
         raise MountError(exc.strerror) from None
     except StoreLocked:
         raise MountError(store_in_use_message(location.tree_path, config.source)) from None
+
+
+def _source_kind(source: str) -> Callable[[str], str]:
+    """What a mount-relative path is in SOURCE, for the metadata mirror of the mount's
+    paths (run in a worker thread): "view" (the mount's own views), "dir", "file" or
+    "absent". Only a stat of the last component, never followed."""
+    from .views import VIEWS_NAME
+
+    root = os.path.abspath(source)
+    views = "/" + os.fsdecode(VIEWS_NAME)
+
+    def kind(rel: str) -> str:
+        if rel == views or rel.startswith(views + "/"):
+            return "view"
+        try:
+            st = os.lstat(root + rel if rel != "/" else root)
+        except OSError:
+            return "absent"
+        return "dir" if stat.S_ISDIR(st.st_mode) else "file"
+    return kind
 
 
 def store_in_use_message(tree_path: str, source: str) -> str:

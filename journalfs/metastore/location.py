@@ -18,6 +18,18 @@ class StoreLocation:
             return rel
         return self.prefix if rel == "/" else self.prefix + rel
 
+    def rel_path(self, store_path: str) -> str | None:
+        """Inverse of :meth:`store_path`: the mount-relative path of a canonical store path
+        of this tree, or None when it lies outside the mount's part of the tree."""
+        prefix = "" if self.prefix == "/" else self.prefix
+        if not prefix:
+            return store_path
+        if store_path == prefix:
+            return "/"
+        if store_path.startswith(prefix + "/"):
+            return store_path[len(prefix):]
+        return None
+
 
 def _data_home() -> str:
     return os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
@@ -42,3 +54,19 @@ def resolve_store(source: str, store_dir: str | None = None, gvfs: bool = False)
         rel = os.path.relpath(real, home)
         return StoreLocation(os.path.join(directory, "home"), "" if rel == "." else "/" + rel)
     return StoreLocation(os.path.join(directory, "root"), "" if real == "/" else real)
+
+
+def mount_paths_location(store_dir: str, mountpoint: str) -> StoreLocation | None:
+    """Where GIO keeps the metadata of the mount's own paths (MNT/f), in the gvfs directory
+    ``store_dir``. GIO picks a tree by the file's device (gvfs metatree.c,
+    meta_lookup_cache_lookup_path): "home" only for the home directory's own device, a
+    uuid-/label- tree only for a block device udev knows; a FUSE mount (device major 0) is
+    neither, so its paths live in the "root" tree under their absolute path, with symlinks in
+    the parents resolved. ``mountpoint`` must be resolved before mounting (``realpath`` of a
+    live mount of ours would ask this very process). None when the home directory lies inside
+    the mount: GIO would then split MNT's paths between two trees, which is not mirrored."""
+    real = os.path.realpath(mountpoint)
+    home = os.path.realpath(os.path.expanduser("~"))
+    if home == real or home.startswith(real.rstrip("/") + "/"):
+        return None
+    return StoreLocation(os.path.join(os.path.abspath(store_dir), "root"), "" if real == "/" else real)
