@@ -428,3 +428,138 @@ def test_a_gvfsd_started_with_replace_cannot_take_the_store_from_journalfs(gvfs_
         assert os.getxattr(mnt / "F", "user.metadata.after") == b"rival"
     session.gio_set(src / "F", "then", "gvfsd")  # activated once journalfs let go
     assert session.gio_metadata([src / "F"])[str(src / "F")] == {"after": "rival", "then": "gvfsd"}
+
+
+# ---- GIO on the mount's own paths (issue 27) -------------------------------------------------
+# GIO keeps the metadata of MNT/f -- a FUSE device, neither the home directory's device nor a
+# block device udev knows -- in the "root" tree under MNT's absolute path, not where SRC/f's
+# lives. The mount keeps that place equal to its own, both ways (journalfs/metastore/mirror.py).
+def root_tree_paths(session: GvfsSession, prefix: Path) -> dict:
+    """What the "root" tree holds at and below ``prefix``, read with journalfs's own reader."""
+    from journalfs.metastore.store import MetaStore
+    tree = session.metadata_dir / "root"
+    if not tree.exists():
+        return {}
+    store = MetaStore.open(str(tree), readonly=True, create=False)
+    try:
+        return {p: k for p, k in store.dump().items()
+                if k and (p == str(prefix) or p.startswith(f"{prefix}/"))}
+    finally:
+        store.close()
+
+
+def gio_on_both_sides(session: GvfsSession, src: Path, mnt: Path, rel: str) -> tuple[dict, dict]:
+    """(GIO's keys of MNT/rel, GIO's keys of SRC/rel): one GIO process reads both."""
+    seen = session.gio_metadata([mnt / rel, src / rel])
+    return seen.get(str(mnt / rel), {}), seen.get(str(src / rel), {})
+
+
+def check_gio_and_xattrs_agree_on_mount_paths(session: GvfsSession, src: Path, mnt: Path,
+                                              m) -> None:
+    both = lambda rel: gio_on_both_sides(session, src, mnt, rel)  # noqa: E731
+    # what was there before the mount shows on the mount's paths too
+    eventually(lambda: both("old.txt"), ({"before": "mount"},) * 2, "metadata from before the mount")
+    # the issue's reproduction: setfattr on MNT/f, `gio info` on MNT/f and SRC/f
+    os.setxattr(mnt / "f", "user.metadata.comment", b"x")
+    assert "metadata::comment: x" in session.gio("info", "-a", "metadata::*", mnt / "f")
+    assert both("f") == ({"comment": "x"},) * 2  # written in both places before setfattr returned
+    # `gio set` on MNT/g (and on SRC/g) is read by getfattr on MNT/g
+    session.gio("set", "-t", "stringv", mnt / "g", "metadata::emblems", "a", "b")
+    eventually(lambda: xattr_or_none(mnt / "g", "emblems"), b"a\0b\0", "gio set on MNT seen by getfattr")
+    session.gio_set(src / "g", "rating", "5")
+    eventually(lambda: xattr_or_none(mnt / "g", "rating"), b"5", "gio set on SRC seen by getfattr")
+    eventually(lambda: both("g"), ({"emblems": ["a", "b"], "rating": "5"},) * 2, "gio on SRC seen by gio on MNT")
+    session.gio_set(mnt / "g", "rating", None)
+    eventually(lambda: xattr_or_none(mnt / "g", "rating"), None, "gio unset on MNT seen by getfattr")
+    eventually(lambda: both("g"), ({"emblems": ["a", "b"]},) * 2, "gio unset on MNT seen by gio on SRC")
+    os.removexattr(mnt / "g", "user.metadata.emblems")
+    assert both("g") == ({}, {})
+
+    # removal: through the mount, by GIO on MNT, by GIO behind the mount's back on SRC
+    for name in ("rm1", "rm2", "rm3"):
+        os.setxattr(mnt / name, "user.metadata.k", name.encode())
+    os.unlink(mnt / "rm1")
+    session.gio_remove(mnt / "rm2")
+    session.gio_remove(src / "rm3")
+    for name in ("rm1", "rm2", "rm3"):
+        (src / name).write_text("a new file of the same name")
+    eventually(lambda: [both(n) for n in ("rm1", "rm2", "rm3")], [({}, {})] * 3, "removed metadata stays gone")
+    assert all(xattr_or_none(mnt / n, "k") is None for n in ("rm1", "rm2", "rm3"))
+
+    # rename: mv through the mount, `gio move` on MNT paths, `gio move` on SRC paths
+    os.setxattr(mnt / "r1", "user.metadata.k", b"moved")
+    os.setxattr(mnt / "dir" / "inner", "user.metadata.k", b"inner")
+    os.setxattr(mnt / "dir", "user.metadata.d", b"dir")
+    os.rename(mnt / "r1", mnt / "r2")
+    assert both("r2") == ({"k": "moved"},) * 2
+    session.gio_move(mnt / "r2", mnt / "r3")
+    eventually(lambda: (both("r3"), xattr_or_none(mnt / "r3", "k")), (({"k": "moved"},) * 2, b"moved"),
+               "gio move on MNT")
+    session.gio_move(src / "r3", src / "r4")
+    eventually(lambda: (both("r4"), xattr_or_none(mnt / "r4", "k")), (({"k": "moved"},) * 2, b"moved"),
+               "gio move on SRC")
+    os.rename(mnt / "dir", mnt / "dir2")  # a directory with metadata below it
+    assert both("dir2/inner") == ({"k": "inner"},) * 2 and both("dir2") == ({"d": "dir"},) * 2
+    session.gio_move(src / "dir2", src / "dir3")
+    eventually(lambda: both("dir3/inner"), ({"k": "inner"},) * 2, "gio move of a directory on SRC")
+    assert xattr_or_none(mnt / "dir3" / "inner", "k") == b"inner"
+    for name in ("r1", "r2", "r3", "dir", "dir2"):  # old names: nothing stale resurfaces
+        target = src / name
+        target.mkdir() if name.startswith("dir") else target.write_text("new")
+    eventually(lambda: [both(n) for n in ("r1", "r2", "r3", "dir", "dir2")], [({}, {})] * 5,
+               "nothing stale at the old names")
+    # the mount's place in the "root" tree holds exactly what the SOURCE paths hold
+    want = {"/old.txt": {"before": "mount"}, "/f": {"comment": "x"}, "/r4": {"k": "moved"},
+            "/dir3": {"d": "dir"}, "/dir3/inner": {"k": "inner"}}
+    eventually(lambda: {p[len(str(mnt)):]: k for p, k in root_tree_paths(session, mnt).items()}, want,
+               "GIO's place of the mount's paths")
+
+    service = status_of(mnt)["service"]["mount_paths"]
+    assert service["kept"] and service["failures"] == 0, service
+    assert service["prefix"] == str(mnt) and service["tree"] == str(session.metadata_dir / "root")
+    log = m.stderr()
+    assert "WARNING" not in log and "ERROR" not in log and "Traceback" not in log, log
+
+
+def mount_paths_source(session: GvfsSession, tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    """SOURCE and MNT both under HOME: GIO still keeps MNT's paths in the "root" tree."""
+    src = session.home / "docs"
+    src.mkdir()
+    for name in ("f", "g", "old.txt", "rm1", "rm2", "rm3", "r1"):
+        (src / name).write_text(name)
+    (src / "dir").mkdir()
+    (src / "dir" / "inner").write_text("i")
+    for key, value in session.env().items():
+        monkeypatch.setenv(key, value)
+    mnt = session.home / "mnt"
+    mnt.mkdir()
+    return src, mnt
+
+
+def test_gvfs_mode_gio_on_the_mounts_paths_agrees_with_xattrs(gvfs_session, tmp_path, monkeypatch):  # noqa: F811
+    session = gvfs_session
+    src, mnt = mount_paths_source(session, tmp_path, monkeypatch)
+    session.gio_set(src / "old.txt", "before", "mount")
+    with mounted(src, mnt, "--gvfs") as m:
+        check_gio_and_xattrs_agree_on_mount_paths(session, src, mnt, m)
+    assert session.daemon_on_bus()
+    # the mount's paths are gone with it: nothing of them stays in the "root" tree ...
+    assert root_tree_paths(session, mnt) == {}
+    # ... and the SOURCE paths keep everything
+    assert session.gio_metadata([src / "f", src / "r4", src / "dir3" / "inner"]) == {
+        str(src / "f"): {"comment": "x"}, str(src / "r4"): {"k": "moved"},
+        str(src / "dir3" / "inner"): {"k": "inner"}}
+
+
+def test_served_store_gio_on_the_mounts_paths_agrees_with_xattrs(gvfs_desktop, tmp_path, monkeypatch):  # noqa: F811
+    """The same with journalfs serving org.gtk.vfs.Metadata itself (--store, no gvfsd)."""
+    session = gvfs_desktop
+    src, mnt = mount_paths_source(session, tmp_path, monkeypatch)
+    session.gio_set(src / "old.txt", "before", "mount")
+    session.stop_activated_daemon()
+    with mounted(src, mnt, "--store", str(session.metadata_dir)) as m:
+        assert status_of(mnt)["service"]["store_mode"] == "serve"
+        check_gio_and_xattrs_agree_on_mount_paths(session, src, mnt, m)
+        assert session.activated_daemon_pid() is None  # every GIO write went through journalfs
+    assert root_tree_paths(session, mnt) == {}
+    assert new_session_reads(session, src / "f") == {"comment": "x"}

@@ -7,27 +7,25 @@ path. GIO programs read those trees themselves (mapped files), so a value GIO mu
 MNT/f has to be written at MNT/f's place too. The rule (docs/gvfs.md):
 
 - the SOURCE-path place is canonical: getfattr through the mount reads it, as before;
-- every write through the mount goes to both places (the mount's place second; a failure
-  there is logged and counted, never the syscall's error);
-- a GIO write on a SOURCE path is copied to the mount's place (that path and its subtree:
-  a Remove or Move behind the mount's back);
-- a GIO write on an MNT path is copied, key by key, to the SOURCE-path place (removes and
-  moves on MNT paths follow the mount's own unlink/rename, which already did both);
-- a rename through the mount copies (not moves) in the mount's place: GIO then sends its own
-  Move of the MNT paths, which would wipe a destination a move had already emptied the
-  source of; the old path is reconciled :data:`RENAME_SETTLE` seconds later;
+- every write through the mount goes to both places before the syscall returns (the
+  mount's place second; a failure there is logged and counted, never the syscall's error);
+- a GIO write on either side is copied to the other once the store's writer reports it
+  (gvfsd-metadata's AttributeChanged signal, at most once a second per path; journalfs
+  serving the store itself reports at once). Per key, the side that changed since both
+  agreed wins; a change on a SOURCE directory or a vanished SOURCE path (a Remove or Move
+  behind the mount's back) is copied with its subtree;
+- a rename through the mount copies (not moves) in the mount's place: GIO follows its own
+  rename with a Move of the MNT paths, which would empty a destination whose source a move
+  had already emptied. The old name is cleared :data:`RENAME_SETTLE` seconds later, and for
+  :data:`PROTECT_SECONDS` the SOURCE side wins on the old name and refills an emptied new one;
 - at mount time the mount's place is made equal to the SOURCE-path place, and at unmount it
-  is removed (the paths no longer exist), so nothing stale resurfaces there.
-
-Changes reach the other place once the store's writer says they happened (gvfsd-metadata's
-AttributeChanged signal, at most once a second per path; journalfs serving the store calls
-back at once). Conflicting writes to one file from both sides within that second: the
-SOURCE-path side wins."""
+  is removed (those paths are gone with the mount), so nothing stale resurfaces there."""
 from __future__ import annotations
 
 import logging
 import os
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -37,17 +35,20 @@ from .location import StoreLocation
 
 log = logging.getLogger("journalfs.metastore")
 
-#: seconds after a rename through the mount before its old path is reconciled (GIO's Move of
-#: the MNT paths comes right after the rename returns)
+#: seconds after a rename through the mount before its old name is cleared in the mount's
+#: place (GIO's Move of the MNT paths comes right after the rename returns)
 RENAME_SETTLE = 2.0
-#: how long a rename's paths keep the SOURCE side winning over an emptied mount-side place
-PROTECT_SECONDS = 30.0
+#: how long after a rename through the mount the SOURCE side wins on its two names and
+#: below them (the reports of the copy's writes come a second later)
+PROTECT_SECONDS = 5.0
 #: changes reported together are handled after this short pause, once each
 DEBOUNCE = 0.05
-#: how long a key written through the mount counts as ours when its change is reported
-OWN_WRITE_SECONDS = 10.0
+#: paths whose last agreed keys are remembered (the least recently used are forgotten)
+AGREED_PATHS = 10_000
+#: a change reported this soon after journalfs wrote a key of a directory is taken for the
+#: report of that write (gvfsd-metadata reports a second later), not for a Move or Remove
+ECHO_SECONDS = 3.0
 UNMOUNT_CLEANUP = 10.0
-_MAX_PROTECTED = 10_000
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,10 @@ def _join(root: str, rest: str) -> str:
     return (rest or "/") if root in ("", "/") else root + rest
 
 
+def _value(v):
+    return list(v) if isinstance(v, (list, tuple)) else v
+
+
 async def subtree_of(backend, root: str) -> dict:
     """{path below root ("" = root): keys} of every keyed path at or below ``root``: the
     backend's own ``subtree``, or one pass over a MetaService's store."""
@@ -96,6 +101,20 @@ async def subtree_of(backend, root: str) -> dict:
     return await trio.to_thread.run_sync(walk)
 
 
+class _Bounded(OrderedDict):
+    """An LRU map of at most ``limit`` entries."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit = limit
+
+    def put(self, key, value) -> None:
+        self.pop(key, None)
+        self[key] = value
+        while len(self) > self.limit:
+            self.popitem(last=False)
+
+
 class MirroredBackend:
     """The mount's metadata backend for a shared gvfs store: ``primary`` (GvfsdBackend or
     SessionStoreBackend) serves the SOURCE-path place, and the mount's place is kept equal
@@ -105,19 +124,23 @@ class MirroredBackend:
                  source_kind: Callable[[str], str] | None = None):
         """``source_kind(rel)`` says what a mount-relative path is in SOURCE -- "file",
         "dir", "absent" or "view" (the mount's own views: never mirrored) -- from a worker
-        thread; None: every change is checked with its subtree."""
+        thread; None: every reported change is copied with its subtree."""
         self.primary = primary
         self.view = view
         self.source_kind = source_kind
-        self._own: dict[str, float] = {}  # mount-relative paths set through the mount -> until
         self.mirror = None  # the backend of the mount's tree, once running
         self._pending: dict[tuple[str, str], None] = {}
         self._wanted = trio.Event()
-        self._protected: dict[str, tuple[float, bool]] = {}  # rel -> (until, old name?)
-        self._primary_scope: trio.CancelScope | None = None
-        self._nursery: trio.Nursery | None = None
+        # rel -> (complete?, {key: value, None = absent}): what both places held when
+        # journalfs last wrote or compared them (the base of the comparison in _sync_keys);
+        # complete: every key is listed, so one not listed was absent in both
+        self._agreed = _Bounded(AGREED_PATHS)
+        self._protected = _Bounded(AGREED_PATHS)  # rel -> (until, old name?)
+        self._echoes = _Bounded(AGREED_PATHS)  # rel -> until: keys written through the mount
         self._trees = {name: tree for tree in (view.source.tree_path, view.mount.tree_path)
                        for name in (tree, os.path.realpath(tree))}
+        self._primary_scope: trio.CancelScope | None = None
+        self._nursery: trio.Nursery | None = None
         self.mirrored = 0
         self.synced = 0
         self.failures = 0
@@ -146,7 +169,7 @@ class MirroredBackend:
                         self.mirror = await self.primary.open_tree(self.view.mount.tree_path)
                         await nursery.start(self.primary.watch_changes, self._changed)
                     except (OSError, ValueError) as exc:
-                        self._failed("GIO's view of the mount's paths is not kept", exc)
+                        self._failed("GIO's metadata of the mount's paths is not kept", exc)
                         self.mirror = None
                     else:
                         self._nursery = nursery
@@ -166,7 +189,7 @@ class MirroredBackend:
         try:
             await self.mirror.remove(self.view.mount.store_path("/"))
         except (OSError, ValueError) as exc:
-            self._failed("could not clear GIO's view of the mount's paths at unmount", exc)
+            self._failed("could not clear GIO's metadata of the mount's paths at unmount", exc)
 
     # -- reads: the SOURCE-path place
     async def get(self, path, key):
@@ -175,50 +198,43 @@ class MirroredBackend:
     async def get_all(self, path):
         return await self.primary.get_all(path)
 
-    # -- writes: both places
+    # -- writes through the mount: both places
     async def set(self, path, key, value):
         result = await self.primary.set(path, key, value)
+        self._agree(path, {key: value}, echo=True)
         await self._mirrored("set", path, key, value)
-        self._remember_own(path)
         return result
 
     async def unset(self, path, key):
         result = await self.primary.unset(path, key)
+        self._agree(path, {key: None}, echo=True)
         await self._mirrored("unset", path, key)
-        self._remember_own(path)
         return result
-
-    def _remember_own(self, path: str) -> None:
-        """A key of ``path`` changed in both places: when its change is reported, only the
-        path's own keys need a look (no subtree)."""
-        rel = self.view.source.rel_path(path)
-        if rel is None:
-            return
-        now = time.monotonic()
-        if len(self._own) >= _MAX_PROTECTED:
-            self._own = {p: t for p, t in self._own.items() if t > now}
-            while len(self._own) >= _MAX_PROTECTED:
-                self._own.pop(next(iter(self._own)))
-        self._own[rel] = now + OWN_WRITE_SECONDS
 
     async def remove(self, path):
         result = await self.primary.remove(path)
+        self._forget(path)
         await self._mirrored("remove", path)
         return result
 
     async def copy(self, src, dst):
         result = await self.primary.copy(src, dst)
+        self._forget(dst)
         await self._mirrored("copy", src, dst)
         return result
 
     async def move(self, src, dst):
         result = await self.primary.move(src, dst)
+        self._forget(src)
+        self._forget(dst)
         # copy, not move: GIO's own Move of the MNT paths follows (see the module doc)
         await self._mirrored("copy", src, dst)
+        if self.mirror is not None:
+            self._agree(dst, await self.primary.get_all(dst), complete=True)
         for path, old in ((src, True), (dst, False)):
             rel = self.view.source.rel_path(path)
             if rel is not None:
-                self._protect(rel, old)
+                self._protected.put(rel, (time.monotonic() + PROTECT_SECONDS, old))
         rel = self.view.source.rel_path(src)
         if rel is not None and self._nursery is not None:
             self._nursery.start_soon(self._settle, rel)
@@ -226,50 +242,75 @@ class MirroredBackend:
 
     async def _settle(self, rel: str) -> None:
         await trio.sleep(RENAME_SETTLE)
-        if self.mirror is not None:
-            self._changed(self.view.source.tree_path, self.view.source.store_path(rel))
+        self._changed(self.view.source.tree_path, self.view.source.store_path(rel))
 
     async def _mirrored(self, method: str, *args) -> None:
         if self.mirror is None:
             return
-        paths = [self.view.to_mount(p) for p in args[:2 if method == "copy" else 1]]
+        count = 2 if method == "copy" else 1
+        paths = [self.view.to_mount(p) for p in args[:count]]
         if None in paths:
             return
         try:
-            await getattr(self.mirror, method)(*paths, *args[len(paths):])
+            await getattr(self.mirror, method)(*paths, *args[count:])
             self.mirrored += 1
         except (OSError, ValueError) as exc:
-            self._failed(f"{method} of {paths[0]} in GIO's view of the mount", exc)
+            self._failed(f"{method} of {paths[0]} in GIO's metadata of the mount's paths", exc)
 
     def _failed(self, what: str, exc: BaseException) -> None:
         self.failures += 1
         self.last_error = f"{what}: {exc}"
         log.warning("%s", self.last_error)
 
-    def _protect(self, rel: str, old: bool) -> None:
-        """Keep the SOURCE side winning for a while on a rename's paths: on the old name
-        always (a signal of a GIO write from before the rename must not bring its metadata
-        back there), on the new name against being emptied (a late Move of GIO's)."""
-        now = time.monotonic()
-        if len(self._protected) >= _MAX_PROTECTED:
-            self._protected = {p: e for p, e in self._protected.items() if e[0] > now}
-            while len(self._protected) >= _MAX_PROTECTED:
-                self._protected.pop(next(iter(self._protected)))
-        self._protected[rel] = (now + PROTECT_SECONDS, old)
+    def _agree(self, path: str, changes: dict, echo: bool = False, complete: bool = False) -> None:
+        rel = self.view.source.rel_path(path)
+        if rel is not None:
+            self._remember(rel, changes, complete)
+            if echo:
+                self._echoes.put(rel, time.monotonic() + ECHO_SECONDS)
+
+    def _is_echo(self, rel: str) -> bool:
+        return self._echoes.pop(rel, 0.0) > time.monotonic()
+
+    def _remember(self, rel: str, changes: dict, complete: bool = False) -> None:
+        """Both places hold ``changes`` ({key: value, None = absent}) at ``rel`` now
+        (``complete``: and no other key)."""
+        was_complete, keys = (False, {}) if complete else self._agreed.get(rel, (False, {}))
+        keys = {**keys, **{k: _value(v) for k, v in changes.items()}}
+        self._agreed.put(rel, (complete or was_complete, keys))
+
+    def _agreed_value(self, rel: str, key: str):
+        """(known?, value) both places held for ``key`` of ``rel``."""
+        complete, keys = self._agreed.get(rel, (False, {}))
+        if key in keys:
+            return True, keys[key]
+        return complete, None
+
+    def _forget(self, path: str) -> None:
+        rel = self.view.source.rel_path(path)
+        if rel is not None:
+            self._agreed.pop(rel, None)
 
     def _protection(self, rel: str) -> str | None:
-        """"old", "new" or None: how a rename through the mount protects ``rel`` now."""
-        entry = self._protected.get(rel)
-        if entry is None:
+        """"old", "new" or None: how a recent rename through the mount of ``rel`` or of a
+        directory above it protects it."""
+        if not self._protected:
             return None
-        if entry[0] < time.monotonic():
-            del self._protected[rel]
-            return None
-        return "old" if entry[1] else "new"
+        now = time.monotonic()
+        path = rel
+        while True:
+            entry = self._protected.get(path)
+            if entry is not None:
+                if entry[0] >= now:
+                    return "old" if entry[1] else "new"
+                del self._protected[path]
+            if path == "/":
+                return None
+            path = path.rsplit("/", 1)[0] or "/"
 
-    # -- changes made by others
+    # -- changes reported by the store's writer
     def _changed(self, tree: str, path: str) -> None:
-        """A writer reports ``path`` of ``tree`` (a tree file, as its client named it) changed."""
+        """``path`` of ``tree`` (a tree file, as its writer's client named it) changed."""
         known = self._trees.get(tree)
         if known is None:
             known = self._trees.get(os.path.realpath(tree))
@@ -303,32 +344,28 @@ class MirroredBackend:
                 kind = await self._kind(rel)
                 if kind == "view":
                     return
-                # a file's change, or our own write's echo, is that path's keys; a
-                # directory's or a vanished path's may be a Remove or Move of a subtree
-                own = self._own.pop(rel, 0.0) > time.monotonic()
-                await self.sync_to_mount(rel, subtree=not (own or kind == "file"))
+                # a file's change, or the report of journalfs's own write on a directory,
+                # is that path's keys; another directory's or a vanished path's may be a
+                # Remove or Move of its subtree
+                if self._protection(rel) != "old" and (
+                        kind == "file" or (kind == "dir" and self._is_echo(rel))):
+                    await self._sync_keys(rel, "source")
+                else:
+                    await self.sync_to_mount(rel)
                 return
         if tree == view.mount.tree_path:
             rel = view.mount.rel_path(path)
             if rel is None or await self._kind(rel) == "view":
                 return
-            here = await self.mirror.get_all(path)
             protection = self._protection(rel)
-            if protection == "old" or (protection == "new" and not here):
-                await self.sync_to_mount(rel)
-            else:
-                await self._keys_to_source(rel, here)
+            if protection == "old" or (protection == "new" and not await self.mirror.get_all(path)):
+                await self.sync_to_mount(rel)  # a late Move of GIO's emptied a new name
+            else:  # right after a rename, reports of the copy's own writes: SOURCE wins
+                await self._sync_keys(rel, "source" if protection else "mount")
 
-    async def sync_to_mount(self, rel: str, *, subtree: bool = True) -> None:
-        """Make the mount's place of ``rel`` (and below, with ``subtree``) equal to the
-        SOURCE-path place."""
+    async def sync_to_mount(self, rel: str) -> None:
+        """Make the mount's place of ``rel`` and below equal to the SOURCE-path place."""
         src_root, mnt_root = self.view.source.store_path(rel), self.view.mount.store_path(rel)
-        if not subtree:
-            keys, have = await self.primary.get_all(src_root), await self.mirror.get_all(mnt_root)
-            if keys != have:
-                self.synced += 1
-                await self._apply_keys(self.mirror, mnt_root, keys, have)
-            return
         wanted = await subtree_of(self.primary, src_root)
         have = await subtree_of(self.mirror, mnt_root)
         if wanted == have:
@@ -336,24 +373,53 @@ class MirroredBackend:
         self.synced += 1
         if not wanted:
             await self.mirror.remove(mnt_root)
-            return
-        for rest in sorted(set(have) - set(wanted)):
-            await self.mirror.remove(_join(mnt_root, rest))
-        for rest, keys in sorted(wanted.items()):
-            await self._apply_keys(self.mirror, _join(mnt_root, rest), keys, have.get(rest, {}))
+        else:
+            for rest in sorted(set(have) - set(wanted)):
+                await self.mirror.remove(_join(mnt_root, rest))
+            for rest, keys in sorted(wanted.items()):
+                mine = have.get(rest, {})
+                changes = {k: v for k, v in keys.items() if mine.get(k) != v}
+                changes.update({k: None for k in mine if k not in keys})
+                await self._apply(self.mirror, _join(mnt_root, rest), changes)
+        self._agreed.pop(rel, None)
 
-    async def _keys_to_source(self, rel: str, keys: dict) -> None:
-        """A GIO write on an MNT path: its keys, as they are now, to the SOURCE-path place."""
-        src = self.view.source.store_path(rel)
-        have = await self.primary.get_all(src)
-        if have != keys:
-            self.synced += 1
-            await self._apply_keys(self.primary, src, keys, have)
+    async def _sync_keys(self, rel: str, reported: str) -> None:
+        """Make the keys of ``rel`` equal in both places after a change was reported on the
+        ``reported`` side ("source" or "mount"). Per key that differs: where one side still
+        holds the value both held when journalfs last wrote or compared them, the other side
+        changed since and wins; without that memory, the reported side wins."""
+        src, mnt = self.view.source.store_path(rel), self.view.mount.store_path(rel)
+        at_source, at_mount = await self.primary.get_all(src), await self.mirror.get_all(mnt)
+        if at_source == at_mount:
+            self._remember(rel, at_source, complete=True)
+            return
+        to_source, to_mount = {}, {}
+        for key in set(at_source) | set(at_mount):
+            here, there = at_source.get(key), at_mount.get(key)
+            if here == there:
+                continue
+            winner = reported
+            known, agreed = self._agreed_value(rel, key)
+            if known:  # the side still holding the agreed value did not change
+                if here == agreed:
+                    winner = "mount"
+                elif there == agreed:
+                    winner = "source"
+            if winner == "source":
+                to_mount[key] = here
+            else:
+                to_source[key] = there
+        self.synced += 1
+        if to_mount:
+            await self._apply(self.mirror, mnt, to_mount)
+        if to_source:
+            await self._apply(self.primary, src, to_source)
+        final = {**at_source, **to_source}
+        self._remember(rel, {k: v for k, v in final.items() if v is not None}, complete=True)
 
     @staticmethod
-    async def _apply_keys(target, path: str, keys: dict, have: dict) -> None:
-        changes = {k: v for k, v in keys.items() if have.get(k) != v}
-        changes.update({k: None for k in have if k not in keys})
+    async def _apply(target, path: str, changes: dict) -> None:
+        """{key: value, None = unset} at ``path`` of ``target``."""
         if not changes:
             return
         set_many = getattr(target, "set_many", None)
