@@ -8,6 +8,7 @@ gvfsd-metadata, D-Bus-activated after unmount, carries on); without a bus it ref
 a running gvfsd-metadata, else takes the store and says so."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -226,7 +227,11 @@ def test_gio_programs_write_through_journalfs_while_the_mount_writes(gvfs_deskto
         assert os.getxattr(mnt / "moved" / "inner", "user.metadata.i") == b"inner"
         assert os.getxattr(mnt / "moved", "user.metadata.d") == b"dir"
         assert not (mnt / "dir").exists() and not (mnt / "f19").exists()
-        assert sorted(status_of(mnt)["service"]["gvfs_trees"]) == ["home"]
+        # "root": where GIO keeps the mount's own paths, kept equal by the mount
+        assert sorted(status_of(mnt)["service"]["gvfs_trees"]) == ["home", "root"]
+        eventually(lambda: session.gio_metadata([mnt / "f3", mnt / "moved" / "inner"]),
+                   {str(mnt / "f3"): {"gio": "g3-4", "fuse": "s3-4"}, str(mnt / "moved" / "inner"): {"i": "inner"}},
+                   "GIO on the mount's paths after concurrent writes from both sides")
     seen = session.gio_metadata([*files, src / "moved", src / "moved" / "inner"])
     assert seen[str(files[3])] == {"gio": "g3-4", "fuse": "s3-4"}
     assert seen[str(files[0])] == {"gio": "g0-4", "fuse": "s0-4", "list": ["a", "b c"]}
@@ -454,15 +459,48 @@ def gio_on_both_sides(session: GvfsSession, src: Path, mnt: Path, rel: str) -> t
     return seen.get(str(mnt / rel), {}), seen.get(str(src / rel), {})
 
 
+class _Signals:
+    def __init__(self, conn, signals):
+        self.conn, self.signals = conn, signals
+
+    def wait_for(self, body: tuple, timeout: float = 10.0) -> bool:
+        """True once an AttributeChanged signal with ``body`` (tree file, path) arrived."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                got = self.conn.recv_until_filtered(self.signals, timeout=deadline - time.monotonic())
+            except TimeoutError:
+                return False
+            if tuple(got.body) == body:
+                return True
+        return False
+
+
+@contextlib.contextmanager
+def attribute_changes(session: GvfsSession):
+    """AttributeChanged signals of org.gtk.vfs.Metadata on the session bus, as Nautilus
+    receives them."""
+    from jeepney.bus_messages import MatchRule, message_bus
+    from jeepney.io.blocking import open_dbus_connection
+    with open_dbus_connection(session.address) as conn:
+        rule = MatchRule(type="signal", interface="org.gtk.vfs.Metadata", member="AttributeChanged")
+        conn.send_and_get_reply(message_bus.AddMatch(rule), timeout=5)
+        with conn.filter(rule, bufsize=1000) as signals:
+            yield _Signals(conn, signals)
+
+
 def check_gio_and_xattrs_agree_on_mount_paths(session: GvfsSession, src: Path, mnt: Path,
                                               m) -> None:
     both = lambda rel: gio_on_both_sides(session, src, mnt, rel)  # noqa: E731
     # what was there before the mount shows on the mount's paths too
     eventually(lambda: both("old.txt"), ({"before": "mount"},) * 2, "metadata from before the mount")
-    # the issue's reproduction: setfattr on MNT/f, `gio info` on MNT/f and SRC/f
-    os.setxattr(mnt / "f", "user.metadata.comment", b"x")
-    assert "metadata::comment: x" in session.gio("info", "-a", "metadata::*", mnt / "f")
-    assert both("f") == ({"comment": "x"},) * 2  # written in both places before setfattr returned
+    # the issue's reproduction: setfattr on MNT/f, `gio info` on MNT/f and SRC/f ...
+    with attribute_changes(session) as changes:
+        os.setxattr(mnt / "f", "user.metadata.comment", b"x")
+        assert "metadata::comment: x" in session.gio("info", "-a", "metadata::*", mnt / "f")
+        assert both("f") == ({"comment": "x"},) * 2  # in both places before setfattr returned
+        # ... and GIO listeners (Nautilus) are told about MNT/f, in the tree they read it from
+        assert changes.wait_for((str(session.metadata_dir / "root"), str(mnt / "f")))
     # `gio set` on MNT/g (and on SRC/g) is read by getfattr on MNT/g
     session.gio("set", "-t", "stringv", mnt / "g", "metadata::emblems", "a", "b")
     eventually(lambda: xattr_or_none(mnt / "g", "emblems"), b"a\0b\0", "gio set on MNT seen by getfattr")
@@ -563,3 +601,18 @@ def test_served_store_gio_on_the_mounts_paths_agrees_with_xattrs(gvfs_desktop, t
         assert session.activated_daemon_pid() is None  # every GIO write went through journalfs
     assert root_tree_paths(session, mnt) == {}
     assert new_session_reads(session, src / "f") == {"comment": "x"}
+
+
+def test_the_private_default_store_stays_out_of_gios_sight(gvfs_session, tmp_path, monkeypatch):  # noqa: F811
+    """Without --gvfs or a gvfs --store, the metadata lives in journalfs's own store, which
+    no GIO program reads or writes: GIO on MNT paths (and on SOURCE paths) has its own."""
+    session = gvfs_session
+    src, mnt = mount_paths_source(session, tmp_path, monkeypatch)
+    with mounted(src, mnt):
+        os.setxattr(mnt / "f", "user.metadata.comment", b"private")
+        session.gio_set(mnt / "g", "comment", "gio's own")
+        time.sleep(1.5)  # a report from gvfsd-metadata would have come by now
+        assert gio_on_both_sides(session, src, mnt, "f") == ({}, {})
+        assert xattr_or_none(mnt / "g", "comment") is None
+        assert os.getxattr(mnt / "f", "user.metadata.comment") == b"private"
+        assert "mount_paths" not in status_of(mnt)["service"]

@@ -687,6 +687,41 @@ async def _request_name(conn) -> bool:
     return reply.body[0] in (_PRIMARY_OWNER, _ALREADY_OWNER)
 
 
+class _Announcing:
+    """Another tree's MetaService, whose writes are announced (AttributeChanged) to GIO
+    listeners such as Nautilus, as gvfsd-metadata announces every write."""
+
+    def __init__(self, service, server: MetadataServer, tree_path: str):
+        self.service, self.server, self.tree = service, server, tree_path
+
+    async def get_all(self, path):
+        return await self.service.get_all(path)
+
+    async def subtree(self, root: str) -> dict:
+        from .mirror import subtree_of
+        return await subtree_of(self.service, root)
+
+    async def _announced(self, method: str, *args, paths: tuple) -> None:
+        await getattr(self.service, method)(*args)
+        for path in paths:
+            self.server.changed(self.tree, path)
+
+    async def set(self, path, key, value):
+        await self._announced("set", path, key, value, paths=(path,))
+
+    async def unset(self, path, key):
+        await self._announced("unset", path, key, paths=(path,))
+
+    async def remove(self, path):
+        await self._announced("remove", path, paths=(path,))
+
+    async def copy(self, src, dst):
+        await self._announced("copy", src, dst, paths=(dst,))
+
+    async def move(self, src, dst):
+        await self._announced("move", src, dst, paths=(src, dst))
+
+
 class SessionStoreBackend:
     """A mount's metadata on a gvfs store whose owner's session bus we reach: at start it
     claims `org.gtk.vfs.Metadata` and serves it (journalfs is the store's one writer), or,
@@ -768,7 +803,8 @@ class SessionStoreBackend:
         """The backend writing another tree of this store directory, through this store's
         one writer (call once :meth:`run` has started)."""
         if self.mode == "serve":
-            return await self._server.service_for_tree(tree_path)
+            service = await self._server.service_for_tree(tree_path)
+            return _Announcing(service, self._server, tree_path)
         return await self._active.open_tree(tree_path)
 
     async def watch_changes(self, changed, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -1,0 +1,67 @@
+"""Where GIO keeps the metadata of a mount's own paths, and how the mount's two places in a
+gvfs store map onto each other (journalfs/metastore/location.py, mirror.py). The behaviour
+with real GIO and gvfsd-metadata is in tests/test_fs_gio.py."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from journalfs.metastore.location import StoreLocation, mount_paths_location, resolve_store
+from journalfs.metastore.mirror import MountView
+
+pytestmark = pytest.mark.fast
+
+
+def test_mount_paths_live_in_the_root_tree_under_the_mountpoints_real_path(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / "mnt").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(home / "mnt", tmp_path / "link")
+    monkeypatch.setenv("HOME", str(home))
+    store = home / ".local" / "share" / "gvfs-metadata"
+    # under HOME, yet not the home directory's device: "root", absolute path
+    assert mount_paths_location(str(store), str(home / "mnt")) == \
+        StoreLocation(str(store / "root"), str(home / "mnt"))
+    # symlinks resolved, as GIO resolves them
+    assert mount_paths_location(str(store), str(tmp_path / "link")).prefix == str(home / "mnt")
+    assert mount_paths_location(str(store), str(tmp_path / "elsewhere")).prefix == str(tmp_path / "elsewhere")
+    # HOME inside the mount: GIO would split the mount's paths between two trees
+    assert mount_paths_location(str(store), str(home)) is None
+    assert mount_paths_location(str(store), str(tmp_path)) is None
+
+
+@pytest.mark.parametrize("prefix, path, rel", [
+    ("", "/a/b", "/a/b"), ("", "/", "/"), ("/docs", "/docs", "/"), ("/docs", "/docs/a", "/a"),
+    ("/docs", "/docsx/a", None), ("/docs", "/", None), ("/", "/a", "/a"),
+])
+def test_rel_path_inverts_store_path(prefix, path, rel):
+    location = StoreLocation("/s/home", prefix)
+    assert location.rel_path(path) == rel
+    if rel is not None:
+        assert location.store_path(rel) == path
+
+
+def test_a_source_paths_place_maps_to_the_mount_paths_place(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / "docs").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    store = home / ".local" / "share" / "gvfs-metadata"
+    source = resolve_store(str(home / "docs"), gvfs=True)
+    assert source == StoreLocation(str(store / "home"), "/docs")
+    view = MountView(source, mount_paths_location(str(store), "/mnt/q"))
+    assert view.to_mount("/docs/a/b") == "/mnt/q/a/b"
+    assert view.to_mount("/docs") == "/mnt/q"
+    assert view.to_mount("/other") is None
+    assert not view.overlaps()
+
+
+@pytest.mark.parametrize("source, mount, overlap", [
+    ("/data", "/mnt/q", False), ("/data", "/data/mnt", True), ("/data/sub", "/data", True),
+    ("/data", "/data", True), ("/data", "/datax", False), ("", "/mnt", True),
+])
+def test_places_that_nest_in_one_tree_are_not_mirrored(source, mount, overlap):
+    view = MountView(StoreLocation("/s/root", source), StoreLocation("/s/root", mount))
+    assert view.overlaps() is overlap
+    assert not MountView(StoreLocation("/s/home", source), StoreLocation("/s/root", mount)).overlaps()
