@@ -616,3 +616,30 @@ def test_the_private_default_store_stays_out_of_gios_sight(gvfs_session, tmp_pat
         assert xattr_or_none(mnt / "g", "comment") is None
         assert os.getxattr(mnt / "f", "user.metadata.comment") == b"private"
         assert "mount_paths" not in status_of(mnt)["service"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs: needs root")
+def test_source_under_home_on_another_filesystem_uses_gios_tree_for_it(gvfs_session, tmp_path, monkeypatch):  # noqa: F811
+    """GIO puts a file under $HOME in the "home" tree only on the home directory's own
+    device: SOURCE on a filesystem mounted under HOME (here a tmpfs, which udev does not
+    name) is in "root" at its absolute path, and so are the mount's writes for it."""
+    session = gvfs_session
+    disk = session.home / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "jfs-giomnt-test", str(disk)], check=True)
+    try:
+        src = disk / "docs"
+        src.mkdir()
+        (src / "f").write_text("f")
+        for key, value in session.env().items():
+            monkeypatch.setenv(key, value)
+        mnt = tmp_path / "mnt"
+        with mounted(src, mnt, "--gvfs"):
+            service = status_of(mnt)["service"]
+            assert service["tree"] == str(session.metadata_dir / "root")
+            os.setxattr(mnt / "f", "user.metadata.comment", b"on tmpfs")
+            assert gio_on_both_sides(session, src, mnt, "f") == ({"comment": "on tmpfs"},) * 2
+            session.gio_set(src / "f", "rating", "3")
+            eventually(lambda: xattr_or_none(mnt / "f", "rating"), b"3", "gio set on SRC seen by getfattr")
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)

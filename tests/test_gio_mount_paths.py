@@ -65,3 +65,29 @@ def test_places_that_nest_in_one_tree_are_not_mirrored(source, mount, overlap):
     view = MountView(StoreLocation("/s/root", source), StoreLocation("/s/root", mount))
     assert view.overlaps() is overlap
     assert not MountView(StoreLocation("/s/home", source), StoreLocation("/s/root", mount)).overlaps()
+
+
+def test_a_block_device_udev_names_gets_its_own_tree_relative_to_its_mountpoint(tmp_path, monkeypatch):
+    """As gvfsd-metadata's GetTreeFromDevice answers from udev, and GIO then keeps paths
+    relative to that filesystem's mountpoint ("/" itself falls back to "root")."""
+    from journalfs.metastore import location
+    source = tmp_path / "data" / "docs"
+    source.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(tmp_path / "nohome"))
+    dev = os.stat(source).st_dev
+    udev = tmp_path / "udev"
+    udev.mkdir()
+    (udev / f"b{os.major(dev)}:{os.minor(dev)}").write_bytes(
+        b"S:disk/by-uuid/x\nE:ID_FS_TYPE=ext4\nE:ID_FS_UUID_ENC=1234-ABCD\nE:ID_FS_LABEL_ENC=data\n")
+    monkeypatch.setattr(location, "UDEV_DATA", str(udev))
+    assert location.tree_for_device(os.major(dev), os.minor(dev)) == "uuid-1234-ABCD"
+    mountpoint = str(tmp_path / "data")
+    monkeypatch.setattr(location, "_mountpoint_of", lambda real, device: mountpoint)
+    got = location.gio_location("/s", str(source))
+    assert got == StoreLocation("/s/uuid-1234-ABCD", "/docs")
+    monkeypatch.setattr(location, "_mount_root", lambda m: "/exported")  # a bind mount's root
+    assert location.gio_location("/s", str(source)).prefix == "/exported/docs"
+    monkeypatch.setattr(location, "_mountpoint_of", lambda real, device: "/")
+    assert location.gio_location("/s", str(source)) == StoreLocation("/s/root", str(source))
+    (udev / f"b{os.major(dev)}:{os.minor(dev)}").write_bytes(b"E:ID_FS_TYPE=tmpfs\n")
+    assert location.tree_for_device(os.major(dev), os.minor(dev)) == ""

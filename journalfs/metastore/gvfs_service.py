@@ -37,6 +37,7 @@ from ..formats.gvfs_journal import JOURNAL_SUFFIX
 from ..journals import BACKUP_MARK
 from .files import LOCK_SUFFIX
 from .gvfsd import BUS_NAME, METADATA, REPLY_TIMEOUT, GvfsdBackend, GvfsdUnavailable, StoreBusError
+from .location import tree_for_device
 from .service import MetaService
 
 log = logging.getLogger("journalfs.metastore")
@@ -403,24 +404,6 @@ class GuardedMetaService(MetaService):
 
 
 # ---- serving org.gtk.vfs.Metadata ----------------------------------------------------
-def tree_for_device(major: int, minor: int) -> str:
-    """gvfs's tree name for a block device: uuid-<ID_FS_UUID_ENC>, else label-<ID_FS_LABEL_ENC>,
-    as udev recorded them; "" when udev knows neither (GIO then uses the mount's own tree)."""
-    props = {}
-    try:
-        with open(f"/run/udev/data/b{major}:{minor}", "rb") as f:
-            for line in f:
-                if line.startswith(b"E:"):
-                    key, _, value = line[2:].rstrip(b"\n").partition(b"=")
-                    props[key] = value
-    except OSError:
-        return ""
-    for key, prefix in ((b"ID_FS_UUID_ENC", "uuid-"), (b"ID_FS_LABEL_ENC", "label-")):
-        if props.get(key):
-            return prefix + props[key].decode("utf-8", "replace")
-    return ""
-
-
 def _bytestring_arg(raw) -> str:
     """A GLib bytestring argument (``ay``, NUL-terminated) as a surrogateescape str."""
     raw = bytes(raw)
