@@ -163,6 +163,8 @@ def test_store_next_to_a_running_gvfsd_joins_it_and_loses_nothing(gvfs_desktop, 
         session.gio_set(src / "F", "k2", "v2")
         eventually(lambda: xattr_or_none(mnt / "F", "k2"), b"v2", "gio set seen through the mount")
         os.setxattr(mnt / "F", "user.metadata.k3", b"v3")
+        eventually(lambda: gio_on_both_sides(session, src, mnt, "F"), ({"k0": "v0", "k1": "v1", "k2": "v2", "k3": "v3"},) * 2,
+                   "GIO on the mount's path and on SOURCE's")
     assert session.activated_daemon_pid() == daemon, "the mount must leave gvfsd-metadata running"
     want = {"k0": "v0", "k1": "v1", "k2": "v2", "k3": "v3"}
     assert session.gio_metadata([src / "F"])[str(src / "F")] == want
@@ -643,3 +645,36 @@ def test_source_under_home_on_another_filesystem_uses_gios_tree_for_it(gvfs_sess
             eventually(lambda: xattr_or_none(mnt / "f", "rating"), b"3", "gio set on SRC seen by getfattr")
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_gio_on_both_sides_and_setfattr_at_once_end_equal_everywhere(gvfs_session, tmp_path, monkeypatch):  # noqa: F811
+    """GIO programs write MNT paths and SOURCE paths while setfattr writes through the mount,
+    each its own key of the same files: afterwards getfattr, GIO on MNT and GIO on SOURCE
+    all show every last value."""
+    session = gvfs_session
+    src, mnt = mount_paths_source(session, tmp_path, monkeypatch)
+    names = [f"c{i}" for i in range(8)]
+    for name in names:
+        (src / name).write_text(name)
+    rounds = 3
+    with mounted(src, mnt, "--gvfs") as m:
+        on_mnt = threading.Thread(target=session.gio_apply, args=(
+            [("set", mnt / n, "viamnt", f"m{r}-{n}") for r in range(rounds) for n in names],))
+        on_src = threading.Thread(target=session.gio_apply, args=(
+            [("set", src / n, "viasrc", f"s{r}-{n}") for r in range(rounds) for n in names],))
+        on_mnt.start()
+        on_src.start()
+        for r in range(rounds):
+            for n in names:
+                os.setxattr(mnt / n, "user.metadata.viafuse", f"f{r}-{n}".encode())
+        on_mnt.join(timeout=300)
+        on_src.join(timeout=300)
+        last = rounds - 1
+        want = {n: {"viamnt": f"m{last}-{n}", "viasrc": f"s{last}-{n}", "viafuse": f"f{last}-{n}"} for n in names}
+        eventually(lambda: {n: {k: os.getxattr(mnt / n, f"user.metadata.{k}").decode() for k in want[n]
+                                if xattr_or_none(mnt / n, k) is not None} for n in names}, want, "getfattr")
+        seen = lambda: session.gio_metadata([mnt / n for n in names] + [src / n for n in names])  # noqa: E731
+        eventually(seen, {**{str(mnt / n): want[n] for n in names}, **{str(src / n): want[n] for n in names}},
+                   "GIO on both sides")
+        assert status_of(mnt)["service"]["mount_paths"]["failures"] == 0
+        assert "WARNING" not in m.stderr()

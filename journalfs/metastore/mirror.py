@@ -22,6 +22,7 @@ MNT/f has to be written at MNT/f's place too. The rule (docs/gvfs.md):
   is removed (those paths are gone with the mount), so nothing stale resurfaces there."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -115,6 +116,44 @@ class _Bounded(OrderedDict):
             self.popitem(last=False)
 
 
+class _Gate:
+    """Writes through the mount may run together; a sync of reported changes runs alone
+    (it reads both places, then writes what it decided: a write in between would be undone)."""
+
+    def __init__(self):
+        self.writes = 0
+        self.syncing = False
+        self._no_writes = trio.Event()
+        self._no_writes.set()
+        self._no_sync = trio.Event()
+        self._no_sync.set()
+
+    @contextlib.asynccontextmanager
+    async def write(self):
+        while self.syncing:
+            await self._no_sync.wait()
+        self.writes += 1
+        self._no_writes = trio.Event() if self.writes == 1 else self._no_writes
+        try:
+            yield
+        finally:
+            self.writes -= 1
+            if not self.writes:
+                self._no_writes.set()
+
+    @contextlib.asynccontextmanager
+    async def sync(self):
+        while self.syncing or self.writes:
+            await (self._no_sync if self.syncing else self._no_writes).wait()
+        self.syncing = True
+        self._no_sync = trio.Event()
+        try:
+            yield
+        finally:
+            self.syncing = False
+            self._no_sync.set()
+
+
 class MirroredBackend:
     """The mount's metadata backend for a shared gvfs store: ``primary`` (GvfsdBackend or
     SessionStoreBackend) serves the SOURCE-path place, and the mount's place is kept equal
@@ -136,11 +175,13 @@ class MirroredBackend:
         # complete: every key is listed, so one not listed was absent in both
         self._agreed = _Bounded(AGREED_PATHS)
         self._protected = _Bounded(AGREED_PATHS)  # rel -> (until, old name?)
-        self._echoes = _Bounded(AGREED_PATHS)  # rel -> until: keys written through the mount
+        # (side, rel) -> until: journalfs wrote there itself; a report of it is an echo
+        self._echoes = _Bounded(AGREED_PATHS)
         self._trees = {name: tree for tree in (view.source.tree_path, view.mount.tree_path)
                        for name in (tree, os.path.realpath(tree))}
         self._primary_scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
+        self._gate = _Gate()
         self.mirrored = 0
         self.synced = 0
         self.failures = 0
@@ -200,30 +241,38 @@ class MirroredBackend:
 
     # -- writes through the mount: both places
     async def set(self, path, key, value):
-        result = await self.primary.set(path, key, value)
-        self._agree(path, {key: value}, echo=True)
-        await self._mirrored("set", path, key, value)
+        async with self._gate.write():
+            result = await self.primary.set(path, key, value)
+            self._agree(path, {key: value}, echo=True)
+            await self._mirrored("set", path, key, value)
         return result
 
     async def unset(self, path, key):
-        result = await self.primary.unset(path, key)
-        self._agree(path, {key: None}, echo=True)
-        await self._mirrored("unset", path, key)
+        async with self._gate.write():
+            result = await self.primary.unset(path, key)
+            self._agree(path, {key: None}, echo=True)
+            await self._mirrored("unset", path, key)
         return result
 
     async def remove(self, path):
-        result = await self.primary.remove(path)
-        self._forget(path)
-        await self._mirrored("remove", path)
+        async with self._gate.write():
+            result = await self.primary.remove(path)
+            self._forget(path)
+            await self._mirrored("remove", path)
         return result
 
     async def copy(self, src, dst):
-        result = await self.primary.copy(src, dst)
-        self._forget(dst)
-        await self._mirrored("copy", src, dst)
+        async with self._gate.write():
+            result = await self.primary.copy(src, dst)
+            self._forget(dst)
+            await self._mirrored("copy", src, dst)
         return result
 
     async def move(self, src, dst):
+        async with self._gate.write():
+            return await self._move(src, dst)
+
+    async def _move(self, src, dst):
         result = await self.primary.move(src, dst)
         self._forget(src)
         self._forget(dst)
@@ -267,10 +316,15 @@ class MirroredBackend:
         if rel is not None:
             self._remember(rel, changes, complete)
             if echo:
-                self._echoes.put(rel, time.monotonic() + ECHO_SECONDS)
+                self._wrote("source", rel)
+                self._wrote("mount", rel)
 
-    def _is_echo(self, rel: str) -> bool:
-        return self._echoes.pop(rel, 0.0) > time.monotonic()
+    def _wrote(self, side: str, rel: str) -> None:
+        self._echoes.put((side, rel), time.monotonic() + ECHO_SECONDS)
+
+    def _is_echo(self, side: str, rel: str) -> bool:
+        """The report of a change on ``side`` at ``rel`` may be of journalfs's own write."""
+        return self._echoes.pop((side, rel), 0.0) > time.monotonic()
 
     def _remember(self, rel: str, changes: dict, complete: bool = False) -> None:
         """Both places hold ``changes`` ({key: value, None = absent}) at ``rel`` now
@@ -327,7 +381,8 @@ class MirroredBackend:
             pending, self._pending = self._pending, {}
             for tree, path in pending:
                 try:
-                    await self._sync(tree, path)
+                    async with self._gate.sync():
+                        await self._sync(tree, path)
                 except Exception as exc:  # noqa: BLE001 -- never the end of the mount
                     self._failed(f"keeping {path} of {tree} equal in both places", exc)
 
@@ -348,7 +403,7 @@ class MirroredBackend:
                 # is that path's keys; another directory's or a vanished path's may be a
                 # Remove or Move of its subtree
                 if self._protection(rel) != "old" and (
-                        kind == "file" or (kind == "dir" and self._is_echo(rel))):
+                        kind == "file" or (kind == "dir" and ("source", rel) in self._echoes)):
                     await self._sync_keys(rel, "source")
                 else:
                     await self.sync_to_mount(rel)
@@ -368,20 +423,22 @@ class MirroredBackend:
         src_root, mnt_root = self.view.source.store_path(rel), self.view.mount.store_path(rel)
         wanted = await subtree_of(self.primary, src_root)
         have = await subtree_of(self.mirror, mnt_root)
-        if wanted == have:
-            return
-        self.synced += 1
-        if not wanted:
-            await self.mirror.remove(mnt_root)
-        else:
-            for rest in sorted(set(have) - set(wanted)):
+        if wanted != have:
+            self.synced += 1
+            if not wanted:
+                await self.mirror.remove(mnt_root)
+            for rest in sorted(set(have) - set(wanted)) if wanted else ():
                 await self.mirror.remove(_join(mnt_root, rest))
             for rest, keys in sorted(wanted.items()):
                 mine = have.get(rest, {})
                 changes = {k: v for k, v in keys.items() if mine.get(k) != v}
                 changes.update({k: None for k in mine if k not in keys})
-                await self._apply(self.mirror, _join(mnt_root, rest), changes)
-        self._agreed.pop(rel, None)
+                if changes:
+                    await self._apply(self.mirror, _join(mnt_root, rest), changes)
+                    self._wrote("mount", _join(rel, rest))
+        # both places agree on every path compared: the base of later comparisons
+        for rest in set(have) | set(wanted) | {""}:
+            self._remember(_join(rel, rest), wanted.get(rest, {}), complete=True)
 
     async def _sync_keys(self, rel: str, reported: str) -> None:
         """Make the keys of ``rel`` equal in both places after a change was reported on the
@@ -393,18 +450,24 @@ class MirroredBackend:
         if at_source == at_mount:
             self._remember(rel, at_source, complete=True)
             return
+        echo = self._is_echo(reported, rel)
+        other = "mount" if reported == "source" else "source"
         to_source, to_mount = {}, {}
         for key in set(at_source) | set(at_mount):
             here, there = at_source.get(key), at_mount.get(key)
             if here == there:
                 continue
-            winner = reported
             known, agreed = self._agreed_value(rel, key)
             if known:  # the side still holding the agreed value did not change
-                if here == agreed:
-                    winner = "mount"
-                elif there == agreed:
-                    winner = "source"
+                winner = "mount" if here == agreed else "source" if there == agreed else reported
+            elif echo:
+                # the report is of journalfs's own write, already in both places: the
+                # difference is a GIO write, on the other side (its report still to come)
+                # or folded into this report; a value is never dropped on a guess
+                theirs = there if reported == "source" else here
+                winner = other if theirs is not None else reported
+            else:
+                winner = reported
             if winner == "source":
                 to_mount[key] = here
             else:
@@ -414,6 +477,10 @@ class MirroredBackend:
             await self._apply(self.mirror, mnt, to_mount)
         if to_source:
             await self._apply(self.primary, src, to_source)
+        if to_mount:
+            self._wrote("mount", rel)
+        if to_source:
+            self._wrote("source", rel)
         final = {**at_source, **to_source}
         self._remember(rel, {k: v for k, v in final.items() if v is not None}, complete=True)
 
