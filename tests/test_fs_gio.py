@@ -540,8 +540,12 @@ def check_gio_and_xattrs_agree_on_mount_paths(session: GvfsSession, src: Path, m
                "gio move on SRC")
     os.rename(mnt / "dir", mnt / "dir2")  # a directory with metadata below it
     assert both("dir2/inner") == ({"k": "inner"},) * 2 and both("dir2") == ({"d": "dir"},) * 2
+    session.gio_set(mnt / "dir2" / "inner", "after", "rename")  # right after: kept
+    eventually(lambda: xattr_or_none(mnt / "dir2" / "inner", "after"), b"rename",
+               "gio set below a directory just renamed through the mount")
     session.gio_move(src / "dir2", src / "dir3")
-    eventually(lambda: both("dir3/inner"), ({"k": "inner"},) * 2, "gio move of a directory on SRC")
+    inner = {"k": "inner", "after": "rename"}
+    eventually(lambda: both("dir3/inner"), (inner,) * 2, "gio move of a directory on SRC")
     assert xattr_or_none(mnt / "dir3" / "inner", "k") == b"inner"
     for name in ("r1", "r2", "r3", "dir", "dir2"):  # old names: nothing stale resurfaces
         target = src / name
@@ -550,7 +554,7 @@ def check_gio_and_xattrs_agree_on_mount_paths(session: GvfsSession, src: Path, m
                "nothing stale at the old names")
     # the mount's place in the "root" tree holds exactly what the SOURCE paths hold
     want = {"/old.txt": {"before": "mount"}, "/f": {"comment": "x"}, "/r4": {"k": "moved"},
-            "/dir3": {"d": "dir"}, "/dir3/inner": {"k": "inner"}}
+            "/dir3": {"d": "dir"}, "/dir3/inner": inner}
     eventually(lambda: {p[len(str(mnt)):]: k for p, k in root_tree_paths(session, mnt).items()}, want,
                "GIO's place of the mount's paths")
 
@@ -588,7 +592,7 @@ def test_gvfs_mode_gio_on_the_mounts_paths_agrees_with_xattrs(gvfs_session, tmp_
     # ... and the SOURCE paths keep everything
     assert session.gio_metadata([src / "f", src / "r4", src / "dir3" / "inner"]) == {
         str(src / "f"): {"comment": "x"}, str(src / "r4"): {"k": "moved"},
-        str(src / "dir3" / "inner"): {"k": "inner"}}
+        str(src / "dir3" / "inner"): {"k": "inner", "after": "rename"}}
 
 
 def test_served_store_gio_on_the_mounts_paths_agrees_with_xattrs(gvfs_desktop, tmp_path, monkeypatch):  # noqa: F811

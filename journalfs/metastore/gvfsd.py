@@ -257,8 +257,12 @@ class GvfsdBackend:
         from jeepney.bus_messages import message_bus
         rule = MatchRule(type="signal", interface=METADATA.interface, member="AttributeChanged",
                          path=METADATA.object_path)
+        # the bus delivers only the name owner's signals (it resolves the name in the rule);
+        # locally the sender is that owner's unique name, so the filter leaves it out
+        from_owner = MatchRule(type="signal", sender=BUS_NAME, interface=METADATA.interface,
+                               member="AttributeChanged", path=METADATA.object_path)
         async with self._router.filter(rule, bufsize=4096) as signals:
-            _check_reply(await self._router.send_and_get_reply(message_bus.AddMatch(rule)), "AddMatch")
+            _check_reply(await self._router.send_and_get_reply(message_bus.AddMatch(from_owner)), "AddMatch")
             task_status.started()
             async for signal in signals:
                 if len(signal.body) == 2 and all(isinstance(x, str) for x in signal.body):

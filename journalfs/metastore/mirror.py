@@ -41,14 +41,14 @@ log = logging.getLogger("journalfs.metastore")
 RENAME_SETTLE = 2.0
 #: how long after a rename through the mount the SOURCE side wins on its two names and
 #: below them (the reports of the copy's writes come a second later)
-PROTECT_SECONDS = 5.0
+PROTECT_SECONDS = 10.0
 #: changes reported together are handled after this short pause, once each
 DEBOUNCE = 0.05
 #: paths whose last agreed keys are remembered (the least recently used are forgotten)
 AGREED_PATHS = 10_000
 #: a change reported this soon after journalfs wrote a key of a directory is taken for the
 #: report of that write (gvfsd-metadata reports a second later), not for a Move or Remove
-ECHO_SECONDS = 3.0
+ECHO_SECONDS = 10.0
 UNMOUNT_CLEANUP = 10.0
 
 
@@ -402,21 +402,25 @@ class MirroredBackend:
                 # a file's change, or the report of journalfs's own write on a directory,
                 # is that path's keys; another directory's or a vanished path's may be a
                 # Remove or Move of its subtree
-                if self._protection(rel) != "old" and (
-                        kind == "file" or (kind == "dir" and ("source", rel) in self._echoes)):
+                if self._protection(rel) == "old":
+                    await self.sync_to_mount(rel)
+                elif kind == "file" or (kind == "dir" and ("source", rel) in self._echoes):
                     await self._sync_keys(rel, "source")
                 else:
-                    await self.sync_to_mount(rel)
+                    await self._sync_subtree(rel)
                 return
         if tree == view.mount.tree_path:
             rel = view.mount.rel_path(path)
             if rel is None or await self._kind(rel) == "view":
                 return
             protection = self._protection(rel)
-            if protection == "old" or (protection == "new" and not await self.mirror.get_all(path)):
-                await self.sync_to_mount(rel)  # a late Move of GIO's emptied a new name
-            else:  # right after a rename, reports of the copy's own writes: SOURCE wins
-                await self._sync_keys(rel, "source" if protection else "mount")
+            if protection == "old" or (protection == "new" and (
+                    not await self.mirror.get_all(path) or await self._kind(rel) == "absent")):
+                # the old name; a new name a late Move of GIO's emptied; or the report of
+                # the rename's copy for a path gone from SOURCE since
+                await self.sync_to_mount(rel)
+            else:
+                await self._sync_keys(rel, "mount")
 
     async def sync_to_mount(self, rel: str) -> None:
         """Make the mount's place of ``rel`` and below equal to the SOURCE-path place."""
@@ -440,17 +444,44 @@ class MirroredBackend:
         for rest in set(have) | set(wanted) | {""}:
             self._remember(_join(rel, rest), wanted.get(rest, {}), complete=True)
 
+    async def _sync_subtree(self, rel: str) -> None:
+        """A change reported on a SOURCE directory or a vanished SOURCE path, which may be a
+        Remove or Move of a subtree behind the mount: paths below ``rel`` the mount's place
+        has and SOURCE no longer has are removed there; every other path that differs is
+        merged key by key (:meth:`_merge`)."""
+        src_root, mnt_root = self.view.source.store_path(rel), self.view.mount.store_path(rel)
+        wanted = await subtree_of(self.primary, src_root)
+        have = await subtree_of(self.mirror, mnt_root)
+        for rest in sorted(set(have) | set(wanted)):
+            at_source, at_mount = wanted.get(rest, {}), have.get(rest, {})
+            path = _join(rel, rest)
+            if at_source == at_mount:
+                self._remember(path, at_source, complete=True)
+            elif not at_source and await self._kind(path) == "absent":
+                self.synced += 1
+                await self.mirror.remove(_join(mnt_root, rest))
+                self._wrote("mount", path)
+                self._remember(path, {}, complete=True)
+            else:
+                await self._merge(path, at_source, at_mount, "source")
+
     async def _sync_keys(self, rel: str, reported: str) -> None:
         """Make the keys of ``rel`` equal in both places after a change was reported on the
-        ``reported`` side ("source" or "mount"). Per key that differs: where one side still
-        holds the value both held when journalfs last wrote or compared them, the other side
-        changed since and wins; without that memory, the reported side wins."""
+        ``reported`` side ("source" or "mount")."""
         src, mnt = self.view.source.store_path(rel), self.view.mount.store_path(rel)
         at_source, at_mount = await self.primary.get_all(src), await self.mirror.get_all(mnt)
         if at_source == at_mount:
             self._remember(rel, at_source, complete=True)
             return
-        echo = self._is_echo(reported, rel)
+        await self._merge(rel, at_source, at_mount, reported)
+
+    async def _merge(self, rel: str, at_source: dict, at_mount: dict, reported: str) -> None:
+        """Per key that differs: where one side still holds the value both held when
+        journalfs last wrote or compared them, the other side changed since and wins;
+        without that memory, the reported side wins -- unless the report is of journalfs's
+        own write (or of a rename's copy), which never drops a value on a guess."""
+        src, mnt = self.view.source.store_path(rel), self.view.mount.store_path(rel)
+        echo = self._is_echo(reported, rel) or self._protection(rel) == "new"
         other = "mount" if reported == "source" else "source"
         to_source, to_mount = {}, {}
         for key in set(at_source) | set(at_mount):
