@@ -16,6 +16,7 @@ open with success, so the reply alone proves nothing.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import threading
 from pathlib import Path
@@ -261,7 +262,10 @@ class GvfsdBackend:
         # locally the sender is that owner's unique name, so the filter leaves it out
         from_owner = MatchRule(type="signal", sender=BUS_NAME, interface=METADATA.interface,
                                member="AttributeChanged", path=METADATA.object_path)
-        async with self._router.filter(rule, bufsize=4096) as signals:
+        # unbounded: the router drops what a full channel cannot take, and a lost report is
+        # a change never copied; this loop only hands each signal over, so it keeps up
+        send, signals = trio.open_memory_channel(math.inf)
+        async with self._router.filter(rule, channel=send), signals:
             _check_reply(await self._router.send_and_get_reply(message_bus.AddMatch(from_owner)), "AddMatch")
             task_status.started()
             async for signal in signals:
