@@ -682,3 +682,19 @@ def test_gio_on_both_sides_and_setfattr_at_once_end_equal_everywhere(gvfs_sessio
                    "GIO on both sides")
         assert status_of(mnt)["service"]["mount_paths"]["failures"] == 0
         assert "WARNING" not in m.stderr()
+
+
+def test_a_broken_tree_for_the_mounts_paths_never_fails_a_syscall(gvfs_session, tmp_path, monkeypatch):  # noqa: F811
+    """GIO's "root" tree cannot be written (here: a directory stands in its place): setfattr,
+    getfattr and GIO on SOURCE paths work as before; the failure is logged and in status.json."""
+    session = gvfs_session
+    src, mnt = mount_paths_source(session, tmp_path, monkeypatch)
+    (session.metadata_dir / "root").mkdir()
+    with mounted(src, mnt, "--gvfs") as m:
+        for n in range(3):
+            os.setxattr(mnt / "f", "user.metadata.comment", f"still works {n}".encode())
+        assert os.getxattr(mnt / "f", "user.metadata.comment") == b"still works 2"
+        assert session.gio_metadata([src / "f"]) == {str(src / "f"): {"comment": "still works 2"}}
+        kept = status_of(mnt)["service"]["mount_paths"]
+        assert kept["failures"] >= 1 and kept["paused"] and "root" in kept["last_error"], kept
+        assert "GIO's metadata of the mount's paths" in m.stderr()

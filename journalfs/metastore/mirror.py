@@ -50,6 +50,9 @@ AGREED_PATHS = 10_000
 #: report of that write (gvfsd-metadata reports a second later), not for a Move or Remove
 ECHO_SECONDS = 10.0
 UNMOUNT_CLEANUP = 10.0
+#: after a failed write in the mount's place, writes there pause this long (no syscall waits
+#: on a broken tree), then everything is compared again
+PAUSE_AFTER_FAILURE = 60.0
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,7 @@ class MirroredBackend:
         self._primary_scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
         self._gate = _Gate()
+        self._paused_until = 0.0
         self.mirrored = 0
         self.synced = 0
         self.failures = 0
@@ -243,28 +247,32 @@ class MirroredBackend:
     async def set(self, path, key, value):
         async with self._gate.write():
             result = await self.primary.set(path, key, value)
-            self._agree(path, {key: value}, echo=True)
-            await self._mirrored("set", path, key, value)
+            if await self._mirrored("set", path, key, value):
+                self._agree(path, {key: value}, echo=True)
+            else:  # the places differ: no claim they agree
+                self._forget(path)
         return result
 
     async def unset(self, path, key):
         async with self._gate.write():
             result = await self.primary.unset(path, key)
-            self._agree(path, {key: None}, echo=True)
-            await self._mirrored("unset", path, key)
+            if await self._mirrored("unset", path, key):
+                self._agree(path, {key: None}, echo=True)
+            else:
+                self._forget(path)
         return result
 
     async def remove(self, path):
         async with self._gate.write():
             result = await self.primary.remove(path)
-            self._forget(path)
+            self._forget(path, below=True)
             await self._mirrored("remove", path)
         return result
 
     async def copy(self, src, dst):
         async with self._gate.write():
             result = await self.primary.copy(src, dst)
-            self._forget(dst)
+            self._forget(dst, below=True)
             await self._mirrored("copy", src, dst)
         return result
 
@@ -274,11 +282,10 @@ class MirroredBackend:
 
     async def _move(self, src, dst):
         result = await self.primary.move(src, dst)
-        self._forget(src)
-        self._forget(dst)
+        self._forget(src, below=True)
+        self._forget(dst, below=True)
         # copy, not move: GIO's own Move of the MNT paths follows (see the module doc)
-        await self._mirrored("copy", src, dst)
-        if self.mirror is not None:
+        if await self._mirrored("copy", src, dst):
             self._agree(dst, await self.primary.get_all(dst), complete=True)
         for path, old in ((src, True), (dst, False)):
             rel = self.view.source.rel_path(path)
@@ -293,18 +300,29 @@ class MirroredBackend:
         await trio.sleep(RENAME_SETTLE)
         self._changed(self.view.source.tree_path, self.view.source.store_path(rel))
 
-    async def _mirrored(self, method: str, *args) -> None:
+    async def _mirrored(self, method: str, *args) -> bool:
+        """Make the same write in the mount's place; True when it is there."""
         if self.mirror is None:
-            return
+            return False
         count = 2 if method == "copy" else 1
         paths = [self.view.to_mount(p) for p in args[:count]]
-        if None in paths:
-            return
+        if None in paths or time.monotonic() < self._paused_until:
+            return False
         try:
             await getattr(self.mirror, method)(*paths, *args[count:])
-            self.mirrored += 1
         except (OSError, ValueError) as exc:
-            self._failed(f"{method} of {paths[0]} in GIO's metadata of the mount's paths", exc)
+            self._failed(f"{method} of {paths[0]} in GIO's metadata of the mount's paths "
+                         f"(paused for {PAUSE_AFTER_FAILURE:.0f} s)", exc)
+            self._paused_until = time.monotonic() + PAUSE_AFTER_FAILURE
+            if self._nursery is not None:
+                self._nursery.start_soon(self._compare_all_later)
+            return False
+        self.mirrored += 1
+        return True
+
+    async def _compare_all_later(self) -> None:
+        await trio.sleep(PAUSE_AFTER_FAILURE)
+        self._changed(self.view.source.tree_path, self.view.source.store_path("/"))
 
     def _failed(self, what: str, exc: BaseException) -> None:
         self.failures += 1
@@ -340,10 +358,16 @@ class MirroredBackend:
             return True, keys[key]
         return complete, None
 
-    def _forget(self, path: str) -> None:
+    def _forget(self, path: str, below: bool = False) -> None:
+        """No claim any more that both places agree on ``path`` (and below it)."""
         rel = self.view.source.rel_path(path)
-        if rel is not None:
-            self._agreed.pop(rel, None)
+        if rel is None:
+            return
+        self._agreed.pop(rel, None)
+        if below and self._agreed:
+            inside = "/" if rel == "/" else rel + "/"
+            for known in [p for p in self._agreed if p.startswith(inside)]:
+                del self._agreed[known]
 
     def _protection(self, rel: str) -> str | None:
         """"old", "new" or None: how a recent rename through the mount of ``rel`` or of a
@@ -535,5 +559,6 @@ class MirroredBackend:
         status["mount_paths"] = {
             "tree": self.view.mount.tree_path, "prefix": self.view.mount.prefix or "/",
             "kept": self.mirror is not None, "mirrored_writes": self.mirrored,
-            "synced_changes": self.synced, "failures": self.failures, "last_error": self.last_error}
+            "synced_changes": self.synced, "failures": self.failures, "last_error": self.last_error,
+            "paused": time.monotonic() < self._paused_until}
         return status
