@@ -91,3 +91,18 @@ def test_a_block_device_udev_names_gets_its_own_tree_relative_to_its_mountpoint(
     assert location.gio_location("/s", str(source)) == StoreLocation("/s/root", str(source))
     (udev / f"b{os.major(dev)}:{os.minor(dev)}").write_bytes(b"E:ID_FS_TYPE=tmpfs\n")
     assert location.tree_for_device(os.major(dev), os.minor(dev)) == ""
+
+
+def test_source_kind_looks_at_source_paths_without_following_symlinks(tmp_path):
+    from journalfs.fs.main import _source_kind
+    src = tmp_path / "src"
+    (src / "d" / "e").mkdir(parents=True)
+    (src / "d" / "f").write_text("f")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret").write_text("s")
+    os.symlink(tmp_path / "outside", src / "link")
+    kind = _source_kind(str(src))
+    assert [kind(p) for p in ("/", "/d", "/d/e", "/d/f", "/d/nope")] == ["dir", "dir", "dir", "file", "absent"]
+    assert kind("/link") == "file"  # the symlink itself
+    assert kind("/link/secret") == "absent"  # never looked up through it
+    assert kind("/.journalfs") == kind("/.journalfs/records/x") == "view"

@@ -437,19 +437,30 @@ def _open_metadata(config: MountConfig):
 def _source_kind(source: str) -> Callable[[str], str]:
     """What a mount-relative path is in SOURCE, for the metadata mirror of the mount's
     paths (run in a worker thread): "view" (the mount's own views), "dir", "file" or
-    "absent". Only a stat of the last component, never followed."""
+    "absent". Walked one directory at a time from SOURCE, never through a symlink."""
     from .views import VIEWS_NAME
 
     root = os.path.abspath(source)
     views = "/" + os.fsdecode(VIEWS_NAME)
+    nofollow_dir = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
     def kind(rel: str) -> str:
         if rel == views or rel.startswith(views + "/"):
             return "view"
+        *parents, name = [p for p in rel.split("/") if p] or [""]
         try:
-            st = os.lstat(root + rel if rel != "/" else root)
+            fd = os.open(root, nofollow_dir)
         except OSError:
             return "absent"
+        try:
+            for part in parents:
+                fd, parent = os.open(part, nofollow_dir, dir_fd=fd), fd
+                os.close(parent)
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False) if name else os.fstat(fd)
+        except OSError:
+            return "absent"
+        finally:
+            os.close(fd)
         return "dir" if stat.S_ISDIR(st.st_mode) else "file"
     return kind
 

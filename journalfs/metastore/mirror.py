@@ -50,6 +50,8 @@ AGREED_PATHS = 10_000
 #: report of that write (gvfsd-metadata reports a second later), not for a Move or Remove
 ECHO_SECONDS = 10.0
 UNMOUNT_CLEANUP = 10.0
+#: seconds a look at a SOURCE path may take before it counts as unknown
+KIND_TIMEOUT = 5.0
 #: after a failed write in the mount's place, writes there pause this long (no syscall waits
 #: on a broken tree), then everything is compared again
 PAUSE_AFTER_FAILURE = 60.0
@@ -413,7 +415,9 @@ class MirroredBackend:
     async def _kind(self, rel: str) -> str | None:
         if self.source_kind is None:
             return None
-        return await trio.to_thread.run_sync(self.source_kind, rel)
+        with trio.move_on_after(KIND_TIMEOUT):  # a hung filesystem in SOURCE: no answer
+            return await trio.to_thread.run_sync(self.source_kind, rel, abandon_on_cancel=True)
+        return None
 
     async def _sync(self, tree: str, path: str) -> None:
         view = self.view
