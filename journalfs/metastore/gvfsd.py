@@ -250,6 +250,11 @@ class GvfsdBackend:
         self._siblings.append(other)
         return other
 
+    def fresh(self) -> "GvfsdBackend":
+        """A new backend of the same tree and bus, with a connection of its own (not yet
+        running)."""
+        return GvfsdBackend(self.tree, bus=self._bus, visible_timeout=self._visible_timeout)
+
     async def watch_changes(self, changed: Callable[[str, str], None], *,
                             task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Call ``changed(tree file, path)`` for every AttributeChanged signal gvfsd-metadata

@@ -226,17 +226,33 @@ class MirroredBackend:
                     await trio.sleep_forever()
             finally:
                 self._nursery = None
-                with trio.CancelScope(shield=True), trio.move_on_after(UNMOUNT_CLEANUP):
-                    await self._remove_mount_place()
-                self._primary_scope.cancel()
+                try:
+                    with trio.CancelScope(shield=True), trio.move_on_after(UNMOUNT_CLEANUP):
+                        await self._remove_mount_place()
+                finally:
+                    self._primary_scope.cancel()
 
     async def _remove_mount_place(self) -> None:
         if self.mirror is None:
             return
+        place = self.view.mount.store_path("/")
         try:
-            await self.mirror.remove(self.view.mount.store_path("/"))
-        except (OSError, ValueError) as exc:
-            self._failed("could not clear GIO's metadata of the mount's paths at unmount", exc)
+            await self.mirror.remove(place)
+            return
+        except Exception as exc:  # noqa: BLE001 -- e.g. the shared bus connection is gone
+            failure = exc
+        fresh = getattr(self.mirror, "fresh", None)  # a backend of its own, if it has one
+        if fresh is not None:
+            backend = fresh()
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(backend.run)
+                    await backend.remove(place)
+                    nursery.cancel_scope.cancel()
+                return
+            except Exception as exc:  # noqa: BLE001
+                failure = exc
+        self._failed("could not clear GIO's metadata of the mount's paths at unmount", failure)
 
     # -- reads: the SOURCE-path place
     async def get(self, path, key):
