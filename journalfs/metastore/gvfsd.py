@@ -270,7 +270,9 @@ class GvfsdBackend:
         # unbounded: the router drops what a full channel cannot take, and a lost report is
         # a change never copied; this loop only hands each signal over, so it keeps up
         send, signals = trio.open_memory_channel(math.inf)
-        async with self._router.filter(rule, channel=send), signals:
+        # the filter goes first when leaving: a signal dispatched into a channel whose
+        # receiving end is closed would end the router's receiver (and the connection)
+        async with signals, self._router.filter(rule, channel=send):
             _check_reply(await self._router.send_and_get_reply(message_bus.AddMatch(from_owner)), "AddMatch")
             task_status.started()
             async for signal in signals:
