@@ -8,6 +8,7 @@ gvfsd-metadata, D-Bus-activated after unmount, carries on); without a bus it ref
 a running gvfsd-metadata, else takes the store and says so."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -162,6 +163,8 @@ def test_store_next_to_a_running_gvfsd_joins_it_and_loses_nothing(gvfs_desktop, 
         session.gio_set(src / "F", "k2", "v2")
         eventually(lambda: xattr_or_none(mnt / "F", "k2"), b"v2", "gio set seen through the mount")
         os.setxattr(mnt / "F", "user.metadata.k3", b"v3")
+        eventually(lambda: gio_on_both_sides(session, src, mnt, "F"), ({"k0": "v0", "k1": "v1", "k2": "v2", "k3": "v3"},) * 2,
+                   "GIO on the mount's path and on SOURCE's")
     assert session.activated_daemon_pid() == daemon, "the mount must leave gvfsd-metadata running"
     want = {"k0": "v0", "k1": "v1", "k2": "v2", "k3": "v3"}
     assert session.gio_metadata([src / "F"])[str(src / "F")] == want
@@ -226,7 +229,11 @@ def test_gio_programs_write_through_journalfs_while_the_mount_writes(gvfs_deskto
         assert os.getxattr(mnt / "moved" / "inner", "user.metadata.i") == b"inner"
         assert os.getxattr(mnt / "moved", "user.metadata.d") == b"dir"
         assert not (mnt / "dir").exists() and not (mnt / "f19").exists()
-        assert sorted(status_of(mnt)["service"]["gvfs_trees"]) == ["home"]
+        # "root": where GIO keeps the mount's own paths, kept equal by the mount
+        assert sorted(status_of(mnt)["service"]["gvfs_trees"]) == ["home", "root"]
+        eventually(lambda: session.gio_metadata([mnt / "f3", mnt / "moved" / "inner"]),
+                   {str(mnt / "f3"): {"gio": "g3-4", "fuse": "s3-4"}, str(mnt / "moved" / "inner"): {"i": "inner"}},
+                   "GIO on the mount's paths after concurrent writes from both sides")
     seen = session.gio_metadata([*files, src / "moved", src / "moved" / "inner"])
     assert seen[str(files[3])] == {"gio": "g3-4", "fuse": "s3-4"}
     assert seen[str(files[0])] == {"gio": "g0-4", "fuse": "s0-4", "list": ["a", "b c"]}
@@ -428,3 +435,266 @@ def test_a_gvfsd_started_with_replace_cannot_take_the_store_from_journalfs(gvfs_
         assert os.getxattr(mnt / "F", "user.metadata.after") == b"rival"
     session.gio_set(src / "F", "then", "gvfsd")  # activated once journalfs let go
     assert session.gio_metadata([src / "F"])[str(src / "F")] == {"after": "rival", "then": "gvfsd"}
+
+
+# ---- GIO on the mount's own paths (issue 27) -------------------------------------------------
+# GIO keeps the metadata of MNT/f -- a FUSE device, neither the home directory's device nor a
+# block device udev knows -- in the "root" tree under MNT's absolute path, not where SRC/f's
+# lives. The mount keeps that place equal to its own, both ways (journalfs/metastore/mirror.py).
+def root_tree_paths(session: GvfsSession, prefix: Path) -> dict:
+    """What the "root" tree holds at and below ``prefix``, read with journalfs's own reader."""
+    from journalfs.metastore.store import MetaStore
+    tree = session.metadata_dir / "root"
+    if not tree.exists():
+        return {}
+    store = MetaStore.open(str(tree), readonly=True, create=False)
+    try:
+        return {p: k for p, k in store.dump().items()
+                if k and (p == str(prefix) or p.startswith(f"{prefix}/"))}
+    finally:
+        store.close()
+
+
+def gio_on_both_sides(session: GvfsSession, src: Path, mnt: Path, rel: str) -> tuple[dict, dict]:
+    """(GIO's keys of MNT/rel, GIO's keys of SRC/rel): one GIO process reads both."""
+    seen = session.gio_metadata([mnt / rel, src / rel])
+    return seen.get(str(mnt / rel), {}), seen.get(str(src / rel), {})
+
+
+class _Signals:
+    def __init__(self, conn, signals):
+        self.conn, self.signals = conn, signals
+
+    def wait_for(self, body: tuple, timeout: float = 10.0) -> bool:
+        """True once an AttributeChanged signal with ``body`` (tree file, path) arrived."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                got = self.conn.recv_until_filtered(self.signals, timeout=deadline - time.monotonic())
+            except TimeoutError:
+                return False
+            if tuple(got.body) == body:
+                return True
+        return False
+
+
+@contextlib.contextmanager
+def attribute_changes(session: GvfsSession):
+    """AttributeChanged signals of org.gtk.vfs.Metadata on the session bus, as Nautilus
+    receives them."""
+    from jeepney.bus_messages import MatchRule, message_bus
+    from jeepney.io.blocking import open_dbus_connection
+    with open_dbus_connection(session.address) as conn:
+        rule = MatchRule(type="signal", interface="org.gtk.vfs.Metadata", member="AttributeChanged")
+        conn.send_and_get_reply(message_bus.AddMatch(rule), timeout=5)
+        with conn.filter(rule, bufsize=1000) as signals:
+            yield _Signals(conn, signals)
+
+
+def check_gio_and_xattrs_agree_on_mount_paths(session: GvfsSession, src: Path, mnt: Path,
+                                              m) -> None:
+    both = lambda rel: gio_on_both_sides(session, src, mnt, rel)  # noqa: E731
+    # what was there before the mount shows on the mount's paths too
+    eventually(lambda: both("old.txt"), ({"before": "mount"},) * 2, "metadata from before the mount")
+    # the issue's reproduction: setfattr on MNT/f, `gio info` on MNT/f and SRC/f ...
+    with attribute_changes(session) as changes:
+        os.setxattr(mnt / "f", "user.metadata.comment", b"x")
+        assert "metadata::comment: x" in session.gio("info", "-a", "metadata::*", mnt / "f")
+        assert both("f") == ({"comment": "x"},) * 2  # in both places before setfattr returned
+        # ... and GIO listeners (Nautilus) are told about MNT/f, in the tree they read it from
+        assert changes.wait_for((str(session.metadata_dir / "root"), str(mnt / "f")))
+    # `gio set` on MNT/g (and on SRC/g) is read by getfattr on MNT/g
+    session.gio("set", "-t", "stringv", mnt / "g", "metadata::emblems", "a", "b")
+    eventually(lambda: xattr_or_none(mnt / "g", "emblems"), b"a\0b\0", "gio set on MNT seen by getfattr")
+    session.gio_set(src / "g", "rating", "5")
+    eventually(lambda: xattr_or_none(mnt / "g", "rating"), b"5", "gio set on SRC seen by getfattr")
+    eventually(lambda: both("g"), ({"emblems": ["a", "b"], "rating": "5"},) * 2, "gio on SRC seen by gio on MNT")
+    session.gio_set(mnt / "g", "rating", None)
+    eventually(lambda: xattr_or_none(mnt / "g", "rating"), None, "gio unset on MNT seen by getfattr")
+    eventually(lambda: both("g"), ({"emblems": ["a", "b"]},) * 2, "gio unset on MNT seen by gio on SRC")
+    os.removexattr(mnt / "g", "user.metadata.emblems")
+    assert both("g") == ({}, {})
+
+    # removal: through the mount, by GIO on MNT, by GIO behind the mount's back on SRC
+    for name in ("rm1", "rm2", "rm3"):
+        os.setxattr(mnt / name, "user.metadata.k", name.encode())
+    os.unlink(mnt / "rm1")
+    session.gio_remove(mnt / "rm2")
+    session.gio_remove(src / "rm3")
+    for name in ("rm1", "rm2", "rm3"):
+        (src / name).write_text("a new file of the same name")
+    eventually(lambda: [both(n) for n in ("rm1", "rm2", "rm3")], [({}, {})] * 3, "removed metadata stays gone")
+    assert all(xattr_or_none(mnt / n, "k") is None for n in ("rm1", "rm2", "rm3"))
+
+    # rename: mv through the mount, `gio move` on MNT paths, `gio move` on SRC paths
+    os.setxattr(mnt / "r1", "user.metadata.k", b"moved")
+    os.setxattr(mnt / "dir" / "inner", "user.metadata.k", b"inner")
+    os.setxattr(mnt / "dir", "user.metadata.d", b"dir")
+    os.rename(mnt / "r1", mnt / "r2")
+    assert both("r2") == ({"k": "moved"},) * 2
+    session.gio_move(mnt / "r2", mnt / "r3")
+    eventually(lambda: (both("r3"), xattr_or_none(mnt / "r3", "k")), (({"k": "moved"},) * 2, b"moved"),
+               "gio move on MNT")
+    session.gio_move(src / "r3", src / "r4")
+    eventually(lambda: (both("r4"), xattr_or_none(mnt / "r4", "k")), (({"k": "moved"},) * 2, b"moved"),
+               "gio move on SRC")
+    os.rename(mnt / "dir", mnt / "dir2")  # a directory with metadata below it
+    assert both("dir2/inner") == ({"k": "inner"},) * 2 and both("dir2") == ({"d": "dir"},) * 2
+    session.gio_set(mnt / "dir2" / "inner", "after", "rename")  # right after: kept
+    eventually(lambda: xattr_or_none(mnt / "dir2" / "inner", "after"), b"rename",
+               "gio set below a directory just renamed through the mount")
+    session.gio_move(src / "dir2", src / "dir3")
+    inner = {"k": "inner", "after": "rename"}
+    eventually(lambda: both("dir3/inner"), (inner,) * 2, "gio move of a directory on SRC")
+    assert xattr_or_none(mnt / "dir3" / "inner", "k") == b"inner"
+    for name in ("r1", "r2", "r3", "dir", "dir2"):  # old names: nothing stale resurfaces
+        target = src / name
+        target.mkdir() if name.startswith("dir") else target.write_text("new")
+    eventually(lambda: [both(n) for n in ("r1", "r2", "r3", "dir", "dir2")], [({}, {})] * 5,
+               "nothing stale at the old names")
+    # the mount's place in the "root" tree holds exactly what the SOURCE paths hold
+    want = {"/old.txt": {"before": "mount"}, "/f": {"comment": "x"}, "/r4": {"k": "moved"},
+            "/dir3": {"d": "dir"}, "/dir3/inner": inner}
+    eventually(lambda: {p[len(str(mnt)):]: k for p, k in root_tree_paths(session, mnt).items()}, want,
+               "GIO's place of the mount's paths")
+
+    service = status_of(mnt)["service"]["mount_paths"]
+    assert service["kept"] and service["failures"] == 0, service
+    assert service["prefix"] == str(mnt) and service["tree"] == str(session.metadata_dir / "root")
+    log = m.stderr()
+    assert "WARNING" not in log and "ERROR" not in log and "Traceback" not in log, log
+
+
+def mount_paths_source(session: GvfsSession, tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    """SOURCE and MNT both under HOME: GIO still keeps MNT's paths in the "root" tree."""
+    src = session.home / "docs"
+    src.mkdir()
+    for name in ("f", "g", "old.txt", "rm1", "rm2", "rm3", "r1"):
+        (src / name).write_text(name)
+    (src / "dir").mkdir()
+    (src / "dir" / "inner").write_text("i")
+    for key, value in session.env().items():
+        monkeypatch.setenv(key, value)
+    mnt = session.home / "mnt"
+    mnt.mkdir()
+    return src, mnt
+
+
+def test_gvfs_mode_gio_on_the_mounts_paths_agrees_with_xattrs(gvfs_session, tmp_path, monkeypatch):  # noqa: F811
+    session = gvfs_session
+    src, mnt = mount_paths_source(session, tmp_path, monkeypatch)
+    session.gio_set(src / "old.txt", "before", "mount")
+    with mounted(src, mnt, "--gvfs") as m:
+        check_gio_and_xattrs_agree_on_mount_paths(session, src, mnt, m)
+    assert session.daemon_on_bus()
+    # the mount's paths are gone with it: nothing of them stays in the "root" tree ...
+    assert root_tree_paths(session, mnt) == {}
+    # ... and the SOURCE paths keep everything
+    assert session.gio_metadata([src / "f", src / "r4", src / "dir3" / "inner"]) == {
+        str(src / "f"): {"comment": "x"}, str(src / "r4"): {"k": "moved"},
+        str(src / "dir3" / "inner"): {"k": "inner", "after": "rename"}}
+
+
+def test_served_store_gio_on_the_mounts_paths_agrees_with_xattrs(gvfs_desktop, tmp_path, monkeypatch):  # noqa: F811
+    """The same with journalfs serving org.gtk.vfs.Metadata itself (--store, no gvfsd)."""
+    session = gvfs_desktop
+    src, mnt = mount_paths_source(session, tmp_path, monkeypatch)
+    session.gio_set(src / "old.txt", "before", "mount")
+    session.stop_activated_daemon()
+    with mounted(src, mnt, "--store", str(session.metadata_dir)) as m:
+        assert status_of(mnt)["service"]["store_mode"] == "serve"
+        check_gio_and_xattrs_agree_on_mount_paths(session, src, mnt, m)
+        assert session.activated_daemon_pid() is None  # every GIO write went through journalfs
+    assert root_tree_paths(session, mnt) == {}
+    assert new_session_reads(session, src / "f") == {"comment": "x"}
+
+
+def test_the_private_default_store_stays_out_of_gios_sight(gvfs_session, tmp_path, monkeypatch):  # noqa: F811
+    """Without --gvfs or a gvfs --store, the metadata lives in journalfs's own store, which
+    no GIO program reads or writes: GIO on MNT paths (and on SOURCE paths) has its own."""
+    session = gvfs_session
+    src, mnt = mount_paths_source(session, tmp_path, monkeypatch)
+    with mounted(src, mnt):
+        os.setxattr(mnt / "f", "user.metadata.comment", b"private")
+        session.gio_set(mnt / "g", "comment", "gio's own")
+        time.sleep(1.5)  # a report from gvfsd-metadata would have come by now
+        assert gio_on_both_sides(session, src, mnt, "f") == ({}, {})
+        assert xattr_or_none(mnt / "g", "comment") is None
+        assert os.getxattr(mnt / "f", "user.metadata.comment") == b"private"
+        assert "mount_paths" not in status_of(mnt)["service"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs: needs root")
+def test_source_under_home_on_another_filesystem_uses_gios_tree_for_it(gvfs_session, tmp_path, monkeypatch):  # noqa: F811
+    """GIO puts a file under $HOME in the "home" tree only on the home directory's own
+    device: SOURCE on a filesystem mounted under HOME (here a tmpfs, which udev does not
+    name) is in "root" at its absolute path, and so are the mount's writes for it."""
+    session = gvfs_session
+    disk = session.home / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "jfs-giomnt-test", str(disk)], check=True)
+    try:
+        src = disk / "docs"
+        src.mkdir()
+        (src / "f").write_text("f")
+        for key, value in session.env().items():
+            monkeypatch.setenv(key, value)
+        mnt = tmp_path / "mnt"
+        with mounted(src, mnt, "--gvfs"):
+            service = status_of(mnt)["service"]
+            assert service["tree"] == str(session.metadata_dir / "root")
+            os.setxattr(mnt / "f", "user.metadata.comment", b"on tmpfs")
+            assert gio_on_both_sides(session, src, mnt, "f") == ({"comment": "on tmpfs"},) * 2
+            session.gio_set(src / "f", "rating", "3")
+            eventually(lambda: xattr_or_none(mnt / "f", "rating"), b"3", "gio set on SRC seen by getfattr")
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_gio_on_both_sides_and_setfattr_at_once_end_equal_everywhere(gvfs_session, tmp_path, monkeypatch):  # noqa: F811
+    """GIO programs write MNT paths and SOURCE paths while setfattr writes through the mount,
+    each its own key of the same files: afterwards getfattr, GIO on MNT and GIO on SOURCE
+    all show every last value."""
+    session = gvfs_session
+    src, mnt = mount_paths_source(session, tmp_path, monkeypatch)
+    names = [f"c{i}" for i in range(8)]
+    for name in names:
+        (src / name).write_text(name)
+    rounds = 3
+    with mounted(src, mnt, "--gvfs") as m:
+        on_mnt = threading.Thread(target=session.gio_apply, args=(
+            [("set", mnt / n, "viamnt", f"m{r}-{n}") for r in range(rounds) for n in names],))
+        on_src = threading.Thread(target=session.gio_apply, args=(
+            [("set", src / n, "viasrc", f"s{r}-{n}") for r in range(rounds) for n in names],))
+        on_mnt.start()
+        on_src.start()
+        for r in range(rounds):
+            for n in names:
+                os.setxattr(mnt / n, "user.metadata.viafuse", f"f{r}-{n}".encode())
+        on_mnt.join(timeout=300)
+        on_src.join(timeout=300)
+        last = rounds - 1
+        want = {n: {"viamnt": f"m{last}-{n}", "viasrc": f"s{last}-{n}", "viafuse": f"f{last}-{n}"} for n in names}
+        eventually(lambda: {n: {k: os.getxattr(mnt / n, f"user.metadata.{k}").decode() for k in want[n]
+                                if xattr_or_none(mnt / n, k) is not None} for n in names}, want, "getfattr")
+        seen = lambda: session.gio_metadata([mnt / n for n in names] + [src / n for n in names])  # noqa: E731
+        eventually(seen, {**{str(mnt / n): want[n] for n in names}, **{str(src / n): want[n] for n in names}},
+                   "GIO on both sides")
+        assert status_of(mnt)["service"]["mount_paths"]["failures"] == 0
+        assert "WARNING" not in m.stderr()
+
+
+def test_a_broken_tree_for_the_mounts_paths_never_fails_a_syscall(gvfs_session, tmp_path, monkeypatch):  # noqa: F811
+    """GIO's "root" tree cannot be written (here: a directory stands in its place): setfattr,
+    getfattr and GIO on SOURCE paths work as before; the failure is logged and in status.json."""
+    session = gvfs_session
+    src, mnt = mount_paths_source(session, tmp_path, monkeypatch)
+    (session.metadata_dir / "root").mkdir()
+    with mounted(src, mnt, "--gvfs") as m:
+        for n in range(3):
+            os.setxattr(mnt / "f", "user.metadata.comment", f"still works {n}".encode())
+        assert os.getxattr(mnt / "f", "user.metadata.comment") == b"still works 2"
+        assert session.gio_metadata([src / "f"]) == {str(src / "f"): {"comment": "still works 2"}}
+        kept = status_of(mnt)["service"]["mount_paths"]
+        assert kept["failures"] >= 1 and kept["paused"] and "root" in kept["last_error"], kept
+        assert "GIO's metadata of the mount's paths" in m.stderr()

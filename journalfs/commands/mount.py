@@ -91,7 +91,7 @@ def add_parser(sub) -> None:
                         "~/.local/share/gvfs-metadata works)")
     p.add_argument("--gvfs", action="store_true",
                    help="share the running gvfsd-metadata of the user's session (Nautilus and "
-                        "gio see the same metadata, live)")
+                        "gio see the same metadata, live, on SOURCE's paths and on the mount's)")
     p.add_argument("--sync", choices=SYNC_MODES,
                    help="metadata durability: always = fdatasync before each call returns, "
                         "batch = within 1 s (default), none = at rotation and unmount")

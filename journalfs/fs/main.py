@@ -426,11 +426,44 @@ def _open_metadata(config: MountConfig):
     try:
         return open_metadata_backend(location.tree_path, shared_dir=config.store is not None,
                                      gvfs=config.gvfs, sync=config.sync, readonly=config.ro,
-                                     exclusive=config.exclusive_store), location
+                                     exclusive=config.exclusive_store, location=location,
+                                     mountpoint=resolved_mountpoint(config.mountpoint),
+                                     source_kind=_source_kind(config.source)), location
     except StoreBusError as exc:  # gvfs_service's own one-line refusal
         raise MountError(exc.strerror) from None
     except StoreLocked:
         raise MountError(store_in_use_message(location.tree_path, config.source)) from None
+
+
+def _source_kind(source: str) -> Callable[[str], str]:
+    """What a mount-relative path is in SOURCE, for the metadata mirror of the mount's
+    paths (run in a worker thread): "view" (the mount's own views), "dir", "file" or
+    "absent". Walked one directory at a time from SOURCE, never through a symlink."""
+    from .views import VIEWS_NAME
+
+    root = os.path.abspath(source)
+    views = "/" + os.fsdecode(VIEWS_NAME)
+    nofollow_dir = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+    def kind(rel: str) -> str:
+        if rel == views or rel.startswith(views + "/"):
+            return "view"
+        *parents, name = [p for p in rel.split("/") if p] or [""]
+        try:
+            fd = os.open(root, nofollow_dir)
+        except OSError:
+            return "absent"
+        try:
+            for part in parents:
+                fd, parent = os.open(part, nofollow_dir, dir_fd=fd), fd
+                os.close(parent)
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False) if name else os.fstat(fd)
+        except OSError:
+            return "absent"
+        finally:
+            os.close(fd)
+        return "dir" if stat.S_ISDIR(st.st_mode) else "file"
+    return kind
 
 
 def store_in_use_message(tree_path: str, source: str) -> str:

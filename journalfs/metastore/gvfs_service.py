@@ -37,6 +37,7 @@ from ..formats.gvfs_journal import JOURNAL_SUFFIX
 from ..journals import BACKUP_MARK
 from .files import LOCK_SUFFIX
 from .gvfsd import BUS_NAME, METADATA, REPLY_TIMEOUT, GvfsdBackend, GvfsdUnavailable, StoreBusError
+from .location import tree_for_device
 from .service import MetaService
 
 log = logging.getLogger("journalfs.metastore")
@@ -296,22 +297,49 @@ def decide(store_dir: str, *, exclusive: bool = False, quiet: bool = False) -> S
 
 
 def open_metadata_backend(tree_path: str, *, shared_dir: bool, gvfs: bool, sync: str,
-                          readonly: bool, exclusive: bool = False, bus: str | None = None):
+                          readonly: bool, exclusive: bool = False, bus: str | None = None,
+                          location=None, mountpoint: str | None = None, source_kind=None):
     """The metadata backend a mount serves xattrs from (all share MetaService's async API).
 
     ``shared_dir``: the store lives in a directory given by the user (``--store``), which a
-    gvfsd-metadata may also write; ``gvfs``: always join the running gvfsd-metadata."""
+    gvfsd-metadata may also write; ``gvfs``: always join the running gvfsd-metadata.
+    ``location`` (the SOURCE paths' StoreLocation) and ``mountpoint`` (resolved): when GIO
+    programs share the store, GIO's view of the mount's own paths is kept equal too
+    (:mod:`.mirror`; ``source_kind`` as MirroredBackend takes it)."""
     from .store import MetaStore
 
     if gvfs:
-        return GvfsdBackend(tree_path, bus=bus)
+        return _with_mount_paths(GvfsdBackend(tree_path, bus=bus), location, mountpoint,
+                                 readonly, source_kind)
     guard = StoreGuard("private")
     if shared_dir and not readonly:
         guard = decide(os.path.dirname(os.path.abspath(tree_path)), exclusive=exclusive)
         if guard.mode in ("serve", "join"):
-            return SessionStoreBackend(tree_path, guard.bus, sync=sync)
+            return _with_mount_paths(SessionStoreBackend(tree_path, guard.bus, sync=sync),
+                                     location, mountpoint, readonly, source_kind)
     store = MetaStore.open(tree_path, sync=sync, readonly=readonly)
     return GuardedMetaService(store, guard, sync=sync)
+
+
+def _with_mount_paths(backend, location, mountpoint: str | None, readonly: bool, source_kind):
+    """``backend`` wrapped so that GIO on the mount's paths sees what getfattr sees (and the
+    other way round), unless the mount is read-only or the two places cannot be told apart."""
+    from .location import mount_paths_location
+    from .mirror import MirroredBackend, MountView
+
+    if location is None or mountpoint is None or readonly:
+        return backend
+    mount_location = mount_paths_location(os.path.dirname(location.tree_path), mountpoint)
+    if mount_location is None:
+        log.warning("the home directory lies inside the mount %s: GIO's metadata of the "
+                    "mount's paths is not kept equal to the mount's", mountpoint)
+        return backend
+    view = MountView(location, mount_location)
+    if view.overlaps():
+        log.warning("SOURCE and the mountpoint %s nest inside each other: GIO's metadata of "
+                    "the mount's paths is not kept equal to the mount's", mountpoint)
+        return backend
+    return MirroredBackend(backend, view, source_kind)
 
 
 def refuse_if_gvfsd_writes(tree_path: str) -> None:
@@ -376,24 +404,6 @@ class GuardedMetaService(MetaService):
 
 
 # ---- serving org.gtk.vfs.Metadata ----------------------------------------------------
-def tree_for_device(major: int, minor: int) -> str:
-    """gvfs's tree name for a block device: uuid-<ID_FS_UUID_ENC>, else label-<ID_FS_LABEL_ENC>,
-    as udev recorded them; "" when udev knows neither (GIO then uses the mount's own tree)."""
-    props = {}
-    try:
-        with open(f"/run/udev/data/b{major}:{minor}", "rb") as f:
-            for line in f:
-                if line.startswith(b"E:"):
-                    key, _, value = line[2:].rstrip(b"\n").partition(b"=")
-                    props[key] = value
-    except OSError:
-        return ""
-    for key, prefix in ((b"ID_FS_UUID_ENC", "uuid-"), (b"ID_FS_LABEL_ENC", "label-")):
-        if props.get(key):
-            return prefix + props[key].decode("utf-8", "replace")
-    return ""
-
-
 def _bytestring_arg(raw) -> str:
     """A GLib bytestring argument (``ay``, NUL-terminated) as a surrogateescape str."""
     raw = bytes(raw)
@@ -436,6 +446,8 @@ class MetadataServer:
         self._signal_wanted = trio.Event()
         self.calls = 0
         self.signals = 0
+        #: called with (tree file, path) after each write a D-Bus client made (not the mount's)
+        self.listeners: list = []
 
     def tree_file(self, name: str) -> str:
         return os.path.join(self.store_dir, name)
@@ -520,6 +532,16 @@ class MetadataServer:
                 service = self.services.get(name) or await self._open_tree(name, path)
         return path, service
 
+    async def service_for_tree(self, tree_path: str):
+        """The MetaService writing another tree of our directory (opened as for a call)."""
+        return (await self._service_for(os.fsencode(tree_path) + b"\0"))[1]
+
+    def _client_wrote(self, tree: str, *paths: str) -> None:
+        for path in paths:
+            self.changed(tree, path)
+            for listener in self.listeners:
+                listener(tree, path)
+
     async def _open_tree(self, name: str, path: str):
         from .store import MetaStore
         try:
@@ -552,7 +574,7 @@ class MetadataServer:
                 failed = True
         if failed:
             raise _gio_error(_IO_FAILED, "Unable to set metadata key")
-        self.changed(tree, path)
+        self._client_wrote(tree, path)
         return None, ()
 
     async def _remove(self, message):
@@ -563,7 +585,7 @@ class MetadataServer:
             await service.remove(path)
         except (OSError, ValueError):
             raise _gio_error(_IO_FAILED, "Unable to remove metadata keys") from None
-        self.changed(tree, path)
+        self._client_wrote(tree, path)
         return None, ()
 
     async def _move(self, message):
@@ -574,8 +596,7 @@ class MetadataServer:
             await service.move(src, dst)  # COPY (replacing dst) + REMOVE, as gvfs journals it
         except (OSError, ValueError):
             raise _gio_error(_IO_FAILED, "Unable to move metadata keys") from None
-        self.changed(tree, src)
-        self.changed(tree, dst)
+        self._client_wrote(tree, src, dst)
         return None, ()
 
     async def _tree_from_device(self, message):
@@ -649,6 +670,41 @@ async def _request_name(conn) -> bool:
     return reply.body[0] in (_PRIMARY_OWNER, _ALREADY_OWNER)
 
 
+class _Announcing:
+    """Another tree's MetaService, whose writes are announced (AttributeChanged) to GIO
+    listeners such as Nautilus, as gvfsd-metadata announces every write."""
+
+    def __init__(self, service, server: MetadataServer, tree_path: str):
+        self.service, self.server, self.tree = service, server, tree_path
+
+    async def get_all(self, path):
+        return await self.service.get_all(path)
+
+    async def subtree(self, root: str) -> dict:
+        from .mirror import subtree_of
+        return await subtree_of(self.service, root)
+
+    async def _announced(self, method: str, *args, paths: tuple) -> None:
+        await getattr(self.service, method)(*args)
+        for path in paths:
+            self.server.changed(self.tree, path)
+
+    async def set(self, path, key, value):
+        await self._announced("set", path, key, value, paths=(path,))
+
+    async def unset(self, path, key):
+        await self._announced("unset", path, key, paths=(path,))
+
+    async def remove(self, path):
+        await self._announced("remove", path, paths=(path,))
+
+    async def copy(self, src, dst):
+        await self._announced("copy", src, dst, paths=(dst,))
+
+    async def move(self, src, dst):
+        await self._announced("move", src, dst, paths=(src, dst))
+
+
 class SessionStoreBackend:
     """A mount's metadata on a gvfs store whose owner's session bus we reach: at start it
     claims `org.gtk.vfs.Metadata` and serves it (journalfs is the store's one writer), or,
@@ -719,6 +775,31 @@ class SessionStoreBackend:
 
     async def get(self, path, key):
         return await self._active.get(path, key)
+
+    async def subtree(self, root: str) -> dict:
+        if self.mode != "serve":
+            return await self._active.subtree(root)
+        from .mirror import subtree_of
+        return await subtree_of(self._active, root)
+
+    async def open_tree(self, tree_path: str):
+        """The backend writing another tree of this store directory, through this store's
+        one writer (call once :meth:`run` has started)."""
+        if self.mode == "serve":
+            service = await self._server.service_for_tree(tree_path)
+            return _Announcing(service, self._server, tree_path)
+        return await self._active.open_tree(tree_path)
+
+    async def watch_changes(self, changed, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Call ``changed(tree file, path)`` after each write GIO programs make."""
+        if self.mode != "serve":
+            return await self._active.watch_changes(changed, task_status=task_status)
+        self._server.listeners.append(changed)
+        try:
+            task_status.started()
+            await trio.sleep_forever()
+        finally:
+            self._server.listeners.remove(changed)
 
     async def get_all(self, path):
         return await self._active.get_all(path)

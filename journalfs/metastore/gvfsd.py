@@ -16,6 +16,7 @@ open with success, so the reply alone proves nothing.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import threading
 from pathlib import Path
@@ -239,6 +240,44 @@ class GvfsdBackend:
         self._address = ""
         self._writes = 0
         self._store_status: dict = {}
+        self._siblings: list[GvfsdBackend] = []  # other trees written over our connection
+
+    async def open_tree(self, tree_path: str | os.PathLike) -> "GvfsdBackend":
+        """A backend for another tree of the same daemon, sharing this one's bus connection
+        and its one-write-at-a-time lock (call once :meth:`run` has started)."""
+        other = GvfsdBackend(tree_path, bus=self._bus, visible_timeout=self._visible_timeout)
+        other._router, other._address, other._write_lock = self._router, self._address, self._write_lock
+        self._siblings.append(other)
+        return other
+
+    def fresh(self) -> "GvfsdBackend":
+        """A new backend of the same tree and bus, with a connection of its own (not yet
+        running)."""
+        return GvfsdBackend(self.tree, bus=self._bus, visible_timeout=self._visible_timeout)
+
+    async def watch_changes(self, changed: Callable[[str, str], None], *,
+                            task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Call ``changed(tree file, path)`` for every AttributeChanged signal gvfsd-metadata
+        sends (once a second at most per path, after every Set, Remove and Move by anyone)."""
+        from jeepney import MatchRule
+        from jeepney.bus_messages import message_bus
+        rule = MatchRule(type="signal", interface=METADATA.interface, member="AttributeChanged",
+                         path=METADATA.object_path)
+        # the bus delivers only the name owner's signals (it resolves the name in the rule);
+        # locally the sender is that owner's unique name, so the filter leaves it out
+        from_owner = MatchRule(type="signal", sender=BUS_NAME, interface=METADATA.interface,
+                               member="AttributeChanged", path=METADATA.object_path)
+        # unbounded: the router drops what a full channel cannot take, and a lost report is
+        # a change never copied; this loop only hands each signal over, so it keeps up
+        send, signals = trio.open_memory_channel(math.inf)
+        # the filter goes first when leaving: a signal dispatched into a channel whose
+        # receiving end is closed would end the router's receiver (and the connection)
+        async with signals, self._router.filter(rule, channel=send):
+            _check_reply(await self._router.send_and_get_reply(message_bus.AddMatch(from_owner)), "AddMatch")
+            task_status.started()
+            async for signal in signals:
+                if len(signal.body) == 2 and all(isinstance(x, str) for x in signal.body):
+                    changed(*signal.body)
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Connect, check gvfsd-metadata is there (bus-activating it like GIO would),
@@ -260,6 +299,9 @@ class GvfsdBackend:
             raise _unreachable(self._address, exc) from None
         finally:
             self._view.close()
+            for sibling in self._siblings:
+                sibling._router = None
+                sibling._view.close()
         if failure:
             raise failure
 
@@ -309,6 +351,10 @@ class GvfsdBackend:
 
     async def get_all(self, path: str) -> dict[str, Value]:
         return await self._read(lambda view: view.get_all(path))
+
+    async def subtree(self, root: str) -> dict[str, dict[str, Value]]:
+        """{path below root ("" = root): keys} of every keyed path at or below ``root``."""
+        return await self._read(lambda view: view.subtree(root))
 
     # writes (return once the store files show them)
     async def _write(self, message: Message, what: str, seen: Callable[[_StoreView], bool]) -> None:
