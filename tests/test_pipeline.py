@@ -189,10 +189,11 @@ def test_cli_names_damage_skips_fsck_backups_and_refuses_to_overwrite(tmp_path, 
         list(read_file(str(src / "torn.1800000000000")))
     out = tmp_path / "out"
     proc = pipeline_cli(str(src), str(out))
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 3, proc.stderr[-2000:]  # damage found; the tables are written
     assert "damaged files" in proc.stderr and "Traceback" not in proc.stderr
     assert "journalfs pipeline: reading journals (3 files, " in proc.stderr  # a line per stage
-    assert "journalfs pipeline: writing transactions" in proc.stderr
+    # the derived tables of the formats found, side by side
+    assert "journalfs pipeline: writing queues, transactions\n" in proc.stderr
     assert f"damaged: {src / 'torn.1800000000000'}: at byte {damaged.value.offset}: " \
            f"{damaged.value.reason}" in proc.stderr.replace("\n", "")
     assert len(table(out, "_damage")) == 1
@@ -209,7 +210,7 @@ def test_cli_names_damage_skips_fsck_backups_and_refuses_to_overwrite(tmp_path, 
     backups = sorted(p.name for p in src.iterdir() if ".journalfs-backup-" in p.name)
     assert len(backups) == 2, fsck.stdout
     proc = pipeline_cli(str(src), str(out), "--overwrite")
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr[-2000:]  # no damage left
     assert len(table(out, "transactions")) == transactions  # not doubled by the backup
     sources = {Path(r["source"]).name for r in table(out, "records")}
     assert not any(".journalfs-backup-" in name for name in sources)
@@ -285,17 +286,48 @@ def test_cli_ctrl_c_stops_spark_and_exits_130(tmp_path):
         time.sleep(0.5)
 
 
-def test_input_without_journals_gives_empty_tables(spark, tmp_path):
+def test_input_without_journals_is_refused(spark, tmp_path):
+    from journalfs.spark.plan import NoJournalError
     src = tmp_path / "in"
     src.mkdir()
     (src / "readme.txt").write_text("not a journal")
+    with pytest.raises(NoJournalError, match="no journal found"):
+        run(spark, str(src), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_refuses_inputs_that_hold_no_journal_before_spark(tmp_path):
+    """`journalfs pipeline /etc/passwd OUT` and friends: one line, exit 1, before Spark
+    starts, OUTPUT untouched."""
+    src = tmp_path / "in"
+    (src / "sub").mkdir(parents=True)
+    (src / "readme.txt").write_text("not a journal")
+    (src / "sub" / "data.bin").write_bytes(bytes(100))
+    (src / "q.1700000000000.journalfs-backup-20260101T000000Z").write_bytes(
+        kestrel.build_writer_file([b"a"]))  # fsck's backups are not journals either
+    for argv, words in (
+            (("/etc/passwd",), "/etc/passwd: not a journal (supported formats: akka-data, "),
+            ((str(src),), f"{src}: no journal found (3 files looked at; supported formats: "),
+            ((f"file://{src}",), f"{src}: no journal found (3 files looked at"),
+            ((str(src / "nope"),), f"{src / 'nope'}: no such file or directory"),
+            ((f"file://{src}/nope",), f"file://{src}/nope: no such file or directory"),
+            (("hdfs://127.0.0.1:9/x",), "hdfs://127.0.0.1:9/x: unsupported URI scheme 'hdfs'"),
+            (("fiel:///tmp",), "fiel:///tmp: unsupported URI scheme 'fiel'"),
+            (("file://otherhost/tmp",), "a file:// URI names a host (otherhost)")):
+        proc = pipeline_cli(*argv, str(tmp_path / "out"), timeout=60)
+        assert proc.returncode == 1, (argv, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert proc.stderr.startswith("journalfs: pipeline: "), proc.stderr
+        assert words in proc.stderr, proc.stderr
+        assert not (tmp_path / "out").exists()
+
+
+def test_cli_reads_a_file_uri(tmp_path, records_corpus):
     out = tmp_path / "out"
-    summary = run(spark, str(src), str(out))
-    assert summary.rows == {"records": 0, "metadata": 0, "queues": 0, "persistence": 0,
-                            "transactions": 0, "_damage": 0}
-    for name in ("metadata", "queues", "persistence", "transactions", "_damage"):
-        assert (out / name / "_SUCCESS").exists()
-    assert pq.read_table(out / "queues").column_names == ["queue", "reader", "head", "tail", "pending"]
+    proc = pipeline_cli(f"file://{records_corpus}/db0.jrnl", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [r["source"] for r in table(out, "records")] == \
+        [str(records_corpus / "db0.jrnl")] * len(file_records(records_corpus / "db0.jrnl"))
 
 
 def _store_table(store: str, records: list[dict], journal: list[tuple] = ()):

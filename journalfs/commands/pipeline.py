@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from . import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
+from . import EXIT_DAMAGED, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
 from .parsing import examples
 
 #: Seconds to wait for a standalone master to accept a connection, and for executors.
@@ -96,21 +96,43 @@ def add_parser(sub):
 def run(args) -> int:
     try:
         output = check_paths(args.input, args.output, args.overwrite)
-        conf = spark_conf(args)
+        files = list_input(args.input)
+        conf = spark_conf(args, sum(f.size for f in files))
         if args.master and args.master.startswith("spark://"):
             check_master(args.master, args.master_timeout)
     except PipelineError as exc:
         print(f"journalfs: pipeline: {exc}", file=sys.stderr)
         return exc.code
-    return _run_spark(args, output, conf)
+    return _run_spark(args, output, conf, files)
+
+
+def list_input(input_path: str):
+    """The journals of INPUT, listed (by content) before Spark starts: an input holding none
+    is refused in one line rather than turned into empty tables."""
+    from ..spark.plan import NoJournalError, list_journals
+    try:
+        return list_journals(input_path, required=True)
+    except (NoJournalError, OSError, ValueError) as exc:
+        raise PipelineError(_reason(exc)) from None
+
+
+def _reason(exc: Exception) -> str:
+    """An error's text without "[Errno N]" (our own messages name the path already)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror if exc.filename is None and "/" in exc.strerror else \
+            f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    return str(exc)
 
 
 # -- checks before Spark starts ---------------------------------------------------------------
 
 def check_paths(input_path: str, output: str, overwrite: bool) -> str:
     """The absolute OUTPUT, after refusing what would fail later or lose data."""
-    if not os.path.exists(input_path):
-        raise PipelineError(f"{input_path}: no such file or directory")
+    from ..spark.plan import local_path
+    try:
+        input_path = local_path(input_path)
+    except (OSError, ValueError) as exc:
+        raise PipelineError(_reason(exc)) from None
     if not os.access(input_path, os.R_OK):
         raise PipelineError(f"{input_path}: permission denied")
     output = os.path.abspath(output)
@@ -145,8 +167,20 @@ def default_driver_memory() -> str:
     return f"{max(1, min(DEFAULT_DRIVER_GIB, total // 4 >> 30))}g"
 
 
-def spark_conf(args) -> dict[str, str]:
+#: Inputs below this are "short jobs": the JVMs' start-up and JIT warm-up cost more than the
+#: work, so only the C1 compiler and the serial GC, and few shuffle partitions.
+SMALL_INPUT_BYTES = 256 << 20
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def spark_conf(args, input_bytes: int = 0) -> dict[str, str]:
+    """Spark settings: journalfs's defaults for this input's size, then the user's."""
     conf = {"spark.driver.memory": args.driver_memory or default_driver_memory()}
+    if input_bytes < SMALL_INPUT_BYTES:
+        conf.update({"spark.driver.extraJavaOptions": QUICK_JVM,
+                     "spark.executor.extraJavaOptions": QUICK_JVM,
+                     "spark.sql.codegen.wholeStage": "false",
+                     "spark.sql.shuffle.partitions": "2"})
     if args.executor_memory:
         conf["spark.executor.memory"] = args.executor_memory
     conf.update(dict(args.conf))
@@ -179,7 +213,7 @@ def check_master(url: str, timeout: float) -> None:
 
 # -- running ------------------------------------------------------------------------------------
 
-def _run_spark(args, output: str, conf: dict[str, str]) -> int:
+def _run_spark(args, output: str, conf: dict[str, str], files=None) -> int:
     """Run the job with Spark's console output in a log file and SIGINT handled: Ctrl-C
     cancels the jobs, stops Spark and exits 130; nothing half-written is left in OUTPUT."""
     fd, log_path = tempfile.mkstemp(prefix="journalfs-pipeline-", suffix=".log")
@@ -199,13 +233,14 @@ def _run_spark(args, output: str, conf: dict[str, str]) -> int:
             signal.signal(signal.SIGTERM, _terminate)
             if args.master and not args.master.startswith("local"):
                 wait_for_executors(spark, args.master, args.master_timeout)
-            summary = run_pipeline(spark, args.input, partial, console)
+            summary = run_pipeline(spark, args.input, partial, console, files=files)
             _stop(spark)
             spark = None
             _swap_into_place(partial, output)
             summary.output = output
             print_summary(summary, console)
-            code = EXIT_OK
+            # the contract's exit status for damage; the tables are written all the same
+            code = EXIT_DAMAGED if summary.damaged_files else EXIT_OK
         except KeyboardInterrupt:
             code, message = EXIT_INTERRUPTED, "interrupted; Spark stopped, nothing written"
         except Terminated:
@@ -214,6 +249,8 @@ def _run_spark(args, output: str, conf: dict[str, str]) -> int:
             code, message = exc.code, str(exc)
         except Exception as exc:  # Spark/Java failures: one line here, the rest in the log
             message = f"{_first_line(exc)} (Spark's log: {log_path})"
+            with contextlib.suppress(Exception):  # fd 2 is Spark's log here: the whole story
+                os.write(2, f"journalfs: pipeline failed: {exc}\n".encode("utf-8", "replace"))
         finally:
             with _no_interrupts():
                 if spark is not None:
@@ -221,7 +258,7 @@ def _run_spark(args, output: str, conf: dict[str, str]) -> int:
                 shutil.rmtree(partial, ignore_errors=True)
     if message:
         print(f"journalfs: pipeline: {message}", file=sys.stderr)
-    if code in (EXIT_OK, EXIT_INTERRUPTED, EXIT_TERMINATED):
+    if code in (EXIT_OK, EXIT_DAMAGED, EXIT_INTERRUPTED, EXIT_TERMINATED):
         with contextlib.suppress(OSError):
             os.unlink(log_path)
     return code
@@ -257,6 +294,10 @@ def _swap_into_place(partial: str, output: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+#: What our own executor-side errors say (read.UnreadableSlice), found in Spark's wrapping.
+_OWN_ERROR = re.compile(r"journalfs: (cannot read [^\n]*)")
+
+
 def _first_line(exc: BaseException) -> str:
     java = getattr(exc, "java_exception", None)
     text = ""
@@ -264,6 +305,9 @@ def _first_line(exc: BaseException) -> str:
         with contextlib.suppress(Exception):
             text = str(java.toString())
     text = text or str(exc) or type(exc).__name__
+    own = _OWN_ERROR.search(str(exc)) or _OWN_ERROR.search(text)
+    if own:  # a task failed for a reason of ours (after Spark's retries): that reason
+        return own.group(1).strip()[:500]
     for line in text.splitlines():
         if line.strip():
             return line.strip()[:300]

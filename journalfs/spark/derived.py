@@ -21,6 +21,10 @@ from ..formats.kestrel import READER_SUFFIX, WRITER_SUFFIX, KestrelReader, Kestr
 
 WRITER, READER = KestrelWriter.name, KestrelReader.name
 
+#: The derived tables (functions of this module, in output order) and the formats each reads.
+TABLES = {"metadata": (GvfsTree.name, GvfsJournal.name), "queues": (WRITER, READER),
+          "persistence": (AkkaMeta.name, AkkaData.name), "transactions": (Jrnl.name,)}
+
 METADATA_DDL = "store string, path string, key string, value string, values array<string>"
 
 

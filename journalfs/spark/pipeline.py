@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .schema import DAMAGE_KIND
@@ -106,23 +107,27 @@ def _records_schema():
     return StructType(fields + [StructField("format", StringType(), True)])
 
 
-def run(spark, input_path: str, output: str, console=None) -> Summary:
+def run(spark, input_path: str, output: str, console=None, files=None) -> Summary:
+    """Write the tables of the journals under ``input_path`` (``files``: its listing, when
+    the caller made it already). An input holding no journal raises
+    :class:`~journalfs.spark.plan.NoJournalError`."""
     from pyspark.sql import functions as F
     from . import derived
-    from .plan import list_journals
+    from .plan import list_journals, local_path
     console = console or _console()
     output = os.path.abspath(output)
     records_dir = os.path.join(output, "records")
     damage_raw = os.path.join(output, "_damage_raw")
     summary = Summary(output=output)
-    listed = list_journals(input_path)
+    input_path = local_path(input_path)
+    listed = files if files is not None else list_journals(input_path, required=True)
     summary.files, summary.bytes = len(listed), sum(f.size for f in listed)
     with StageProgress(spark, console, summary.files, summary.bytes) as progress:
         progress.step(f"reading journals ({summary.files:,} files, {summary.bytes / 1e6:,.0f} MB)"
                       " -> records")
         df = spark.read.format("journal").option("includeDamage", "true") \
             .option("parallelism", str(spark.sparkContext.defaultParallelism)) \
-            .load(os.path.abspath(input_path))
+            .load(input_path)
         routed = df.withColumn("format", F.when(F.col("kind") == DAMAGE_KIND, F.lit(DAMAGE_KIND))
                                .otherwise(F.col("format")))
         routed.write.mode("overwrite").partitionBy("format").parquet(records_dir)
@@ -130,27 +135,53 @@ def run(spark, input_path: str, output: str, console=None) -> Summary:
         if os.path.isdir(os.path.join(records_dir, DAMAGE_PARTITION)):
             os.rename(os.path.join(records_dir, DAMAGE_PARTITION), damage_raw)
 
-        records = spark.read.schema(_records_schema()).parquet(records_dir)
-        tables = {"metadata": derived.metadata(records), "queues": derived.queues(records),
-                  "persistence": derived.persistence(records),
-                  "transactions": derived.transactions(records)}
-        for name, table in tables.items():
-            progress.step(f"writing {name}")
-            table.write.mode("overwrite").parquet(os.path.join(output, name))
-
-        progress.step("writing _damage")
-        damage = spark.createDataFrame([], "path string, offset long, reason string")
-        if os.path.isdir(damage_raw):
-            damage = spark.read.parquet(damage_raw).select(
-                F.col("source").alias("path"), "offset", F.col("attrs").getItem("reason").alias("reason"))
-        damage.write.mode("overwrite").parquet(os.path.join(output, "_damage"))
+        write_damage(damage_raw, os.path.join(output, "_damage"))
         shutil.rmtree(damage_raw, ignore_errors=True)
+
+        records = spark.read.schema(_records_schema()).parquet(records_dir)
+        present = {f.format for f in listed}
+        tables = {name: getattr(derived, name)(records) for name in derived.TABLES}
+        busy = [name for name in tables if present & set(derived.TABLES[name])]
+        progress.step("writing " + (", ".join(busy) or "empty tables"))
+        # small inputs: each job is mostly fixed driver-side latency (planning, codegen,
+        # scheduling), so the tables' jobs run side by side; a table none of whose formats
+        # was found is written empty without reading anything
+        with ThreadPoolExecutor(max_workers=max(1, len(busy))) as pool:
+            jobs = [pool.submit(_write_table, spark, tables[name], os.path.join(output, name),
+                                name in busy) for name in tables]
+            for job in jobs:
+                job.result()
 
     for name in ("records", *tables, "_damage"):
         summary.rows[name] = parquet_rows(os.path.join(output, name))
     summary.damaged_files = summary.rows["_damage"]  # one damage row per damaged file
     summary.damage = damage_rows(os.path.join(output, "_damage"))
     return summary
+
+
+def _write_table(spark, table, path: str, has_input: bool) -> None:
+    if not has_input:
+        table = spark.createDataFrame([], table.schema)
+    table.write.mode("overwrite").parquet(path)
+
+
+def write_damage(damage_raw: str, path: str) -> None:
+    """The ``_damage`` table (path, offset, reason; one row per damaged file) from the damage
+    rows the records' pass set aside: a few rows, written with pyarrow (no Spark job)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    schema = pa.schema([("path", pa.string()), ("offset", pa.int64()), ("reason", pa.string())])
+    if os.path.isdir(damage_raw):
+        raw = pq.read_table(damage_raw, columns=["source", "offset", "attrs"])
+        table = pa.table([raw.column("source"), raw.column("offset"),
+                          pc.map_lookup(raw.column("attrs"), "reason", "first")], schema=schema)
+        table = table.sort_by([("path", "ascending"), ("offset", "ascending")])
+    else:
+        table = schema.empty_table()
+    os.makedirs(path, exist_ok=True)
+    pq.write_table(table, os.path.join(path, "part-00000.parquet"))
+    open(os.path.join(path, "_SUCCESS"), "wb").close()
 
 
 def damage_rows(path: str) -> list[tuple[str, int, str]]:

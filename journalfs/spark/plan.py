@@ -6,8 +6,10 @@ formats by arithmetic, variable-width formats at cached header-walk checkpoints
 """
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
+import re
 from dataclasses import dataclass, field
 
 from ..journals import is_backup_name, sniff_file
@@ -44,9 +46,46 @@ class Plan:
     groups: list[list[FileSlice]] = field(default_factory=list)
 
 
-def list_journals(root: str, recursive: bool = True, glob: str | None = None) -> list[JournalFile]:
-    """Every supported journal under ``root`` (a file or a directory), by content, sorted."""
-    root = os.path.abspath(root)
+#: URI schemes the data source and the pipeline read (``s3a`` is Hadoop's name for S3).
+LOCAL_SCHEMES = ("file",)
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+
+
+class NoJournalError(ValueError):
+    """An input that holds no journal (an error: an empty result would hide a wrong path)."""
+
+
+def local_path(location: str) -> str:
+    """The absolute local path of ``location`` (a path or a ``file://`` URI); a clear error
+    for a URI scheme journalfs cannot read and for a path that does not exist."""
+    given = location
+    m = _SCHEME.match(location)
+    if m and len(m.group(1)) > 1:  # "C:" is no scheme, but there are no drives here anyway
+        scheme = m.group(1).lower()
+        if scheme not in LOCAL_SCHEMES:
+            raise ValueError(f"{location}: unsupported URI scheme {scheme!r} (journalfs reads "
+                             "local paths and file:// URIs; a cluster's executors must see "
+                             "the same path)")
+        from urllib.parse import unquote, urlsplit
+        parts = urlsplit(location)
+        if parts.netloc not in ("", "localhost"):
+            raise ValueError(f"{location}: a file:// URI names a host ({parts.netloc}); "
+                             "write file:///PATH")
+        location = unquote(parts.path)
+    path = os.path.abspath(location)
+    if not os.path.lexists(path):
+        raise FileNotFoundError(errno.ENOENT, f"{given}: no such file or directory")
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, f"{given}: a dangling symbolic link")
+    return path
+
+
+def list_journals(root: str, recursive: bool = True, glob: str | None = None, *,
+                  required: bool = False) -> list[JournalFile]:
+    """Every supported journal under ``root`` (a file or a directory, a path or a
+    ``file://`` URI), by content, sorted. ``required``: raise :class:`NoJournalError`
+    (naming what was looked at) rather than return nothing."""
+    root = local_path(root)
     if os.path.isfile(root):
         candidates = [root]
     elif recursive:
@@ -72,7 +111,23 @@ def list_journals(root: str, recursive: bool = True, glob: str | None = None) ->
         except OSError:
             continue
         out.append(JournalFile(path, codec.name, size))
+    if required and not out:
+        raise NoJournalError(no_journal_message(root, candidates, glob))
     return out
+
+
+def no_journal_message(root: str, candidates: list[str], glob: str | None) -> str:
+    from ..formats import CODECS
+    formats = ", ".join(sorted(CODECS))
+    if candidates == [root]:
+        if not os.access(root, os.R_OK):
+            return f"{root}: permission denied"
+        return f"{root}: not a journal (supported formats: {formats})"
+    unreadable = sum(1 for c in candidates if not os.access(c, os.R_OK))
+    matching = f" matching {glob!r}" if glob else ""
+    return (f"{root}: no journal found ({len(candidates):,} files looked at{matching}"
+            f"{f', {unreadable:,} unreadable' if unreadable else ''}; supported formats: "
+            f"{formats})")
 
 
 def partner_files(f: JournalFile, files: list[JournalFile],

@@ -40,16 +40,26 @@ def _read_columns(codec, buf, sl: FileSlice, start, seq, batch_rows: int):
                                                             batch_rows)
 
 
+class UnreadableSlice(OSError):
+    """An executor cannot open a file the driver planned (not visible there, or gone):
+    the task fails, so Spark retries it and then fails the job, never a silent 0 rows."""
+
+
 def read_slice(sl: FileSlice, include_damage: bool, kinds: set | None,
                batch_rows: int) -> Iterator[pa.RecordBatch]:
     """Batches of the records of ``sl`` (its file mapped for the duration)."""
     try:
-        with mapped(sl.path) as buf:
-            yield from read_buffer(buf, sl, include_damage, kinds, batch_rows)
-    except OSError as exc:  # vanished or unreadable since planning
-        if include_damage and (kinds is None or DAMAGE_KIND in kinds):
-            yield damage_batch(sl.path, sl.format, sl.seq, sl.start or 0,
-                               f"cannot read: {exc.strerror or exc}")
+        cm = mapped(sl.path)
+        buf = cm.__enter__()
+    except OSError as exc:
+        import socket
+        raise UnreadableSlice(exc.errno, f"journalfs: cannot read {sl.path} on "
+                              f"{socket.gethostname()} (pid {os.getpid()}): "
+                              f"{exc.strerror or exc}; every executor must see the input at "
+                              "the path the driver listed") from None
+    with contextlib.ExitStack() as stack:
+        stack.push(cm)
+        yield from read_buffer(buf, sl, include_damage, kinds, batch_rows)
 
 
 #: Arrow bytes a batch aims at: rows per batch adapt to the records' size (payloads of up
