@@ -244,6 +244,7 @@ def test_cli_checks_paths_before_spark(tmp_path):
 def test_cli_unreachable_master_is_one_line_after_the_timeout(tmp_path):
     src = tmp_path / "in"
     src.mkdir()
+    (src / "q.1").write_bytes(kestrel.build_writer_file([b"a"]))
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -146,11 +146,17 @@ def run(spark, input_path: str, output: str, console=None, files=None) -> Summar
         # small inputs: each job is mostly fixed driver-side latency (planning, codegen,
         # scheduling), so the tables' jobs run side by side; a table none of whose formats
         # was found is written empty without reading anything
-        with ThreadPoolExecutor(max_workers=max(1, len(busy))) as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, len(busy)))
+        try:
             jobs = [pool.submit(_write_table, spark, tables[name], os.path.join(output, name),
                                 name in busy) for name in tables]
             for job in jobs:
                 job.result()
+        except BaseException:  # Ctrl-C or a failed table: the others must not run on
+            spark.sparkContext.cancelAllJobs()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     for name in ("records", *tables, "_damage"):
         summary.rows[name] = parquet_rows(os.path.join(output, name))
