@@ -295,7 +295,8 @@ def _swap_into_place(partial: str, output: str) -> None:
 
 
 #: What our own executor-side errors say (read.UnreadableSlice), found in Spark's wrapping.
-_OWN_ERROR = re.compile(r"journalfs: (cannot read [^\n]*)")
+#: (the exception's own line of the worker's traceback, not the source line quoted above it)
+_OWN_ERROR = re.compile(r"UnreadableSlice: (?:\[Errno \d+\] )?journalfs: (cannot read [^\n]*)")
 
 
 def _first_line(exc: BaseException) -> str:

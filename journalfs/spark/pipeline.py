@@ -140,7 +140,7 @@ def run(spark, input_path: str, output: str, console=None, files=None) -> Summar
 
         records = spark.read.schema(_records_schema()).parquet(records_dir)
         present = {f.format for f in listed}
-        tables = {name: getattr(derived, name)(records) for name in derived.TABLES}
+        tables = list(derived.TABLES)
         busy = [name for name in tables if present & set(derived.TABLES[name])]
         progress.step("writing " + (", ".join(busy) or "empty tables"))
         # small inputs: each job is mostly fixed driver-side latency (planning, codegen,
@@ -148,7 +148,7 @@ def run(spark, input_path: str, output: str, console=None, files=None) -> Summar
         # was found is written empty without reading anything
         pool = ThreadPoolExecutor(max_workers=max(1, len(busy)))
         try:
-            jobs = [pool.submit(_write_table, spark, tables[name], os.path.join(output, name),
+            jobs = [pool.submit(_write_table, spark, records, name, os.path.join(output, name),
                                 name in busy) for name in tables]
             for job in jobs:
                 job.result()
@@ -165,9 +165,12 @@ def run(spark, input_path: str, output: str, console=None, files=None) -> Summar
     return summary
 
 
-def _write_table(spark, table, path: str, has_input: bool) -> None:
-    if not has_input:
-        table = spark.createDataFrame([], table.schema)
+def _write_table(spark, records, name: str, path: str, has_input: bool) -> None:
+    """Derived table ``name`` from ``records``; written empty (its columns, no scan) when
+    none of its formats was found."""
+    from . import derived
+    table = getattr(derived, name)(records) if has_input else \
+        spark.createDataFrame([], derived.DDLS[name])
     table.write.mode("overwrite").parquet(path)
 
 
