@@ -110,8 +110,10 @@ def list_input(input_path: str):
     """The journals of INPUT, listed (by content) before Spark starts: an input holding none
     is refused in one line rather than turned into empty tables."""
     from ..spark.plan import NoJournalError, list_journals
+    from ..spark.storage import is_remote, s3_options
     try:
-        return list_journals(input_path, required=True)
+        return list_journals(input_path, required=True,
+                             storage=s3_options() if is_remote(input_path) else ())
     except (NoJournalError, OSError, ValueError) as exc:
         raise PipelineError(_reason(exc)) from None
 
@@ -129,11 +131,13 @@ def _reason(exc: Exception) -> str:
 def check_paths(input_path: str, output: str, overwrite: bool) -> str:
     """The absolute OUTPUT, after refusing what would fail later or lose data."""
     from ..spark.plan import local_path
+    from ..spark.storage import is_remote
+    remote = is_remote(input_path)
     try:
-        input_path = local_path(input_path)
+        input_path = input_path if remote else local_path(input_path)
     except (OSError, ValueError) as exc:
         raise PipelineError(_reason(exc)) from None
-    if not os.access(input_path, os.R_OK):
+    if not remote and not os.access(input_path, os.R_OK):
         raise PipelineError(f"{input_path}: permission denied")
     output = os.path.abspath(output)
     if os.path.exists(output) or os.path.islink(output):
@@ -143,7 +147,7 @@ def check_paths(input_path: str, output: str, overwrite: bool) -> str:
         if os.listdir(output) and not overwrite:
             raise PipelineError(f"{output}: already holds files (an earlier run?); pass "
                                 "--overwrite to replace them", EXIT_USAGE)
-        if _inside(os.path.realpath(input_path), os.path.realpath(output)):
+        if not remote and _inside(os.path.realpath(input_path), os.path.realpath(output)):
             raise PipelineError(f"{output}: holds the input; choose another OUTPUT", EXIT_USAGE)
     parent = os.path.dirname(output)
     if not os.path.isdir(parent):

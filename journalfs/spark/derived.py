@@ -281,9 +281,13 @@ def _tree_state(store: str | None, tree):
 
 def _tree_tag(tree_path: str) -> str | None:
     """The tree header's random_tag as the 8 hex digits journal names carry."""
+    from .storage import is_remote, read_head, s3_options
     try:
-        with open(tree_path, "rb") as f:
-            tag = header_tag(f.read(16))
+        if is_remote(tree_path):  # the settings of this process's environment
+            tag = header_tag(read_head(tree_path, 16, s3_options()))
+        else:
+            with open(tree_path, "rb") as f:
+                tag = header_tag(f.read(16))
     except OSError:
         return None
     return None if tag is None else f"{tag:08x}"

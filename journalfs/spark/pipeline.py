@@ -119,15 +119,18 @@ def run(spark, input_path: str, output: str, console=None, files=None) -> Summar
     records_dir = os.path.join(output, "records")
     damage_raw = os.path.join(output, "_damage_raw")
     summary = Summary(output=output)
-    input_path = local_path(input_path)
-    listed = files if files is not None else list_journals(input_path, required=True)
+    from .storage import is_remote, s3_options
+    storage = s3_options() if is_remote(input_path) else ()
+    input_path = input_path if storage else local_path(input_path)
+    listed = files if files is not None else list_journals(input_path, required=True,
+                                                           storage=storage)
     summary.files, summary.bytes = len(listed), sum(f.size for f in listed)
     with StageProgress(spark, console, summary.files, summary.bytes) as progress:
         progress.step(f"reading journals ({summary.files:,} files, {summary.bytes / 1e6:,.0f} MB)"
                       " -> records")
         df = spark.read.format("journal").option("includeDamage", "true") \
             .option("parallelism", str(spark.sparkContext.defaultParallelism)) \
-            .load(input_path)
+            .options(**dict(storage)).load(input_path)
         routed = df.withColumn("format", F.when(F.col("kind") == DAMAGE_KIND, F.lit(DAMAGE_KIND))
                                .otherwise(F.col("format")))
         routed.write.mode("overwrite").partitionBy("format").parquet(records_dir)

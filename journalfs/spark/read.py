@@ -9,11 +9,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..formats import CODECS, FormatError
-from ..journals import mapped
+from ..journals import HEAD_BYTES, mapped
 from ..pagecache import DroppingPages, PagePacer, Releaser
 from .convert import damage_batch, to_batch
 from .plan import FileSlice
 from .schema import DAMAGE_KIND
+from .storage import object_buffer
 
 
 def _keys_for(sl: FileSlice, buf):
@@ -27,7 +28,8 @@ def _keys_for(sl: FileSlice, buf):
         partners = {}
         for role, path in sl.partners:
             try:
-                partners[role] = stack.enter_context(mapped(path))
+                partners[role] = object_buffer(path, [(0, 1 << 62)], sl.storage) \
+                    if sl.storage else stack.enter_context(mapped(path))
             except OSError:  # vanished or unreadable since planning: no keys from it
                 pass
         return None, codec.key_resolver(buf, partners)
@@ -49,7 +51,10 @@ def read_slice(sl: FileSlice, include_damage: bool, kinds: set | None,
                batch_rows: int) -> Iterator[pa.RecordBatch]:
     """Batches of the records of ``sl`` (its file mapped for the duration)."""
     try:
-        cm = mapped(sl.path)
+        if sl.storage:  # an object: ranged reads of what the slice needs into a buffer
+            cm = contextlib.nullcontext(object_buffer(sl.path, slice_ranges(sl), sl.storage))
+        else:
+            cm = mapped(sl.path)
         buf = cm.__enter__()
     except OSError as exc:
         import socket
@@ -60,6 +65,14 @@ def read_slice(sl: FileSlice, include_damage: bool, kinds: set | None,
     with contextlib.ExitStack() as stack:
         stack.push(cm)
         yield from read_buffer(buf, sl, include_damage, kinds, batch_rows)
+
+
+def slice_ranges(sl: FileSlice) -> list[tuple[int, int]]:
+    """Byte ranges of an object a slice needs: all of it, or for a slice of a fixed-width
+    format (the only remote ones split) its header and its records."""
+    if sl.start is None:
+        return [(0, 1 << 62)]
+    return [(0, HEAD_BYTES), (sl.start, 1 << 62 if sl.stop is None else sl.stop)]
 
 
 #: Arrow bytes a batch aims at: rows per batch adapt to the records' size (payloads of up
