@@ -101,8 +101,16 @@ def test_pipeline_from_s3_gives_the_tables_of_a_local_run(s3, uploaded, tmp_path
     local = uploaded
     proc = pipeline(env, str(local), str(tmp_path / "local"))
     assert proc.returncode == 3, proc.stderr[-3000:]  # the corpus holds one damaged file
-    proc = pipeline(env, f"s3a://{BUCKET}/in", str(tmp_path / "remote"))
+    proc = pipeline(env, f"s3a://{BUCKET}/in", f"s3://{BUCKET}/out")  # from S3 to S3
     assert proc.returncode == 3, proc.stderr[-3000:]
+    again = pipeline(env, f"s3a://{BUCKET}/in", f"s3://{BUCKET}/out")
+    assert again.returncode == 2 and "already holds objects" in again.stderr, again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
+    proc = pipeline(env, f"s3a://{BUCKET}/in", f"s3://{BUCKET}/out", "--overwrite")
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    from pyarrow import fs
+    fs.copy_files(f"{BUCKET}/out", str(tmp_path / "remote"), source_filesystem=s3fs(s3[0]),
+                  destination_filesystem=fs.LocalFileSystem())
     for name in ("records", "metadata", "queues", "persistence", "transactions", "_damage"):
         assert rows(tmp_path / "remote", name, local) == rows(tmp_path / "local", name, local), name
     assert pq.read_table(tmp_path / "remote" / "records").num_rows > 200

@@ -74,8 +74,10 @@ def add_parser(sub):
                     "persistence, transactions and _damage as Parquet. Big journals are split "
                     "into byte ranges, so memory does not grow with file size.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("input", metavar="INPUT", help="a journal file or a directory of them")
-    p.add_argument("output", metavar="OUTPUT", help="directory for the Parquet tables")
+    p.add_argument("input", metavar="INPUT", help="a journal file or a directory of them (a path, "
+                   "file:// URI, or s3:// / s3a:// object or prefix)")
+    p.add_argument("output", metavar="OUTPUT", help="directory (or s3:// prefix) for the Parquet "
+                   "tables")
     p.add_argument("--master", default=None,
                    help="Spark master URL (default local[*]; e.g. spark://127.0.0.1:7077)")
     p.add_argument("--overwrite", action="store_true",
@@ -139,6 +141,8 @@ def check_paths(input_path: str, output: str, overwrite: bool) -> str:
         raise PipelineError(_reason(exc)) from None
     if not remote and not os.access(input_path, os.R_OK):
         raise PipelineError(f"{input_path}: permission denied")
+    if is_remote(output):
+        return check_remote_output(output, overwrite)
     output = os.path.abspath(output)
     if os.path.exists(output) or os.path.islink(output):
         if not os.path.isdir(output) or os.path.islink(output):
@@ -155,6 +159,49 @@ def check_paths(input_path: str, output: str, overwrite: bool) -> str:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise PipelineError(f"{parent}: permission denied (cannot create {os.path.basename(output)})")
     return output
+
+
+def check_remote_output(output: str, overwrite: bool) -> str:
+    """An s3:// OUTPUT: its bucket must exist; a prefix that holds objects needs --overwrite."""
+    from pyarrow import fs
+    from ..spark.storage import s3_filesystem, s3_options, split_s3
+    try:
+        _scheme, bucket, key = split_s3(output)
+        if not key:
+            raise PipelineError(f"{output}: give a prefix inside the bucket (s3://BUCKET/PREFIX)",
+                                EXIT_USAGE)
+        remote = s3_filesystem(s3_options())
+        if remote.get_file_info(bucket).type == fs.FileType.NotFound:
+            raise PipelineError(f"{output}: no such bucket")
+        info = remote.get_file_info(f"{bucket}/{key}")
+        if info.type == fs.FileType.File:
+            raise PipelineError(f"{output}: an object, not a prefix; give a prefix for the "
+                                "tables", EXIT_USAGE)
+        if info.type == fs.FileType.Directory and not overwrite and remote.get_file_info(
+                fs.FileSelector(f"{bucket}/{key}", recursive=False)):
+            raise PipelineError(f"{output}: already holds objects (an earlier run?); pass "
+                                "--overwrite to replace them", EXIT_USAGE)
+    except (OSError, ValueError) as exc:
+        raise PipelineError(f"{output}: {_reason(exc)}") from None
+    return output
+
+
+def upload_tables(local: str, output: str) -> None:
+    """The finished tables (written locally by Spark) to an s3:// OUTPUT with pyarrow's
+    multi-threaded uploads, after removing what --overwrite allowed to replace. pyspark
+    ships no hadoop-aws, so Spark cannot write there itself."""
+    from pyarrow import fs
+    from ..spark.storage import s3_filesystem, s3_options, split_s3
+    _scheme, bucket, key = split_s3(output)
+    remote = s3_filesystem(s3_options())
+    if remote.get_file_info(f"{bucket}/{key}").type == fs.FileType.Directory:
+        remote.delete_dir_contents(f"{bucket}/{key}", missing_dir_ok=True)
+    for d, dirs, files in os.walk(local):  # Spark's checksum files stay behind
+        for name in files:
+            if name.startswith(".") and name.endswith(".crc"):
+                os.unlink(os.path.join(d, name))
+    fs.copy_files(local, f"{bucket}/{key}", source_filesystem=fs.LocalFileSystem(),
+                  destination_filesystem=remote, use_threads=True)
 
 
 def _inside(path: str, directory: str) -> bool:
@@ -221,8 +268,13 @@ def _run_spark(args, output: str, conf: dict[str, str], files=None) -> int:
     """Run the job with Spark's console output in a log file and SIGINT handled: Ctrl-C
     cancels the jobs, stops Spark and exits 130; nothing half-written is left in OUTPUT."""
     fd, log_path = tempfile.mkstemp(prefix="journalfs-pipeline-", suffix=".log")
-    partial = os.path.join(os.path.dirname(output),
-                           f".{os.path.basename(output)}.journalfs-partial-{os.getpid()}")
+    from ..spark.storage import is_remote
+    remote_output = is_remote(output)
+    if remote_output:  # written here, uploaded when complete
+        partial = os.path.join(tempfile.gettempdir(), f"journalfs-pipeline-output-{os.getpid()}")
+    else:
+        partial = os.path.join(os.path.dirname(output),
+                               f".{os.path.basename(output)}.journalfs-partial-{os.getpid()}")
     spark = None
     code, message = EXIT_ERROR, None
     with _stderr_to(fd) as console, \
@@ -240,7 +292,10 @@ def _run_spark(args, output: str, conf: dict[str, str], files=None) -> int:
             summary = run_pipeline(spark, args.input, partial, console, files=files)
             _stop(spark)
             spark = None
-            _swap_into_place(partial, output)
+            if remote_output:
+                upload_tables(partial, output)
+            else:
+                _swap_into_place(partial, output)
             summary.output = output
             print_summary(summary, console)
             # the contract's exit status for damage; the tables are written all the same
