@@ -244,6 +244,109 @@ def _decode_binary_files(batches):
                                    BATCH_ROWS)
 
 
+# -- the pipeline against one process writing the same records table with pyarrow ---------------
+
+def single_parquet(root: Path, out: Path) -> int:
+    """One Python process: list, plan, decode and convert every slice (the data source's own
+    code) and write OUT/records/format=F/part-0.parquet with pyarrow (the pipeline's
+    records table; the derived tables are not computed here)."""
+    import pyarrow.parquet as pq
+    from journalfs.spark.plan import list_journals, plan
+    from journalfs.spark.read import read_slice
+    from journalfs.spark.schema import arrow_schema
+    from journalfs.spark.source import BATCH_ROWS
+    schema = arrow_schema()
+    without_format = schema.remove(schema.get_field_index("format"))
+    writers: dict[str, pq.ParquetWriter] = {}
+    rows = 0
+    try:
+        for group in plan(list_journals(str(root)), 1, cache_dir=None).groups:
+            for sl in group:
+                for batch in read_slice(sl, False, None, BATCH_ROWS):
+                    fmt = sl.format
+                    if fmt not in writers:
+                        d = out / "records" / f"format={fmt}"
+                        d.mkdir(parents=True, exist_ok=True)
+                        writers[fmt] = pq.ParquetWriter(d / "part-0.parquet", without_format,
+                                                        compression="snappy")
+                    writers[fmt].write_batch(batch.drop_columns(["format"]))
+                    rows += batch.num_rows
+    finally:
+        for w in writers.values():
+            w.close()
+    return rows
+
+
+def run_measured(cmd: list[str], env: dict | None = None) -> dict:
+    """Wall time and CPU seconds by component (driver JVM, executor JVMs, Python) of a
+    command and every process of its session, sampled from /proc every 0.1 s."""
+    import subprocess
+    tick = os.sysconf("SC_CLK_TCK")
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    cpu: dict[int, tuple[str, float]] = {}
+    while proc.poll() is None:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    stat = f.read()
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[3]) != proc.pid:  # not in the command's session
+                continue
+            if b"java" in cmdline.split(b"\0")[0]:
+                what = "executor_jvm" if b"CoarseGrainedExecutorBackend" in cmdline else "driver_jvm"
+            elif b"python" in cmdline:
+                what = "python"
+            else:
+                what = "other"
+            cpu[int(pid)] = (what, (int(fields[11]) + int(fields[12])) / tick)
+        time.sleep(0.1)
+    err = proc.stderr.read()
+    seconds = time.perf_counter() - t
+    by: dict[str, float] = {}
+    for what, c in cpu.values():
+        by[what] = round(by.get(what, 0) + c, 1)
+    return {"seconds": round(seconds, 2), "rc": proc.returncode, "cpu_s": by,
+            "error": err.strip().splitlines()[-1] if proc.returncode not in (0, 3) and err.strip() else None}
+
+
+def pipeline_rows(root: Path, out: Path, masters: list[str], extra: list[str]) -> dict:
+    """`journalfs pipeline` per master against :func:`single_parquet` on the same files."""
+    import subprocess
+    results = {}
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / "single-parquet"
+    shutil.rmtree(target, ignore_errors=True)
+    t, c = time.perf_counter(), time.process_time()
+    single_parquet(root, target)
+    results["single-parquet"] = {"seconds": round(time.perf_counter() - t, 2), "rc": 0,
+                                 "cpu_s": {"python": round(time.process_time() - c, 1)}}
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    for master in masters:
+        dest = out / ("pipeline-" + "".join(ch if ch.isalnum() else "-" for ch in master))
+        shutil.rmtree(dest, ignore_errors=True)
+        results[f"pipeline {master}"] = run_measured(
+            [sys.executable, "-m", "journalfs.cli", "pipeline", str(root), str(dest),
+             "--master", master, *extra], env)
+        print(f"pipeline {master}: {results[f'pipeline {master}']}", file=sys.stderr)
+    base = results["single-parquet"]["seconds"]
+    print(f"\n{'run':<28}{'seconds':>9}{'vs single':>11}  CPU seconds by component")
+    for name, r in results.items():
+        ratio = r["seconds"] / base if base else 0
+        print(f"{name:<28}{r['seconds']:>9.1f}{ratio:>10.2f}x  "
+              + ", ".join(f"{k} {v}" for k, v in sorted(r["cpu_s"].items()))
+              + (f"  FAILED: {r['error']}" if r.get("error") else ""))
+    print(f"{os.cpu_count()} cores, load avg {os.getloadavg()[0]:.1f}")
+    return results
+
+
 def spark_session(master: str, heap: str):
     """A warm session (JVM and Python workers started) so that only the query is timed."""
     from journalfs.spark.session import build_session
@@ -284,7 +387,18 @@ def main(argv=None) -> int:
     # (bytes, row and Arrow copies of each): a 2 GB journal does not fit 6g; the data source's
     # bounded batches need far less (its peak is reported either way).
     ap.add_argument("--heap", default="16g", help="Spark driver heap (default 16g)")
+    ap.add_argument("--pipeline", default=None, metavar="MASTERS",
+                    help="instead: `journalfs pipeline` on these masters (comma list, e.g. "
+                         "local[1],local[2],spark://127.0.0.1:7077) against one Python process "
+                         "writing the records table with pyarrow, with CPU seconds per component")
+    ap.add_argument("--input", default=None, help="with --pipeline: this directory, not the corpus")
     args = ap.parse_args(argv)
+    if args.pipeline:
+        root = Path(args.input) if args.input else corpus(Path(args.out), args.size)
+        results = pipeline_rows(root, Path(args.out) / "pipeline-runs",
+                                [m for m in args.pipeline.split(",") if m], [])
+        print(json.dumps({"input": str(root), "results": results}))
+        return 0
     root = corpus(Path(args.out), args.size)
     total_bytes = _tree_bytes(root)
     biggest = max(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)

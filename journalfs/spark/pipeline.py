@@ -141,7 +141,7 @@ def run(spark, input_path: str, output: str, console=None, files=None) -> Summar
         write_damage(damage_raw, os.path.join(output, "_damage"))
         shutil.rmtree(damage_raw, ignore_errors=True)
 
-        records = spark.read.schema(_records_schema()).parquet(records_dir)
+        records = spark.read.schema(_records_schema()).parquet(_literal(records_dir))
         present = {f.format for f in listed}
         tables = list(derived.TABLES)
         busy = [name for name in tables if present & set(derived.TABLES[name])]
@@ -166,6 +166,13 @@ def run(spark, input_path: str, output: str, console=None, files=None) -> Summar
     summary.damaged_files = summary.rows["_damage"]  # one damage row per damaged file
     summary.damage = damage_rows(os.path.join(output, "_damage"))
     return summary
+
+
+def _literal(path: str) -> str:
+    """``path`` with Hadoop's glob characters escaped: Spark globs the paths it reads
+    (an OUTPUT named ``out[2]`` would match nothing)."""
+    import re
+    return re.sub(r"([\[\]{}*?\\])", r"\\\1", path)
 
 
 def _write_table(spark, records, name: str, path: str, has_input: bool) -> None:
