@@ -410,3 +410,18 @@ def test_a_store_with_journal_entries_is_replayed(tmp_path, monkeypatch):
     table = _store_table(store, list(tree.read(buf, store)), journal)
     monkeypatch.setattr(derived, "_tree_state", None)  # calling it would fail
     assert derived._replay_group(table).to_pylist() == []
+
+
+def test_summary_names_damage_and_what_was_not_read():
+    import io
+    from rich.console import Console
+    from journalfs.spark.pipeline import UNREADABLE_SHOWN, Summary, print_summary
+    out = io.StringIO()
+    summary = Summary(rows={"records": 1}, damaged_files=1, output="/o",
+                      damage=[("/in/a", 7, "torn record")],
+                      unreadable=[(f"/in/s{i}", "Permission denied") for i in range(UNREADABLE_SHOWN + 3)])
+    print_summary(summary, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "damaged: /in/a: at byte 7: torn record" in text
+    assert "not read: /in/s0: Permission denied" in text
+    assert f"not read: /in/s{UNREADABLE_SHOWN}:" not in text and "not read: 3 more files or directories" in text

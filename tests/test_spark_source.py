@@ -252,6 +252,27 @@ def test_load_is_never_silently_empty(spark, tmp_path, records_corpus):
     assert load(spark, records_corpus, formats="no-such-format").count() == 0
 
 
+def test_listing_names_what_it_could_not_read(tmp_path, monkeypatch):
+    """Files and directories that cannot be read are collected (the pipeline names them),
+    not silently skipped; non-regular files are no journals and no error."""
+    import errno
+    from journalfs.spark import plan as plan_module
+    (tmp_path / "q.1").write_bytes(kestrel.build_writer_file([b"a"]))
+    (tmp_path / "secret.1").write_bytes(kestrel.build_writer_file([b"b"]))
+    os.mkfifo(tmp_path / "fifo")
+    real = plan_module.open_path
+
+    def open_path(path, follow=True):
+        if path.endswith("secret.1"):
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return real(path, follow)
+    monkeypatch.setattr(plan_module, "open_path", open_path)
+    unreadable: list = []
+    files = list_journals(str(tmp_path), unreadable=unreadable)
+    assert [f.path for f in files] == [str(tmp_path / "q.1")]
+    assert unreadable == [(str(tmp_path / "secret.1"), "Permission denied")]
+
+
 def test_a_slice_its_executor_cannot_open_fails_the_task(tmp_path, records_corpus):
     """Not a damage row per slice: the task fails (Spark retries it, then fails the job;
     tests/test_spark_cluster.py shows it on a cluster whose worker cannot see the files)."""

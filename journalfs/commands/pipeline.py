@@ -98,23 +98,25 @@ def add_parser(sub):
 def run(args) -> int:
     try:
         output = check_paths(args.input, args.output, args.overwrite)
-        files = list_input(args.input)
+        unreadable: list[tuple[str, str]] = []
+        files = list_input(args.input, unreadable)
         conf = spark_conf(args, sum(f.size for f in files))
         if args.master and args.master.startswith("spark://"):
             check_master(args.master, args.master_timeout)
     except PipelineError as exc:
         print(f"journalfs: pipeline: {exc}", file=sys.stderr)
         return exc.code
-    return _run_spark(args, output, conf, files)
+    return _run_spark(args, output, conf, (files, unreadable))
 
 
-def list_input(input_path: str):
+def list_input(input_path: str, unreadable: list | None = None):
     """The journals of INPUT, listed (by content) before Spark starts: an input holding none
-    is refused in one line rather than turned into empty tables."""
+    is refused in one line rather than turned into empty tables. ``unreadable`` collects
+    the paths that could not be read (named in the summary)."""
     from ..spark.plan import NoJournalError, list_journals
     from ..spark.storage import is_remote, s3_options
     try:
-        return list_journals(input_path, required=True,
+        return list_journals(input_path, required=True, unreadable=unreadable,
                              storage=s3_options() if is_remote(input_path) else ())
     except (NoJournalError, OSError, ValueError) as exc:
         raise PipelineError(_reason(exc)) from None
@@ -264,7 +266,7 @@ def check_master(url: str, timeout: float) -> None:
 
 # -- running ------------------------------------------------------------------------------------
 
-def _run_spark(args, output: str, conf: dict[str, str], files=None) -> int:
+def _run_spark(args, output: str, conf: dict[str, str], listing=None) -> int:
     """Run the job with Spark's console output in a log file and SIGINT handled: Ctrl-C
     cancels the jobs, stops Spark and exits 130; nothing half-written is left in OUTPUT."""
     fd, log_path = tempfile.mkstemp(prefix="journalfs-pipeline-", suffix=".log")
@@ -289,7 +291,9 @@ def _run_spark(args, output: str, conf: dict[str, str], files=None) -> int:
             signal.signal(signal.SIGTERM, _terminate)
             if args.master and not args.master.startswith("local"):
                 wait_for_executors(spark, args.master, args.master_timeout)
+            files, unreadable = listing or (None, [])
             summary = run_pipeline(spark, args.input, partial, console, files=files)
+            summary.unreadable = unreadable
             _stop(spark)
             spark = None
             if remote_output:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from .schema import DAMAGE_KIND
 
 DAMAGE_PARTITION = "format=" + DAMAGE_KIND
+#: Unreadable paths of INPUT named in the summary (the rest are counted).
+UNREADABLE_SHOWN = 20
 
 
 @dataclass
@@ -24,6 +26,8 @@ class Summary:
     output: str = ""
     #: (path, byte offset, reason) of every damaged file, in path order
     damage: list[tuple[str, int, str]] = field(default_factory=list)
+    #: (path, reason) of the files and directories of INPUT that could not be read
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
     files: int = 0
     bytes: int = 0
 
@@ -120,10 +124,13 @@ def run(spark, input_path: str, output: str, console=None, files=None) -> Summar
     damage_raw = os.path.join(output, "_damage_raw")
     summary = Summary(output=output)
     from .storage import is_remote, s3_options
-    storage = s3_options() if is_remote(input_path) else ()
-    input_path = input_path if storage else local_path(input_path)
-    listed = files if files is not None else list_journals(input_path, required=True,
-                                                           storage=storage)
+    remote = is_remote(input_path)
+    storage = s3_options() if remote else ()
+    input_path = input_path if remote else local_path(input_path)
+    if files is None:
+        files = list_journals(input_path, required=True, storage=storage,
+                              unreadable=summary.unreadable)
+    listed = files
     summary.files, summary.bytes = len(listed), sum(f.size for f in listed)
     with StageProgress(spark, console, summary.files, summary.bytes) as progress:
         progress.step(f"reading journals ({summary.files:,} files, {summary.bytes / 1e6:,.0f} MB)"
@@ -240,6 +247,11 @@ def print_summary(summary: Summary, console=None) -> None:
     for path, offset, reason in summary.damage:
         console.print(escape(f"damaged: {path}: at byte {offset}: {reason}"), highlight=False,
                       soft_wrap=True)
+    for path, reason in summary.unreadable[:UNREADABLE_SHOWN]:
+        console.print(escape(f"not read: {path}: {reason}"), highlight=False, soft_wrap=True)
+    if len(summary.unreadable) > UNREADABLE_SHOWN:
+        console.print(f"not read: {len(summary.unreadable) - UNREADABLE_SHOWN:,} more files or "
+                      "directories", highlight=False)
 
 
 def spark_for(master: str | None, scratch: str | None = None, conf: dict | None = None):

@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from ..journals import is_backup_name, sniff_file
+from ..journals import is_backup_name, open_path, sniff_fd
 
 MiB = 1 << 20
 
@@ -84,20 +84,28 @@ def local_path(location: str) -> str:
 
 
 def list_journals(root: str, recursive: bool = True, glob: str | None = None, *,
-                  required: bool = False, storage: tuple = ()) -> list[JournalFile]:
+                  required: bool = False, storage: tuple = (),
+                  unreadable: list[tuple[str, str]] | None = None) -> list[JournalFile]:
     """Every supported journal under ``root`` (a file or a directory, a path or a
     ``file://`` URI, or an ``s3://``/``s3a://`` object or prefix with ``storage`` settings),
     by content, sorted. ``required``: raise :class:`NoJournalError` (naming what was looked
-    at) rather than return nothing."""
+    at) rather than return nothing. ``unreadable`` collects (path, reason) of the local
+    files and directories that could not be read (permissions, I/O errors)."""
     from .storage import is_remote
     if is_remote(root):
         return _list_objects(root, recursive, glob, required, storage)
     root = local_path(root)
+    skipped = unreadable if unreadable is not None else []
+
+    def cannot(exc: OSError) -> None:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EIO):
+            skipped.append((exc.filename or "?", exc.strerror or str(exc)))
+
     if os.path.isfile(root):
         candidates = [root]
     elif recursive:
         candidates = []
-        for d, dirs, files in os.walk(root):
+        for d, dirs, files in os.walk(root, onerror=cannot):
             dirs.sort()
             candidates.extend(os.path.join(d, f) for f in sorted(files))
     else:
@@ -110,12 +118,18 @@ def list_journals(root: str, recursive: bool = True, glob: str | None = None, *,
             continue
         if glob and not fnmatch.fnmatch(name, glob):
             continue
-        codec = sniff_file(path)
-        if codec is None:
+        try:
+            fd = open_path(path)
+        except OSError as exc:  # not a regular file (EINVAL), gone, or unreadable
+            exc.filename = path
+            cannot(exc)
             continue
         try:
-            size = os.path.getsize(path)
-        except OSError:
+            codec = sniff_fd(fd)
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        if codec is None:
             continue
         out.append(JournalFile(path, codec.name, size))
     if required and not out:

@@ -14,7 +14,7 @@ from ..pagecache import DroppingPages, PagePacer, Releaser
 from .convert import damage_batch, to_batch
 from .plan import FileSlice
 from .schema import DAMAGE_KIND
-from .storage import object_buffer
+from .storage import is_remote, object_buffer
 
 
 def _keys_for(sl: FileSlice, buf):
@@ -29,7 +29,7 @@ def _keys_for(sl: FileSlice, buf):
         for role, path in sl.partners:
             try:
                 partners[role] = object_buffer(path, [(0, 1 << 62)], sl.storage) \
-                    if sl.storage else stack.enter_context(mapped(path))
+                    if is_remote(path) else stack.enter_context(mapped(path))
             except OSError:  # vanished or unreadable since planning: no keys from it
                 pass
         return None, codec.key_resolver(buf, partners)
@@ -51,7 +51,7 @@ def read_slice(sl: FileSlice, include_damage: bool, kinds: set | None,
                batch_rows: int) -> Iterator[pa.RecordBatch]:
     """Batches of the records of ``sl`` (its file mapped for the duration)."""
     try:
-        if sl.storage:  # an object: ranged reads of what the slice needs into a buffer
+        if is_remote(sl.path):  # an object: ranged reads of what the slice needs into a buffer
             cm = contextlib.nullcontext(object_buffer(sl.path, slice_ranges(sl), sl.storage))
         else:
             cm = mapped(sl.path)
