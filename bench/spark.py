@@ -26,6 +26,7 @@ JVM + Python workers), and separately of the largest single Python worker.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -305,7 +306,7 @@ def run_measured(cmd: list[str], env: dict | None = None) -> dict:
             elif b"python" in cmdline:
                 what = "python"
             else:
-                what = "other"
+                what = stat[stat.index("(") + 1:stat.rindex(")")]  # its command name
             cpu[int(pid)] = (what, (int(fields[11]) + int(fields[12])) / tick)
         time.sleep(0.1)
     err = proc.stderr.read()
@@ -317,8 +318,46 @@ def run_measured(cmd: list[str], env: dict | None = None) -> dict:
             "error": err.strip().splitlines()[-1] if proc.returncode not in (0, 3) and err.strip() else None}
 
 
-def pipeline_rows(root: Path, out: Path, masters: list[str], extra: list[str]) -> dict:
-    """`journalfs pipeline` per master against :func:`single_parquet` on the same files."""
+@contextlib.contextmanager
+def s3_copy(root: Path):
+    """A moto S3 server on 127.0.0.1 (`moto[server]`, the test extra) holding a copy of
+    ``root`` under s3://bench/in; yields (URI, environment for the pipeline)."""
+    import socket
+    import subprocess
+    from pyarrow import fs
+    from journalfs.spark.testing import free_port, stop_processes
+    port = free_port()
+    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"),
+                               "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("moto_server did not start")
+                time.sleep(0.2)
+        env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+               "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+               "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+        remote = fs.S3FileSystem(access_key="bench", secret_key="bench", region="us-east-1",
+                                 scheme="http", endpoint_override=f"127.0.0.1:{port}",
+                                 allow_bucket_creation=True)
+        remote.create_dir("bench")
+        fs.copy_files(str(root), "bench/in", source_filesystem=fs.LocalFileSystem(),
+                      destination_filesystem=remote)
+        yield "s3a://bench/in", env
+    finally:
+        stop_processes([server])
+
+
+def pipeline_rows(root: Path, out: Path, masters: list[str], extra: list[str],
+                  s3: bool = False) -> dict:
+    """`journalfs pipeline` per master against :func:`single_parquet` on the same files
+    (``s3``: then once more on local[2] with the input in a local S3 server)."""
     import subprocess
     results = {}
     out.mkdir(parents=True, exist_ok=True)
@@ -336,6 +375,13 @@ def pipeline_rows(root: Path, out: Path, masters: list[str], extra: list[str]) -
             [sys.executable, "-m", "journalfs.cli", "pipeline", str(root), str(dest),
              "--master", master, *extra], env)
         print(f"pipeline {master}: {results[f'pipeline {master}']}", file=sys.stderr)
+    if s3:
+        with s3_copy(root) as (uri, s3_env):
+            dest = out / "pipeline-s3-local-2"
+            shutil.rmtree(dest, ignore_errors=True)
+            results["pipeline local[2], S3 input"] = run_measured(
+                [sys.executable, "-m", "journalfs.cli", "pipeline", uri, str(dest),
+                 "--master", "local[2]", *extra], dict(env, **s3_env))
     base = results["single-parquet"]["seconds"]
     print(f"\n{'run':<28}{'seconds':>9}{'vs single':>11}  CPU seconds by component")
     for name, r in results.items():
@@ -392,11 +438,13 @@ def main(argv=None) -> int:
                          "local[1],local[2],spark://127.0.0.1:7077) against one Python process "
                          "writing the records table with pyarrow, with CPU seconds per component")
     ap.add_argument("--input", default=None, help="with --pipeline: this directory, not the corpus")
+    ap.add_argument("--s3", action="store_true", help="with --pipeline: also local[2] reading "
+                    "the input from a local S3 server (moto_server)")
     args = ap.parse_args(argv)
     if args.pipeline:
         root = Path(args.input) if args.input else corpus(Path(args.out), args.size)
         results = pipeline_rows(root, Path(args.out) / "pipeline-runs",
-                                [m for m in args.pipeline.split(",") if m], [])
+                                [m for m in args.pipeline.split(",") if m], [], args.s3)
         print(json.dumps({"input": str(root), "results": results}))
         return 0
     root = corpus(Path(args.out), args.size)
