@@ -14,7 +14,7 @@ from ..pagecache import DroppingPages, PagePacer, Releaser
 from .convert import damage_batch, to_batch
 from .plan import FileSlice
 from .schema import DAMAGE_KIND
-from .storage import is_remote, object_buffer
+from .storage import is_remote, object_mapped
 
 
 def _keys_for(sl: FileSlice, buf):
@@ -28,8 +28,9 @@ def _keys_for(sl: FileSlice, buf):
         partners = {}
         for role, path in sl.partners:
             try:
-                partners[role] = object_buffer(path, [(0, 1 << 62)], sl.storage) \
-                    if is_remote(path) else stack.enter_context(mapped(path))
+                partners[role] = stack.enter_context(
+                    object_mapped(path, [(0, 1 << 62)], sl.storage) if is_remote(path)
+                    else mapped(path))
             except OSError:  # vanished or unreadable since planning: no keys from it
                 pass
         return None, codec.key_resolver(buf, partners)
@@ -52,7 +53,7 @@ def read_slice(sl: FileSlice, include_damage: bool, kinds: set | None,
     """Batches of the records of ``sl`` (its file mapped for the duration)."""
     try:
         if is_remote(sl.path):  # an object: ranged reads of what the slice needs into a buffer
-            cm = contextlib.nullcontext(object_buffer(sl.path, slice_ranges(sl), sl.storage))
+            cm = object_mapped(sl.path, slice_ranges(sl), sl.storage)
         else:
             cm = mapped(sl.path)
         buf = cm.__enter__()

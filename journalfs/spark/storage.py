@@ -2,9 +2,8 @@
 (mapped, as everywhere else), and ``s3://`` / ``s3a://`` objects through ``pyarrow.fs``.
 
 Objects are listed with one request per prefix page, sniffed with a ranged read of their first
-bytes, and read by executors with ranged reads into an anonymous buffer as long as the object
-(the bytes a slice needs; zeros elsewhere), which the codecs decode as they decode a mapped
-file. The driver never reads a whole object: objects of variable-width formats are not split
+bytes, and read by executors with ranged reads into an unlinked sparse file as long as the
+object (the bytes a slice needs; zeros elsewhere), mapped and decoded as a local file. The driver never reads a whole object: objects of variable-width formats are not split
 (one task each), fixed-width ones are split by arithmetic.
 
 Endpoint and region: the data source options ``endpoint`` (``http://127.0.0.1:9000``) and
@@ -14,9 +13,11 @@ Endpoint and region: the data source options ``endpoint`` (``http://127.0.0.1:90
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
+import tempfile
 
 #: URI schemes read as S3 objects (``s3a`` is Hadoop's name for the same thing).
 S3_SCHEMES = ("s3", "s3a")
@@ -98,27 +99,43 @@ def read_head(location: str, nbytes: int, settings) -> bytes:
         return f.read_at(min(nbytes, f.size()), 0) if f.size() else b""
 
 
-def object_buffer(location: str, ranges: list[tuple[int, int]], settings) -> bytearray:
-    """A buffer as long as the object holding its bytes in ``ranges`` ([lo, hi) pairs) and
-    zeros elsewhere (untouched zero pages cost no memory), filled with ranged reads. A
-    bytearray, not a mapping: the readers' page dropping leaves it alone (dropped anonymous
-    pages would read back as zeros)."""
-    with s3_filesystem(settings).open_input_file(_fs_path(location)) as f:
-        size = f.size()
-        buf = bytearray(size)
-        view = memoryview(buf)
-        try:
+@contextlib.contextmanager
+def object_mapped(location: str, ranges: list[tuple[int, int]], settings):
+    """A read-only mapping as long as the object holding its bytes in ``ranges`` ([lo, hi)
+    pairs) and zeros elsewhere: ranged reads written into an unlinked sparse file in
+    ``$TMPDIR``, then mapped, so that the readers treat it as a local file: the pages they
+    pass are dropped from the process and fault back in from that file (a worker's memory
+    stays as flat as for a local journal; the disk holds the ranges read)."""
+    from ..journals import mapped_fd
+    fd = _unlinked_file()
+    try:
+        with s3_filesystem(settings).open_input_file(_fs_path(location)) as f:
+            size = f.size()
+            os.ftruncate(fd, size)
             for lo, hi in _merged(ranges, size):
                 pos = lo
                 while pos < hi:
-                    f.seek(pos)
-                    got = f.readinto(view[pos:min(hi, pos + READ_CHUNK)])
-                    if not got:  # shorter than listed: the rest stays zeros, decoding reports it
+                    chunk = f.read_at(min(READ_CHUNK, hi - pos), pos)
+                    if not chunk:  # shorter than listed: the rest stays zeros
                         break
-                    pos += got
-        finally:
-            view.release()
-    return buf
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.pwrite(fd, view, pos + len(chunk) - len(view)):]
+                    pos += len(chunk)
+        with mapped_fd(fd) as buf:
+            yield buf
+    finally:
+        os.close(fd)
+
+
+def _unlinked_file() -> int:
+    directory = tempfile.gettempdir()
+    try:
+        return os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except (AttributeError, OSError):  # a file system without O_TMPFILE
+        fd, path = tempfile.mkstemp(prefix="journalfs-object-", dir=directory)
+        os.unlink(path)
+        return fd
 
 
 def _merged(ranges, size: int) -> list[tuple[int, int]]:
