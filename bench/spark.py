@@ -26,6 +26,7 @@ JVM + Python workers), and separately of the largest single Python worker.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -244,6 +245,154 @@ def _decode_binary_files(batches):
                                    BATCH_ROWS)
 
 
+# -- the pipeline against one process writing the same records table with pyarrow ---------------
+
+def single_parquet(root: Path, out: Path) -> int:
+    """One Python process: list, plan, decode and convert every slice (the data source's own
+    code) and write OUT/records/format=F/part-0.parquet with pyarrow (the pipeline's
+    records table; the derived tables are not computed here)."""
+    import pyarrow.parquet as pq
+    from journalfs.spark.plan import list_journals, plan
+    from journalfs.spark.read import read_slice
+    from journalfs.spark.schema import arrow_schema
+    from journalfs.spark.source import BATCH_ROWS
+    schema = arrow_schema()
+    without_format = schema.remove(schema.get_field_index("format"))
+    writers: dict[str, pq.ParquetWriter] = {}
+    rows = 0
+    try:
+        for group in plan(list_journals(str(root)), 1, cache_dir=None).groups:
+            for sl in group:
+                for batch in read_slice(sl, False, None, BATCH_ROWS):
+                    fmt = sl.format
+                    if fmt not in writers:
+                        d = out / "records" / f"format={fmt}"
+                        d.mkdir(parents=True, exist_ok=True)
+                        writers[fmt] = pq.ParquetWriter(d / "part-0.parquet", without_format,
+                                                        compression="snappy")
+                    writers[fmt].write_batch(batch.drop_columns(["format"]))
+                    rows += batch.num_rows
+    finally:
+        for w in writers.values():
+            w.close()
+    return rows
+
+
+def run_measured(cmd: list[str], env: dict | None = None) -> dict:
+    """Wall time and CPU seconds by component (driver JVM, executor JVMs, Python) of a
+    command and every process of its session, sampled from /proc every 0.1 s."""
+    import subprocess
+    tick = os.sysconf("SC_CLK_TCK")
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    cpu: dict[int, tuple[str, float]] = {}
+    while proc.poll() is None:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    stat = f.read()
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[3]) != proc.pid:  # not in the command's session
+                continue
+            if b"java" in cmdline.split(b"\0")[0]:
+                what = "executor_jvm" if b"CoarseGrainedExecutorBackend" in cmdline else "driver_jvm"
+            elif b"python" in cmdline:
+                what = "python"
+            else:
+                what = stat[stat.index("(") + 1:stat.rindex(")")]  # its command name
+            cpu[int(pid)] = (what, (int(fields[11]) + int(fields[12])) / tick)
+        time.sleep(0.1)
+    err = proc.stderr.read()
+    seconds = time.perf_counter() - t
+    by: dict[str, float] = {}
+    for what, c in cpu.values():
+        by[what] = round(by.get(what, 0) + c, 1)
+    return {"seconds": round(seconds, 2), "rc": proc.returncode, "cpu_s": by,
+            "error": err.strip().splitlines()[-1] if proc.returncode not in (0, 3) and err.strip() else None}
+
+
+@contextlib.contextmanager
+def s3_copy(root: Path):
+    """A moto S3 server on 127.0.0.1 (`moto[server]`, the test extra) holding a copy of
+    ``root`` under s3://bench/in; yields (URI, environment for the pipeline)."""
+    import socket
+    import subprocess
+    from pyarrow import fs
+    from journalfs.spark.testing import free_port, stop_processes
+    port = free_port()
+    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"),
+                               "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("moto_server did not start")
+                time.sleep(0.2)
+        env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+               "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+               "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+        remote = fs.S3FileSystem(access_key="bench", secret_key="bench", region="us-east-1",
+                                 scheme="http", endpoint_override=f"127.0.0.1:{port}",
+                                 allow_bucket_creation=True)
+        remote.create_dir("bench")
+        fs.copy_files(str(root), "bench/in", source_filesystem=fs.LocalFileSystem(),
+                      destination_filesystem=remote)
+        yield "s3a://bench/in", env
+    finally:
+        stop_processes([server])
+
+
+def pipeline_rows(root: Path, out: Path, masters: list[str], extra: list[str],
+                  s3: bool = False) -> dict:
+    """`journalfs pipeline` per master against :func:`single_parquet` on the same files
+    (``s3``: then once more on local[2] with the input in a local S3 server)."""
+    import subprocess
+    results = {}
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / "single-parquet"
+    shutil.rmtree(target, ignore_errors=True)
+    t, c = time.perf_counter(), time.process_time()
+    single_parquet(root, target)
+    results["single-parquet"] = {"seconds": round(time.perf_counter() - t, 2), "rc": 0,
+                                 "cpu_s": {"python": round(time.process_time() - c, 1)}}
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    for master in masters:
+        dest = out / ("pipeline-" + "".join(ch if ch.isalnum() else "-" for ch in master))
+        shutil.rmtree(dest, ignore_errors=True)
+        results[f"pipeline {master}"] = run_measured(
+            [sys.executable, "-m", "journalfs.cli", "pipeline", str(root), str(dest),
+             "--master", master, *extra], env)
+        print(f"pipeline {master}: {results[f'pipeline {master}']}", file=sys.stderr)
+    if s3:
+        with s3_copy(root) as (uri, s3_env):
+            dest = out / "pipeline-s3-local-2"
+            shutil.rmtree(dest, ignore_errors=True)
+            results["pipeline local[2], S3 input"] = run_measured(
+                [sys.executable, "-m", "journalfs.cli", "pipeline", uri, str(dest),
+                 "--master", "local[2]", *extra], dict(env, **s3_env))
+    base = results["single-parquet"]["seconds"]
+    print(f"\n{'run':<28}{'seconds':>9}{'vs single':>11}  CPU seconds by component")
+    for name, r in results.items():
+        ratio = r["seconds"] / base if base else 0
+        print(f"{name:<28}{r['seconds']:>9.1f}{ratio:>10.2f}x  "
+              + ", ".join(f"{k} {v}" for k, v in sorted(r["cpu_s"].items()))
+              + (f"  FAILED: {r['error']}" if r.get("error") else ""))
+    print(f"{os.cpu_count()} cores, load avg {os.getloadavg()[0]:.1f}")
+    return results
+
+
 def spark_session(master: str, heap: str):
     """A warm session (JVM and Python workers started) so that only the query is timed."""
     from journalfs.spark.session import build_session
@@ -284,7 +433,20 @@ def main(argv=None) -> int:
     # (bytes, row and Arrow copies of each): a 2 GB journal does not fit 6g; the data source's
     # bounded batches need far less (its peak is reported either way).
     ap.add_argument("--heap", default="16g", help="Spark driver heap (default 16g)")
+    ap.add_argument("--pipeline", default=None, metavar="MASTERS",
+                    help="instead: `journalfs pipeline` on these masters (comma list, e.g. "
+                         "local[1],local[2],spark://127.0.0.1:7077) against one Python process "
+                         "writing the records table with pyarrow, with CPU seconds per component")
+    ap.add_argument("--input", default=None, help="with --pipeline: this directory, not the corpus")
+    ap.add_argument("--s3", action="store_true", help="with --pipeline: also local[2] reading "
+                    "the input from a local S3 server (moto_server)")
     args = ap.parse_args(argv)
+    if args.pipeline:
+        root = Path(args.input) if args.input else corpus(Path(args.out), args.size)
+        results = pipeline_rows(root, Path(args.out) / "pipeline-runs",
+                                [m for m in args.pipeline.split(",") if m], [], args.s3)
+        print(json.dumps({"input": str(root), "results": results}))
+        return 0
     root = corpus(Path(args.out), args.size)
     total_bytes = _tree_bytes(root)
     biggest = max(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)

@@ -121,6 +121,15 @@ def test_transactions_match_jrnl_records(conformance_run, records_expected):
     assert got == expected
 
 
+def test_tables_written_empty_have_the_columns_of_computed_ones(spark, conformance_run):
+    """A table none of whose formats is found is written from derived.DDLS, not computed."""
+    from journalfs.spark import derived
+    _src, out, _ = conformance_run
+    for name in derived.TABLES:
+        assert spark.read.parquet(str(out / name)).schema.simpleString() == \
+            spark.createDataFrame([], derived.DDLS[name]).schema.simpleString(), name
+
+
 # -- small crafted inputs with hand-computed answers ----------------------------------------
 
 def test_crafted_queues_and_persistence(spark, tmp_path):
@@ -189,10 +198,11 @@ def test_cli_names_damage_skips_fsck_backups_and_refuses_to_overwrite(tmp_path, 
         list(read_file(str(src / "torn.1800000000000")))
     out = tmp_path / "out"
     proc = pipeline_cli(str(src), str(out))
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 3, proc.stderr[-2000:]  # damage found; the tables are written
     assert "damaged files" in proc.stderr and "Traceback" not in proc.stderr
     assert "journalfs pipeline: reading journals (3 files, " in proc.stderr  # a line per stage
-    assert "journalfs pipeline: writing transactions" in proc.stderr
+    # the derived tables of the formats found, side by side
+    assert "journalfs pipeline: writing queues, transactions\n" in proc.stderr
     assert f"damaged: {src / 'torn.1800000000000'}: at byte {damaged.value.offset}: " \
            f"{damaged.value.reason}" in proc.stderr.replace("\n", "")
     assert len(table(out, "_damage")) == 1
@@ -209,7 +219,7 @@ def test_cli_names_damage_skips_fsck_backups_and_refuses_to_overwrite(tmp_path, 
     backups = sorted(p.name for p in src.iterdir() if ".journalfs-backup-" in p.name)
     assert len(backups) == 2, fsck.stdout
     proc = pipeline_cli(str(src), str(out), "--overwrite")
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr[-2000:]  # no damage left
     assert len(table(out, "transactions")) == transactions  # not doubled by the backup
     sources = {Path(r["source"]).name for r in table(out, "records")}
     assert not any(".journalfs-backup-" in name for name in sources)
@@ -243,6 +253,7 @@ def test_cli_checks_paths_before_spark(tmp_path):
 def test_cli_unreachable_master_is_one_line_after_the_timeout(tmp_path):
     src = tmp_path / "in"
     src.mkdir()
+    (src / "q.1").write_bytes(kestrel.build_writer_file([b"a"]))
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -285,17 +296,48 @@ def test_cli_ctrl_c_stops_spark_and_exits_130(tmp_path):
         time.sleep(0.5)
 
 
-def test_input_without_journals_gives_empty_tables(spark, tmp_path):
+def test_input_without_journals_is_refused(spark, tmp_path):
+    from journalfs.spark.plan import NoJournalError
     src = tmp_path / "in"
     src.mkdir()
     (src / "readme.txt").write_text("not a journal")
-    out = tmp_path / "out"
-    summary = run(spark, str(src), str(out))
-    assert summary.rows == {"records": 0, "metadata": 0, "queues": 0, "persistence": 0,
-                            "transactions": 0, "_damage": 0}
-    for name in ("metadata", "queues", "persistence", "transactions", "_damage"):
-        assert (out / name / "_SUCCESS").exists()
-    assert pq.read_table(out / "queues").column_names == ["queue", "reader", "head", "tail", "pending"]
+    with pytest.raises(NoJournalError, match="no journal found"):
+        run(spark, str(src), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_refuses_inputs_that_hold_no_journal_before_spark(tmp_path):
+    """`journalfs pipeline /etc/passwd OUT` and friends: one line, exit 1, before Spark
+    starts, OUTPUT untouched."""
+    src = tmp_path / "in"
+    (src / "sub").mkdir(parents=True)
+    (src / "readme.txt").write_text("not a journal")
+    (src / "sub" / "data.bin").write_bytes(bytes(100))
+    (src / "q.1700000000000.journalfs-backup-20260101T000000Z").write_bytes(
+        kestrel.build_writer_file([b"a"]))  # fsck's backups are not journals either
+    for argv, words in (
+            (("/etc/passwd",), "/etc/passwd: not a journal (supported formats: akka-data, "),
+            ((str(src),), f"{src}: no journal found (3 files looked at; supported formats: "),
+            ((f"file://{src}",), f"{src}: no journal found (3 files looked at"),
+            ((str(src / "nope"),), f"{src / 'nope'}: no such file or directory"),
+            ((f"file://{src}/nope",), f"file://{src}/nope: no such file or directory"),
+            (("hdfs://127.0.0.1:9/x",), "hdfs://127.0.0.1:9/x: unsupported URI scheme 'hdfs'"),
+            (("fiel:///tmp",), "fiel:///tmp: unsupported URI scheme 'fiel'"),
+            (("file://otherhost/tmp",), "a file:// URI names a host (otherhost)")):
+        proc = pipeline_cli(*argv, str(tmp_path / "out"), timeout=60)
+        assert proc.returncode == 1, (argv, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert proc.stderr.startswith("journalfs: pipeline: "), proc.stderr
+        assert words in proc.stderr, proc.stderr
+        assert not (tmp_path / "out").exists()
+
+
+def test_cli_reads_a_file_uri(tmp_path, records_corpus):
+    out = tmp_path / "out[2]{a,b}*"  # Hadoop glob characters: read back literally
+    proc = pipeline_cli(f"file://{records_corpus}/db0.jrnl", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [r["source"] for r in table(out, "records")] == \
+        [str(records_corpus / "db0.jrnl")] * len(file_records(records_corpus / "db0.jrnl"))
 
 
 def _store_table(store: str, records: list[dict], journal: list[tuple] = ()):
@@ -368,3 +410,18 @@ def test_a_store_with_journal_entries_is_replayed(tmp_path, monkeypatch):
     table = _store_table(store, list(tree.read(buf, store)), journal)
     monkeypatch.setattr(derived, "_tree_state", None)  # calling it would fail
     assert derived._replay_group(table).to_pylist() == []
+
+
+def test_summary_names_damage_and_what_was_not_read():
+    import io
+    from rich.console import Console
+    from journalfs.spark.pipeline import UNREADABLE_SHOWN, Summary, print_summary
+    out = io.StringIO()
+    summary = Summary(rows={"records": 1}, damaged_files=1, output="/o",
+                      damage=[("/in/a", 7, "torn record")],
+                      unreadable=[(f"/in/s{i}", "Permission denied") for i in range(UNREADABLE_SHOWN + 3)])
+    print_summary(summary, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "damaged: /in/a: at byte 7: torn record" in text
+    assert "not read: /in/s0: Permission denied" in text
+    assert f"not read: /in/s{UNREADABLE_SHOWN}:" not in text and "not read: 3 more files or directories" in text

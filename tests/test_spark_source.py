@@ -234,6 +234,59 @@ def test_damaged_files_keep_their_prefix_and_never_fail_the_job(spark, tmp_path,
     assert load(spark, tmp_path).where("kind = '_damage'").count() == 0  # off by default
 
 
+# -- never silently empty --------------------------------------------------------------------
+
+def test_load_is_never_silently_empty(spark, tmp_path, records_corpus):
+    """A wrong path, an unsupported or mistyped URI scheme and an input holding no journal
+    raise (they used to give 0 rows); a filter that matches nothing is still just empty."""
+    import re
+    (tmp_path / "readme.txt").write_text("not a journal")
+    for path, words in ((tmp_path / "nope", f"{tmp_path / 'nope'}: no such file or directory"),
+                        (f"file://{tmp_path}/nope", f"file://{tmp_path}/nope: no such file"),
+                        ("hdfs://127.0.0.1:9/x", "hdfs://127.0.0.1:9/x: unsupported URI scheme 'hdfs'"),
+                        ("s3c://bucket/k", "unsupported URI scheme 's3c'"),
+                        (tmp_path, f"{tmp_path}: no journal found (1 files looked at")):
+        with pytest.raises(Exception, match=re.escape(words)):
+            load(spark, path).count()
+    assert load(spark, f"file://{records_corpus}").count() == load(spark, records_corpus).count()
+    assert load(spark, records_corpus, formats="no-such-format").count() == 0
+
+
+def test_listing_names_what_it_could_not_read(tmp_path, monkeypatch):
+    """Files and directories that cannot be read are collected (the pipeline names them),
+    not silently skipped; non-regular files are no journals and no error."""
+    import errno
+    from journalfs.spark import plan as plan_module
+    (tmp_path / "q.1").write_bytes(kestrel.build_writer_file([b"a"]))
+    (tmp_path / "secret.1").write_bytes(kestrel.build_writer_file([b"b"]))
+    os.mkfifo(tmp_path / "fifo")
+    real = plan_module.open_path
+
+    def open_path(path, follow=True):
+        if path.endswith("secret.1"):
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return real(path, follow)
+    monkeypatch.setattr(plan_module, "open_path", open_path)
+    unreadable: list = []
+    files = list_journals(str(tmp_path), unreadable=unreadable)
+    assert [f.path for f in files] == [str(tmp_path / "q.1")]
+    assert unreadable == [(str(tmp_path / "secret.1"), "Permission denied")]
+
+
+def test_a_slice_its_executor_cannot_open_fails_the_task(tmp_path, records_corpus):
+    """Not a damage row per slice: the task fails (Spark retries it, then fails the job;
+    tests/test_spark_cluster.py shows it on a cluster whose worker cannot see the files)."""
+    from journalfs.spark.plan import FileSlice
+    from journalfs.spark.read import UnreadableSlice
+    from journalfs.spark.source import JournalPartition, JournalReader
+    reader = JournalReader({"path": str(records_corpus), "includeDamage": "true"})
+    good = FileSlice(str(records_corpus / "db0.jrnl"), "jrnl")
+    gone = FileSlice(str(tmp_path / "gone.jrnl"), "jrnl")
+    with pytest.raises(UnreadableSlice, match=f"cannot read {tmp_path / 'gone.jrnl'} on .*: "
+                       "No such file or directory; every executor must see the input"):
+        list(reader.read(JournalPartition([good, gone])))
+
+
 # -- columnar conversion (no Spark needed) --------------------------------------------------
 
 field_values = st.one_of(st.none(), st.integers(-2**63, 2**63 - 1), st.text(max_size=8), st.booleans(),

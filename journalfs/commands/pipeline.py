@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from . import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
+from . import EXIT_DAMAGED, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
 from .parsing import examples
 
 #: Seconds to wait for a standalone master to accept a connection, and for executors.
@@ -74,8 +74,10 @@ def add_parser(sub):
                     "persistence, transactions and _damage as Parquet. Big journals are split "
                     "into byte ranges, so memory does not grow with file size.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("input", metavar="INPUT", help="a journal file or a directory of them")
-    p.add_argument("output", metavar="OUTPUT", help="directory for the Parquet tables")
+    p.add_argument("input", metavar="INPUT", help="a journal file or a directory of them (a path, "
+                   "file:// URI, or s3:// / s3a:// object or prefix)")
+    p.add_argument("output", metavar="OUTPUT", help="directory (or s3:// prefix) for the Parquet "
+                   "tables")
     p.add_argument("--master", default=None,
                    help="Spark master URL (default local[*]; e.g. spark://127.0.0.1:7077)")
     p.add_argument("--overwrite", action="store_true",
@@ -96,23 +98,53 @@ def add_parser(sub):
 def run(args) -> int:
     try:
         output = check_paths(args.input, args.output, args.overwrite)
-        conf = spark_conf(args)
+        unreadable: list[tuple[str, str]] = []
+        files = list_input(args.input, unreadable)
+        conf = spark_conf(args, sum(f.size for f in files))
         if args.master and args.master.startswith("spark://"):
             check_master(args.master, args.master_timeout)
     except PipelineError as exc:
         print(f"journalfs: pipeline: {exc}", file=sys.stderr)
         return exc.code
-    return _run_spark(args, output, conf)
+    return _run_spark(args, output, conf, (files, unreadable))
+
+
+def list_input(input_path: str, unreadable: list | None = None):
+    """The journals of INPUT, listed (by content) before Spark starts: an input holding none
+    is refused in one line rather than turned into empty tables. ``unreadable`` collects
+    the paths that could not be read (named in the summary)."""
+    from ..spark.plan import NoJournalError, list_journals
+    from ..spark.storage import is_remote, s3_options
+    try:
+        return list_journals(input_path, required=True, unreadable=unreadable,
+                             storage=s3_options() if is_remote(input_path) else ())
+    except (NoJournalError, OSError, ValueError) as exc:
+        raise PipelineError(_reason(exc)) from None
+
+
+def _reason(exc: Exception) -> str:
+    """An error's text without "[Errno N]" (our own messages name the path already)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror if exc.filename is None and "/" in exc.strerror else \
+            f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    return str(exc)
 
 
 # -- checks before Spark starts ---------------------------------------------------------------
 
 def check_paths(input_path: str, output: str, overwrite: bool) -> str:
     """The absolute OUTPUT, after refusing what would fail later or lose data."""
-    if not os.path.exists(input_path):
-        raise PipelineError(f"{input_path}: no such file or directory")
-    if not os.access(input_path, os.R_OK):
+    from ..spark.plan import local_path
+    from ..spark.storage import is_remote
+    remote = is_remote(input_path)
+    try:
+        input_path = input_path if remote else local_path(input_path)
+    except (OSError, ValueError) as exc:
+        raise PipelineError(_reason(exc)) from None
+    if not remote and not os.access(input_path, os.R_OK):
         raise PipelineError(f"{input_path}: permission denied")
+    if is_remote(output):
+        return check_remote_output(output, overwrite)
     output = os.path.abspath(output)
     if os.path.exists(output) or os.path.islink(output):
         if not os.path.isdir(output) or os.path.islink(output):
@@ -121,7 +153,7 @@ def check_paths(input_path: str, output: str, overwrite: bool) -> str:
         if os.listdir(output) and not overwrite:
             raise PipelineError(f"{output}: already holds files (an earlier run?); pass "
                                 "--overwrite to replace them", EXIT_USAGE)
-        if _inside(os.path.realpath(input_path), os.path.realpath(output)):
+        if not remote and _inside(os.path.realpath(input_path), os.path.realpath(output)):
             raise PipelineError(f"{output}: holds the input; choose another OUTPUT", EXIT_USAGE)
     parent = os.path.dirname(output)
     if not os.path.isdir(parent):
@@ -129,6 +161,49 @@ def check_paths(input_path: str, output: str, overwrite: bool) -> str:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise PipelineError(f"{parent}: permission denied (cannot create {os.path.basename(output)})")
     return output
+
+
+def check_remote_output(output: str, overwrite: bool) -> str:
+    """An s3:// OUTPUT: its bucket must exist; a prefix that holds objects needs --overwrite."""
+    from pyarrow import fs
+    from ..spark.storage import s3_filesystem, s3_options, split_s3
+    try:
+        _scheme, bucket, key = split_s3(output)
+        if not key:
+            raise PipelineError(f"{output}: give a prefix inside the bucket (s3://BUCKET/PREFIX)",
+                                EXIT_USAGE)
+        remote = s3_filesystem(s3_options())
+        if remote.get_file_info(bucket).type == fs.FileType.NotFound:
+            raise PipelineError(f"{output}: no such bucket")
+        info = remote.get_file_info(f"{bucket}/{key}")
+        if info.type == fs.FileType.File:
+            raise PipelineError(f"{output}: an object, not a prefix; give a prefix for the "
+                                "tables", EXIT_USAGE)
+        if info.type == fs.FileType.Directory and not overwrite and remote.get_file_info(
+                fs.FileSelector(f"{bucket}/{key}", recursive=False)):
+            raise PipelineError(f"{output}: already holds objects (an earlier run?); pass "
+                                "--overwrite to replace them", EXIT_USAGE)
+    except (OSError, ValueError) as exc:
+        raise PipelineError(f"{output}: {_reason(exc)}") from None
+    return output
+
+
+def upload_tables(local: str, output: str) -> None:
+    """The finished tables (written locally by Spark) to an s3:// OUTPUT with pyarrow's
+    multi-threaded uploads, after removing what --overwrite allowed to replace. pyspark
+    ships no hadoop-aws, so Spark cannot write there itself."""
+    from pyarrow import fs
+    from ..spark.storage import s3_filesystem, s3_options, split_s3
+    _scheme, bucket, key = split_s3(output)
+    remote = s3_filesystem(s3_options())
+    if remote.get_file_info(f"{bucket}/{key}").type == fs.FileType.Directory:
+        remote.delete_dir_contents(f"{bucket}/{key}", missing_dir_ok=True)
+    for d, dirs, files in os.walk(local):  # Spark's checksum files stay behind
+        for name in files:
+            if name.startswith(".") and name.endswith(".crc"):
+                os.unlink(os.path.join(d, name))
+    fs.copy_files(local, f"{bucket}/{key}", source_filesystem=fs.LocalFileSystem(),
+                  destination_filesystem=remote, use_threads=True)
 
 
 def _inside(path: str, directory: str) -> bool:
@@ -145,8 +220,20 @@ def default_driver_memory() -> str:
     return f"{max(1, min(DEFAULT_DRIVER_GIB, total // 4 >> 30))}g"
 
 
-def spark_conf(args) -> dict[str, str]:
+#: Inputs below this are "short jobs": the JVMs' start-up and JIT warm-up cost more than the
+#: work, so only the C1 compiler and the serial GC, and few shuffle partitions.
+SMALL_INPUT_BYTES = 256 << 20
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def spark_conf(args, input_bytes: int = 0) -> dict[str, str]:
+    """Spark settings: journalfs's defaults for this input's size, then the user's."""
     conf = {"spark.driver.memory": args.driver_memory or default_driver_memory()}
+    if input_bytes < SMALL_INPUT_BYTES:
+        conf.update({"spark.driver.extraJavaOptions": QUICK_JVM,
+                     "spark.executor.extraJavaOptions": QUICK_JVM,
+                     "spark.sql.codegen.wholeStage": "false",
+                     "spark.sql.shuffle.partitions": "2"})
     if args.executor_memory:
         conf["spark.executor.memory"] = args.executor_memory
     conf.update(dict(args.conf))
@@ -179,12 +266,17 @@ def check_master(url: str, timeout: float) -> None:
 
 # -- running ------------------------------------------------------------------------------------
 
-def _run_spark(args, output: str, conf: dict[str, str]) -> int:
+def _run_spark(args, output: str, conf: dict[str, str], listing=None) -> int:
     """Run the job with Spark's console output in a log file and SIGINT handled: Ctrl-C
     cancels the jobs, stops Spark and exits 130; nothing half-written is left in OUTPUT."""
     fd, log_path = tempfile.mkstemp(prefix="journalfs-pipeline-", suffix=".log")
-    partial = os.path.join(os.path.dirname(output),
-                           f".{os.path.basename(output)}.journalfs-partial-{os.getpid()}")
+    from ..spark.storage import is_remote
+    remote_output = is_remote(output)
+    if remote_output:  # written here, uploaded when complete
+        partial = os.path.join(tempfile.gettempdir(), f"journalfs-pipeline-output-{os.getpid()}")
+    else:
+        partial = os.path.join(os.path.dirname(output),
+                               f".{os.path.basename(output)}.journalfs-partial-{os.getpid()}")
     spark = None
     code, message = EXIT_ERROR, None
     with _stderr_to(fd) as console, \
@@ -199,13 +291,19 @@ def _run_spark(args, output: str, conf: dict[str, str]) -> int:
             signal.signal(signal.SIGTERM, _terminate)
             if args.master and not args.master.startswith("local"):
                 wait_for_executors(spark, args.master, args.master_timeout)
-            summary = run_pipeline(spark, args.input, partial, console)
+            files, unreadable = listing or (None, [])
+            summary = run_pipeline(spark, args.input, partial, console, files=files)
+            summary.unreadable = unreadable
             _stop(spark)
             spark = None
-            _swap_into_place(partial, output)
+            if remote_output:
+                upload_tables(partial, output)
+            else:
+                _swap_into_place(partial, output)
             summary.output = output
             print_summary(summary, console)
-            code = EXIT_OK
+            # the contract's exit status for damage; the tables are written all the same
+            code = EXIT_DAMAGED if summary.damaged_files else EXIT_OK
         except KeyboardInterrupt:
             code, message = EXIT_INTERRUPTED, "interrupted; Spark stopped, nothing written"
         except Terminated:
@@ -214,6 +312,8 @@ def _run_spark(args, output: str, conf: dict[str, str]) -> int:
             code, message = exc.code, str(exc)
         except Exception as exc:  # Spark/Java failures: one line here, the rest in the log
             message = f"{_first_line(exc)} (Spark's log: {log_path})"
+            with contextlib.suppress(Exception):  # fd 2 is Spark's log here: the whole story
+                os.write(2, f"journalfs: pipeline failed: {exc}\n".encode("utf-8", "replace"))
         finally:
             with _no_interrupts():
                 if spark is not None:
@@ -221,7 +321,7 @@ def _run_spark(args, output: str, conf: dict[str, str]) -> int:
                 shutil.rmtree(partial, ignore_errors=True)
     if message:
         print(f"journalfs: pipeline: {message}", file=sys.stderr)
-    if code in (EXIT_OK, EXIT_INTERRUPTED, EXIT_TERMINATED):
+    if code in (EXIT_OK, EXIT_DAMAGED, EXIT_INTERRUPTED, EXIT_TERMINATED):
         with contextlib.suppress(OSError):
             os.unlink(log_path)
     return code
@@ -257,6 +357,11 @@ def _swap_into_place(partial: str, output: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+#: What our own executor-side errors say (read.UnreadableSlice), found in Spark's wrapping.
+#: (the exception's own line of the worker's traceback, not the source line quoted above it)
+_OWN_ERROR = re.compile(r"UnreadableSlice: (?:\[Errno \d+\] )?journalfs: (cannot read [^\n]*)")
+
+
 def _first_line(exc: BaseException) -> str:
     java = getattr(exc, "java_exception", None)
     text = ""
@@ -264,6 +369,9 @@ def _first_line(exc: BaseException) -> str:
         with contextlib.suppress(Exception):
             text = str(java.toString())
     text = text or str(exc) or type(exc).__name__
+    own = _OWN_ERROR.search(str(exc)) or _OWN_ERROR.search(text)
+    if own:  # a task failed for a reason of ours (after Spark's retries): that reason
+        return own.group(1).strip()[:500]
     for line in text.splitlines():
         if line.strip():
             return line.strip()[:300]

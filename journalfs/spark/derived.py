@@ -21,6 +21,14 @@ from ..formats.kestrel import READER_SUFFIX, WRITER_SUFFIX, KestrelReader, Kestr
 
 WRITER, READER = KestrelWriter.name, KestrelReader.name
 
+#: The derived tables (functions of this module, in output order) and the formats each reads;
+#: their columns are in DDLS (after the DDL strings below).
+TABLES = {"metadata": (GvfsTree.name, GvfsJournal.name), "queues": (WRITER, READER),
+          "persistence": (AkkaMeta.name, AkkaData.name), "transactions": (Jrnl.name,)}
+
+QUEUES_DDL = "queue string, reader string, head long, tail long, pending long"
+PERSISTENCE_DDL = "persistence_id string, messages long, highest_seq long, consistent boolean"
+TRANSACTIONS_DDL = "source string, offset long, time timestamp, status string, ops array<string>"
 METADATA_DDL = "store string, path string, key string, value string, values array<string>"
 
 
@@ -30,6 +38,10 @@ def _dir(col: str = "source"):
 
 def _long_attr(name: str):
     return F.col("attrs").getItem(name).cast("long")
+
+
+DDLS = {"metadata": METADATA_DDL, "queues": QUEUES_DDL, "persistence": PERSISTENCE_DDL,
+        "transactions": TRANSACTIONS_DDL}
 
 
 # -- Kestrel queues (spec "Queue state") ----------------------------------------------------
@@ -42,53 +54,96 @@ def queues(records: DataFrame) -> DataFrame:
     tail]; pending = PUTs with id > head not in the reader's READ_DONE ids within (head, tail].
     A queue without reader files gets its default reader ("") with head 0.
 
-    Records are first reduced to one row per file (one hash aggregate, no per-record string
-    work); directories, file numbers and reader names are then parsed once per file."""
+    Two aggregations on the executors, each a single shuffle: the records to one row per
+    file (first, last and head ids, the READ_DONE ids of reader files), which the driver turns
+    into heads and tails (a few rows per queue); then the PUTs past each reader's head, with
+    the heads and done ids broadcast, counted per reader. Runs its jobs when called."""
+    spark = records.sparkSession
     kestrel = records.where(F.col("format").isin(WRITER, READER) & F.col("key").isNotNull())
     is_put = (F.col("format") == WRITER) & (F.col("kind") == "put")
     is_head = F.col("kind") == "read_head"
+    is_done = F.col("kind") == "read_done"
     files = kestrel.groupBy("source", "format", F.col("key").alias("queue")).agg(
         F.max_by(F.when(is_put, F.col("id")), F.when(is_put, F.col("seq"))).alias("last_id"),
         F.min_by(F.when(is_put, F.col("id")), F.when(is_put, F.col("seq"))).alias("first_id"),
-        F.max_by(F.when(is_head, F.col("id")), F.when(is_head, F.col("seq"))).alias("raw_head")
-    ).withColumn("dir", _dir())
-    writers = files.where(F.col("format") == WRITER) \
-        .withColumn("file_no", F.regexp_extract("source", WRITER_SUFFIX, 1).cast("decimal(38,0)"))
-    with_puts = writers.where(F.col("last_id").isNotNull())
-    bounds = with_puts.groupBy("dir", "queue").agg(
-        F.max_by("last_id", "file_no").alias("tail"),
-        (F.min_by("first_id", "file_no") - 1).alias("floor"))
+        F.max_by(F.when(is_head, F.col("id")), F.when(is_head, F.col("seq"))).alias("raw_head"),
+        F.flatten(F.collect_list(F.when(is_done, F.from_json(F.col("attrs").getItem("ids"),
+                                                              "array<long>")))).alias("done")
+    ).collect()
+    state = queue_heads(files)
+    pending: dict[tuple, int] = {}
+    targets = [(source, d, q, reader, head, sorted(done))
+               for (d, q, reader), (head, _tail, done) in state.items()
+               for source in _writers_with_puts(files, d, q)]
+    if targets:
+        heads = spark.createDataFrame(
+            targets, "source string, dir string, queue string, reader string, head long, "
+                     "done array<long>")
+        counted = kestrel.where(is_put).select("source", "id") \
+            .join(F.broadcast(heads), "source") \
+            .where((F.col("id") > F.col("head")) & ~F.array_contains("done", F.col("id"))) \
+            .groupBy("dir", "queue", "reader").count().collect()
+        pending = {(r["dir"], r["queue"], r["reader"]): r["count"] for r in counted}
+    rows = [(q, reader, head, tail, pending.get((d, q, reader), 0))
+            for (d, q, reader), (head, tail, _done) in sorted(state.items())]
+    return spark.createDataFrame(rows, QUEUES_DDL)
 
-    reader_files = files.where(F.col("format") == READER) \
-        .withColumn("reader", F.regexp_extract("source", READER_SUFFIX, 1))
-    heads = reader_files.groupBy("dir", "queue", "reader").agg(
-        F.max("raw_head").alias("raw_head"))  # one checkpoint file per reader
-    default_readers = bounds.select("dir", "queue").join(
-        heads.select("dir", "queue").distinct(), ["dir", "queue"], "left_anti") \
-        .withColumn("reader", F.lit("")).withColumn("raw_head", F.lit(None).cast("long"))
-    readers = heads.unionByName(default_readers).join(bounds, ["dir", "queue"], "left") \
-        .withColumn("tail", F.coalesce("tail", F.lit(0))) \
-        .withColumn("floor", F.coalesce("floor", F.lit(0))) \
-        .withColumn("head", F.greatest(F.least(F.coalesce("raw_head", F.lit(0)), "tail"),
-                                       F.least("floor", "tail")))
 
-    done = kestrel.where(F.col("kind") == "read_done") \
-        .select("source", F.explode(F.from_json(F.col("attrs").getItem("ids"), "array<long>")).alias("id")) \
-        .join(F.broadcast(reader_files.select("source", "dir", "queue", "reader")), "source") \
-        .join(readers.select("dir", "queue", "reader", "head", "tail"), ["dir", "queue", "reader"]) \
-        .where((F.col("id") > F.col("head")) & (F.col("id") <= F.col("tail"))) \
-        .select("dir", "queue", "reader", "id").distinct()
-    # each writer file with the heads of its queue's readers (small), then its PUTs by source
-    file_heads = with_puts.select("source", "dir", "queue") \
-        .join(readers.select("dir", "queue", "reader", "head"), ["dir", "queue"])
-    pending = kestrel.where(is_put).select("source", "id") \
-        .join(F.broadcast(file_heads), "source") \
-        .where(F.col("id") > F.col("head")) \
-        .join(done, ["dir", "queue", "reader", "id"], "left_anti") \
-        .groupBy("dir", "queue", "reader").agg(F.count(F.lit(1)).alias("pending"))
-    return readers.join(pending, ["dir", "queue", "reader"], "left") \
-        .select("queue", "reader", "head", "tail",
-                F.coalesce("pending", F.lit(0)).cast("long").alias("pending"))
+def _dirname(source: str) -> str:
+    return source.rpartition("/")[0]
+
+
+def _writers_with_puts(files, d: str, q: str) -> list[str]:
+    return [f["source"] for f in files if f["format"] == WRITER and f["queue"] == q
+            and f["last_id"] is not None and _dirname(f["source"]) == d]
+
+
+def queue_heads(files) -> dict[tuple[str, str, str], tuple[int, int, set[int]]]:
+    """{(dir, queue, reader): (head, tail, done ids within (head, tail])} from one row per
+    Kestrel file (source, format, queue, last_id, first_id, raw_head, done)."""
+    import re
+    bounds: dict[tuple[str, str], tuple] = {}  # (dir, queue) -> (tail, floor)
+    newest: dict[tuple[str, str], tuple] = {}
+    oldest: dict[tuple[str, str], tuple] = {}
+    readers: dict[tuple[str, str, str], dict] = {}
+    for f in files:
+        d, q = _dirname(f["source"]), f["queue"]
+        if f["format"] == WRITER:
+            if f["last_id"] is None:
+                continue
+            bounds.setdefault((d, q), None)
+            number = re.search(WRITER_SUFFIX, f["source"])
+            if number is None:  # unordered: no say in the tail and the floor
+                continue
+            no = int(number.group(1))
+            if (d, q) not in newest or no > newest[(d, q)][0]:
+                newest[(d, q)] = (no, f["last_id"])
+            if (d, q) not in oldest or no < oldest[(d, q)][0]:
+                oldest[(d, q)] = (no, f["first_id"])
+        else:
+            name = re.search(READER_SUFFIX, f["source"])
+            r = readers.setdefault((d, q, name.group(1) if name else ""),
+                                   {"raw_head": None, "done": set()})
+            if f["raw_head"] is not None:  # one checkpoint file per reader: the highest head
+                r["raw_head"] = f["raw_head"] if r["raw_head"] is None else \
+                    max(r["raw_head"], f["raw_head"])
+            r["done"].update(f["done"] or ())
+    for key in bounds:
+        tail = newest[key][1] if key in newest else None
+        floor = oldest[key][1] - 1 if key in oldest and oldest[key][1] is not None else None
+        bounds[key] = (tail, floor)
+    with_readers = {(d, q) for d, q, _r in readers}
+    for d, q in bounds:
+        if (d, q) not in with_readers:  # the default reader of a queue without reader files
+            readers[(d, q, "")] = {"raw_head": None, "done": set()}
+    state = {}
+    for (d, q, reader), r in readers.items():
+        tail, floor = bounds.get((d, q)) or (None, None)
+        tail = tail if tail is not None else 0
+        floor = floor if floor is not None else 0
+        head = max(min(r["raw_head"] if r["raw_head"] is not None else 0, tail), min(floor, tail))
+        state[(d, q, reader)] = (head, tail, {i for i in r["done"] if head < i <= tail})
+    return state
 
 
 # -- Akka persistence chains ----------------------------------------------------------------
@@ -226,9 +281,13 @@ def _tree_state(store: str | None, tree):
 
 def _tree_tag(tree_path: str) -> str | None:
     """The tree header's random_tag as the 8 hex digits journal names carry."""
+    from .storage import is_remote, read_head, s3_options
     try:
-        with open(tree_path, "rb") as f:
-            tag = header_tag(f.read(16))
+        if is_remote(tree_path):  # the settings of this process's environment
+            tag = header_tag(read_head(tree_path, 16, s3_options()))
+        else:
+            with open(tree_path, "rb") as f:
+                tag = header_tag(f.read(16))
     except OSError:
         return None
     return None if tag is None else f"{tag:08x}"

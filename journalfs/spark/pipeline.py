@@ -9,11 +9,14 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .schema import DAMAGE_KIND
 
 DAMAGE_PARTITION = "format=" + DAMAGE_KIND
+#: Unreadable paths of INPUT named in the summary (the rest are counted).
+UNREADABLE_SHOWN = 20
 
 
 @dataclass
@@ -23,6 +26,8 @@ class Summary:
     output: str = ""
     #: (path, byte offset, reason) of every damaged file, in path order
     damage: list[tuple[str, int, str]] = field(default_factory=list)
+    #: (path, reason) of the files and directories of INPUT that could not be read
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
     files: int = 0
     bytes: int = 0
 
@@ -106,23 +111,33 @@ def _records_schema():
     return StructType(fields + [StructField("format", StringType(), True)])
 
 
-def run(spark, input_path: str, output: str, console=None) -> Summary:
+def run(spark, input_path: str, output: str, console=None, files=None) -> Summary:
+    """Write the tables of the journals under ``input_path`` (``files``: its listing, when
+    the caller made it already). An input holding no journal raises
+    :class:`~journalfs.spark.plan.NoJournalError`."""
     from pyspark.sql import functions as F
     from . import derived
-    from .plan import list_journals
+    from .plan import list_journals, local_path
     console = console or _console()
     output = os.path.abspath(output)
     records_dir = os.path.join(output, "records")
     damage_raw = os.path.join(output, "_damage_raw")
     summary = Summary(output=output)
-    listed = list_journals(input_path)
+    from .storage import is_remote, s3_options
+    remote = is_remote(input_path)
+    storage = s3_options() if remote else ()
+    input_path = input_path if remote else local_path(input_path)
+    if files is None:
+        files = list_journals(input_path, required=True, storage=storage,
+                              unreadable=summary.unreadable)
+    listed = files
     summary.files, summary.bytes = len(listed), sum(f.size for f in listed)
     with StageProgress(spark, console, summary.files, summary.bytes) as progress:
         progress.step(f"reading journals ({summary.files:,} files, {summary.bytes / 1e6:,.0f} MB)"
                       " -> records")
         df = spark.read.format("journal").option("includeDamage", "true") \
             .option("parallelism", str(spark.sparkContext.defaultParallelism)) \
-            .load(os.path.abspath(input_path))
+            .options(**dict(storage)).load(input_path)
         routed = df.withColumn("format", F.when(F.col("kind") == DAMAGE_KIND, F.lit(DAMAGE_KIND))
                                .otherwise(F.col("format")))
         routed.write.mode("overwrite").partitionBy("format").parquet(records_dir)
@@ -130,27 +145,69 @@ def run(spark, input_path: str, output: str, console=None) -> Summary:
         if os.path.isdir(os.path.join(records_dir, DAMAGE_PARTITION)):
             os.rename(os.path.join(records_dir, DAMAGE_PARTITION), damage_raw)
 
-        records = spark.read.schema(_records_schema()).parquet(records_dir)
-        tables = {"metadata": derived.metadata(records), "queues": derived.queues(records),
-                  "persistence": derived.persistence(records),
-                  "transactions": derived.transactions(records)}
-        for name, table in tables.items():
-            progress.step(f"writing {name}")
-            table.write.mode("overwrite").parquet(os.path.join(output, name))
-
-        progress.step("writing _damage")
-        damage = spark.createDataFrame([], "path string, offset long, reason string")
-        if os.path.isdir(damage_raw):
-            damage = spark.read.parquet(damage_raw).select(
-                F.col("source").alias("path"), "offset", F.col("attrs").getItem("reason").alias("reason"))
-        damage.write.mode("overwrite").parquet(os.path.join(output, "_damage"))
+        write_damage(damage_raw, os.path.join(output, "_damage"))
         shutil.rmtree(damage_raw, ignore_errors=True)
+
+        records = spark.read.schema(_records_schema()).parquet(_literal(records_dir))
+        present = {f.format for f in listed}
+        tables = list(derived.TABLES)
+        busy = [name for name in tables if present & set(derived.TABLES[name])]
+        progress.step("writing " + (", ".join(busy) or "empty tables"))
+        # small inputs: each job is mostly fixed driver-side latency (planning, codegen,
+        # scheduling), so the tables' jobs run side by side; a table none of whose formats
+        # was found is written empty without reading anything
+        pool = ThreadPoolExecutor(max_workers=max(1, len(busy)))
+        try:
+            jobs = [pool.submit(_write_table, spark, records, name, os.path.join(output, name),
+                                name in busy) for name in tables]
+            for job in jobs:
+                job.result()
+        except BaseException:  # Ctrl-C or a failed table: the others must not run on
+            spark.sparkContext.cancelAllJobs()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     for name in ("records", *tables, "_damage"):
         summary.rows[name] = parquet_rows(os.path.join(output, name))
     summary.damaged_files = summary.rows["_damage"]  # one damage row per damaged file
     summary.damage = damage_rows(os.path.join(output, "_damage"))
     return summary
+
+
+def _literal(path: str) -> str:
+    """``path`` with Hadoop's glob characters escaped: Spark globs the paths it reads
+    (an OUTPUT named ``out[2]`` would match nothing)."""
+    import re
+    return re.sub(r"([\[\]{}*?\\])", r"\\\1", path)
+
+
+def _write_table(spark, records, name: str, path: str, has_input: bool) -> None:
+    """Derived table ``name`` from ``records``; written empty (its columns, no scan) when
+    none of its formats was found."""
+    from . import derived
+    table = getattr(derived, name)(records) if has_input else \
+        spark.createDataFrame([], derived.DDLS[name])
+    table.write.mode("overwrite").parquet(path)
+
+
+def write_damage(damage_raw: str, path: str) -> None:
+    """The ``_damage`` table (path, offset, reason; one row per damaged file) from the damage
+    rows the records' pass set aside: a few rows, written with pyarrow (no Spark job)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    schema = pa.schema([("path", pa.string()), ("offset", pa.int64()), ("reason", pa.string())])
+    if os.path.isdir(damage_raw):
+        raw = pq.read_table(damage_raw, columns=["source", "offset", "attrs"])
+        table = pa.table([raw.column("source"), raw.column("offset"),
+                          pc.map_lookup(raw.column("attrs"), "reason", "first")], schema=schema)
+        table = table.sort_by([("path", "ascending"), ("offset", "ascending")])
+    else:
+        table = schema.empty_table()
+    os.makedirs(path, exist_ok=True)
+    pq.write_table(table, os.path.join(path, "part-00000.parquet"))
+    open(os.path.join(path, "_SUCCESS"), "wb").close()
 
 
 def damage_rows(path: str) -> list[tuple[str, int, str]]:
@@ -190,6 +247,11 @@ def print_summary(summary: Summary, console=None) -> None:
     for path, offset, reason in summary.damage:
         console.print(escape(f"damaged: {path}: at byte {offset}: {reason}"), highlight=False,
                       soft_wrap=True)
+    for path, reason in summary.unreadable[:UNREADABLE_SHOWN]:
+        console.print(escape(f"not read: {path}: {reason}"), highlight=False, soft_wrap=True)
+    if len(summary.unreadable) > UNREADABLE_SHOWN:
+        console.print(f"not read: {len(summary.unreadable) - UNREADABLE_SHOWN:,} more files or "
+                      "directories", highlight=False)
 
 
 def spark_for(master: str | None, scratch: str | None = None, conf: dict | None = None):

@@ -6,11 +6,13 @@ formats by arithmetic, variable-width formats at cached header-walk checkpoints
 """
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
+import re
 from dataclasses import dataclass, field
 
-from ..journals import is_backup_name, sniff_file
+from ..journals import is_backup_name, open_path, sniff_fd
 
 MiB = 1 << 20
 
@@ -36,6 +38,8 @@ class FileSlice:
     seq: int = 0
     #: (role, path) of the partner files the codec reads keys from (an akka data file's meta)
     partners: tuple[tuple[str, str], ...] = ()
+    #: object storage settings (storage.s3_options) for s3:// paths; () for local files
+    storage: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -44,14 +48,64 @@ class Plan:
     groups: list[list[FileSlice]] = field(default_factory=list)
 
 
-def list_journals(root: str, recursive: bool = True, glob: str | None = None) -> list[JournalFile]:
-    """Every supported journal under ``root`` (a file or a directory), by content, sorted."""
-    root = os.path.abspath(root)
+#: URI schemes read as local paths (s3:// and s3a:// are :mod:`journalfs.spark.storage`'s).
+LOCAL_SCHEMES = ("file",)
+#: Remote objects sniffed at once while listing (each one ranged read).
+SNIFF_THREADS = 16
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+
+
+class NoJournalError(ValueError):
+    """An input that holds no journal (an error: an empty result would hide a wrong path)."""
+
+
+def local_path(location: str) -> str:
+    """The absolute local path of ``location`` (a path or a ``file://`` URI); a clear error
+    for a URI scheme journalfs cannot read and for a path that does not exist."""
+    given = location
+    m = _SCHEME.match(location)
+    if m and len(m.group(1)) > 1:  # "C:" is no scheme, but there are no drives here anyway
+        scheme = m.group(1).lower()
+        if scheme not in LOCAL_SCHEMES:
+            raise ValueError(f"{location}: unsupported URI scheme {scheme!r} (journalfs reads "
+                             "local paths, file:// URIs and s3:// or s3a:// objects)")
+        from urllib.parse import unquote, urlsplit
+        parts = urlsplit(location)
+        if parts.netloc not in ("", "localhost"):
+            raise ValueError(f"{location}: a file:// URI names a host ({parts.netloc}); "
+                             "write file:///PATH")
+        location = unquote(parts.path)
+    path = os.path.abspath(location)
+    if not os.path.lexists(path):
+        raise FileNotFoundError(errno.ENOENT, f"{given}: no such file or directory")
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, f"{given}: a dangling symbolic link")
+    return path
+
+
+def list_journals(root: str, recursive: bool = True, glob: str | None = None, *,
+                  required: bool = False, storage: tuple = (),
+                  unreadable: list[tuple[str, str]] | None = None) -> list[JournalFile]:
+    """Every supported journal under ``root`` (a file or a directory, a path or a
+    ``file://`` URI, or an ``s3://``/``s3a://`` object or prefix with ``storage`` settings),
+    by content, sorted. ``required``: raise :class:`NoJournalError` (naming what was looked
+    at) rather than return nothing. ``unreadable`` collects (path, reason) of the local
+    files and directories that could not be read (permissions, I/O errors)."""
+    from .storage import is_remote
+    if is_remote(root):
+        return _list_objects(root, recursive, glob, required, storage)
+    root = local_path(root)
+    skipped = unreadable if unreadable is not None else []
+
+    def cannot(exc: OSError) -> None:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EIO):
+            skipped.append((exc.filename or "?", exc.strerror or str(exc)))
+
     if os.path.isfile(root):
         candidates = [root]
     elif recursive:
         candidates = []
-        for d, dirs, files in os.walk(root):
+        for d, dirs, files in os.walk(root, onerror=cannot):
             dirs.sort()
             candidates.extend(os.path.join(d, f) for f in sorted(files))
     else:
@@ -64,19 +118,67 @@ def list_journals(root: str, recursive: bool = True, glob: str | None = None) ->
             continue
         if glob and not fnmatch.fnmatch(name, glob):
             continue
-        codec = sniff_file(path)
-        if codec is None:
+        try:
+            fd = open_path(path)
+        except OSError as exc:  # not a regular file (EINVAL), gone, or unreadable
+            exc.filename = path
+            cannot(exc)
             continue
         try:
-            size = os.path.getsize(path)
-        except OSError:
+            codec = sniff_fd(fd)
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        if codec is None:
             continue
         out.append(JournalFile(path, codec.name, size))
+    if required and not out:
+        raise NoJournalError(no_journal_message(root, candidates, glob))
     return out
 
 
+def _list_objects(root: str, recursive: bool, glob: str | None, required: bool,
+                  storage: tuple) -> list[JournalFile]:
+    """:func:`list_journals` of object storage: one listing, then each candidate's first
+    bytes by a ranged read (several at once)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from ..formats import SNIFF_BYTES, detect
+    from .storage import list_objects, read_head
+    objects = list_objects(root, recursive, storage)
+    candidates = [(uri, size) for uri, size in objects
+                  if not is_backup_name(uri) and not (glob and not fnmatch.fnmatch(
+                      uri.rpartition("/")[2], glob))]
+    with ThreadPoolExecutor(SNIFF_THREADS) as pool:
+        heads = list(pool.map(lambda c: read_head(c[0], SNIFF_BYTES, storage), candidates))
+    out = []
+    for (uri, size), head in zip(candidates, heads):
+        codec = detect(head)
+        if codec is not None:
+            out.append(JournalFile(uri, codec.name, size))
+    if required and not out:
+        raise NoJournalError(no_journal_message(root, [u for u, _s in objects], glob,
+                                                local=False))
+    return out
+
+
+def no_journal_message(root: str, candidates: list[str], glob: str | None,
+                       local: bool = True) -> str:
+    from ..formats import CODECS
+    formats = ", ".join(sorted(CODECS))
+    if candidates == [root]:
+        if local and not os.access(root, os.R_OK):
+            return f"{root}: permission denied"
+        return f"{root}: not a journal (supported formats: {formats})"
+    unreadable = sum(1 for c in candidates if not os.access(c, os.R_OK)) if local else 0
+    matching = f" matching {glob!r}" if glob else ""
+    return (f"{root}: no journal found ({len(candidates):,} files looked at{matching}"
+            f"{f', {unreadable:,} unreadable' if unreadable else ''}; supported formats: "
+            f"{formats})")
+
+
 def partner_files(f: JournalFile, files: list[JournalFile],
-                  by_dir: dict[str, list[tuple[str, str]]] | None = None) -> dict[str, str]:
+                  by_dir: dict[str, list[tuple[str, str]]] | None = None,
+                  storage: tuple = ()) -> dict[str, str]:
     """The partner files of ``f`` (by role, e.g. an akka data file's ``meta``) by its codec's
     rule, among the journals of its directory. ``by_dir`` (from :func:`siblings_by_dir`) saves
     a pass over ``files`` per call."""
@@ -86,20 +188,21 @@ def partner_files(f: JournalFile, files: list[JournalFile],
         by_dir = siblings_by_dir(files)
     siblings = by_dir.get(d)
     if siblings is None or len(siblings) < 2:  # the listing may have been filtered
-        siblings = [(os.path.basename(j.path), j.format) for j in list_journals(d, recursive=False)]
+        siblings = [(os.path.basename(j.path), j.format)
+                    for j in list_journals(d, recursive=False, storage=storage)]
     partners = CODECS[f.format].partners(name, [s for s in siblings if s[0] != name])
     return {role: os.path.join(d, other) for role, other in partners.items()}
 
 
 def key_partners(f: JournalFile, files: list[JournalFile],
-                 by_dir: dict[str, list[tuple[str, str]]] | None = None
+                 by_dir: dict[str, list[tuple[str, str]]] | None = None, storage: tuple = ()
                  ) -> tuple[tuple[str, str], ...]:
     """(role, path) of the partner files the codec of ``f`` reads its records' keys from."""
     from ..formats import CODECS
     roles = CODECS[f.format].key_partners
     if not roles:
         return ()
-    return tuple((role, path) for role, path in partner_files(f, files, by_dir).items()
+    return tuple((role, path) for role, path in partner_files(f, files, by_dir, storage).items()
                  if role in roles)
 
 
@@ -156,19 +259,27 @@ def _checkpoint_slices(f: JournalFile, target: int, cache_dir: str | None,
 
 def slices_for(f: JournalFile, target: int, files: list[JournalFile],
                cache_dir: str | None = None,
-               by_dir: dict[str, list[tuple[str, str]]] | None = None) -> list[FileSlice]:
+               by_dir: dict[str, list[tuple[str, str]]] | None = None,
+               storage: tuple = ()) -> list[FileSlice]:
+    from dataclasses import replace
     from ..formats import CODECS, splittable
+    from .storage import is_remote
     codec = CODECS[f.format]
-    partners = key_partners(f, files, by_dir)
-    if f.size <= target or not splittable(codec):
-        return [FileSlice(f.path, f.format, partners=partners)]
+    remote = is_remote(f.path)
+    storage = storage if remote else ()
+    partners = key_partners(f, files, by_dir, storage)
+    if f.size <= target or not splittable(codec) or (remote and not codec.record_size):
+        # an object of a variable-width format is one task: finding its record starts would
+        # read it whole on the driver
+        return [FileSlice(f.path, f.format, partners=partners, storage=storage)]
     if codec.record_size:
-        return _fixed_slices(f, codec.record_size, codec.header_size, target)
+        return [replace(s, storage=storage)
+                for s in _fixed_slices(f, codec.record_size, codec.header_size, target)]
     return _checkpoint_slices(f, target, cache_dir, partners)
 
 
 def plan(files: list[JournalFile], parallelism: int, max_split: int = 128 * MiB,
-         cache_dir: str | None = None) -> Plan:
+         cache_dir: str | None = None, storage: tuple = ()) -> Plan:
     """Group small files into tasks of about ``split_target`` work; split big files.
 
     Groups come out costliest first: Spark starts tasks in partition order, so the long ones
@@ -180,11 +291,11 @@ def plan(files: list[JournalFile], parallelism: int, max_split: int = 128 * MiB,
     group_cost = 0
     for f in files:
         if f.size > target:
-            slices = slices_for(f, target, files, cache_dir, by_dir)
+            slices = slices_for(f, target, files, cache_dir, by_dir, storage)
             each = cost(f) // len(slices)
             weighted.extend((each, [s]) for s in slices)
             continue
-        group.extend(slices_for(f, target, files, cache_dir, by_dir))
+        group.extend(slices_for(f, target, files, cache_dir, by_dir, storage))
         group_cost += cost(f)
         if group_cost >= target:
             weighted.append((group_cost, group))

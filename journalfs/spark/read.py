@@ -9,11 +9,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..formats import CODECS, FormatError
-from ..journals import mapped
+from ..journals import HEAD_BYTES, mapped
 from ..pagecache import DroppingPages, PagePacer, Releaser
 from .convert import damage_batch, to_batch
 from .plan import FileSlice
 from .schema import DAMAGE_KIND
+from .storage import is_remote, object_mapped
 
 
 def _keys_for(sl: FileSlice, buf):
@@ -27,7 +28,9 @@ def _keys_for(sl: FileSlice, buf):
         partners = {}
         for role, path in sl.partners:
             try:
-                partners[role] = stack.enter_context(mapped(path))
+                partners[role] = stack.enter_context(
+                    object_mapped(path, [(0, 1 << 62)], sl.storage) if is_remote(path)
+                    else mapped(path))
             except OSError:  # vanished or unreadable since planning: no keys from it
                 pass
         return None, codec.key_resolver(buf, partners)
@@ -40,16 +43,37 @@ def _read_columns(codec, buf, sl: FileSlice, start, seq, batch_rows: int):
                                                             batch_rows)
 
 
+class UnreadableSlice(OSError):
+    """An executor cannot open a file the driver planned (not visible there, or gone):
+    the task fails, so Spark retries it and then fails the job, never a silent 0 rows."""
+
+
 def read_slice(sl: FileSlice, include_damage: bool, kinds: set | None,
                batch_rows: int) -> Iterator[pa.RecordBatch]:
     """Batches of the records of ``sl`` (its file mapped for the duration)."""
     try:
-        with mapped(sl.path) as buf:
-            yield from read_buffer(buf, sl, include_damage, kinds, batch_rows)
-    except OSError as exc:  # vanished or unreadable since planning
-        if include_damage and (kinds is None or DAMAGE_KIND in kinds):
-            yield damage_batch(sl.path, sl.format, sl.seq, sl.start or 0,
-                               f"cannot read: {exc.strerror or exc}")
+        if is_remote(sl.path):  # an object: ranged reads of what the slice needs into a buffer
+            cm = object_mapped(sl.path, slice_ranges(sl), sl.storage)
+        else:
+            cm = mapped(sl.path)
+        buf = cm.__enter__()
+    except OSError as exc:
+        import socket
+        raise UnreadableSlice(exc.errno, f"journalfs: cannot read {sl.path} on "
+                              f"{socket.gethostname()} (pid {os.getpid()}): "
+                              f"{exc.strerror or exc}; every executor must see the input at "
+                              "the path the driver listed") from None
+    with contextlib.ExitStack() as stack:
+        stack.push(cm)
+        yield from read_buffer(buf, sl, include_damage, kinds, batch_rows)
+
+
+def slice_ranges(sl: FileSlice) -> list[tuple[int, int]]:
+    """Byte ranges of an object a slice needs: all of it, or for a slice of a fixed-width
+    format (the only remote ones split) its header and its records."""
+    if sl.start is None:
+        return [(0, 1 << 62)]
+    return [(0, HEAD_BYTES), (sl.start, 1 << 62 if sl.stop is None else sl.stop)]
 
 
 #: Arrow bytes a batch aims at: rows per batch adapt to the records' size (payloads of up

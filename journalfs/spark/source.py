@@ -4,10 +4,14 @@
 runs on executors, maps each file and turns the codecs' columnar output straight into Arrow
 record batches. Damage ends a file's records (its valid prefix is kept) and never fails the
 job; with option ``includeDamage=true`` each damaged file adds one ``kind = '_damage'`` row.
+Loud failures instead of empty results: ``load()`` of a path that does not exist, of an
+unsupported URI scheme or of an input holding no journal raises; a slice an executor cannot
+open fails its task (Spark retries it, elsewhere on a cluster) and then the job.
 
 Options: ``formats`` (comma list), ``recursive`` (default true), ``pathGlobFilter``,
 ``includeDamage`` (default false), ``parallelism`` (tasks are sized for it; default: the
-driver's CPU count), ``maxSplitBytes``, ``checkpointCache`` (directory, or "" for none).
+driver's CPU count), ``maxSplitBytes``, ``checkpointCache`` (directory, or "" for none);
+for ``s3://``/``s3a://`` paths ``endpoint`` and ``region`` (:mod:`journalfs.spark.storage`).
 """
 from __future__ import annotations
 
@@ -73,8 +77,11 @@ class JournalReader(DataSourceReader):
         path = self.options.get("path")
         if not path:
             raise ValueError("journal data source: load(PATH) needs a path")
+        from .storage import is_remote, s3_options
+        storage = s3_options(self.options) if is_remote(path) else ()
+        # a wrong path, an unsupported scheme or no journal at all raise: never a silent 0 rows
         files = list_journals(path, _true(self.options.get("recursive"), True),
-                              self.options.get("pathglobfilter"))
+                              self.options.get("pathglobfilter"), required=True, storage=storage)
         if "format" in self.allowed:
             files = [f for f in files if f.format in self.allowed["format"]]
         if "source" in self.allowed:
@@ -89,7 +96,7 @@ class JournalReader(DataSourceReader):
         max_split = int(self.options.get("maxsplitbytes") or 128 << 20)
         cache = self.options.get("checkpointcache")
         cache = default_cache_dir() if cache is None else (cache or None)
-        groups = plan(files, parallelism, max_split, cache).groups
+        groups = plan(files, parallelism, max_split, cache, storage).groups
         return [JournalPartition(g) for g in groups]
 
     # -- reading (executors) ---------------------------------------------------------------
