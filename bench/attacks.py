@@ -226,8 +226,8 @@ def run_attacks(seconds: float = 8.0) -> dict:
         subprocess.run(["chown", "-R", f"{bob.pw_uid}:{bob.pw_gid}", str(big)], check=True)
         damaged = src / bob.pw_name / "damaged"
         damaged.mkdir()
-        torn = (Path(os.environ.get("JOURNALFS_SHARED", "/work/shared"))
-                / "conformance" / "records" / "torn.1800000000000").read_bytes()
+        torn = (Path(__file__).resolve().parent.parent / "tests" / "data" / "conformance"
+                / "records" / "torn.1800000000000").read_bytes()
         for i in range(DAMAGED_JOURNALS):
             (damaged / (f"q{i:04d}-" + "n" * 200 + ".1800000000000")).write_bytes(torn)
         subprocess.run(["chown", "-R", f"{bob.pw_uid}:{bob.pw_gid}", str(damaged)], check=True)

@@ -146,8 +146,8 @@ def corpus(out: Path, size_gb: float) -> Path:
     _repeat_body(big / "events.log.idx", idx[:16], idx[16:], int(total * 0.10))
     (big / "akka").mkdir()
     _akka_data(big / "akka" / "data", big / "akka" / "meta", int(total * 0.15))
-    shared = Path(os.environ.get("JOURNALFS_SHARED", REPO.parent / "shared"))
-    _small_files(root / UNDER_2G / "small", int(total * 0.15), shared if shared.exists() else None)
+    corpus = REPO / "tests" / "data" / "conformance"
+    _small_files(root / UNDER_2G / "small", int(total * 0.15), corpus.parent if corpus.exists() else None)
     (root / ".done").write_text("ok")
     return root
 
