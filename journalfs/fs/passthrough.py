@@ -862,7 +862,8 @@ class JournalFS(pyfuse3.Operations):
         parent, rel = self._dir(parent_inode, name)
         self._pin(parent, rel, name)
         remove = functools.partial(os.rmdir if is_dir else os.unlink, name)
-        await self._change_names(parent, (rel,), self._remove_at, remove, parent)
+        key = await self._change_names(parent, (rel,), self._remove_at, remove, parent, name)
+        self._links_changed(key)
         if rel is None:
             return
         self.table.unlinked(rel, is_dir=is_dir)
@@ -880,8 +881,24 @@ class JournalFS(pyfuse3.Operations):
             except (OSError, pyfuse3.FUSEError):
                 pass
 
-    def _remove_at(self, remove: Callable, parent: Inode) -> None:
-        remove(dir_fd=self.table.fd(parent))
+    def _remove_at(self, remove: Callable, parent: Inode, name: bytes) -> tuple | None:
+        """Remove ``name``; the key of the object that lost it (None if unknown)."""
+        dir_fd = self.table.fd(parent)
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            st = None
+        remove(dir_fd=dir_fd)
+        return None if st is None else (st.st_dev, st.st_ino)
+
+    def _links_changed(self, key: tuple | None) -> None:
+        """The object ``key`` lost a name: its remembered stat (nlink, ctime) is stale, also
+        when the name was one of those no longer kept per inode (MAX_PATHS)."""
+        node = self.table.by_key.get(key) if key is not None else None
+        if node is not None:
+            self._forget_stat_node(node)
+            # listings hold its stat under every name (hard links: not only node.paths)
+            self.snapshots.attrs_changed(*self.table.names_of(node))
 
     @_guarded
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
@@ -890,12 +907,14 @@ class JournalFS(pyfuse3.Operations):
         self._pin(new_parent, new, name_new)  # a replaced file may still be open
         self.table.hold(new_parent)
         try:
-            replaced, moved, other, dirs = await self._change_names(
+            replaced, moved, other, dirs, dst_key = await self._change_names(
                 old_parent, (old, new), self._rename, old_parent, name_old, new_parent,
                 name_new, flags)
         finally:
             self.table.unhold(new_parent)
         self._forget_stat_node(new_parent)
+        if replaced:
+            self._links_changed(dst_key)
         # The objects now live under their new names: their fds are opened from there.
         for key, parent, name in ((moved, new_parent, name_new), (other, old_parent, name_old)):
             node = self.table.by_key.get(key) if key is not None else None
@@ -923,10 +942,11 @@ class JournalFS(pyfuse3.Operations):
         node.stat = None
 
     def _rename(self, old_parent: Inode, old: bytes, new_parent: Inode, new: bytes,
-                flags: int) -> tuple[bool, tuple | None, tuple | None, bool]:
+                flags: int) -> tuple[bool, tuple | None, tuple | None, bool, tuple | None]:
         """Rename in SOURCE: (whether an existing, different object at ``new`` was
         replaced, key of the moved object, key of the object exchanged with it, whether
-        a directory moved: then paths below the names change too)."""
+        a directory moved: then paths below the names change too, key of what was at
+        ``new``)."""
         old_fd, new_fd = self.table.fd(old_parent), self.table.fd(new_parent)
         src = os.stat(old, dir_fd=old_fd, follow_symlinks=False)
         dst = None
@@ -943,7 +963,7 @@ class JournalFS(pyfuse3.Operations):
         replaced = dst_key is not None and dst_key != src_key
         exchanged = dst_key if flags & pyfuse3.RENAME_EXCHANGE else None
         dirs = stat.S_ISDIR(src.st_mode) or (exchanged is not None and stat.S_ISDIR(dst.st_mode))
-        return replaced, src_key, exchanged, dirs
+        return replaced, src_key, exchanged, dirs, dst_key
 
     @_guarded
     async def symlink(self, parent_inode, name, target, ctx):
