@@ -229,6 +229,10 @@ class JournalFS(pyfuse3.Operations):
         self.meta = meta            # MetaService or GvfsdBackend (same async API)
         self.location = location    # StoreLocation: store paths for mount-relative paths
         self.timeout = timeout
+        # Read-only mount (-o ro, or remount,ro through MNT/.journalfs's user.journalfs.ro):
+        # every change, metadata included, is EROFS, also where the kernel's flag is not set
+        # (a remount by a user who may not remount the kernel's superblock).
+        self.readonly = bool((options or {}).get("ro"))
         self._view_numbers = itertools.count(VIEW_INO_BASE)
         self._view_handles = itertools.count(HANDLE_BASE)
         self._file_handles = itertools.count(1)
@@ -363,7 +367,8 @@ class JournalFS(pyfuse3.Operations):
     def _dir(self, parent_inode: int, name: bytes) -> tuple[Inode, bytes | None]:
         """The passthrough directory ``parent_inode`` a change of ``name`` happens in, and
         the SOURCE-relative path of ``name`` (None when the directory has none left)."""
-        if self.views.owns(parent_inode) or (parent_inode == pyfuse3.ROOT_INODE and name == VIEWS_NAME):
+        if self.readonly or self.views.owns(parent_inode) or \
+                (parent_inode == pyfuse3.ROOT_INODE and name == VIEWS_NAME):
             raise pyfuse3.FUSEError(errno.EROFS)
         if len(name) > self.name_max:
             raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
@@ -616,7 +621,7 @@ class JournalFS(pyfuse3.Operations):
 
     @_guarded
     async def setattr(self, inode, attr, fields, fh, ctx):
-        if self.views.owns(inode):
+        if self.readonly or self.views.owns(inode):
             raise pyfuse3.FUSEError(errno.EROFS)
         node = self.table.get(inode)
         handle = self.files.get(fh) if fh is not None else None
@@ -978,7 +983,7 @@ class JournalFS(pyfuse3.Operations):
 
     @_guarded
     async def link(self, inode, new_parent_inode, new_name, ctx):
-        if self.views.owns(inode):
+        if self.readonly or self.views.owns(inode):
             raise pyfuse3.FUSEError(errno.EROFS)
         node = self.table.get(inode)
         parent, rel = self._dir(new_parent_inode, new_name)
@@ -1024,6 +1029,8 @@ class JournalFS(pyfuse3.Operations):
             if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
                 raise pyfuse3.FUSEError(errno.EROFS)
             return await self.views.open(inode)
+        if self.readonly and flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
+            raise pyfuse3.FUSEError(errno.EROFS)
         node = self.table.get(inode)
         changes = node.changes
         path_fd = self.table.hold(node)
@@ -1116,7 +1123,7 @@ class JournalFS(pyfuse3.Operations):
 
     @_guarded
     async def write(self, fh, off, buf):
-        if fh >= HANDLE_BASE:
+        if fh >= HANDLE_BASE or self.readonly:
             raise pyfuse3.FUSEError(errno.EROFS)
         handle = self._handle(fh)
         handle.written = True
@@ -1306,6 +1313,8 @@ class JournalFS(pyfuse3.Operations):
     async def setxattr(self, inode, name, value, ctx):
         if self.views.owns(inode):  # read-only, but for the settings on .journalfs itself
             return await self.views.setxattr(inode, name, value, ctx)
+        if self.readonly:
+            raise pyfuse3.FUSEError(errno.EROFS)
         node = self.table.get(inode)
         key = xattrs.metadata_key(name)
         if key is None:
@@ -1334,7 +1343,7 @@ class JournalFS(pyfuse3.Operations):
 
     @_guarded
     async def removexattr(self, inode, name, ctx):
-        if self.views.owns(inode):
+        if self.readonly or self.views.owns(inode):
             raise pyfuse3.FUSEError(errno.EROFS)
         node = self.table.get(inode)
         key = xattrs.metadata_key(name)
