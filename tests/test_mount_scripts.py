@@ -189,10 +189,13 @@ umount {mnt}
 """
 
 
-def assert_remounted_output(out: str, src: Path, mnt: Path, store: Path) -> None:
+def assert_remounted_output(out: str, src: Path, mnt: Path, store: Path,
+                            nosuid: bool = False) -> None:
     lines = out.splitlines()
     flags = [line for line in lines if line.startswith("flags=")]
     assert flags[0].startswith("flags=ro,") and flags[1].startswith("flags=rw,"), out
+    # as for ext4, mount(8) as root means dev,suid unless nodev/nosuid are asked for
+    assert ("nosuid" in flags[0]) == nosuid and "nodev" not in flags[0], out
     assert "1" in lines
     assert "touch refused" in lines and "setfattr refused" in lines
     assert out.count("Read-only file system") == 2, out
@@ -218,11 +221,11 @@ def test_fstab_remount(staged, tree, tmp_path):
     # the fstab line's options come along (store=, allow_other): the same values are accepted
     src, mnt, store = tree
     fstab = tmp_path / "fstab"
-    fstab.write_text(f"{src} {mnt} fuse.journalfs store={store},allow_other,noauto 0 0\n")
+    fstab.write_text(f"{src} {mnt} fuse.journalfs store={store},allow_other,noauto,nosuid 0 0\n")
     out = run_in_namespace({"/usr/sbin": staged / "sbin"}, remount_script(
         f"mount --fstab {fstab} {mnt}", f"mount --fstab {fstab} -o remount,ro {mnt}",
         f"mount --fstab {fstab} -o remount,rw {mnt}", mnt))
-    assert_remounted_output(out, src, mnt, store)
+    assert_remounted_output(out, src, mnt, store, nosuid=True)
 
 
 def test_systemd_unit_verifies(staged, tmp_path):
