@@ -530,6 +530,9 @@ class JournalFS(pyfuse3.Operations):
             return await self.views.lookup(parent_inode, name)
         if len(name) > self.name_max:  # before any cached answer
             raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
+        if name == b"." and parent_inode not in self.table:
+            # open_by_handle_at / NFS: a handle of an inode the kernel has forgotten
+            return await self._found_again(parent_inode)
         parent = self.table.get(parent_inode)
         if name == b".":
             st = await self._stat(parent)
@@ -537,6 +540,8 @@ class JournalFS(pyfuse3.Operations):
             return self.attrs(parent, st)
         if name == b"..":  # asked by NFS exports; the directory it was found in
             up = parent if parent is self.table.root else self.table.by_ino.get(parent.parent)
+            if up is None and parent.path:  # e.g. a directory found again by its handle
+                return await self._found_at(os.path.dirname(parent.path))
             if up is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)
             st = await self._stat(up)
@@ -566,6 +571,28 @@ class JournalFS(pyfuse3.Operations):
         fd, st = self._inline(parent, self._open_path, name) if self.local else \
             await self._on(parent, self._open_path, name)
         node = self.table.remember(rel, st, parent.ino, name, fd=fd)
+        return self.attrs(node, st)
+
+    async def _found_again(self, ino: int) -> pyfuse3.EntryAttributes:
+        """LOOKUP(ino, "."): the forgotten inode ``ino``, found again inside SOURCE
+        (inodes.InodeTable.find_forgotten), or ESTALE."""
+        rel, st, fd, parent = await self._io(self.table.find_forgotten, ino)
+        node = self.table.remember(rel, st, parent, os.path.basename(rel), fd=fd)
+        return self.attrs(node, st)
+
+    async def _found_at(self, rel: bytes) -> pyfuse3.EntryAttributes:
+        """The directory at ``rel`` (a parent asked for by ".."), walked to from SOURCE."""
+        if rel == b"":
+            st = await self._stat(self.table.root)
+            self.table.root.lookups += 1
+            return self.attrs(self.table.root, st)
+        found = await self._io(self.table.walk, rel)
+        if found is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        fd, st, parent_key = found
+        parent = pyfuse3.ROOT_INODE if parent_key == self.table.root.key \
+            else self.table.number(parent_key)
+        node = self.table.remember(rel, st, parent, os.path.basename(rel), fd=fd)
         return self.attrs(node, st)
 
     @staticmethod
