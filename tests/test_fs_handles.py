@@ -77,6 +77,8 @@ def tree(tmp_path):
     (src / "leaving").write_text("to move out of SOURCE\n")
     (src / "renamed").write_text("renamed behind the mount\n")
     (outside / "secret").write_text("outside SOURCE\n")
+    (src / "pair").write_text("two names\n")
+    os.link(src / "pair", src / "dir" / "pair-link")  # never looked up through the mount
     return src, mnt, outside
 
 
@@ -89,6 +91,8 @@ def test_handles_open_after_the_kernel_forgot_the_inodes(tree, tmp_path):
         native = {n: name_to_handle(src / n) for n in names}
         dir_handle = name_to_handle(mnt / "dir" / "sub")
         doomed, leaving = name_to_handle(mnt / "doomed"), name_to_handle(mnt / "leaving")
+        pair = name_to_handle(mnt / "pair")
+        os.unlink(mnt / "pair")  # its other name lives on (xfstests generic/426 -u)
         (src / "renamed").rename(src / "dir" / "moved-here")  # behind the mount's back
         os.unlink(mnt / "doomed")
         shutil.move(src / "leaving", outside / "left")  # behind the mount's back
@@ -103,6 +107,7 @@ def test_handles_open_after_the_kernel_forgot_the_inodes(tree, tmp_path):
             assert os.stat("deep", dir_fd=fd).st_ino == (mnt / "dir/sub/deep").stat().st_ino
         finally:
             os.close(fd)
+        assert read_by_handle(mnt, pair) == b"two names\n"
         assert_stale(mnt, doomed)
         # moved out of SOURCE: the kernel would find it, journalfs must not
         assert_stale(mnt, leaving)

@@ -356,8 +356,7 @@ class InodeTable:
 
     def _keep_forgotten(self, node: Inode) -> None:
         """Remember how to find ``node`` again once dropped (see the module's docstring)."""
-        if node.key is None or node.key[0] != self.root_dev or node.ino != node.key[1] \
-                or not node.paths:
+        if node.key is None or node.key[0] != self.root_dev or node.ino != node.key[1]:
             return  # only SOURCE's own filesystem's objects keep their numbers
         handle = None
         if node.fd is not None:
@@ -365,9 +364,13 @@ class InodeTable:
                 handle = source_handle(node.fd, node.file_type == stat.S_IFDIR)
             except OSError:
                 pass
+        # e.g. a file whose name was unlinked while another hard link, not looked up, lives
+        names = tuple(self.names_of(node)[-FORGOTTEN_NAMES:]) if node.paths or \
+            node.key in self.links else ()
+        if handle is None and not names:
+            return
         forgotten = self.forgotten
-        forgotten[node.ino] = Forgotten(node.key, node.file_type, handle,
-                                        tuple(node.paths[-FORGOTTEN_NAMES:]))
+        forgotten[node.ino] = Forgotten(node.key, node.file_type, handle, names)
         forgotten.move_to_end(node.ino)
         if len(forgotten) > MAX_FORGOTTEN:
             forgotten.popitem(last=False)
