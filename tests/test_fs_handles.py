@@ -78,7 +78,8 @@ def tree(tmp_path):
     (src / "renamed").write_text("renamed behind the mount\n")
     (outside / "secret").write_text("outside SOURCE\n")
     (src / "pair").write_text("two names\n")
-    os.link(src / "pair", src / "dir" / "pair-link")  # never looked up through the mount
+    (src / "elsewhere").mkdir()
+    os.link(src / "pair", src / "elsewhere" / "pair-link")  # never seen through the mount
     return src, mnt, outside
 
 
