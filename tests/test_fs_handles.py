@@ -77,9 +77,14 @@ def tree(tmp_path):
     (src / "leaving").write_text("to move out of SOURCE\n")
     (src / "renamed").write_text("renamed behind the mount\n")
     (outside / "secret").write_text("outside SOURCE\n")
-    (src / "pair").write_text("two names\n")
+    # files with a second name never seen through the mount: in the same directory, and in
+    # another one
+    (src / "two").mkdir()
+    (src / "two" / "pair").write_text("two names\n")
+    os.link(src / "two" / "pair", src / "two" / "pair-link")
+    (src / "far").write_text("two names, far apart\n")
     (src / "elsewhere").mkdir()
-    os.link(src / "pair", src / "elsewhere" / "pair-link")  # never seen through the mount
+    os.link(src / "far", src / "elsewhere" / "far-link")
     return src, mnt, outside
 
 
@@ -92,8 +97,9 @@ def test_handles_open_after_the_kernel_forgot_the_inodes(tree, tmp_path):
         native = {n: name_to_handle(src / n) for n in names}
         dir_handle = name_to_handle(mnt / "dir" / "sub")
         doomed, leaving = name_to_handle(mnt / "doomed"), name_to_handle(mnt / "leaving")
-        pair = name_to_handle(mnt / "pair")
-        os.unlink(mnt / "pair")  # its other name lives on (xfstests generic/426 -u)
+        pair, far = name_to_handle(mnt / "two" / "pair"), name_to_handle(mnt / "far")
+        os.unlink(mnt / "two" / "pair")  # its other name lives on (xfstests generic/426 -u)
+        os.unlink(mnt / "far")
         (src / "renamed").rename(src / "dir" / "moved-here")  # behind the mount's back
         os.unlink(mnt / "doomed")
         shutil.move(src / "leaving", outside / "left")  # behind the mount's back
@@ -109,6 +115,9 @@ def test_handles_open_after_the_kernel_forgot_the_inodes(tree, tmp_path):
         finally:
             os.close(fd)
         assert read_by_handle(mnt, pair) == b"two names\n"
+        # its only name is in a directory journalfs never saw it in: nothing proves that
+        # name lies inside SOURCE (the kernel cannot reconnect the handle), so ESTALE
+        assert_stale(mnt, far)
         assert_stale(mnt, doomed)
         # moved out of SOURCE: the kernel would find it, journalfs must not
         assert_stale(mnt, leaving)

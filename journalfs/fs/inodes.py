@@ -27,7 +27,10 @@ takes the path the kernel reconnected it at (handles of files are "connectable",
 kernel finds their directory), and accepts it only when walking that path down from SOURCE's
 own fd, one component at a time and following no symlink, reaches the very same object: a
 handle can never reach anything outside SOURCE. Without the handle (not root) the names kept
-are walked the same way. A file renamed behind the mount's back, or deleted, is ESTALE.
+are walked the same way. A deleted file is ESTALE; so is a file whose every name known
+to journalfs is gone while its other hard links, never seen through the mount, all lie in
+other directories (the kernel cannot reconnect its handle, and nothing else proves that it
+is still inside SOURCE).
 """
 from __future__ import annotations
 
