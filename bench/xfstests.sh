@@ -41,7 +41,7 @@ fi
 [ "$(id -u)" = 0 ] || skip "needs root (loop devices, mounts, test users)"
 XFSTESTS_DEPS="xfslibs-dev uuid-dev libtool-bin e2fsprogs automake gcc make libacl1-dev libaio-dev
 xfsprogs libgdbm-dev gawk fio uuid-runtime libcap-dev liburing-dev acl attr bc dbench quota
-libattr1-dev pkg-config libgdbm-compat-dev psmisc bindfs"
+libattr1-dev pkg-config libgdbm-compat-dev psmisc bindfs acct"
 missing=$(for p in $XFSTESTS_DEPS; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null \
           | grep -q "install ok installed" || printf '%s ' "$p"; done)
 [ -z "$missing" ] || skip "missing Debian packages: ${missing}(apt-get install them)"
