@@ -738,7 +738,9 @@ class JournalFS(pyfuse3.Operations):
             return await self.views.opendir(inode)
         node = self.table.get(inode)
         handle = self.next_handle()
-        self.dirs[handle] = await self._dir_state(node)
+        # listed at the first readdir, not now: names made between opendir and the first
+        # readdir (or a rewinddir before any) must show (POSIX; xfstests generic/471)
+        self.dirs[handle] = [node, None, None, False, None, None]
         return handle
 
     async def _dir_state(self, node: Inode) -> list:
@@ -799,7 +801,8 @@ class JournalFS(pyfuse3.Operations):
         if fh not in self.dirs:
             return await self.views.readdir(fh, start_id, token)
         state = self.dirs[fh]
-        if start_id == 0 and state[3]:  # rewinddir: the directory as it is now (POSIX)
+        if state[1] is None or (start_id == 0 and state[3]):
+            # the first read, or rewinddir: the directory as it is now (POSIX)
             state[:] = await self._dir_state(state[0])
         state[3] = True
         node, listing, dots, _, plain, entries = state
