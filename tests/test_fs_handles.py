@@ -148,6 +148,44 @@ def test_a_symlink_swapped_in_does_not_lead_out(tree, tmp_path):
         assert_stale(mnt, handle)
 
 
+def test_handles_stay_valid_across_unmount_and_mount(tree, tmp_path):
+    # xfstests generic/477: our numbers are SOURCE's, so a handle outlives the mount
+    src, mnt, outside = tree
+    env = {**os.environ, "JOURNALFS_RUNTIME_DIR": str(tmp_path / "run")}
+    store = str(tmp_path / "store")
+    with mounted(src, mnt, "--store", store, env=env):
+        handles = {n: name_to_handle(mnt / n) for n in ("dir/file", "dir/sub/deep", "top")}
+        directory = name_to_handle(mnt / "dir" / "sub")
+        leaving = name_to_handle(mnt / "leaving")
+    (src / "dir" / "sub").rename(src / "dir" / "sub-renamed")  # between the mounts
+    shutil.move(src / "leaving", outside / "left")
+    with mounted(src, mnt, "--store", store, "--log-file", str(tmp_path / "log"), env=env):
+        forget_everything()
+        assert read_by_handle(mnt, handles["dir/file"]) == b"in a directory\n"
+        assert read_by_handle(mnt, handles["dir/sub/deep"]) == b"deeper\n"
+        assert read_by_handle(mnt, handles["top"]) == b"at the top\n"
+        fd = open_by_handle(mnt, directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            assert os.listdir(fd) == ["deep"]
+        finally:
+            os.close(fd)
+        assert_stale(mnt, leaving)  # now outside SOURCE
+    assert "file handles of the last mount" in (tmp_path / "log").read_text()
+    # a damaged file of saved handles is taken up to the damage and only ever proposes:
+    # each handle opens what it named or is ESTALE, never anything else
+    saved = next((tmp_path / "run").glob("handles-*"))
+    data = saved.read_bytes()
+    for damaged in (data[:len(data) // 2], data[:40] + os.urandom(200), b"garbage"):
+        saved.write_bytes(damaged)
+        with mounted(src, mnt, "--store", store, env=env):
+            forget_everything()
+            for name, expected in (("dir/file", b"in a directory\n"), ("top", b"at the top\n")):
+                try:
+                    assert read_by_handle(mnt, handles[name]) == expected
+                except OSError as exc:
+                    assert exc.errno == errno.ESTALE
+
+
 def test_forgotten_inodes_are_bounded(tmp_path, monkeypatch):
     from journalfs.fs import inodes
 
@@ -205,3 +243,17 @@ def test_nfs_export_of_a_mount(tree):
                     "export of a mount is not tested; open by handle above is what it needs")
     pytest.skip("kernel NFS server present but this test does not start one (it would "
                 "export to the network)")
+
+
+def test_saved_handle_files_are_bounded(tmp_path):
+    from journalfs.fs import main
+
+    for i in range(main.MAX_HANDLE_FILES + 8):
+        path = tmp_path / f"handles-{i:x}-1"
+        path.write_bytes(b"x")
+        os.utime(path, ns=(i * 10**9, i * 10**9))
+    (tmp_path / "other").write_bytes(b"kept")
+    main._prune_handle_files(str(tmp_path))
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert len(left) == main.MAX_HANDLE_FILES + 1 and "other" in left
+    assert "handles-0-1" not in left and f"handles-{main.MAX_HANDLE_FILES + 7:x}-1" in left

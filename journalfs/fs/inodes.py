@@ -378,6 +378,63 @@ class InodeTable:
         if len(forgotten) > MAX_FORGOTTEN:
             forgotten.popitem(last=False)
 
+    # -- across mounts ----------------------------------------------------------------------
+    # The kernel's handles of a mount stay valid across an unmount and mount of the same
+    # SOURCE (our numbers are SOURCE's): at unmount the handles of every inode still known
+    # are saved (at most MAX_FORGOTTEN, newest last), and the next mount of that SOURCE
+    # loads them. The file is treated as hostile: it only proposes candidates, which
+    # find_forgotten accepts only after its walk inside SOURCE reaches that very object.
+    _SAVED_MAGIC = b"journalfs-handles 1\n"
+    _SAVED_RECORD = struct.Struct("<QQQIH")  # number, st_dev, st_ino, file type, handle size
+
+    def save_forgotten(self, path: str) -> None:
+        for node in list(self.by_ino.values()):
+            if node is not self.root:
+                self._keep_forgotten(node)
+        out = bytearray(self._SAVED_MAGIC)
+        for ino, entry in self.forgotten.items():
+            if entry.handle is not None and len(entry.handle) <= 8 + _MAX_HANDLE_SZ:
+                out += self._SAVED_RECORD.pack(ino, entry.key[0], entry.key[1],
+                                               entry.file_type, len(entry.handle))
+                out += entry.handle
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        try:
+            os.write(fd, bytes(out))
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+
+    def load_forgotten(self, path: str) -> int:
+        """Load what :meth:`save_forgotten` wrote; returns how many entries were taken."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return 0
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or \
+                    st.st_size > MAX_FORGOTTEN * (self._SAVED_RECORD.size + 8 + _MAX_HANDLE_SZ):
+                return 0
+            data = os.read(fd, st.st_size)
+        finally:
+            os.close(fd)
+        if not data.startswith(self._SAVED_MAGIC):
+            return 0
+        pos, taken, size = len(self._SAVED_MAGIC), 0, self._SAVED_RECORD.size
+        while pos + size <= len(data) and taken < MAX_FORGOTTEN:
+            ino, dev, st_ino, file_type, length = self._SAVED_RECORD.unpack_from(data, pos)
+            pos += size
+            handle = data[pos:pos + length]
+            pos += length
+            if len(handle) != length or length < 8 or dev != self.root_dev or ino != st_ino:
+                break  # damaged: what came before stands
+            if ino not in self.by_ino:
+                self.forgotten[ino] = Forgotten((dev, st_ino), stat.S_IFMT(file_type), handle, ())
+                taken += 1
+        return taken
+
     def find_forgotten(self, ino: int) -> tuple[bytes, os.stat_result, int, int]:
         """(path, stat, O_PATH fd, parent's number) of the forgotten inode ``ino``, found
         again inside SOURCE; ESTALE when it cannot be (see the module's docstring).

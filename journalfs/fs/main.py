@@ -6,6 +6,7 @@ the nursery so the service flushes and syncs its store, and finally releases the
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import hashlib
@@ -641,6 +642,7 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
         ops = JournalFS(f"/proc/self/fd/{source_fd}", meta, location, timeout=config.timeout,
                         options=config.summary())
         ops.views.control = Control(ops)
+        _load_handles(ops, source_fd)
         if config.debug:
             trace_requests(ops)
         log.info("serving %s on %s (store %s, sync %s)", config.source, config.mountpoint,
@@ -668,8 +670,54 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
             finally:
                 nursery.cancel_scope.cancel()
                 pyfuse3.close(unmount=True)
+                _save_handles(ops, source_fd)
     finally:
         os.close(source_fd)
+
+
+def handles_file_for(source_fd: int) -> str | None:
+    """Where the file handles of SOURCE's inodes are kept between mounts (root only: only
+    root can open by handle): the runtime directory, by SOURCE's identity."""
+    if os.geteuid() != 0:
+        return None
+    st = os.fstat(source_fd)
+    base = os.environ.get("JOURNALFS_RUNTIME_DIR") or "/run/journalfs"
+    return os.path.join(base, f"handles-{st.st_dev:x}-{st.st_ino:x}")
+
+
+def _load_handles(ops, source_fd: int) -> None:
+    path = handles_file_for(source_fd)
+    if path is not None:
+        taken = ops.table.load_forgotten(path)
+        if taken:
+            log.info("%d file handles of the last mount of this SOURCE still open", taken)
+
+
+def _save_handles(ops, source_fd: int) -> None:
+    path = handles_file_for(source_fd)
+    if path is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        ops.table.save_forgotten(path)
+        _prune_handle_files(os.path.dirname(path))
+    except OSError as exc:
+        log.warning("file handles of this mount not kept for the next one: %s", exc)
+
+
+#: Saved handle files kept (one per SOURCE, the most recently unmounted ones).
+MAX_HANDLE_FILES = 32
+
+
+def _prune_handle_files(directory: str) -> None:
+    files = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name.startswith("handles-") and entry.is_file(follow_symlinks=False):
+                files.append((entry.stat(follow_symlinks=False).st_mtime_ns, entry.path))
+    for _, old in sorted(files)[:-MAX_HANDLE_FILES]:
+        with contextlib.suppress(OSError):
+            os.unlink(old)
 
 
 def _first(exc: BaseException) -> BaseException:
