@@ -739,7 +739,10 @@ class JournalFS(pyfuse3.Operations):
         node = self.table.get(inode)
         handle = self.next_handle()
         # listed at the first readdir, not now: names made between opendir and the first
-        # readdir (or a rewinddir before any) must show (POSIX; xfstests generic/471)
+        # readdir (or a rewinddir before any) must show (POSIX; xfstests generic/471). The
+        # object is checked now: ESTALE from open(2) makes the kernel look the name up again.
+        self.table.fd(node)
+        self.table.let_go(node)
         self.dirs[handle] = [node, None, None, False, None, None]
         return handle
 
