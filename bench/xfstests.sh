@@ -224,9 +224,10 @@ if differ:
             data[t][k][0] + (f": {data[t][k][1][:70]}" if data[t][k][0] != "pass" and data[t][k][1] else "")
             for t in targets) + " |")
 if "ext4" in targets:
-    worse = [k for k in tests for t in targets if t != "ext4"
-             if data[t][k][0] == "fail" and data["ext4"][k][0] == "pass"]
     print()
-    print("failing where ext4 passes:", " ".join(sorted(set(worse))) or "none")
+    for t in targets:
+        if t != "ext4":
+            worse = [k for k in tests if data[t][k][0] == "fail" and data["ext4"][k][0] == "pass"]
+            print(f"{t}: failing where ext4 passes: {' '.join(worse) or 'none'}")
 print(f"\nJSON: {os.path.join(work, 'results.json')}")
 EOF
