@@ -139,8 +139,10 @@ run_target() {
         work=$1 dir=$2 target=$3 src=$4 tests=$5
         mount -t overlay overlay -o "lowerdir=$work/sbin:/usr/sbin" /usr/sbin
         loops=()
-        for d in test scratch; do loops+=("$(losetup -f --show "$dir/img/$d.img")"); done
-        trap "umount -R $dir/mnt/test $dir/mnt/scratch 2>/dev/null; umount $dir/dev/test $dir/dev/scratch 2>/dev/null; losetup -d ${loops[*]}" EXIT
+        for d in test scratch; do
+            loops+=("$(losetup -f --show "$dir/img/$d.img")")
+            echo "${loops[-1]}" >> "$dir/loops"  # detached by the caller once all is gone
+        done
         if [ "$target" != ext4 ]; then  # SOURCE directories on ext4, as for a real user
             mount "${loops[0]}" "$dir/dev/test"
             mount "${loops[1]}" "$dir/dev/scratch"
@@ -150,6 +152,16 @@ run_target() {
         cd "$src"
         HOST_OPTIONS=$dir/config ./check $tests
     ' xfstests "$work" "$dir" "$target" "$src" "$tests" > "$dir/check.log" 2>&1 || true
+    # the namespace's mounts go with its last process (a FUSE daemon may take a moment to
+    # exit after its unmount): only then can the loop devices go
+    local loop tries
+    for loop in $(cat "$dir/loops" 2>/dev/null); do
+        for tries in $(seq 60); do
+            losetup -d "$loop" 2>/dev/null || true
+            losetup -a | grep -q "^$loop:" || break
+            sleep 1
+        done
+    done
 }
 
 for t in "${targets[@]}"; do
