@@ -71,6 +71,9 @@ def mounted(source, mnt, *extra_args: str, env: dict | None = None, check_exit: 
         if _needs_private_store(extra_args) and env is None:
             data_home = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="journalfs-xdg-"))
             run_env["XDG_DATA_HOME"] = data_home
+        if "JOURNALFS_RUNTIME_DIR" not in run_env:  # pid file, saved file handles: ours
+            run_env["JOURNALFS_RUNTIME_DIR"] = cleanup.enter_context(
+                tempfile.TemporaryDirectory(prefix="journalfs-run-"))
         log_dir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="journalfs-log-")))
         stderr_path = log_dir / "stderr"
         with open(stderr_path, "wb") as err:

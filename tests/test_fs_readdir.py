@@ -213,6 +213,21 @@ def test_rewinddir_sees_a_change(fs):
     assert b"after-rewind" not in before and b"after-rewind" in after
 
 
+def test_names_made_after_opendir_show_at_the_first_readdir(fs):
+    # xfstests generic/471: opendir, create through the mount, rewinddir, then readdir
+    (fs.mountpoint / "fresh").mkdir()
+    d = _libc.opendir(os.fsencode(fs.mountpoint / "fresh"))
+    try:
+        for i in range(20):
+            (fs.mountpoint / "fresh" / f"n{i}").write_bytes(b"")
+        _libc.rewinddir(d)
+        names = _rest(d)
+    finally:
+        _libc.closedir(d)
+    assert sorted(n for n in names if n not in (b".", b"..")) == \
+        sorted(b"n%d" % i for i in range(20))
+
+
 # -- views ---------------------------------------------------------------------------------------
 
 def test_a_big_view_lists_every_record(fs):

@@ -390,6 +390,33 @@ def test_chown_chmod_rules_for_non_root(pair):
     assert got[1][0]["chown-to-root"] == "EPERM" and got[1][0]["chmod-other"] == "EPERM"
 
 
+def test_setfacl_by_an_owner_outside_the_group_clears_setgid(pair):
+    # xfstests generic/375: the ACL is set with the caller's credentials, so SOURCE itself
+    # drops S_ISGID when the owner is not in the file's group (and keeps it when they are)
+    if not shutil.which("setfacl"):
+        pytest.skip("setfacl not installed (package acl)")
+    user = ensure_test_user()
+    other_group = grp.getgrnam("nogroup").gr_gid
+    got = []
+    for d in pair:
+        modes = []
+        for gid in (user.pw_gid, other_group):
+            for kind in ("file", "dir"):
+                path = d / f"{kind}-{gid}"
+                path.mkdir() if kind == "dir" else path.write_text("")
+                os.chown(path, user.pw_uid, gid)
+                os.chmod(path, 0o2755)
+                done = subprocess.run(
+                    ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}",
+                     "--clear-groups", "setfacl", "-m", "u::rwx,g::rwx,o::rwx", str(path)],
+                    capture_output=True, text=True)
+                assert done.returncode == 0, done.stderr
+                modes.append(oct(os.stat(path).st_mode))
+        got.append(modes)
+    assert got[0] == got[1]
+    assert got[1] == [oct(0o102777), oct(0o42777), oct(0o100777), oct(0o40777)]
+
+
 def test_metadata_xattr_permissions_follow_the_files(pair):
     user = ensure_test_user()
     got = []

@@ -181,6 +181,63 @@ def test_fstab_line(staged, tree, tmp_path):
     assert_mounted_output(out, src, mnt, store)
 
 
+def remount_script(mount_command: str, remount_ro: str, remount_rw: str, mnt: Path) -> str:
+    """Mount, remount ro (writes and metadata refused), remount rw (both work), unmount."""
+    show = f"awk '$5 == \"{mnt}\" {{print \"flags=\" $6}}' /proc/self/mountinfo"
+    return f"""
+{mount_command}
+{remount_ro}
+{show}
+getfattr --only-values -n user.journalfs.ro {mnt}/.journalfs; echo
+touch {mnt}/new 2>&1 || echo touch refused
+setfattr -n user.metadata.color -v red {mnt}/hello.txt 2>&1 || echo setfattr refused
+{remount_rw}
+{show}
+touch {mnt}/new && echo touched
+setfattr -n user.metadata.color -v blue {mnt}/hello.txt && echo set
+umount {mnt}
+"""
+
+
+def assert_remounted_output(out: str, src: Path, mnt: Path, store: Path,
+                            nosuid: bool = False) -> None:
+    lines = out.splitlines()
+    flags = [line for line in lines if line.startswith("flags=")]
+    assert flags[0].startswith("flags=ro,") and flags[1].startswith("flags=rw,"), out
+    # as for ext4, mount(8) as root means dev,suid unless nodev/nosuid are asked for
+    assert ("nosuid" in flags[0]) == nosuid and "nodev" not in flags[0], out
+    assert "1" in lines
+    assert "touch refused" in lines and "setfattr refused" in lines
+    assert out.count("Read-only file system") == 2, out
+    assert "touched" in lines and "set" in lines
+    assert (src / "new").exists()
+    wait_daemons_gone(mnt)
+    dump = subprocess.run([str(JOURNALFS), "meta", "dump", str(store / "root"), "--json"],
+                          capture_output=True, text=True, check=True)
+    assert json.loads(dump.stdout)[str(src / "hello.txt")] == {"color": "blue"}
+
+
+def test_mount_remount_ro_and_rw(staged, tree):
+    # mount(8) runs the helper with "-o remount,ro,nosuid,...,user_id=0,...": xfstests'
+    # _scratch_remount, generic/306 and 452
+    src, mnt, store = tree
+    out = run_in_namespace({"/usr/sbin": staged / "sbin"}, remount_script(
+        f"mount -t fuse.journalfs {src} {mnt} -o store={store},allow_other",
+        f"mount -o remount,ro {mnt}", f"mount -o remount,rw {mnt}", mnt))
+    assert_remounted_output(out, src, mnt, store)
+
+
+def test_fstab_remount(staged, tree, tmp_path):
+    # the fstab line's options come along (store=, allow_other): the same values are accepted
+    src, mnt, store = tree
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"{src} {mnt} fuse.journalfs store={store},allow_other,noauto,nosuid 0 0\n")
+    out = run_in_namespace({"/usr/sbin": staged / "sbin"}, remount_script(
+        f"mount --fstab {fstab} {mnt}", f"mount --fstab {fstab} -o remount,ro {mnt}",
+        f"mount --fstab {fstab} -o remount,rw {mnt}", mnt))
+    assert_remounted_output(out, src, mnt, store, nosuid=True)
+
+
 def test_systemd_unit_verifies(staged, tmp_path):
     analyze = shutil.which("systemd-analyze")
     if analyze is None:

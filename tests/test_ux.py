@@ -507,6 +507,7 @@ def test_settings_show_and_change_through_xattrs(open_tree, tmp_path):
     with mounted(src, mnt, "-o", "allow_other,timeout=30", "--store", str(tmp_path / "store"),
                  "--log-file", str(tmp_path / "log")):
         assert getfattr_dump(control) == {"user.journalfs.log_level": "info",
+                                          "user.journalfs.ro": "0",
                                           "user.journalfs.rotate": "0",
                                           "user.journalfs.sync": "batch",
                                           "user.journalfs.timeout": "30"}
@@ -516,7 +517,8 @@ def test_settings_show_and_change_through_xattrs(open_tree, tmp_path):
                        check=True)
         assert setfattr(control, "user.journalfs.rotate", "1").returncode == 0
         settings = getfattr_dump(control)
-        assert settings == {"user.journalfs.log_level": "debug", "user.journalfs.rotate": "1",
+        assert settings == {"user.journalfs.log_level": "debug", "user.journalfs.ro": "0",
+                            "user.journalfs.rotate": "1",
                             "user.journalfs.sync": "always", "user.journalfs.timeout": "2.5"}
         status = json.loads((control / "status.json").read_text())
         assert status["options"]["sync"] == "always" and status["options"]["entry_timeout"] == 2.5

@@ -42,6 +42,11 @@ Mount options (-o; also in /etc/fstab lines of type fuse.journalfs):
   exclusive_store              as --exclusive-store
   log_file=PATH                as --log-file
   ro, rw                       read-only mount (metadata too), or read-write (default)
+  remount                      change a mounted journalfs: mount -o remount,ro MOUNTPOINT,
+                               journalfs mount -o remount,rw,timeout=5 MOUNTPOINT; ro/rw,
+                               the kernel flags (root), timeout=, sync=MODE, debug and
+                               readahead= change, options fixed when mounting may only
+                               be repeated
   allow_other                  let other users in (the kernel checks their permissions)
   allow_root                   let root in besides the owner
   auto_unmount                 unmount by itself when the daemon dies
@@ -72,6 +77,7 @@ and user.journalfs.rotate (write 1 to rotate the store now).
     "journalfs mount /data /mnt/data -o allow_other,noatime,sync=always",
     "journalfs mount --gvfs ~/Documents ~/mnt/docs     # share GNOME's metadata, live",
     "journalfs mount -f -d /data /mnt/data              # stay attached, trace requests",
+    "journalfs mount -o remount,ro /mnt/data            # read-only now (mount -o remount,ro too)",
     "getfattr -d MOUNTPOINT/.journalfs")
 
 UMOUNT_DESCRIPTION = """\
@@ -85,7 +91,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("mount", help="mirror SOURCE at MOUNTPOINT with metadata xattrs and "
                        "journal views", description=MOUNT_DESCRIPTION, epilog=MOUNT_EPILOG)
     p.add_argument("source", metavar="SOURCE", help="directory to mirror")
-    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="empty directory to mount on")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", nargs="?",
+                   help="empty directory to mount on (with -o remount: SOURCE may be left "
+                        "out, as in journalfs mount -o remount,ro MOUNTPOINT)")
     p.add_argument("--store", metavar="DIR",
                    help="gvfs-style metadata directory to use (its home/root trees; a "
                         "~/.local/share/gvfs-metadata works)")
@@ -144,6 +152,13 @@ def build_config(args) -> MountConfig:
 
 
 def run_mount(args) -> int:
+    from ..fs.remount import is_remount
+    if is_remount(args.options):
+        return run_remount(args)
+    if args.mountpoint is None:
+        print("journalfs mount: error: the following arguments are required: MOUNTPOINT "
+              "(only -o remount takes a MOUNTPOINT alone)", file=sys.stderr)
+        return EXIT_USAGE
     try:
         config = build_config(args)
     except OptionError as exc:
@@ -157,6 +172,30 @@ def run_mount(args) -> int:
             run(config, foreground=True)
         return EXIT_OK
     return _daemonize(config)
+
+
+def run_remount(args) -> int:
+    """``-o remount,...``: change the running mount on MOUNTPOINT (fs/remount.py)."""
+    from ..fs.remount import remount
+    mountpoint = args.mountpoint or args.source  # mount(8) passes SOURCE MOUNTPOINT
+    extra = [f"sync={args.sync}"] if args.sync else []
+    if args.trace:
+        extra.append("debug")
+    for flag, name in ((args.store, "--store"), (args.gvfs, "--gvfs"),
+                       (args.exclusive_store, "--exclusive-store"), (args.foreground, "-f"),
+                       (args.log_file, "--log-file")):
+        if flag:
+            print(f"journalfs mount: error: {name} is fixed when mounting; remount cannot "
+                  "change it", file=sys.stderr)
+            return EXIT_USAGE
+    try:
+        warnings = remount(mountpoint, args.options + extra)
+    except OptionError as exc:
+        print(f"journalfs mount: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for warning in warnings:  # MountError -> one line, exit 1 (cli.main)
+        print(f"journalfs: warning: {warning}", file=sys.stderr)
+    return EXIT_OK
 
 
 def _daemonize(config: MountConfig) -> int:

@@ -6,6 +6,14 @@ does on its control file)::
     setfattr -n user.journalfs.sync -v always MNT/.journalfs # metadata durability
     setfattr -n user.journalfs.log_level -v debug MNT/.journalfs
     setfattr -n user.journalfs.rotate -v 1 MNT/.journalfs    # rotate the store now
+    setfattr -n user.journalfs.ro -v 1 MNT/.journalfs        # refuse every change (EROFS)
+
+``user.journalfs.ro`` is what ``mount -o remount,ro MNT`` (and ``journalfs mount -o
+remount,ro MNT``) sets before it flips the kernel's read-only flag: 1 makes the daemon itself
+refuse every change with EROFS, metadata included, and makes the metadata written so far
+durable; 0 allows changes again (after the kernel's flag is cleared: while the kernel's flag is
+set it refuses this setxattr itself). A mount made with ``-o ro`` opened its metadata store
+read-only and stays read-only.
 
 Anyone who can see the mount may read them; only the mount's owner (the user the daemon runs
 as) and root may change them, others get EPERM. ``user.journalfs.rotate`` reads as the number
@@ -57,6 +65,7 @@ class Control:
     def _values(self) -> dict[bytes, str]:
         meta = self.ops.meta
         values = {b"timeout": f"{self.ops.timeout:g}",
+                  b"ro": "1" if self.ops.readonly else "0",
                   b"log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()}
         if hasattr(meta, "compact"):  # journalfs's own store (not gvfsd's)
             values[b"sync"] = str(getattr(meta, "sync_mode", ""))
@@ -114,6 +123,8 @@ class Control:
             self._set_sync(text)
         elif setting == b"log_level":
             self._set_log_level(text)
+        elif setting == b"ro":
+            await self._set_readonly(text)
         elif setting == b"rotate":
             log.info("rotation requested through %s", (PREFIX + setting).decode())
             await self.ops.meta.compact()
@@ -148,6 +159,28 @@ class Control:
         options = getattr(getattr(self.ops, "views", None), "options", None)
         if isinstance(options, dict):
             options["sync"] = mode
+
+    async def _set_readonly(self, text: str) -> None:
+        if text not in ("0", "1"):
+            log.warning("user.journalfs.ro must be 0 or 1, not %r", text)
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        ops = self.ops
+        readonly = text == "1"
+        if not readonly and ops.readonly and self.store_readonly():
+            log.warning("cannot make the mount writable: it was mounted read-only, so its "
+                        "metadata store is open read-only (unmount and mount it rw)")
+            raise pyfuse3.FUSEError(errno.EROFS)
+        ops.readonly = readonly
+        options = getattr(getattr(ops, "views", None), "options", None)
+        if isinstance(options, dict):
+            options["ro"] = readonly
+        if readonly:  # what was written so far is durable before the mount turns read-only
+            await ops.meta.sync()
+
+    def store_readonly(self) -> bool:
+        """Whether the metadata store was opened read-only (a mount made with -o ro)."""
+        store = getattr(self.ops.meta, "store", None)
+        return bool(getattr(store, "readonly", False))
 
     def _set_log_level(self, text: str) -> None:
         if text.lower() not in LOG_LEVELS:

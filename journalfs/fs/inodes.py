@@ -16,13 +16,31 @@ under a request.
 
 Paths (relative to SOURCE, b"" = root) are still kept per inode: they are the keys of the
 metadata store and of the views.
+
+Open by file handle (``open_by_handle_at``, NFS export): the kernel's handle of a file on the
+mount is our inode number. When the kernel has forgotten that inode, it asks for it again as
+LOOKUP(number, "."). So that a forgotten inode can be found again, a forget keeps (bounded,
+``MAX_FORGOTTEN``, oldest dropped first) the object's SOURCE file handle, taken from its
+O_PATH fd before the fd is closed (one syscall per forget, nothing on lookups), and its newest
+names. :meth:`InodeTable.find_forgotten` opens the handle (root only: CAP_DAC_READ_SEARCH),
+takes the path the kernel reconnected it at (handles of files are "connectable", so the
+kernel finds their directory), and accepts it only when walking that path down from SOURCE's
+own fd, one component at a time and following no symlink, reaches the very same object: a
+handle can never reach anything outside SOURCE. Without the handle (not root) the names kept
+are walked the same way. A deleted file is ESTALE; so is a file whose every name known
+to journalfs is gone while its other hard links, never seen through the mount, all lie in
+other directories (the kernel cannot reconnect its handle, and nothing else proves that it
+is still inside SOURCE).
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import itertools
 import os
 import stat
+import struct
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import pyfuse3
@@ -41,6 +59,49 @@ MAX_LINKED = 200_000
 #: new number if it is looked up again: nothing holds the old one any more).
 MAX_FOREIGN = 100_000
 O_PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Forgotten inodes that open-by-handle and NFS can still reach (each about 300 bytes: a
+#: 24-byte SOURCE handle, its key and up to two names); older ones are ESTALE.
+MAX_FORGOTTEN = 100_000
+#: Names kept per forgotten inode (tried when the handle cannot be used).
+FORGOTTEN_NAMES = 2
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_AT_FDCWD = -100
+_AT_SYMLINK_FOLLOW = 0x400
+_AT_HANDLE_CONNECTABLE = 0x002  # Linux 6.13: the handle names the file's directory too
+_MAX_HANDLE_SZ = 128
+
+
+def source_handle(fd: int, is_dir: bool) -> bytes | None:
+    """The file handle (``struct file_handle`` bytes) of the object O_PATH ``fd`` stands for,
+    connectable for non-directories when the kernel can; None when SOURCE's filesystem has
+    no handles. Through /proc/self/fd/N, which resolves to exactly that object (a symlink
+    itself, too)."""
+    path = b"/proc/self/fd/%d" % fd
+    for flags in ((0,) if is_dir else (_AT_HANDLE_CONNECTABLE, 0)):
+        buf = ctypes.create_string_buffer(8 + _MAX_HANDLE_SZ)
+        struct.pack_into("I", buf, 0, _MAX_HANDLE_SZ)
+        mount_id = ctypes.c_int()
+        if _libc.name_to_handle_at(_AT_FDCWD, path, buf, ctypes.byref(mount_id),
+                                   _AT_SYMLINK_FOLLOW | flags) == 0:
+            size = struct.unpack_from("I", buf, 0)[0]
+            return buf.raw[:8 + size]
+    return None
+
+
+def open_handle(mount_fd: int, handle: bytes) -> int | None:
+    """An O_PATH fd of the object ``handle`` names, or None (gone, not root, ...)."""
+    fd = _libc.open_by_handle_at(mount_fd, handle, os.O_PATH | os.O_CLOEXEC)
+    return fd if fd >= 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Forgotten:
+    """What is kept of an inode the kernel forgot, to find it again by number."""
+    key: tuple[int, int]
+    file_type: int
+    handle: bytes | None
+    names: tuple[bytes, ...]
 
 
 def stale() -> pyfuse3.FUSEError:
@@ -124,6 +185,9 @@ class InodeTable:
         # (dev, ino) -> names of objects with several links, kept across forgets so that a
         # metadata write through one name reaches every name seen (see passthrough).
         self.links: dict[tuple[int, int], list[bytes]] = {}
+        # number -> Forgotten, oldest first (MAX_FORGOTTEN)
+        self.forgotten: OrderedDict[int, Forgotten] = OrderedDict()
+        self._mount_fd: int | None = None  # open_by_handle_at wants a non-O_PATH fd
         root = Inode(pyfuse3.ROOT_INODE, (st.st_dev, st.st_ino), [b""], lookups=1,
                      file_type=stat.S_IFDIR, fd=root_fd)
         self.by_ino[root.ino] = root
@@ -247,6 +311,8 @@ class InodeTable:
                 self._next_foreign += 1
             node = Inode(number, key, file_type=stat.S_IFMT(st.st_mode))
             node.transient = st.st_dev != self.root_dev
+            if self.forgotten:
+                self.forgotten.pop(number, None)
             self.by_ino[node.ino] = node
             self.by_key[key] = node
         if fd is not None:
@@ -308,7 +374,157 @@ class InodeTable:
         if node is None or node is self.root:
             return
         node.lookups = max(0, node.lookups - count)
+        if node.lookups == 0 and not node.handles:
+            self._keep_forgotten(node)
         self._maybe_drop(node)
+
+    def _keep_forgotten(self, node: Inode) -> None:
+        """Remember how to find ``node`` again once dropped (see the module's docstring)."""
+        if node.key is None or node.key[0] != self.root_dev or node.ino != node.key[1]:
+            return  # only SOURCE's own filesystem's objects keep their numbers
+        handle = None
+        if node.fd is not None:
+            try:
+                handle = source_handle(node.fd, node.file_type == stat.S_IFDIR)
+            except OSError:
+                pass
+        # e.g. a file whose name was unlinked while another hard link, not looked up, lives
+        names = tuple(self.names_of(node)[-FORGOTTEN_NAMES:]) if node.paths or \
+            node.key in self.links else ()
+        if handle is None and not names:
+            return
+        forgotten = self.forgotten
+        forgotten[node.ino] = Forgotten(node.key, node.file_type, handle, names)
+        forgotten.move_to_end(node.ino)
+        if len(forgotten) > MAX_FORGOTTEN:
+            forgotten.popitem(last=False)
+
+    # -- across mounts ----------------------------------------------------------------------
+    # The kernel's handles of a mount stay valid across an unmount and mount of the same
+    # SOURCE (our numbers are SOURCE's): at unmount the handles of every inode still known
+    # are saved (at most MAX_FORGOTTEN, newest last), and the next mount of that SOURCE
+    # loads them. The file is treated as hostile: it only proposes candidates, which
+    # find_forgotten accepts only after its walk inside SOURCE reaches that very object.
+    _SAVED_MAGIC = b"journalfs-handles 1\n"
+    _SAVED_RECORD = struct.Struct("<QQQIH")  # number, st_dev, st_ino, file type, handle size
+
+    def save_forgotten(self, path: str) -> None:
+        for node in list(self.by_ino.values()):
+            if node is not self.root:
+                self._keep_forgotten(node)
+        out = bytearray(self._SAVED_MAGIC)
+        for ino, entry in self.forgotten.items():
+            if entry.handle is not None and len(entry.handle) <= 8 + _MAX_HANDLE_SZ:
+                out += self._SAVED_RECORD.pack(ino, entry.key[0], entry.key[1],
+                                               entry.file_type, len(entry.handle))
+                out += entry.handle
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        try:
+            os.write(fd, bytes(out))
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+
+    def load_forgotten(self, path: str) -> int:
+        """Load what :meth:`save_forgotten` wrote; returns how many entries were taken."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return 0
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or \
+                    st.st_size > MAX_FORGOTTEN * (self._SAVED_RECORD.size + 8 + _MAX_HANDLE_SZ):
+                return 0
+            data = os.read(fd, st.st_size)
+        finally:
+            os.close(fd)
+        if not data.startswith(self._SAVED_MAGIC):
+            return 0
+        pos, taken, size = len(self._SAVED_MAGIC), 0, self._SAVED_RECORD.size
+        while pos + size <= len(data) and taken < MAX_FORGOTTEN:
+            ino, dev, st_ino, file_type, length = self._SAVED_RECORD.unpack_from(data, pos)
+            pos += size
+            handle = data[pos:pos + length]
+            pos += length
+            if len(handle) != length or length < 8 or dev != self.root_dev or ino != st_ino:
+                break  # damaged: what came before stands
+            if ino not in self.by_ino:
+                self.forgotten[ino] = Forgotten((dev, st_ino), stat.S_IFMT(file_type), handle, ())
+                taken += 1
+        return taken
+
+    def find_forgotten(self, ino: int) -> tuple[bytes, os.stat_result, int, int]:
+        """(path, stat, O_PATH fd, parent's number) of the forgotten inode ``ino``, found
+        again inside SOURCE; ESTALE when it cannot be (see the module's docstring).
+        Syscalls only: the caller remembers it."""
+        entry = self.forgotten.get(ino)
+        if entry is None:
+            raise stale()
+        candidates = []
+        if entry.handle is not None:
+            real = self._handle_path(entry.handle)
+            if real is not None:
+                candidates.append(real)
+        candidates += [n for n in reversed(entry.names) if n not in candidates]
+        for rel in candidates:
+            found = self.walk(rel)
+            if found is None:
+                continue
+            fd, st, parent_key = found
+            if (st.st_dev, st.st_ino) == entry.key and stat.S_IFMT(st.st_mode) == entry.file_type:
+                return rel, st, fd, self.number(parent_key) if parent_key != self.root.key \
+                    else pyfuse3.ROOT_INODE
+            os.close(fd)
+        raise stale()
+
+    def _handle_path(self, handle: bytes) -> bytes | None:
+        """The SOURCE-relative path the kernel reconnects ``handle`` at, or None."""
+        if self._mount_fd is None:
+            try:
+                self._mount_fd = os.open(b"/proc/self/fd/%d" % self.root.fd,
+                                         os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                return None
+        fd = open_handle(self._mount_fd, handle)
+        if fd is None:
+            return None
+        try:
+            real = os.readlink(b"/proc/self/fd/%d" % fd)
+            top = os.readlink(b"/proc/self/fd/%d" % self.root.fd)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        top = top.rstrip(b"/") + b"/"
+        return real[len(top):] if real.startswith(top) and len(real) > len(top) else None
+
+    def walk(self, rel: bytes) -> tuple[int, os.stat_result, tuple[int, int]] | None:
+        """(O_PATH fd, stat, key of its directory) of ``rel``, reached from SOURCE's fd one
+        name at a time with no symlink followed, or None."""
+        parts = rel.split(b"/")
+        if any(p in (b"", b".", b"..") for p in parts):
+            return None
+        fd, parent_fd = self.root.fd, None
+        try:
+            for part in parts:
+                next_fd = os.open(part, O_PATH_FLAGS, dir_fd=fd)
+                if parent_fd is not None:
+                    os.close(parent_fd)
+                parent_fd = fd if fd != self.root.fd else None
+                fd = next_fd
+            st = os.fstat(fd)
+            up = os.fstat(parent_fd) if parent_fd is not None else os.fstat(self.root.fd)
+            return fd, st, (up.st_dev, up.st_ino)
+        except OSError:
+            if fd != self.root.fd:
+                os.close(fd)
+            return None
+        finally:
+            if parent_fd is not None:
+                os.close(parent_fd)
 
     def _maybe_drop(self, node: Inode) -> None:
         if node.lookups == 0 and not node.handles and node is not self.root:
@@ -321,6 +537,8 @@ class InodeTable:
 
     def release_handle(self, node: Inode, handle: int) -> None:
         node.handles.discard(handle)
+        if node.lookups == 0 and not node.handles and not node.dropped:
+            self._keep_forgotten(node)
         self._maybe_drop(node)
 
     def unlinked(self, rel: bytes, is_dir: bool = True) -> None:

@@ -6,6 +6,7 @@ the nursery so the service flushes and syncs its store, and finally releases the
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import hashlib
@@ -365,15 +366,37 @@ def preflight(config: MountConfig) -> list[str]:
         raise MountError(f"mountpoint {mnt} is busy: something is already mounted there{kind}")
     if not config.nonempty and os.listdir(mnt):
         raise MountError(f"mountpoint {mnt} is not empty (use -o nonempty to mount over it)")
+    for option in ("allow_other", "allow_root"):
+        if getattr(config, option) and os.geteuid() != 0 and not user_allow_other():
+            raise MountError(f"-o {option} needs user_allow_other in {FUSE_CONF} (fusermount3 "
+                             f"refuses it for users otherwise): as root, add a line "
+                             f"user_allow_other to {FUSE_CONF}, or mount without -o {option}")
     if config.gvfs and not config.store and not os.environ.get("DBUS_SESSION_BUS_ADDRESS"):
         raise MountError("--gvfs needs the D-Bus session bus of the user's desktop session "
                          "(DBUS_SESSION_BUS_ADDRESS is not set); run it there, or use "
                          "--store DIR for a store of its own")
     own = os.path.join(src, ".journalfs")
     if os.path.lexists(own):
-        warnings.append(f"{own} exists in SOURCE but the mount shows its own .journalfs "
-                        "there instead: reach the real one in SOURCE directly")
+        if os.path.realpath(src) == target:  # -o nonempty over SOURCE itself
+            warnings.append(f"{own} exists in SOURCE, which this mount covers: while it is "
+                            "mounted, .journalfs there is the mount's own and the real one "
+                            "is out of reach (rename it in SOURCE to see it through the mount)")
+        else:
+            warnings.append(f"{own} exists in SOURCE but the mount shows its own .journalfs "
+                            "there instead: reach the real one in SOURCE directly")
     return warnings
+
+
+FUSE_CONF = "/etc/fuse.conf"
+
+
+def user_allow_other() -> bool:
+    """Whether fusermount3 lets users mount with allow_other/allow_root (fuse.conf)."""
+    try:
+        with open(FUSE_CONF, encoding="utf-8", errors="replace") as f:
+            return any(line.split("#", 1)[0].strip() == "user_allow_other" for line in f)
+    except OSError:
+        return False
 
 
 def _last_line(text: str) -> str:
@@ -664,6 +687,7 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
         ops = JournalFS(f"/proc/self/fd/{source_fd}", meta, location, timeout=config.timeout,
                         options=config.summary())
         ops.views.control = Control(ops)
+        _load_handles(ops, source_fd)
         if config.debug:
             trace_requests(ops)
         log.info("serving %s on %s (store %s, sync %s)", config.source, config.mountpoint,
@@ -675,7 +699,10 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
             try:
                 pyfuse3.init(ops, config.mountpoint, config.fuse_options())
             except RuntimeError as exc:
-                raise MountError(f"cannot mount on {config.mountpoint}: {exc}") from None
+                # libfuse (or fusermount3, for users) printed its reason to stderr already
+                raise MountError(f"cannot mount on {config.mountpoint}: "
+                                 f"{'fusermount3' if os.geteuid() else 'libfuse'} refused "
+                                 f"({exc}; its reason is on the line above)") from None
             nursery.start_soon(_when_served, mountpoint, config.readahead, ready)
             nursery.start_soon(ops.watch.run)  # SOURCE changes made behind the mount
             nursery.start_soon(ops.views.status_file.run)  # status.json, off the request path
@@ -689,34 +716,93 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
             finally:
                 nursery.cancel_scope.cancel()
                 pyfuse3.close(unmount=True)
+                _save_handles(ops, source_fd)
     finally:
         os.close(source_fd)
 
 
-def _first(group: BaseExceptionGroup) -> BaseException:
-    exc: BaseException = group
+def handles_file_for(source_fd: int) -> str | None:
+    """Where the file handles of SOURCE's inodes are kept between mounts (root only: only
+    root can open by handle): the runtime directory, by SOURCE's identity."""
+    if os.geteuid() != 0:
+        return None
+    st = os.fstat(source_fd)
+    base = os.environ.get("JOURNALFS_RUNTIME_DIR") or "/run/journalfs"
+    return os.path.join(base, f"handles-{st.st_dev:x}-{st.st_ino:x}")
+
+
+def _load_handles(ops, source_fd: int) -> None:
+    path = handles_file_for(source_fd)
+    if path is not None:
+        taken = ops.table.load_forgotten(path)
+        if taken:
+            log.info("%d file handles of the last mount of this SOURCE still open", taken)
+
+
+def _save_handles(ops, source_fd: int) -> None:
+    path = handles_file_for(source_fd)
+    if path is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        ops.table.save_forgotten(path)
+        _prune_handle_files(os.path.dirname(path))
+    except OSError as exc:
+        log.warning("file handles of this mount not kept for the next one: %s", exc)
+
+
+#: Saved handle files kept (one per SOURCE, the most recently unmounted ones).
+MAX_HANDLE_FILES = 32
+
+
+def _prune_handle_files(directory: str) -> None:
+    files = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name.startswith("handles-") and entry.is_file(follow_symlinks=False):
+                files.append((entry.stat(follow_symlinks=False).st_mtime_ns, entry.path))
+    for _, old in sorted(files)[:-MAX_HANDLE_FILES]:
+        with contextlib.suppress(OSError):
+            os.unlink(old)
+
+
+def _first(exc: BaseException) -> BaseException:
+    """The first real exception inside (nested) exception groups: trio's nurseries wrap
+    every error, and the user gets one line about the one that stopped the mount."""
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc
 
 
+def _os_error_line(exc: OSError) -> str:
+    """An OSError as one line without "[Errno N]"; permission errors say so first."""
+    text = exc.strerror or str(exc)
+    if exc.filename is not None:
+        text = f"{os.fsdecode(exc.filename)}: {text}"
+    if isinstance(exc, PermissionError):
+        return text if text.lower().startswith("permission denied") or \
+            text.startswith("refusing") else f"permission denied: {text}"
+    return text
+
+
 def run(config: MountConfig, ready: Callable[[], None] = lambda: None,
         foreground: bool = True) -> None:
-    """Serve ``config`` on a fresh trio loop; a MountError carries the user-facing line."""
+    """Serve ``config`` on a fresh trio loop; a MountError carries the user-facing line.
+    (Not ``except*``: an exception raised in an ``except*`` clause leaves it wrapped in a
+    new ExceptionGroup, which is what the user then saw.)"""
     import trio
 
     os.umask(0)  # the kernel already applied the caller's umask to every mode we receive
     try:
         trio.run(serve, config, ready, foreground)
-    except* MountError as group:
-        raise _first(group) from None
-    except* OSError as group:
-        exc = _first(group)
-        if exc.errno in (errno.EACCES, errno.EPERM):
-            raise MountError(f"permission denied: {exc}") from None
-        raise MountError(str(exc)) from None
-    except* Exception as group:
-        exc = _first(group)
+    except BaseException as caught:
+        exc = _first(caught)
+        if isinstance(exc, MountError):
+            raise exc from None
+        if isinstance(exc, OSError):
+            raise MountError(_os_error_line(exc)) from None
+        if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit
+            raise exc from None
         if type(exc).__module__.startswith("journalfs."):  # our errors speak to the user
             log.error("journalfs stopped: %s", exc)
             raise MountError(str(exc)) from None

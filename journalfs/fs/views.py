@@ -485,6 +485,11 @@ class IndexJob:
     error: OSError | None = None
 
 
+#: .journalfs itself: writable by the mount's owner only for its runtime settings, which are
+#: user.* xattrs and so need write permission (fs/control.py); every other change is EROFS.
+ROOT_MODE = stat.S_IFDIR | 0o755
+
+
 class Views:
     """Inodes, attributes, listings and reads of ``MNT/.journalfs``."""
 
@@ -986,7 +991,7 @@ class Views:
     async def _compute_attrs(self, node: VNode) -> pyfuse3.EntryAttributes:
         """Attributes of any view node but status.json."""
         if node.kind == ROOT:
-            return self._attrs(node, stat.S_IFDIR | 0o555)
+            return self._attrs(node, ROOT_MODE)
         if node.kind == METADATA:
             return self._attrs(node, stat.S_IFDIR | 0o700)
         if node.kind == RECORDS_DIR:
@@ -1103,7 +1108,7 @@ class Views:
     # -- lookup ----------------------------------------------------------------------------
     def lookup_root(self) -> pyfuse3.EntryAttributes:
         self.root.lookups += 1
-        return self._attrs(self.root, stat.S_IFDIR | 0o555)
+        return self._attrs(self.root, ROOT_MODE)
 
     async def lookup(self, parent_ino: int, name: bytes) -> pyfuse3.EntryAttributes:
         parent = self._get(parent_ino)

@@ -103,9 +103,19 @@ def _open_chain(path: str, create: bool, check: bool) -> int:
                     os.fchmod(nxt, 0o700)  # whatever the umask (the daemon runs with umask 0)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    where = "/" + "/".join(parts[:i + 1])
+                    try:
+                        plain = not stat.S_ISLNK(os.stat(name, dir_fd=fd,
+                                                         follow_symlinks=False).st_mode)
+                    except OSError:
+                        plain = False
+                    if plain:  # e.g. --store naming a file: no race, just not a directory
+                        raise NotADirectoryError(
+                            errno.ENOTDIR, f"metadata store directory {real}: "
+                            f"{where} is not a directory") from None
                     raise UnsafeStoreDir(errno.EPERM, f"metadata store directory {real}: "
-                                         f"{'/' + '/'.join(parts[:i + 1])} changed into a "
-                                         "symlink or file while being opened") from None
+                                         f"{where} changed into a symlink while being "
+                                         "opened") from None
                 raise
             os.close(fd)
             fd = nxt

@@ -1,0 +1,245 @@
+#!/usr/bin/env bash
+# xfstests (fstests), the Linux filesystem test suite, on journalfs, bindfs and native ext4,
+# side by side: the fixed sample of quick-group generic tests, then a table and JSON.
+#
+#   sudo bench/xfstests.sh [TARGET...]        TARGETs: journalfs bindfs ext4 (default: all)
+#
+# Needs root (loop devices, mounts, the users the suite expects), the Debian packages listed
+# in the suite's README (see XFSTESTS_DEPS below) and the suite itself, which stays outside
+# the repository: XFSTESTS_DIR, else $JOURNALFS_SHARED/conformance/xfstests, else
+# ../shared/conformance/xfstests next to the repo, holding xfstests-src.tar.gz,
+# xfstests-fuse.patch (the two changes a FUSE passthrough needs) and sample.txt.
+# Without it the script says so in one line and exits 77 (skipped).
+#
+# Environment (all optional):
+#   XFSTESTS_WORK   build, loop images, results      (default /tmp/journalfs-xfstests)
+#   XFSTESTS_TESTS  tests to run instead of sample.txt, e.g. "generic/306 generic/426"
+#   XFSTESTS_EXTRA  tests run besides the sample (default: the six issue #27 names)
+#   XFSTESTS_TIMEOUT  seconds one target may run      (default 3600)
+#   PYTHON          the Python with journalfs's dependencies (default: the repo's .venv)
+#
+# Everything runs in a private mount namespace in which this tree's mount(8) helper lies over
+# /usr/sbin: nothing is installed on the system, and no mount outlives the run. The users the
+# suite needs (fsgqa, 123456-fsgqa, fsgqa2) are created if missing and removed afterwards.
+# Output: a table (pass / fail / notrun per target, then every test whose result differs
+# between targets) on stdout, and $XFSTESTS_WORK/results.json. The table includes earlier
+# runs of the other targets in the same XFSTESTS_WORK on the same tests: after a change to
+# journalfs, `bench/xfstests.sh journalfs` compares with the bindfs and ext4 runs already made.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+SKIP=77
+skip() { echo "xfstests.sh: skipped: $*"; exit $SKIP; }
+die() { echo "xfstests.sh: $*" >&2; exit 1; }
+
+suite=${XFSTESTS_DIR:-}
+if [ -z "$suite" ]; then
+    shared=${JOURNALFS_SHARED:-$here/../shared}
+    suite=$shared/conformance/xfstests
+fi
+[ -f "$suite/xfstests-src.tar.gz" ] || skip "no xfstests at $suite (set XFSTESTS_DIR to a directory holding xfstests-src.tar.gz, xfstests-fuse.patch and sample.txt)"
+[ "$(id -u)" = 0 ] || skip "needs root (loop devices, mounts, test users)"
+XFSTESTS_DEPS="xfslibs-dev uuid-dev libtool-bin e2fsprogs automake gcc make libacl1-dev libaio-dev
+xfsprogs libgdbm-dev gawk fio uuid-runtime libcap-dev liburing-dev acl attr bc dbench quota
+libattr1-dev pkg-config libgdbm-compat-dev psmisc bindfs acct"
+missing=$(for p in $XFSTESTS_DEPS; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null \
+          | grep -q "install ok installed" || printf '%s ' "$p"; done)
+[ -z "$missing" ] || skip "missing Debian packages: ${missing}(apt-get install them)"
+
+work=${XFSTESTS_WORK:-/tmp/journalfs-xfstests}
+python=${PYTHON:-$here/.venv/bin/python}
+[ -x "$python" ] || die "no Python at $python (run bootstrap.sh install, or set PYTHON)"
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(journalfs bindfs ext4)
+for t in "${targets[@]}"; do
+    case $t in journalfs|bindfs|ext4) ;; *) die "unknown target $t (journalfs, bindfs, ext4)" ;; esac
+done
+if [ -n "${XFSTESTS_TESTS:-}" ]; then
+    tests=$XFSTESTS_TESTS
+else
+    # the fixed sample, plus the tests issue #27 names that it does not hold: remount
+    # (306, 452), open by handle (426, 467, 756), setgid under a default ACL (697)
+    tests=$(grep -v '^#' "$suite/sample.txt" | tr '\n' ' ')
+    for t in ${XFSTESTS_EXTRA-generic/306 generic/452 generic/426 generic/467 generic/756 generic/697}; do
+        case " $tests " in *" $t "*) ;; *) tests="$tests$t " ;; esac
+    done
+fi
+mkdir -p "$work"
+
+# -- build (once per source tarball and patch) ------------------------------------------------
+src=$work/src
+stamp=$(cat "$suite/xfstests-src.tar.gz" "$suite/xfstests-fuse.patch" | sha1sum | cut -c1-16)
+if [ "$(cat "$src/.journalfs-built" 2>/dev/null)" != "$stamp" ]; then
+    echo "xfstests.sh: building xfstests in $src (about 2 min)" >&2
+    rm -rf "$src"
+    mkdir -p "$src"
+    tar -xzf "$suite/xfstests-src.tar.gz" -C "$src"
+    (cd "$src" && patch -p1 -s < "$suite/xfstests-fuse.patch")
+    (cd "$src" && make -j"$(nproc)" > "$work/build.log" 2>&1) \
+        || die "build failed, see $work/build.log"
+    echo "$stamp" > "$src/.journalfs-built"
+fi
+
+# -- users the suite expects -------------------------------------------------------------------
+made_users=()
+cleanup() {
+    for u in "${made_users[@]}"; do userdel -r "$u" >/dev/null 2>&1 || true; done
+}
+trap cleanup EXIT
+for u in fsgqa 123456-fsgqa fsgqa2; do
+    if ! id "$u" >/dev/null 2>&1; then
+        useradd -m "$u" && made_users+=("$u")
+    fi
+done
+
+# -- the mount(8) helper of this tree, laid over /usr/sbin inside the namespace ----------------
+mkdir -p "$work/sbin" "$work/bin"
+cat > "$work/bin/journalfs" <<EOF
+#!/bin/sh
+PYTHONPATH=$here\${PYTHONPATH:+:\$PYTHONPATH} exec "$python" -c 'import sys; from journalfs.cli import main; sys.argv[0] = "journalfs"; sys.exit(main())' "\$@"
+EOF
+chmod 755 "$work/bin/journalfs"
+sed "s|@JOURNALFS_BIN@|$work/bin/journalfs|" "$here/mount_scripts/mount.fuse.journalfs" \
+    > "$work/sbin/mount.fuse.journalfs"
+chmod 755 "$work/sbin/mount.fuse.journalfs"
+
+# -- one target: images, config, ./check, all inside its own mount namespace -------------------
+run_target() {
+    local target=$1 dir=$work/$1
+    rm -rf "$dir"
+    mkdir -p "$dir/img" "$dir/dev/test" "$dir/dev/scratch" "$dir/mnt/test" "$dir/mnt/scratch" \
+        "$dir/store/test" "$dir/store/scratch" "$dir/results"
+    for d in test scratch; do
+        truncate -s 6G "$dir/img/$d.img"
+        mkfs.ext4 -q -F "$dir/img/$d.img"
+    done
+    local fuse_opts="allow_other,dev,suid"
+    {
+        echo "export TEST_DIR=$dir/mnt/test SCRATCH_MNT=$dir/mnt/scratch"
+        echo "export RESULT_BASE=$dir/results"
+        case $target in
+            ext4)
+                echo "export FSTYP=ext4 TEST_DEV=@TEST_LOOP@ SCRATCH_DEV=@SCRATCH_LOOP@" ;;
+            journalfs)
+                echo "export FSTYP=fuse FUSE_SUBTYP=.journalfs"
+                echo "export TEST_DEV=$dir/dev/test SCRATCH_DEV=$dir/dev/scratch"
+                echo "export TEST_FS_MOUNT_OPTS='-o $fuse_opts,store=$dir/store/test'"
+                echo "export MOUNT_OPTIONS='-o $fuse_opts,store=$dir/store/scratch'" ;;
+            bindfs)
+                echo "export FSTYP=fuse FUSE_SUBTYP=.bindfs"
+                echo "export TEST_DEV=$dir/dev/test SCRATCH_DEV=$dir/dev/scratch"
+                echo "export TEST_FS_MOUNT_OPTS='-o $fuse_opts'"
+                echo "export MOUNT_OPTIONS='-o $fuse_opts'" ;;
+        esac
+    } > "$dir/config.in"
+    # shellcheck disable=SC2016
+    timeout --signal=TERM --kill-after=60 "${XFSTESTS_TIMEOUT:-3600}" \
+    unshare --mount --propagation private bash -c '
+        set -eu
+        work=$1 dir=$2 target=$3 src=$4 tests=$5
+        mount -t overlay overlay -o "lowerdir=$work/sbin:/usr/sbin" /usr/sbin
+        loops=()
+        for d in test scratch; do
+            loops+=("$(losetup -f --show "$dir/img/$d.img")")
+            echo "${loops[-1]}" >> "$dir/loops"  # detached by the caller once all is gone
+        done
+        if [ "$target" != ext4 ]; then  # SOURCE directories on ext4, as for a real user
+            mount "${loops[0]}" "$dir/dev/test"
+            mount "${loops[1]}" "$dir/dev/scratch"
+        fi
+        sed -e "s|@TEST_LOOP@|${loops[0]}|" -e "s|@SCRATCH_LOOP@|${loops[1]}|" \
+            "$dir/config.in" > "$dir/config"
+        cd "$src"
+        HOST_OPTIONS=$dir/config ./check $tests
+    ' xfstests "$work" "$dir" "$target" "$src" "$tests" > "$dir/check.log" 2>&1 || true
+    # the namespace's mounts go with its last process (a FUSE daemon may take a moment to
+    # exit after its unmount): only then can the loop devices go
+    local loop tries
+    for loop in $(cat "$dir/loops" 2>/dev/null); do
+        for tries in $(seq 60); do
+            losetup -d "$loop" 2>/dev/null || true
+            losetup -a | grep -q "^$loop:" || break
+            sleep 1
+        done
+    done
+}
+
+for t in "${targets[@]}"; do
+    echo "xfstests.sh: running $(echo "$tests" | wc -w) tests on $t (log: $work/$t/check.log)" >&2
+    start=$(date +%s)
+    run_target "$t"
+    echo $(( $(date +%s) - start )) > "$work/$t/seconds"
+    echo "$tests" > "$work/$t/tests"
+done
+# the table also shows earlier runs of the other targets on the same tests (same $work)
+report=()
+for t in journalfs bindfs ext4; do
+    [ "$(cat "$work/$t/tests" 2>/dev/null)" = "$tests" ] && report+=("$t")
+done
+
+# -- results: table and JSON ------------------------------------------------------------------
+"$python" - "$work" "$tests" "${report[@]}" <<'EOF'
+import json, os, re, sys
+
+work, tests, targets = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
+
+def outcome(target):
+    """test -> (status, reason) from ./check's log and its result files."""
+    log = open(os.path.join(work, target, "check.log"), errors="replace").read()
+    results = os.path.join(work, target, "results")
+    out = {}
+    for test in tests:
+        base = None
+        for root, _, files in os.walk(results):
+            if os.path.basename(test) + ".notrun" in files or \
+                    os.path.basename(test) + ".out.bad" in files:
+                base = os.path.join(root, os.path.basename(test))
+        line = next((l for l in log.splitlines() if l.startswith(test + " ")), "")
+        if base and os.path.exists(base + ".notrun"):
+            out[test] = ("notrun", open(base + ".notrun", errors="replace").read().strip())
+        elif "[not run]" in line:
+            out[test] = ("notrun", line.split("[not run]", 1)[1].strip())
+        elif re.search(r"- output mismatch|\[failed|\[expunged\]", line) or \
+                (base and os.path.exists(base + ".out.bad")):
+            out[test] = ("fail", line[len(test):].strip()[:200])
+        elif re.match(re.escape(test) + r"\s+\d+s", line) or re.match(re.escape(test) + r"\s+\S*\s*\d+s", line):
+            out[test] = ("pass", "")
+        else:
+            out[test] = ("missing", "no result in the log (the run stopped early?)")
+    return out
+
+data = {t: outcome(t) for t in targets}
+seconds = {t: int(open(os.path.join(work, t, "seconds")).read()) for t in targets}
+summary = {t: {s: sum(1 for v in data[t].values() if v[0] == s)
+               for s in ("pass", "fail", "notrun", "missing")} for t in targets}
+report = {"tests": len(tests), "targets": {t: {"summary": summary[t], "seconds": seconds[t],
+          "results": {k: {"status": v[0], "reason": v[1]} for k, v in data[t].items()}}
+          for t in targets}}
+with open(os.path.join(work, "results.json"), "w") as f:
+    json.dump(report, f, indent=1)
+
+print(f"xfstests: {len(tests)} generic tests")
+print(f"| target | pass | fail | notrun | time |")
+print(f"|---|---:|---:|---:|---:|")
+for t in targets:
+    s = summary[t]
+    extra = f" (+{s['missing']} without result)" if s["missing"] else ""
+    print(f"| {t} | {s['pass']} | {s['fail']}{extra} | {s['notrun']} | {seconds[t] // 60} min {seconds[t] % 60} s |")
+print()
+differ = [k for k in tests if len({data[t][k][0] for t in targets}) > 1 or
+          any(data[t][k][0] == "fail" for t in targets)]
+if differ:
+    print("| test | " + " | ".join(targets) + " |")
+    print("|---|" + "---|" * len(targets))
+    for k in differ:
+        print(f"| {k} | " + " | ".join(
+            data[t][k][0] + (f": {data[t][k][1][:70]}" if data[t][k][0] != "pass" and data[t][k][1] else "")
+            for t in targets) + " |")
+if "ext4" in targets:
+    print()
+    for t in targets:
+        if t != "ext4":
+            worse = [k for k in tests if data[t][k][0] == "fail" and data["ext4"][k][0] == "pass"]
+            print(f"{t}: failing where ext4 passes: {' '.join(worse) or 'none'}")
+print(f"\nJSON: {os.path.join(work, 'results.json')}")
+EOF
