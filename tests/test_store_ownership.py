@@ -180,3 +180,97 @@ def test_hard_links_made_in_source_share_metadata(tree, alice):
         assert got["get2"] == "linked", got
         assert got["get3b"] == "linked", got
         clean_log(m)
+
+
+# -- item 3: quota and reserve ------------------------------------------------------------------
+def test_quota_refuses_bobs_metadata_and_others_keep_writing(tree, alice, bob):
+    """One file's metadata is limited to 4 KiB (ENOSPC, as a full ext4 xattr block); a
+    user's total to PER_USER_DEFAULT (EDQUOT); alice keeps writing while bob is refused."""
+    from journalfs.metastore.ledger import ENTRY_OVERHEAD, PER_FILE_DEFAULT, PER_USER_DEFAULT
+    base, src, mnt = tree
+    sh, msh = src / "shared", mnt / "shared"
+    bobs = sh / "bob"
+    bobs.mkdir()
+    os.chown(bobs, bob.pw_uid, bob.pw_gid)
+    value = 3000
+    files = PER_USER_DEFAULT // value + 10  # more than the quota allows
+    with mounted(src, mnt, "-o", "allow_other") as m:
+        got = run_as(bob, [
+            ("mk", f"open({str(msh / 'bob' / 'big')!r}, 'w').write('b')"),
+            ("big", f"os.setxattr({str(msh / 'bob' / 'big')!r}, 'user.metadata.big', b'x' * 60000)"),
+            ("one", f"os.setxattr({str(msh / 'bob' / 'big')!r}, 'user.metadata.a', b'x' * {value})"),
+            ("two", f"os.setxattr({str(msh / 'bob' / 'big')!r}, 'user.metadata.b', b'x' * {value})"),
+        ])
+        assert got["big"] == "ENOSPC", got      # never E2BIG, never accepted
+        assert got["one"] == "ok" and got["two"] == "ENOSPC", got
+        # bob writes one value per file until the store refuses him
+        script = (f"import os\nfor i in range({files}):\n"
+                  f"    p = {str(msh / 'bob')!r} + f'/f{{i}}'\n"
+                  "    open(p, 'w').close()\n"
+                  "    try:\n"
+                  f"        os.setxattr(p, 'user.metadata.k', b'y' * {value})\n"
+                  "    except OSError as e:\n"
+                  "        print(i, e.errno)\n"
+                  "        break\n")
+        proc = subprocess.run(["setpriv", f"--reuid={bob.pw_uid}", f"--regid={bob.pw_gid}",
+                               "--init-groups", "--reset-env", SYSTEM_PYTHON, "-c", script],
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        count, err = (int(x) for x in proc.stdout.split())
+        import errno as errnos
+        assert err == errnos.EDQUOT, proc.stdout
+        assert count * (value + ENTRY_OVERHEAD) <= PER_USER_DEFAULT  # never over his quota
+        assert count * (value + ENTRY_OVERHEAD + 1 + len("k")) > PER_USER_DEFAULT - 2 * PER_FILE_DEFAULT
+        # alice's writes go on
+        got = run_as(alice, [("mk", f"open({str(msh / 'a')!r}, 'w').write('a')"),
+                             ("set", f"os.setxattr({str(msh / 'a')!r}, {NOTE!r}, b'still')"),
+                             ("get", f"os.getxattr({str(msh / 'a')!r}, {NOTE!r})")])
+        assert got["set"] == "ok" and got["get"] == "still", got
+        # bob's removals give his quota back
+        got = run_as(bob, [("rm", f"os.unlink({str(msh / 'bob' / 'f0')!r})"),
+                           ("again", f"os.setxattr({str(msh / 'bob' / 'f1')!r}, 'user.metadata.k', b'z' * {value})"),
+                           ("new", f"os.setxattr({str(msh / 'bob' / f'f{count}')!r}, 'user.metadata.k', b'z' * 10)")])
+        assert got["rm"] == "ok" and got["again"] == "ok" and got["new"] == "ok", got
+        status = json.loads((mnt / ".journalfs" / "status.json").read_text())
+        ledger = status["service"]["ledger"]
+        assert ledger["bytes"] <= ledger["total_limit"]
+        clean_log(m)
+
+
+def test_rm_succeeds_when_the_store_cannot_take_the_removal(tree, alice):
+    """The store's directory turns immutable (rotation fails), the journal fills up; then
+    `rm` of a file with metadata still succeeds and says so, and a new file at its path
+    shows nothing of the old one."""
+    base, src, mnt = tree
+    sh, msh = src / "shared", mnt / "shared"
+    store = base / "store"
+    with mounted(src, mnt, "-o", "allow_other", "--store", str(store)) as m:
+        files = [msh / f"f{i}" for i in range(20)]
+        run_as(alice, [(f"mk{i}", f"open({str(p)!r}, 'w').write('x')") for i, p in enumerate(files)]
+               + [("set", f"os.setxattr({str(files[0])!r}, {NOTE!r}, b'old')")])
+        subprocess.run(["chattr", "+i", str(store)], check=True)
+        try:
+            script = (f"import os\nfor i in range(2000):\n"
+                      f"    p = {str(msh)!r} + f'/f{{1 + i % 19}}'\n"
+                      "    try:\n"
+                      f"        os.setxattr(p, 'user.metadata.k', str(i).encode() + b'y' * 3000)\n"
+                      "    except OSError as e:\n"
+                      "        print(i, e.errno)\n"
+                      "        break\n")
+            proc = subprocess.run(["setpriv", f"--reuid={alice.pw_uid}", f"--regid={alice.pw_gid}",
+                                   "--init-groups", "--reset-env", SYSTEM_PYTHON, "-c", script],
+                                  capture_output=True, text=True, timeout=600)
+            assert proc.stdout.strip(), "the store never refused a write"
+            got = run_as(alice, [("rm", f"os.unlink({str(files[0])!r})"),
+                                 ("gone", f"os.path.exists({str(files[0])!r})"),
+                                 ("mk", f"open({str(files[0])!r}, 'w').write('new')"),
+                                 ("get", f"os.getxattr({str(files[0])!r}, {NOTE!r})")])
+            assert got["rm"] == "ok" and got["gone"] is False, got
+            assert got["get"] == "ENODATA", got
+            cmd = subprocess.run(["setpriv", f"--reuid={alice.pw_uid}", f"--regid={alice.pw_gid}",
+                                  "--init-groups", "--reset-env", "rm", str(files[1])],
+                                 capture_output=True, text=True)
+            assert cmd.returncode == 0 and cmd.stderr == "", cmd.stderr
+        finally:
+            subprocess.run(["chattr", "-i", str(store)], check=True)
+        assert m.process.poll() is None

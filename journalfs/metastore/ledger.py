@@ -186,7 +186,10 @@ class Ledger:
         self._dirty = True
         live = len(self.entries) * 64 + (1 << 20)
         if self._size > 4 * live:
-            self._rewrite()
+            try:
+                self._rewrite()
+            except OSError:  # a full or read-only store directory: appends still work
+                pass
 
     def _rewrite(self) -> None:
         """The live entries into a fresh file renamed over the ledger (fsynced first)."""
