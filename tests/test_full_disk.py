@@ -203,3 +203,33 @@ def test_setfattr_through_the_mount_gets_enospc_and_nothing_is_lost(tmp_path):
         with mounted(src, mnt, "--store", str(store)):
             lost = [(n, k) for (n, k), v in acked.items() if os.getxattr(mnt / n, k) != v]
         assert not lost, f"{len(lost)} acknowledged setxattrs lost, e.g. {lost[:5]}"
+
+
+def test_failed_rotation_is_not_retried_in_a_tight_loop(tmp_path):
+    """A journal full of removals on a full disk: the first rotation fails; writes that
+    come on meanwhile do not each start another one (no new temp tree, no new failure)
+    until the backoff passes or the room is back."""
+    with small_disk(tmp_path) as disk:
+        tree = disk / "store" / "home"
+        store = MetaStore.open(str(tree), sync="batch", journal_size=64 << 10)
+        try:
+            for i in range(20):
+                store.set(f"/f{i}", "k", value(i))
+            filler = fill(disk)
+            refusals = []
+            for i in range(5000):
+                try:
+                    store.unset(f"/f{i % 20}", "never-set")
+                except OSError as exc:
+                    refusals.append(exc.errno)
+                    if len(refusals) >= 200:
+                        break
+            assert len(refusals) == 200 and set(refusals) <= set(FULL), refusals[:5]
+            assert store.status()["failed_rotations"] == 1  # the other 199 waited
+            assert not [p for p in tree.parent.iterdir() if p.name.startswith("home.")
+                        and p.name[5:6].isdigit()]  # no temp tree left
+            filler.unlink()  # the room is back: the next write rotates at once
+            store.set("/after", "k", "v")
+            assert store.status()["rotations"] >= 1
+        finally:
+            store.close()
