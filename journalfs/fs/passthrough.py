@@ -526,15 +526,15 @@ class JournalFS(pyfuse3.Operations):
                                  self.watch.watching(node.ino)):
                             return built[2]
                         return self.attrs(node, st)
-            return await self._lookup(parent_inode, name)
+            return await self._lookup(parent_inode, name, ctx)
         except Exception as exc:
             raise _fuse_error(exc, "lookup") from None
 
-    async def _lookup(self, parent_inode, name):
+    async def _lookup(self, parent_inode, name, ctx=None):
         if parent_inode == pyfuse3.ROOT_INODE and name == VIEWS_NAME:
             return self.views.lookup_root()
         if self.views.owns(parent_inode):
-            return await self.views.lookup(parent_inode, name)
+            return await self.views.lookup(parent_inode, name, ctx)
         if len(name) > self.name_max:  # before any cached answer
             raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
         parent = self.table.get(parent_inode)
@@ -711,7 +711,7 @@ class JournalFS(pyfuse3.Operations):
     @_guarded
     async def opendir(self, inode, ctx):
         if self.views.owns(inode):
-            return await self.views.opendir(inode)
+            return await self.views.opendir(inode, ctx)
         node = self.table.get(inode)
         handle = self.next_handle()
         self.dirs[handle] = await self._dir_state(node)

@@ -130,6 +130,10 @@ class ViewContext:
     prefix: str | None = None
     source_name: str = ""
     watch: Any = None                     # fs.watch.SourceWatcher: status() for status.json
+    # ``as_caller(ctx, fn, *args)`` runs fn with the request's fsuid/fsgid/groups (thread
+    # only); ``caller_key(ctx)`` says whose they are. None: every caller sees everything.
+    as_caller: Callable | None = None
+    caller_key: Callable | None = None
 
     @classmethod
     def of_mount(cls, fs) -> "ViewContext":
@@ -140,7 +144,10 @@ class ViewContext:
                    next_handle=fs.next_handle, timeout=lambda: fs.timeout,
                    store_dir=os.path.dirname(tree) or None, tree_path=tree,
                    prefix=getattr(loc, "prefix", None), source_name=os.fsdecode(fs.src),
-                   watch=getattr(fs, "watch", None))
+                   watch=getattr(fs, "watch", None),
+                   # looked up per call: the mount makes its Caller after its views
+                   as_caller=lambda ctx, fn, *args: fs.caller.run(ctx, fn, *args),
+                   caller_key=lambda ctx: (ctx.uid, ctx.gid, tuple(fs.caller.groups(ctx.pid))))
 
 
 #: The access ACL the kernel asks for (POSIX ACL mode) before deciding on a view inode.
@@ -691,9 +698,10 @@ class Views:
         self.catalog.put(("scan", rel), (now, found), 100 + len(rel))
         return found
 
-    def _records_entry(self, rel: bytes) -> tuple[str, Any] | None:
+    def _records_entry(self, rel: bytes, caller=None) -> tuple[str, Any] | None:
         """What SOURCE/``rel`` is under records/: (RECORDS_DIR, its lstat), (JOURNAL, its
-        info) or None (not shown)."""
+        info) or None (not shown). ``caller`` (credentials key; this thread runs with them):
+        shown only as far as that caller could see it in SOURCE (see :meth:`_visible`)."""
         if rel.split(b"/")[0] == VIEWS_NAME or is_backup_name(rel):
             return None
         try:
@@ -701,9 +709,68 @@ class Views:
         except OSError:
             return None
         if stat.S_ISDIR(st.st_mode):
-            return (RECORDS_DIR, st) if self._holds_journals(rel) else None
+            return (RECORDS_DIR, st) if self._visible(rel, st, caller) else None
         info = self._journal_info(rel, st) if stat.S_ISREG(st.st_mode) else None
-        return None if info is None else (JOURNAL, info)
+        if info is None or not self._visible(rel, st, caller):
+            return None
+        return (JOURNAL, info)
+
+    # -- who sees what under records/ (issue 24 item 8) ---------------------------------------
+    # A directory is listed for a caller only if the caller could list the SOURCE directory
+    # (read + search) and could find a journal below it; a journal only if the caller could
+    # read it. Checked with faccessat(AT_EACCESS) under the caller's fsuid/fsgid/groups (as
+    # the kernel decides, ACLs included); answers are cached per credentials, never shared.
+    def _visible(self, rel: bytes, st: os.stat_result, caller) -> bool:
+        if stat.S_ISDIR(st.st_mode):
+            if caller is None:
+                return self._holds_journals(rel)
+            return self._holds_journals_for(rel, caller)
+        return caller is None or self.source.access(rel, os.R_OK)
+
+    def _holds_journals_for(self, rel: bytes, caller) -> bool:
+        """Whether the caller (whose credentials this thread runs with) could list
+        SOURCE/``rel`` and find, through directories it can list, a journal it can read."""
+        now = time.monotonic()
+        key = ("scan", rel, caller)
+        cached = self.catalog.get(key)
+        if cached is not None and now - cached[0] < SCAN_TTL:
+            return cached[1]
+        found = False
+        pending = [rel]
+        while pending and not found:
+            top = pending.pop()
+            if not self.source.access(top, os.R_OK | os.X_OK):
+                continue
+            try:
+                entries = list(self.source.scan(top))
+            except OSError:
+                continue
+            for name, st in entries:
+                sub = top + b"/" + name if top else name
+                if stat.S_ISDIR(st.st_mode):
+                    if sub != VIEWS_NAME:
+                        pending.append(sub)
+                elif stat.S_ISREG(st.st_mode) and not is_backup_name(name) and \
+                        self._journal_info(sub, st) is not None and \
+                        self.source.access(sub, os.R_OK):
+                    found = True
+                    break
+        self.catalog.put(key, (now, found), 100 + len(rel))
+        return found
+
+    def _caller(self, ctx):
+        """The credentials key of a request's caller; None for root (sees everything) or
+        when the mount cannot act as its callers."""
+        if ctx is None or self.ctx.as_caller is None or getattr(ctx, "uid", 0) == 0:
+            return None
+        return self.ctx.caller_key(ctx)
+
+    async def _on_file_as(self, ctx, rel: bytes, fn: Callable, *args):
+        """:meth:`_on_file` with the caller's credentials (``fn(*args, caller)``)."""
+        caller = self._caller(ctx)
+        if caller is None:
+            return await self._on_file(rel, fn, *args, None)
+        return await self._on_file(rel, self.ctx.as_caller, ctx, fn, *args, caller)
 
     # -- worker threads ----------------------------------------------------------------------
     async def _on_file(self, rel: bytes, fn: Callable, *args):
@@ -930,14 +997,20 @@ class Views:
                 stat.S_IFREG | readable)
 
     def _dir_attrs(self, node: VNode, st: os.stat_result) -> pyfuse3.EntryAttributes:
-        """A records/ directory: its SOURCE directory's owner and mode, never writable."""
-        return self._attrs(node, stat.S_IFDIR | (st.st_mode & 0o555), 0, st.st_mtime_ns,
-                           owner=(st.st_uid, st.st_gid))
+        """A records/ directory: its SOURCE directory's owner and mode, never writable. Its
+        name is never cached by the kernel: whether it is there depends on who asks."""
+        a = self._attrs(node, stat.S_IFDIR | (st.st_mode & 0o555), 0, st.st_mtime_ns,
+                        owner=(st.st_uid, st.st_gid))
+        a.entry_timeout = 0
+        return a
 
     def _journal_attrs(self, node: VNode, info: JournalInfo) -> pyfuse3.EntryAttributes:
         owner, dir_mode, _ = self._journal_perms(node.rel, info)
         timeout = 0 if node.rel == LIVE else None
-        return self._attrs(node, dir_mode, 0, info.ident[3], timeout, owner)
+        a = self._attrs(node, dir_mode, 0, info.ident[3], timeout, owner)
+        if not info.mode & stat.S_IROTH:
+            a.entry_timeout = 0  # shown only to those who may read it: never a shared name
+        return a
 
     def _record_attrs(self, node: VNode, rec: dict, info: JournalInfo) -> pyfuse3.EntryAttributes:
         owner, _, file_mode = self._journal_perms(node.rel, info)
@@ -1063,7 +1136,7 @@ class Views:
         self.root.lookups += 1
         return self._attrs(self.root, stat.S_IFDIR | 0o555)
 
-    async def lookup(self, parent_ino: int, name: bytes) -> pyfuse3.EntryAttributes:
+    async def lookup(self, parent_ino: int, name: bytes, ctx=None) -> pyfuse3.EntryAttributes:
         parent = self._get(parent_ino)
         fixed = dict(self._fixed_entries(parent))
         if name in fixed:
@@ -1071,7 +1144,7 @@ class Views:
         elif parent.kind == JOURNAL and (node := self._cached_record_lookup(parent, name)):
             pass
         else:
-            key = await self._child_key(parent, name)
+            key = await self._child_key(parent, name, ctx)
             if key is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)
             node = self._node(*key)
@@ -1092,11 +1165,11 @@ class Views:
         cached = self._cached_record(node)
         return node if cached is not None and record_file_name(cached[0]) == name else None
 
-    async def _child_key(self, parent: VNode, name: bytes) -> tuple | None:
+    async def _child_key(self, parent: VNode, name: bytes, ctx=None) -> tuple | None:
         """(kind, rel, seq) of ``name`` in a records dir or journal dir."""
         if parent.kind == RECORDS_DIR and name not in (b".", b".."):
             rel = parent.rel + b"/" + name if parent.rel else name
-            entry = await self._on_file(rel, self._records_entry, rel)
+            entry = await self._on_file_as(ctx, rel, self._records_entry, rel)
             return None if entry is None else (entry[0], rel)
         if parent.kind == JOURNAL:
             if name == JSONL_NAME:
@@ -1113,26 +1186,30 @@ class Views:
         return None
 
     # -- directories -----------------------------------------------------------------------
-    async def opendir(self, ino: int) -> int:
+    async def opendir(self, ino: int, ctx=None) -> int:
         node = self._get(ino)
         if node.kind in (RECORD, JSONL, STATUS):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         handle = self.ctx.next_handle()
-        self.dirs[handle] = await self._dir_state(node)
+        self.dirs[handle] = await self._dir_state(node, ctx)
         return handle
 
-    async def _dir_state(self, node: VNode) -> dict:
-        """An open view directory: what its listing needs, as of now."""
+    async def _dir_state(self, node: VNode, ctx=None) -> dict:
+        """An open view directory: what its listing needs, as of now (records/ directories:
+        as the opener may see them)."""
         state = {"node": node, "batch_first": 0, "batch": [], "index": None,
-                 "names_only": None}
+                 "names_only": None, "ctx": ctx}
         if node.kind == RECORDS_DIR:
-            state["entries"] = await self._on_file(node.rel, self._list_records_dir, node.rel)
+            state["entries"] = await self._on_file_as(ctx, node.rel, self._list_records_dir,
+                                                      node.rel)
         elif node.kind == JOURNAL:  # listing waits for indexing as far as it goes, not here
             state["info"] = await self._on_file(node.rel, self._journal_info, node.rel)
         return state
 
-    def _list_records_dir(self, rel: bytes) -> list[tuple[bytes, str, Any]]:
+    def _list_records_dir(self, rel: bytes, caller=None) -> list[tuple[bytes, str, Any]]:
         out = []
+        if caller is not None and not self.source.access(rel, os.R_OK | os.X_OK):
+            return out  # the caller could not list SOURCE/rel: nothing to reveal
         try:
             entries = sorted(self.source.scan(rel))
         except OSError:
@@ -1142,11 +1219,11 @@ class Views:
             if sub == VIEWS_NAME or is_backup_name(name):
                 continue
             if stat.S_ISDIR(st.st_mode):
-                if self._holds_journals(sub):
+                if self._visible(sub, st, caller):
                     out.append((name, RECORDS_DIR, st))
             elif stat.S_ISREG(st.st_mode):
                 info = self._journal_info(sub, st)
-                if info is not None:
+                if info is not None and self._visible(sub, st, caller):
                     out.append((name, JOURNAL, info))
         return out
 
@@ -1164,7 +1241,7 @@ class Views:
             raise pyfuse3.FUSEError(errno.EBADF)
         node: VNode = state["node"]
         if start_id == 0 and state.get("read"):  # rewinddir: the directory as it is now
-            fresh = await self._dir_state(node)
+            fresh = await self._dir_state(node, state.get("ctx"))
             state.clear()
             state.update(fresh)
         state["read"] = True
