@@ -1008,8 +1008,7 @@ class Views:
         owner, dir_mode, _ = self._journal_perms(node.rel, info)
         timeout = 0 if node.rel == LIVE else None
         a = self._attrs(node, dir_mode, 0, info.ident[3], timeout, owner)
-        if not info.mode & stat.S_IROTH:
-            a.entry_timeout = 0  # shown only to those who may read it: never a shared name
+        a.entry_timeout = 0  # shown only to those who may read it (ACLs too): never shared
         return a
 
     def _record_attrs(self, node: VNode, rec: dict, info: JournalInfo) -> pyfuse3.EntryAttributes:
