@@ -389,7 +389,7 @@ def test_saved_index_round_trip_and_hostile_files(big_journal, tmp_path):
 
 def test_catalog_one_budget():
     from journalfs.fs.catalog import Catalog
-    cat = Catalog(budget=100)
+    cat = Catalog(budget=100, entry_overhead=0)
     for i in range(10):
         cat.put(("batch", b"j", i), i, 30)
     assert cat.used <= 100 and len(cat) == 3
@@ -398,6 +398,11 @@ def test_catalog_one_budget():
     assert cat.get(("huge",)) is None
     cat.discard_where(lambda k: k[0] == "batch")
     assert len(cat) == 0 and cat.used == 0
+    # tiny entries (one per name ever seen) are bounded in number by their overhead
+    cat = Catalog(budget=10_000, entry_overhead=100)
+    for i in range(1000):
+        cat.put(("scan", b"d%d" % i), True, 1)
+    assert len(cat) <= 100
 
 
 _TRUNCATE_WHILE_READING = r"""

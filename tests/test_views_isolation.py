@@ -91,3 +91,60 @@ def test_records_lists_only_what_the_caller_could_see(alice, bob):
             # root sees everything
             assert sorted(os.listdir(recs)) == ["alice", "proj", "shared"]
             clean_log(m)
+
+
+RENAMES = 100_000
+RENAME_LOOP = r"""
+import os, sys
+src, recs, record, start, stop = sys.argv[1:6]
+for i in range(int(start), int(stop)):
+    os.rename(f"{src}/j{i}.log", f"{src}/j{i + 1}.log")
+    os.stat(f"{recs}/j{i + 1}.log/{record}")
+"""
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_renaming_a_journal_100000_times_leaves_memory_bounded(bob):
+    """bob renames his journal to a new name and stats one record of it, 100,000 times
+    (issue 24 items 6/7): the names the views remember are bounded, and so is the
+    daemon's memory."""
+    from journalfs.formats.gvfs_journal import encode_entry
+    from journalfs.fs.catalog import MAX_ENTRIES
+    from journalfs.fs.views import JOURNAL_IDS_KEPT
+    with users.reachable_dir("jfs-views-rss-") as base:
+        src, mnt = base / "src", base / "mnt"
+        src.mkdir()
+        os.chown(src, bob.pw_uid, bob.pw_gid)
+        entries = [encode_entry("set", 1_700_000_000, f"/p{i}", "k", "v") for i in range(3)]
+        path = src / "j0.log"
+        path.write_bytes(journal_image(entries, 0x1234, min_size=4096))
+        os.chown(path, bob.pw_uid, bob.pw_gid)
+        recs = mnt / ".journalfs" / "records"
+        with mounted(src, mnt, "-o", "allow_other") as m:
+            record = sorted(os.listdir(recs / "j0.log"))[1]
+
+            def renames(start: int, stop: int) -> None:
+                proc = subprocess.run(
+                    ["setpriv", f"--reuid={bob.pw_uid}", f"--regid={bob.pw_gid}",
+                     "--init-groups", "--reset-env", "/usr/bin/python3", "-c", RENAME_LOOP,
+                     str(src), str(recs), record, str(start), str(stop)],
+                    capture_output=True, text=True, timeout=1800)
+                assert proc.returncode == 0, proc.stderr[-2000:]
+
+            half = RENAMES // 2  # past every bound (JOURNAL_IDS_KEPT, the catalog's)
+            renames(0, half)
+            after_half = rss_kib(m.pid)
+            renames(half, RENAMES)
+            after_all = rss_kib(m.pid)
+            status = json.loads((mnt / ".journalfs" / "status.json").read_text())
+            views = status["views"]
+            assert views["journal_names"] <= JOURNAL_IDS_KEPT, views
+            assert views["catalog_entries"] <= MAX_ENTRIES, views
+            # before: +89 MB per 20,000 names, never freed (+222 MB for the second half);
+            # now the maps are full after the first half and the second adds nothing
+            assert after_all - after_half < 16 * 1024, (after_half, after_all, views)
+            clean_log(m)

@@ -35,6 +35,7 @@ import stat
 import threading
 import time
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -99,6 +100,9 @@ RECORD_INO_BASE = 1 << 62
 SEQ_BITS = 36
 SEQ_MASK = (1 << SEQ_BITS) - 1
 JOURNAL_ID_MAX = (1 << (62 - SEQ_BITS)) - 1
+#: Journal names remembered for record inode numbers (least recently used forgotten; an id
+#: is never handed out again, so a forgotten one can only go stale: ENOENT, never alias).
+JOURNAL_IDS_KEPT = 32_768
 LIVE = b"\0live"  # the `rel` of the live metadata journal (no SOURCE path can contain NUL)
 
 
@@ -494,9 +498,12 @@ class Views:
         self.owner = (os.geteuid(), os.getegid())
         self.by_ino: dict[int, VNode] = {}
         self.by_key: dict[tuple, VNode] = {}
-        self._journal_ids: dict[bytes, int] = {}  # journal rel -> id inside record inode numbers
-        self._journal_rels: list[bytes] = []
+        # journal rel <-> id inside record inode numbers: bounded, least recently used out
+        self._journal_ids: OrderedDict[bytes, int] = OrderedDict()
+        self._journal_rels: dict[int, bytes] = {}
+        self._next_journal_id = 0
         self._ids_lock = threading.Lock()
+        self._scan_generation = 0  # bumped by every change: older "scan" answers are stale
         self.dirs: dict[int, dict] = {}   # handle -> listing state
         self.files: dict[int, object] = {}  # handle -> bytes or JsonlReader
         self.catalog = Catalog()
@@ -525,14 +532,23 @@ class Views:
     def _journal_id(self, rel: bytes) -> int:
         with self._ids_lock:
             jid = self._journal_ids.get(rel)
-            if jid is None:
-                jid = self._journal_ids[rel] = len(self._journal_rels)
-                self._journal_rels.append(rel)
+            if jid is not None:
+                self._journal_ids.move_to_end(rel)
+                return jid
+            if self._next_journal_id > JOURNAL_ID_MAX:
+                raise pyfuse3.FUSEError(errno.EOVERFLOW)
+            jid = self._next_journal_id
+            self._next_journal_id += 1
+            self._journal_ids[rel] = jid
+            self._journal_rels[jid] = rel
+            while len(self._journal_ids) > JOURNAL_IDS_KEPT:
+                _, old = self._journal_ids.popitem(last=False)
+                del self._journal_rels[old]
             return jid
 
     def _node(self, kind: str, rel: bytes = b"", seq: int = -1, permanent: bool = False) -> VNode:
         if kind == RECORD:
-            if seq > SEQ_MASK or len(self._journal_rels) > JOURNAL_ID_MAX:
+            if seq > SEQ_MASK:
                 raise pyfuse3.FUSEError(errno.EOVERFLOW)
             ino = RECORD_INO_BASE | (self._journal_id(rel) << SEQ_BITS) | seq
             return VNode(ino, RECORD, rel, seq)
@@ -546,8 +562,9 @@ class Views:
     def _get(self, ino: int) -> VNode:
         if ino >= RECORD_INO_BASE:
             jid, seq = (ino - RECORD_INO_BASE) >> SEQ_BITS, ino & SEQ_MASK
-            if jid < len(self._journal_rels):
-                return VNode(ino, RECORD, self._journal_rels[jid], seq)
+            rel = self._journal_rels.get(jid)
+            if rel is not None:
+                return VNode(ino, RECORD, rel, seq)
         try:
             return self.by_ino[ino]
         except KeyError:
@@ -566,7 +583,10 @@ class Views:
     async def source_changed(self, rel: bytes) -> None:
         """SOURCE/``rel`` was changed through the mount: make the kernel forget what it
         cached about the views of it (records/ entries up the tree, the journal's attrs)."""
-        self.catalog.discard_where(lambda k: k[0] == "scan" or k == ("acl", rel))
+        # every "holds journals" answer may be stale now: a new generation (one bump, not a
+        # pass over the catalog per change: a rename loop must not cost a scan each)
+        self._scan_generation += 1
+        self.catalog.discard(("acl", rel))
         info = self.catalog.get(("journal", rel))
         if info is not None:
             info.checked = -TRUST_SECONDS  # stat again; the index may still be extended
@@ -676,8 +696,9 @@ class Views:
     def _holds_journals(self, rel: bytes) -> bool:
         """True when the SOURCE directory ``rel`` has a journal anywhere below it."""
         now = time.monotonic()
+        generation = self._scan_generation
         cached = self.catalog.get(("scan", rel))
-        if cached is not None and now - cached[0] < SCAN_TTL:
+        if cached is not None and now - cached[0] < SCAN_TTL and cached[2] == generation:
             return cached[1]
         found = False
         pending = [rel]
@@ -695,7 +716,7 @@ class Views:
                 elif stat.S_ISREG(st.st_mode) and self._journal_info(sub, st) is not None:
                     found = True
                     break
-        self.catalog.put(("scan", rel), (now, found), 100 + len(rel))
+        self.catalog.put(("scan", rel), (now, found, generation), 100 + len(rel))
         return found
 
     def _records_entry(self, rel: bytes, caller=None) -> tuple[str, Any] | None:
@@ -732,8 +753,9 @@ class Views:
         SOURCE/``rel`` and find, through directories it can list, a journal it can read."""
         now = time.monotonic()
         key = ("scan", rel, caller)
+        generation = self._scan_generation
         cached = self.catalog.get(key)
-        if cached is not None and now - cached[0] < SCAN_TTL:
+        if cached is not None and now - cached[0] < SCAN_TTL and cached[2] == generation:
             return cached[1]
         found = False
         pending = [rel]
@@ -755,7 +777,7 @@ class Views:
                         self.source.access(sub, os.R_OK):
                     found = True
                     break
-        self.catalog.put(key, (now, found), 100 + len(rel))
+        self.catalog.put(key, (now, found, generation), 100 + len(rel))
         return found
 
     def _caller(self, ctx):
@@ -1091,6 +1113,8 @@ class Views:
                       "index_dir": (os.path.join(self.ctx.store_dir, "indexes")
                                     if self.index_dir.usable else None),
                       "catalog_bytes": self.catalog.used, "catalog_entries": len(self.catalog),
+                      "journal_names": len(self._journal_ids),
+                      "view_inodes": len(self.by_ino),
                       **self.counters},
         }
 
@@ -1285,7 +1309,7 @@ class Views:
         timeout = 0 if node.rel == LIVE else None
         # Record inodes are computed, not stored (no VNode per entry), and one attribute
         # object is reused: readdir_reply copies it into the reply.
-        if seq > SEQ_MASK or len(self._journal_rels) > JOURNAL_ID_MAX:
+        if seq > SEQ_MASK or self._next_journal_id > JOURNAL_ID_MAX:
             raise pyfuse3.FUSEError(errno.EOVERFLOW)
         ino_base = RECORD_INO_BASE | (self._journal_id(node.rel) << SEQ_BITS)
         attrs = self._attrs(node, file_mode, 0, info.ident[3], timeout, owner)
