@@ -148,3 +148,31 @@ def test_renaming_a_journal_100000_times_leaves_memory_bounded(bob):
             # now the maps are full after the first half and the second adds nothing
             assert after_all - after_half < 16 * 1024, (after_half, after_all, views)
             clean_log(m)
+
+
+def test_a_sparse_journal_is_not_millions_of_zero_records(bob, records_corpus):
+    """bob extends a copy of a small Wallaby .idx to 1 GiB with `truncate` (a hole) and
+    lists its view (issue 24 item 4): the hole is one damage entry; the daemon decodes the
+    records before it, not ~90 M all-zero ones."""
+    with users.reachable_dir("jfs-views-sparse-") as base:
+        src, mnt = base / "src", base / "mnt"
+        src.mkdir()
+        os.chown(src, bob.pw_uid, bob.pw_gid)
+        for name in ("wal0.log", "wal0.log.idx"):
+            (src / name).write_bytes((records_corpus / name).read_bytes())
+            os.chown(src / name, bob.pw_uid, bob.pw_gid)
+        recs = mnt / ".journalfs" / "records"
+        with mounted(src, mnt, "-o", "allow_other") as m:
+            before = len(run_as(bob, [("l", f"os.listdir({str(recs / 'wal0.log.idx')!r})")])["l"])
+            got = run_as(bob, [
+                ("grow", f"os.truncate({str(src / 'wal0.log.idx')!r}, 1 << 30)"),
+                ("list", f"len(os.listdir({str(recs / 'wal0.log.idx')!r}))"),
+            ])
+            assert got["grow"] == "ok", got
+            # the records of the data before the hole (its last block's zeros included)
+            assert before <= got["list"] <= before + 4096 // 8, (before, got)
+            status = json.loads((mnt / ".journalfs" / "status.json").read_text())
+            assert status["views"]["records_indexed"] < 10_000, status["views"]
+            damage = [d for d in status["damaged_journals"] if d["path"].endswith("wal0.log.idx")]
+            assert damage and "hole" in damage[0]["reason"], status["damaged_journals"]
+            assert damage[0]["offset"] <= (records_corpus / "wal0.log.idx").stat().st_size + 4096
