@@ -176,3 +176,45 @@ def test_a_sparse_journal_is_not_millions_of_zero_records(bob, records_corpus):
             damage = [d for d in status["damaged_journals"] if d["path"].endswith("wal0.log.idx")]
             assert damage and "hole" in damage[0]["reason"], status["damaged_journals"]
             assert damage[0]["offset"] <= (records_corpus / "wal0.log.idx").stat().st_size + 4096
+
+
+def test_index_files_of_journals_that_are_gone_are_removed(bob):
+    """The views keep indexes of big journals in the store's directory, charged to the
+    journal's owner (issue 24 item 4): once the journal is gone -- deleted while mounted, or
+    while nothing was mounted -- its index file goes too."""
+    from journalfs.formats.gvfs_journal import encode_entry
+    with users.reachable_dir("jfs-views-idx-") as base:
+        src, mnt, store = base / "src", base / "mnt", base / "store"
+        src.mkdir()
+        os.chown(src, bob.pw_uid, bob.pw_gid)
+        entries = [encode_entry("set", 1_700_000_000, f"/p{i}", "k", "v") for i in range(50)]
+        for name in ("a.log", "b.log"):
+            (src / name).write_bytes(journal_image(entries, 0x1234, min_size=2 << 20))
+            os.chown(src / name, bob.pw_uid, bob.pw_gid)
+        recs = mnt / ".journalfs" / "records"
+
+        def index_files():
+            return sorted(p.name for p in (store / "indexes").glob("*.jfsidx"))
+
+        with mounted(src, mnt, "-o", "allow_other", "--store", str(store)) as m:
+            listed = run_as(bob, [("a", f"len(os.listdir({str(recs / 'a.log')!r}))"),
+                                  ("b", f"len(os.listdir({str(recs / 'b.log')!r}))")])
+            assert listed == {"a": 51, "b": 51}, listed
+            status = json.loads((mnt / ".journalfs" / "status.json").read_text())
+            assert status["views"]["index_files"]["files"] == 2, json.dumps(status["views"])
+            assert len(index_files()) == 2
+            run_as(bob, [("rm", f"os.unlink({str(src / 'a.log')!r})")])  # behind the mount
+            deadline = 200
+            while len(index_files()) != 1 and deadline:  # the watcher's event is async
+                deadline -= 1
+                __import__("time").sleep(0.05)
+            assert len(index_files()) == 1
+            clean_log(m)
+        os.unlink(src / "b.log")  # while nothing is mounted
+        with mounted(src, mnt, "-o", "allow_other", "--store", str(store)) as m:
+            deadline = 200
+            while index_files() and deadline:  # the sweep at start runs in the background
+                deadline -= 1
+                __import__("time").sleep(0.05)
+            assert index_files() == []
+            clean_log(m)

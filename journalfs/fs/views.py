@@ -508,8 +508,14 @@ class Views:
         self.files: dict[int, object] = {}  # handle -> bytes or JsonlReader
         self.catalog = Catalog()
         self.index_dir = IndexDir(self.ctx.store_dir)
+        if self.index_dir.usable:  # what is there, and files of journals gone meanwhile
+            threading.Thread(target=self._sweep_indexes, name="journalfs-index-sweep",
+                             daemon=True).start()
         self._jobs: dict[bytes, IndexJob] = {}  # trio thread only
         self._index_limiter = trio.CapacityLimiter(INDEX_THREADS)
+        # one indexing thread per journal owner: one user's huge journals take at most one
+        # core, never every slot another user's small view waits for (issue 24 item 4)
+        self._owner_limiters: dict[int, trio.CapacityLimiter] = {}
         self._view_limiter = trio.CapacityLimiter(VIEW_THREADS)
         self._file_limiters: dict[bytes, trio.CapacityLimiter] = {}
         self.damaged: dict[bytes, tuple[int, str]] = {}
@@ -590,6 +596,9 @@ class Views:
         info = self.catalog.get(("journal", rel))
         if info is not None:
             info.checked = -TRUST_SECONDS  # stat again; the index may still be extended
+            if rel != LIVE and self.index_dir.usable:
+                await trio.to_thread.run_sync(self._drop_index_if_gone, rel, info.ident[:2],
+                                              limiter=self._view_limiter)
         path = rel
         while path:
             parent_rel, _, name = path.rpartition(b"/")
@@ -606,6 +615,28 @@ class Views:
                 await trio.to_thread.run_sync(pyfuse3.invalidate_inode, node.ino)
             except OSError:  # the kernel has forgotten it already: nothing to drop
                 pass
+
+    def _sweep_indexes(self) -> None:
+        def still_there(rel: str, dev: int, ino: int) -> bool:
+            try:
+                st = self.source.lstat(os.fsencode(rel))
+            except OSError:
+                return False
+            return (st.st_dev, st.st_ino) == (dev, ino)
+        try:
+            self.index_dir.scan(still_there)
+        except OSError as exc:
+            log.warning("sweeping the journal index directory failed: %s", exc)
+
+    def _drop_index_if_gone(self, rel: bytes, dev_ino: tuple) -> None:
+        """The journal once at ``rel`` is no longer there: its on-disk index goes too."""
+        try:
+            st = self.source.lstat(rel)
+            if (st.st_dev, st.st_ino) == tuple(dev_ino):
+                return
+        except OSError:
+            pass
+        self.index_dir.remove(*dev_ino)
 
     # -- journals: what a SOURCE file is (threads) -----------------------------------------
     def _live_path(self) -> str:
@@ -836,15 +867,25 @@ class Views:
         return job.result
 
     async def _run_job(self, rel: bytes, job: IndexJob) -> None:
+        info = self.catalog.get(("journal", rel))
+        owner = info.uid if info is not None else -1
+        limiter = self._owner_limiters.get(owner)
+        if limiter is None:
+            limiter = self._owner_limiters[owner] = trio.CapacityLimiter(1)
         try:
-            job.result = await trio.to_thread.run_sync(
-                self._build_index, rel, job, limiter=self._index_limiter, abandon_on_cancel=True)
+            async with limiter:
+                job.result = await trio.to_thread.run_sync(
+                    self._build_index, rel, job, limiter=self._index_limiter,
+                    abandon_on_cancel=True)
         except OSError as exc:
             job.error = exc
         except Exception:  # noqa: BLE001 -- a system task must never end the mount
             log.exception("indexing %r failed", rel)
             job.error = OSError(errno.EIO, "indexing failed")
         finally:
+            stats = limiter.statistics()
+            if not stats.borrowed_tokens and not stats.tasks_waiting:
+                self._owner_limiters.pop(owner, None)
             if self._jobs.get(rel) is job:
                 del self._jobs[rel]
             job.done.set()
@@ -895,7 +936,7 @@ class Views:
         self._count(records_indexed=index.count - resumed,
                     **{"indexes_extended" if index.grown_from else "indexes_built": 1})
         if rel != LIVE and index.identity[1] >= DISK_INDEX_MIN_BYTES:
-            self._save(info, index)
+            self._save(rel, info, index)
         return index
 
     def _count(self, **increments: int) -> None:
@@ -913,12 +954,13 @@ class Views:
         self.catalog.put(("journal", rel), info, info.cost())
         self._note_damage(rel, index)
 
-    def _save(self, info: JournalInfo, index: RecordIndex) -> None:
+    def _save(self, rel: bytes, info: JournalInfo, index: RecordIndex) -> None:
         layout = info.layout
         saved_layout = None
         if layout is not None and layout.size is not None and layout.fits(index):
             saved_layout = (list(layout.seqs), list(layout.offsets), layout.size)
-        if self.index_dir.save(index, info.head, saved_layout):
+        if self.index_dir.save(index, info.head, saved_layout, owner=info.uid,
+                               rel=os.fsdecode(rel)):
             self._count(indexes_saved=1)
 
     def _note_damage(self, rel: bytes, index: RecordIndex) -> None:
@@ -989,7 +1031,7 @@ class Views:
             info.layout = layout
             self.catalog.put(("journal", rel), info, info.cost())
             if rel != LIVE and idx.identity[1] >= DISK_INDEX_MIN_BYTES:
-                self._save(info, idx)
+                self._save(rel, info, idx)
         return done
 
     # -- attributes ------------------------------------------------------------------------
@@ -1114,6 +1156,7 @@ class Views:
                                     if self.index_dir.usable else None),
                       "catalog_bytes": self.catalog.used, "catalog_entries": len(self.catalog),
                       "journal_names": len(self._journal_ids),
+                      "index_files": self.index_dir.status(),
                       "view_inodes": len(self.by_ino),
                       **self.counters},
         }
