@@ -186,7 +186,8 @@ def test_hard_links_made_in_source_share_metadata(tree, alice):
 def test_quota_refuses_bobs_metadata_and_others_keep_writing(tree, alice, bob):
     """One file's metadata is limited to 4 KiB (ENOSPC, as a full ext4 xattr block); a
     user's total to PER_USER_DEFAULT (EDQUOT); alice keeps writing while bob is refused."""
-    from journalfs.metastore.ledger import ENTRY_OVERHEAD, PER_FILE_DEFAULT, PER_USER_DEFAULT
+    from journalfs.metastore.ledger import (ENTRY_OVERHEAD, PATH_OVERHEAD, PER_FILE_DEFAULT,
+                                            PER_USER_DEFAULT)
     base, src, mnt = tree
     sh, msh = src / "shared", mnt / "shared"
     bobs = sh / "bob"
@@ -219,8 +220,10 @@ def test_quota_refuses_bobs_metadata_and_others_keep_writing(tree, alice, bob):
         count, err = (int(x) for x in proc.stdout.split())
         import errno as errnos
         assert err == errnos.EDQUOT, proc.stdout
-        assert count * (value + ENTRY_OVERHEAD) <= PER_USER_DEFAULT  # never over his quota
-        assert count * (value + ENTRY_OVERHEAD + 1 + len("k")) > PER_USER_DEFAULT - 2 * PER_FILE_DEFAULT
+        per_file = value + len("k") + ENTRY_OVERHEAD + PATH_OVERHEAD
+        big = 3000 + len("a") + ENTRY_OVERHEAD + PATH_OVERHEAD  # his first file's value
+        assert count * per_file + big <= PER_USER_DEFAULT  # never over his quota
+        assert (count + 1) * per_file + big > PER_USER_DEFAULT  # refused at the limit
         # alice's writes go on
         got = run_as(alice, [("mk", f"open({str(msh / 'a')!r}, 'w').write('a')"),
                              ("set", f"os.setxattr({str(msh / 'a')!r}, {NOTE!r}, b'still')"),

@@ -16,8 +16,9 @@ the writer truncates the file there. Its size is bounded by the quota (one recor
 with metadata) times the compaction factor.
 
 Quota (see docs/security.md): ``per_file`` bytes per path (ext4: one 4 KiB xattr block per
-inode), ``per_user`` bytes per uid and ``total`` bytes over all uids. A metadata value costs
-``len(key) + len(value) + ENTRY_OVERHEAD`` (an element of a list value: its bytes + 1).
+inode), ``per_user`` bytes per uid and ``total`` bytes over all uids. A path costs
+PATH_OVERHEAD plus, per value, ``len(key) + len(value) + ENTRY_OVERHEAD`` (an element of a
+list value: its bytes + 1).
 """
 from __future__ import annotations
 
@@ -38,9 +39,12 @@ _OP_PUT, _OP_DEL = 1, 2
 MAX_RECORD = 1 << 16
 #: Per metadata value: its key and journal/tree framing, as an ext4 xattr entry costs ~20.
 ENTRY_OVERHEAD = 32
+#: Per path holding metadata: its tree node and what the ledger and the mount keep for it
+#: in memory -- so that the quota bounds the daemon's memory too, not only the disk.
+PATH_OVERHEAD = 256
 PER_FILE_DEFAULT = 4096
 PER_USER_DEFAULT = 16 << 20
-TOTAL_DEFAULT = 256 << 20
+TOTAL_DEFAULT = 64 << 20
 
 Identity = tuple  # (st_ino, birth time ns); birth time 0 where the filesystem has none
 
@@ -50,8 +54,10 @@ class QuotaExceeded(OSError):
 
 
 def metadata_bytes(values: dict) -> int:
-    """What the quota charges for one path's values."""
-    total = 0
+    """What the quota charges for one path's values (0: none)."""
+    if not values:
+        return 0
+    total = PATH_OVERHEAD
     for key, value in values.items():
         total += len(key.encode("utf-8", "surrogateescape")) + ENTRY_OVERHEAD
         if isinstance(value, (list, tuple)):
