@@ -139,7 +139,12 @@ class Ledger:
 
     # -- file --------------------------------------------------------------------------------
     def _open(self) -> None:
-        fd, st = self._dir.open_file(self.name, os.O_RDWR | os.O_CREAT)
+        """Load the ledger if there is one; it is created by its first record (a store no
+        mount wrote through keeps gvfs's files only)."""
+        try:
+            fd, st = self._dir.open_file(self.name, os.O_RDWR)
+        except FileNotFoundError:
+            return
         self._fd = fd
         data = os.pread(fd, st.st_size, 0) if st.st_size else b""
         if not data:
@@ -183,6 +188,12 @@ class Ledger:
     def _append(self, records: list[bytes]) -> None:
         if not records:
             return
+        if self._fd < 0:
+            fd, _ = self._dir.open_file(self.name, os.O_RDWR | os.O_CREAT)
+            self._fd = fd
+            if os.pwrite(fd, _MAGIC, 0) != len(_MAGIC):
+                raise OSError(errno.ENOSPC, f"{self._dir.where(self.name)}: short write")
+            self._size = len(_MAGIC)
         data = b"".join(records)
         written = os.pwrite(self._fd, data, self._size)
         if written != len(data):
@@ -213,7 +224,8 @@ class Ledger:
             os.close(fd)
             self._dir.unlink(tmp)
             raise
-        os.close(self._fd)
+        if self._fd >= 0:
+            os.close(self._fd)
         self._fd, self._size, self._dirty = fd, len(data), False
 
     @staticmethod
