@@ -83,9 +83,13 @@ def tree():
         yield base, src, base / "mnt"
 
 
-def test_new_file_at_an_old_path_inherits_nothing_renamed_file_keeps_it(tree, alice, bob):
+@pytest.mark.parametrize("watch", ["fanotify", "inotify"])
+def test_new_file_at_an_old_path_inherits_nothing_renamed_file_keeps_it(tree, alice, bob, watch):
+    """Renames behind the mount's back reach it as fanotify's FAN_RENAME (root) or as
+    inotify's paired moves; either way the metadata moves with the file."""
     base, src, mnt = tree
-    with mounted(src, mnt, "-o", "allow_other") as m:
+    env = dict(os.environ, JOURNALFS_WATCH=watch)
+    with mounted(src, mnt, "-o", "allow_other", "--store", str(base / "store"), env=env) as m:
         sh, msh = src / "shared", mnt / "shared"
         got = run_as(alice, [
             ("mk", f"open({str(msh / 'report')!r}, 'w').write('r')"),
@@ -102,6 +106,13 @@ def test_new_file_at_an_old_path_inherits_nothing_renamed_file_keeps_it(tree, al
             ("mvd", f"os.rename({str(sh / 'dir')!r}, {str(sh / 'dir.old')!r})"),
         ])
         assert got["get"] == "alice report", got
+        # the renames reached the mount as renames (not only found later, lazily)
+        for _ in range(100):
+            status = json.loads((mnt / ".journalfs" / "status.json").read_text())
+            if status["watch"]["renames"] >= 2:
+                break
+            __import__("time").sleep(0.05)
+        assert status["watch"]["renames"] >= 2, status["watch"]
         # bob makes new files at the old paths, directly in SOURCE
         run_as(bob, [("a", f"open({str(sh / 'report')!r}, 'w').write('bob')"),
                      ("b", f"open({str(sh / 'gone')!r}, 'w').write('bob')"),
