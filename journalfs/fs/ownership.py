@@ -23,7 +23,6 @@ ledger) are adopted by the file found at their path on first binding.
 """
 from __future__ import annotations
 
-import errno
 import logging
 import os
 
@@ -91,11 +90,14 @@ class Ownership:
         node.meta_path = (rel, sp)
         return sp
 
-    async def bind(self, node, sp: str) -> bool:
-        """Make the entries at ``sp`` this node's file's; False if they must not be shown."""
+    async def bind(self, node, sp: str, strict: bool = False) -> bool:
+        """Make the entries at ``sp`` this node's file's; False if they must not be shown
+        (``strict``: raise why instead)."""
         try:
             ident, uid = self.identity(node)
         except (OSError, pyfuse3.FUSEError):
+            if strict:
+                raise
             return False
         entry = self.ledger.owner(sp)
         if entry is not None and entry[0] == ident:
@@ -106,6 +108,8 @@ class Ownership:
             await self._adopt(sp, ident, uid)
             return True
         except (OSError, pyfuse3.FUSEError) as exc:
+            if strict:
+                raise
             log.warning("metadata of %r cannot be bound to its file: %s", sp, exc)
             return False
 
@@ -144,8 +148,7 @@ class Ownership:
         plans = []
         for rel in names:
             sp = self.fs.store_path(rel)
-            if not await self.bind(node, sp):
-                raise pyfuse3.FUSEError(errno.EIO)
+            await self.bind(node, sp, strict=True)
             values = dict(await self.fs._meta_values(sp))
             values[key] = value
             size = metadata_bytes(values)
