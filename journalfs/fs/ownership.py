@@ -23,6 +23,7 @@ ledger) are adopted by the file found at their path on first binding.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 
@@ -32,8 +33,13 @@ from ..metastore.ledger import file_identity, metadata_bytes
 
 log = logging.getLogger("journalfs.fs")
 
-#: Store path under which entries of files not found at their name wait for them.
+#: Store path under which entries of files not found at their name wait for them. A SOURCE
+#: path that maps there (a file named so at the top of SOURCE) carries no metadata.
 PARK = "/.journalfs-detached"
+
+
+def _parked(sp: str) -> bool:
+    return sp == PARK or sp.startswith(PARK + "/")
 
 
 class Ownership:
@@ -63,7 +69,7 @@ class Ownership:
 
     def identity_at(self, store_path: str) -> tuple | None:
         """The identity of what SOURCE holds at ``store_path`` now (None: nothing)."""
-        if store_path.startswith(PARK + "/") or store_path == PARK:
+        if _parked(store_path):
             return None
         rel = self._rel_of(store_path)
         if rel is None:
@@ -85,7 +91,7 @@ class Ownership:
         if made is not None and made[0] is rel:
             return made[1]
         sp = self.fs.store_path(rel)
-        if self.ledger is not None and not await self.bind(node, sp):
+        if self.ledger is not None and (_parked(sp) or not await self.bind(node, sp)):
             return None
         node.meta_path = (rel, sp)
         return sp
@@ -148,6 +154,8 @@ class Ownership:
         plans = []
         for rel in names:
             sp = self.fs.store_path(rel)
+            if _parked(sp):
+                raise pyfuse3.FUSEError(errno.EPERM)
             await self.bind(node, sp, strict=True)
             values = dict(await self.fs._meta_values(sp))
             values[key] = value
