@@ -288,3 +288,39 @@ def test_rm_succeeds_when_the_store_cannot_take_the_removal(tree, alice):
         finally:
             subprocess.run(["chattr", "-i", str(store)], check=True)
         assert m.process.poll() is None
+
+
+def test_parked_metadata_cannot_be_claimed_by_name(tree, alice, bob):
+    """Entries of a file no longer at its name wait at /.journalfs-detached/<ino>-<btime>
+    in the store; bob making a file of that name in SOURCE gets nothing of them (and cannot
+    set metadata there), and alice's file still finds its own."""
+    from journalfs.metastore.ledger import file_identity
+    base, src, mnt = tree
+    sh, msh = src / "shared", mnt / "shared"
+    os.chmod(src, 0o777)
+    # the embedded store (store path = SOURCE path): the parking place could be a name
+    env = dict(os.environ, XDG_DATA_HOME=str(base / "xdg"))
+    with mounted(src, mnt, "-o", "allow_other", env=env) as m:
+        run_as(alice, [("mk", f"open({str(msh / 'report')!r}, 'w').write('r')"),
+                       ("set", f"os.setxattr({str(msh / 'report')!r}, {NOTE!r}, b'alice')")])
+        clean_log(m)
+    fd = os.open(sh / "report", os.O_PATH)
+    (ino, btime), _ = file_identity(fd)
+    os.close(fd)
+    # while nothing is mounted: alice moves her file away, bob makes one at its old name
+    (src / "elsewhere").mkdir()
+    os.chmod(src / "elsewhere", 0o777)
+    got = run_as(alice, [("mv", f"os.rename({str(sh / 'report')!r}, {str(src / 'elsewhere' / 'kept')!r})")])
+    got.update(run_as(bob, [("mk", f"open({str(sh / 'report')!r}, 'w').write('bob')")]))
+    assert got == {"mv": "ok", "mk": 3}, got
+    with mounted(src, mnt, "-o", "allow_other", env=env) as m:
+        assert note_of(bob, msh / "report") == "ENODATA"  # alice's entries are parked now
+        park = src / ".journalfs-detached"
+        claim = mnt / ".journalfs-detached" / f"{ino}-{btime}"
+        got = run_as(bob, [("d", f"os.makedirs({str(park)!r})"),
+                           ("f", f"open({str(park / f'{ino}-{btime}')!r}, 'w').write('x')"),
+                           ("get", f"os.getxattr({str(claim)!r}, {NOTE!r})"),
+                           ("set", f"os.setxattr({str(claim)!r}, {NOTE!r}, b'bob')")])
+        assert got["get"] == "ENODATA" and got["set"] == "EPERM", got
+        assert note_of(alice, mnt / "elsewhere" / "kept") == "alice"
+        clean_log(m)
