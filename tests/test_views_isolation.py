@@ -108,10 +108,13 @@ def rss_kib(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
 
+@pytest.mark.soak
 def test_renaming_a_journal_100000_times_leaves_memory_bounded(bob):
     """bob renames his journal to a new name and stats one record of it, 100,000 times
     (issue 24 items 6/7): the names the views remember are bounded, and so is the
-    daemon's memory."""
+    daemon's memory. (soak: ~5-8 min. Known open point: run under pytest, the daemon has
+    twice taken more than mountutil's 30 s to exit after the unmount, though every
+    assertion here held; run standalone, 100,000 renames exit in 0.3 s.)"""
     from journalfs.formats.gvfs_journal import encode_entry
     from journalfs.fs.catalog import MAX_ENTRIES
     from journalfs.fs.views import JOURNAL_IDS_KEPT
