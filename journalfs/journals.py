@@ -28,6 +28,10 @@ CHECKPOINT_EVERY = 1024
 #: Bytes at the start of a file and before its last checkpoint that must be unchanged for an
 #: index to be extended rather than rebuilt when the file grows.
 FINGERPRINT_BYTES = 4096
+#: A hole (never-written zeros of a sparse file, found with SEEK_HOLE) at least this long
+#: ends what is decoded: ``truncate -s 1G`` on a small journal is one damage entry, not
+#: millions of all-zero records decoded by a root daemon.
+HOLE_MIN = 1 << 20
 
 
 #: Opens a journal for reading and returns a fd the caller closes (the views pass one that
@@ -100,6 +104,29 @@ def mapped(path: str):
 HEAD_BYTES = 64 << 10
 #: Bytes read past the last known checkpoint of an index still being built.
 PARTIAL_WINDOW = 64 << 20
+
+
+def data_end(fd: int, size: int) -> int:
+    """Where the file's data ends for decoding: the start of its first hole of at least
+    HOLE_MIN bytes (SEEK_HOLE/SEEK_DATA), else ``size``."""
+    pos = 0
+    while pos < size:
+        try:
+            hole = os.lseek(fd, pos, os.SEEK_HOLE)
+        except OSError:  # no SEEK_HOLE here: the file is all data
+            return size
+        if hole >= size:
+            return size
+        try:
+            data = os.lseek(fd, hole, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                return size
+            data = size  # a hole up to the end
+        if data - hole >= HOLE_MIN:
+            return hole
+        pos = data
+    return size
 
 
 @contextlib.contextmanager
@@ -282,8 +309,13 @@ class RecordIndex:
                 with mapped_fd(fd) as buf:
                     idx._index_buffer(buf, previous, progress)
             else:  # a file others may truncate under us (views): read, never mapped
-                with windowed_buffer(fd, st.st_size) as win:
+                end = data_end(fd, st.st_size)
+                with windowed_buffer(fd, end) as win:
                     idx._index_buffer(win.buf, previous, progress, win)
+                if end < st.st_size and idx.error is None:
+                    idx.error = FormatError(path, end, f"a hole of {st.st_size - end} bytes "
+                                            "(a sparse file's never-written zeros): not "
+                                            "decoded").detached()
             idx.complete = True
         finally:
             os.close(fd)

@@ -389,7 +389,7 @@ def test_saved_index_round_trip_and_hostile_files(big_journal, tmp_path):
 
 def test_catalog_one_budget():
     from journalfs.fs.catalog import Catalog
-    cat = Catalog(budget=100)
+    cat = Catalog(budget=100, entry_overhead=0)
     for i in range(10):
         cat.put(("batch", b"j", i), i, 30)
     assert cat.used <= 100 and len(cat) == 3
@@ -398,6 +398,11 @@ def test_catalog_one_budget():
     assert cat.get(("huge",)) is None
     cat.discard_where(lambda k: k[0] == "batch")
     assert len(cat) == 0 and cat.used == 0
+    # tiny entries (one per name ever seen) are bounded in number by their overhead
+    cat = Catalog(budget=10_000, entry_overhead=100)
+    for i in range(1000):
+        cat.put(("scan", b"d%d" % i), True, 1)
+    assert len(cat) <= 100
 
 
 _TRUNCATE_WHILE_READING = r"""
@@ -528,3 +533,33 @@ def test_indexing_a_200mb_journal_for_the_views_keeps_memory_to_a_window(tmp_pat
     assert (int(got), clean) == (count, "True")
     assert int(growth) < journals.LOAD_AHEAD + (24 << 20), int(growth)  # the file: 200 MB
     assert int(growth) < path.stat().st_size / 2
+
+
+def test_index_files_are_capped_per_owner_and_in_total(tmp_path):
+    """On-disk indexes are a cache charged to the journal's owner: past the owner's budget
+    (or the total) an index stays in memory only; another owner's still goes to disk."""
+    from journalfs.formats.gvfs_journal import encode_entry, journal_image
+    from journalfs.fs import indexfiles
+    store = tmp_path / "store"
+    store.mkdir(mode=0o700)
+    indexes = []
+    for i in range(4):
+        path = tmp_path / f"j{i}.log"
+        path.write_bytes(journal_image([encode_entry("set", 1, f"/p{i}", "k", "v")], 5))
+        indexes.append(journals.RecordIndex.build(str(path), opener=lambda p=path: os.open(p, os.O_RDONLY)))
+    probe = indexfiles.IndexDir(str(store))
+    assert probe.save(indexes[0], 0, owner=1, rel="j0.log")
+    one = probe.total
+    probe.remove(indexes[0].dev, indexes[0].identity[0])
+    assert probe.total == 0 and not list((store / "indexes").iterdir())
+    capped = indexfiles.IndexDir(str(store), owner_bytes=one + one // 2, total_bytes=2 * one + 10)
+    assert capped.save(indexes[0], 0, owner=1, rel="j0.log")
+    assert not capped.save(indexes[1], 0, owner=1, rel="j1.log")  # bob's budget is spent
+    assert capped.save(indexes[2], 0, owner=2, rel="j2.log")      # carol's is not
+    assert not capped.save(indexes[3], 0, owner=3, rel="j3.log")  # the total is
+    assert capped.status()["refused"] == 2
+    assert len(list((store / "indexes").glob("*.jfsidx"))) == 2
+    # a fresh look at the directory counts what is there, by owner
+    again = indexfiles.IndexDir(str(store))
+    again.scan()
+    assert again.by_owner == {1: one, 2: capped.by_owner[2]}

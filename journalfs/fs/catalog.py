@@ -14,13 +14,22 @@ from typing import Any, Callable, Hashable
 
 #: Default budget: indexes of ~60M records' checkpoints, or a few dozen decoded batches.
 DEFAULT_BUDGET = 64 << 20
+#: What one entry costs beyond its own value: the key, the dict slot, the tuple. Charged so
+#: that many small entries (one per name ever seen) are bounded in number too.
+ENTRY_OVERHEAD = 256
+#: And at most this many entries whatever their cost (the costs are estimates; one entry's
+#: real footprint is a few KiB): bob's 100,000 names cannot each keep one.
+MAX_ENTRIES = 32_768
 
 
 class Catalog:
     """A thread-safe LRU map whose entries each cost a number of bytes."""
 
-    def __init__(self, budget: int = DEFAULT_BUDGET):
+    def __init__(self, budget: int = DEFAULT_BUDGET, entry_overhead: int = ENTRY_OVERHEAD,
+                 max_entries: int = MAX_ENTRIES):
         self.budget = budget
+        self.entry_overhead = entry_overhead
+        self.max_entries = max_entries
         self.used = 0
         self._items: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self._lock = threading.Lock()  # held for dict operations only, never across I/O
@@ -35,7 +44,7 @@ class Catalog:
 
     def put(self, key: Hashable, value: Any, cost: int) -> None:
         """Remember ``value``; an entry larger than the whole budget is not kept."""
-        cost = max(1, int(cost))
+        cost = max(1, int(cost)) + self.entry_overhead
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
@@ -44,7 +53,7 @@ class Catalog:
                 return
             self._items[key] = (value, cost)
             self.used += cost
-            while self.used > self.budget:
+            while self.used > self.budget or len(self._items) > self.max_entries:
                 _, (_, dropped) = self._items.popitem(last=False)
                 self.used -= dropped
 

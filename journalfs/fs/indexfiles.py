@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import stat
+import threading
 import zlib
 
 import numpy as np
@@ -38,6 +39,11 @@ DIR_NAME = "indexes"
 #: An index file larger than this is not ours (12M records need ~200 KiB).
 MAX_INDEX_BYTES = 256 << 20
 MAX_HEADER_BYTES = 64 << 10
+#: What the index files may take in the store's directory: per journal owner and in all.
+#: Past it an index is kept in memory only (it is a cache); files of journals that are gone
+#: are removed (when the mount sees them go, and by the sweep at start).
+OWNER_INDEX_BYTES = 64 << 20
+TOTAL_INDEX_BYTES = 256 << 20
 
 
 def head_crc(buf) -> int:
@@ -48,8 +54,15 @@ class IndexDir:
     """The directory of on-disk indexes; ``None``-safe: with no usable directory every load
     misses and every save is skipped (the views then index in memory only)."""
 
-    def __init__(self, store_dir: str | None):
+    def __init__(self, store_dir: str | None, owner_bytes: int = OWNER_INDEX_BYTES,
+                 total_bytes: int = TOTAL_INDEX_BYTES):
         self.fd = -1
+        self.owner_limit, self.total_limit = owner_bytes, total_bytes
+        self.files: dict[str, tuple[int, int, str | None]] = {}  # name -> (owner, bytes, rel)
+        self.by_owner: dict[int, int] = {}
+        self.total = 0
+        self.refused = 0
+        self._lock = threading.Lock()  # the accounting (saves run in worker threads)
         if not store_dir:
             return
         try:
@@ -90,6 +103,86 @@ class IndexDir:
     def name_of(dev: int, ino: int) -> str:
         return f"{dev:x}-{ino:x}{SUFFIX}"
 
+    # -- accounting -----------------------------------------------------------------------
+    def _account(self, name: str, owner: int, size: int, rel: str | None) -> None:
+        with self._lock:
+            self._unaccount_locked(name)
+            self.files[name] = (owner, size, rel)
+            self.by_owner[owner] = self.by_owner.get(owner, 0) + size
+            self.total += size
+
+    def _unaccount(self, name: str) -> None:
+        with self._lock:
+            self._unaccount_locked(name)
+
+    def _unaccount_locked(self, name: str) -> None:
+        old = self.files.pop(name, None)
+        if old is None:
+            return
+        owner, size, _ = old
+        left = self.by_owner.get(owner, 0) - size
+        if left > 0:
+            self.by_owner[owner] = left
+        else:
+            self.by_owner.pop(owner, None)
+        self.total -= size
+
+    def scan(self, still_there=None) -> None:
+        """Account for the index files present (their headers' owner; -1 when unknown) and
+        remove those whose journal ``still_there(rel, dev, ino)`` says is gone."""
+        if self.fd < 0:
+            return
+        dfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.fd)
+        try:
+            names = os.listdir(dfd)  # (self.fd is O_PATH: not listable itself)
+        finally:
+            os.close(dfd)
+        for name in names:
+            if not name.endswith(SUFFIX):
+                continue
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                             dir_fd=self.fd)
+            except OSError:
+                continue
+            try:
+                st = os.fstat(fd)
+                head = os.pread(fd, MAX_HEADER_BYTES, 0) if stat.S_ISREG(st.st_mode) else b""
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+            owner, rel, dev, ino = -1, None, None, None
+            try:
+                header = json.loads(head[len(MAGIC):].split(b"\n", 1)[0])
+                owner = int(header.get("owner", -1))
+                rel = header.get("rel")
+                dev, ino = int(header["dev"]), int(header["ino"])
+            except (ValueError, KeyError, TypeError, AttributeError):
+                pass
+            if still_there is not None and isinstance(rel, str) and dev is not None \
+                    and not still_there(rel, dev, ino):
+                self._unlink(name)
+                continue
+            self._account(name, owner, st.st_size, rel if isinstance(rel, str) else None)
+
+    def _unlink(self, name: str) -> None:
+        try:
+            os.unlink(name, dir_fd=self.fd)
+        except OSError:
+            pass
+        self._unaccount(name)
+
+    def remove(self, dev: int, ino: int) -> None:
+        """The journal (dev, ino) is gone: its index file too."""
+        if self.fd >= 0:
+            self._unlink(self.name_of(dev, ino))
+
+    def status(self) -> dict:
+        return {"files": len(self.files), "bytes": self.total, "owners": len(self.by_owner),
+                "owner_limit": self.owner_limit, "total_limit": self.total_limit,
+                "refused": self.refused}
+
     # -- reading --------------------------------------------------------------------------
     def load(self, dev: int, ino: int, path: str) -> tuple[RecordIndex, dict, tuple | None] | None:
         """(index, header, layout) saved for the file (dev, ino), or None. ``layout`` is
@@ -118,9 +211,11 @@ class IndexDir:
             return None
 
     # -- writing --------------------------------------------------------------------------
-    def save(self, index: RecordIndex, head: int, layout: tuple | None = None) -> bool:
-        """Write ``index`` (and the records.jsonl ``layout``) for its journal; False when not
-        possible (reported in the log, never raised: the on-disk index is only a cache)."""
+    def save(self, index: RecordIndex, head: int, layout: tuple | None = None,
+             owner: int = -1, rel: str | None = None) -> bool:
+        """Write ``index`` (and the records.jsonl ``layout``) for its journal, charged to the
+        journal's ``owner``; False when not possible or over the owner's or the total
+        budget (reported in the log, never raised: the on-disk index is only a cache)."""
         if self.fd < 0 or not index.identity:
             return False
         ino, size, mtime_ns = index.identity
@@ -136,10 +231,19 @@ class IndexDir:
             "count": index.count, "error": error, "checkpoints": len(seqs),
             "layout_rows": len(lseqs) if layout else None,
             "layout_size": layout[2] if layout else None,
+            "owner": owner, "rel": rel,
         }
         data = b"".join([MAGIC, json.dumps(header).encode() + b"\n", seqs.tobytes(),
                          offsets.tobytes(), lseqs.tobytes(), loffs.tobytes()])
         name = self.name_of(index.dev, ino)
+        with self._lock:
+            old = self.files.get(name)
+            freed = old[1] if old is not None else 0
+            freed_owner = freed if old is not None and old[0] == owner else 0
+            if self.total - freed + len(data) > self.total_limit or \
+                    self.by_owner.get(owner, 0) - freed_owner + len(data) > self.owner_limit:
+                self.refused += 1
+                return False
         tmp = f".{name}.{os.getpid()}.{id(index):x}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -151,6 +255,7 @@ class IndexDir:
             finally:
                 os.close(fd)
             os.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            self._account(name, owner, len(data), rel)
             return True
         except OSError as exc:
             log.warning("could not save the index of %s: %s", index.path, exc)

@@ -133,7 +133,7 @@ class Inode:
     changes: int = 0
     # (stat, timeout, EntryAttributes) of the last reply built for it: reused while equal
     reply: tuple | None = None
-    meta_path: tuple | None = None  # (path, its store path): see JournalFS._node_store_path
+    meta_path: tuple | None = None  # (path, its store path): see Ownership.store_path
 
     @property
     def path(self) -> bytes | None:

@@ -36,6 +36,7 @@ from . import xattrs
 from .caches import UNKNOWN, Listing, MetaCache, Scan
 from .dirlist import DIR_BLKSIZE, ListingCache, NameOnlyEntry, listing_rows, patched
 from .inodes import VIEW_INO_BASE, Inode, InodeTable, O_PATH_FLAGS, join, same_object, stale
+from .ownership import Ownership
 from .views import VIEWS_NAME, Views
 
 from .watch import SourceWatcher
@@ -323,7 +324,8 @@ class JournalFS(pyfuse3.Operations):
         self.files: dict[int, Handle] = {}                     # file handle -> open file
         self.dirs: dict[int, list] = {}  # handle -> _dir_state
         # changes made behind the mount: the watcher asks source_changed what to invalidate
-        self.watch = SourceWatcher(self.source_changed)
+        self.watch = SourceWatcher(self.source_changed, renamed=self.source_renamed,
+                                   deleted=self.source_deleted)
         self.views = Views(self, options or {})
         self._exchange_tmp = itertools.count()
         self.snapshots = ListingCache(min(timeout, SNAPSHOT_TTL))  # + listings kept for readdir
@@ -342,6 +344,8 @@ class JournalFS(pyfuse3.Operations):
         store = getattr(meta, "store", None)
         exclusive = store is not None and getattr(store, "readonly", True) is False
         self.meta_cache = MetaCache() if exclusive else None
+        # metadata belongs to the file: the store's ledger of owners and quota (ownership.py)
+        self.ownership = Ownership(self, getattr(store, "ledger", None) if exclusive else None)
 
     # -- helpers ---------------------------------------------------------------------------
     def next_inode(self) -> int:
@@ -358,18 +362,6 @@ class JournalFS(pyfuse3.Operations):
 
     def store_path(self, rel: bytes) -> str:
         return self.location.store_path("/" + os.fsdecode(rel))
-
-    def _node_store_path(self, node: Inode) -> str | None:
-        """The store path of ``node``'s newest name (None once unlinked), kept with the name
-        it was made from: a rename replaces the name, so an identity check tells."""
-        paths = node.paths
-        if not paths:
-            return None
-        rel = paths[-1]
-        made = node.meta_path
-        if made is None or made[0] is not rel:
-            made = node.meta_path = (rel, self.store_path(rel))
-        return made[1]
 
     async def _io(self, fn: Callable, *args: Any) -> Any:
         """Run a SOURCE syscall: inline on a local filesystem, else in a worker thread."""
@@ -434,9 +426,29 @@ class JournalFS(pyfuse3.Operations):
             return None
         rel = directory.path if name is None else join(directory.path, name)
         self._namespace_changed(rel)
+        if name is not None:
+            await self.ownership.changed(rel)
         await self.views.source_changed(rel)
         child = self.table.root if rel == b"" else self.table.by_path.get(rel)
         return None if child is None else child.ino
+
+    def _rel_in(self, dir_ino: int, name: bytes) -> bytes | None:
+        directory = self.table.by_ino.get(dir_ino)
+        if directory is None or directory.path is None:
+            return None
+        return join(directory.path, name)
+
+    async def source_renamed(self, old_dir: int, old_name: bytes, new_dir: int,
+                             new_name: bytes) -> None:
+        """SOURCE renamed a name behind the mount: its metadata moves along (ownership.py)."""
+        old, new = self._rel_in(old_dir, old_name), self._rel_in(new_dir, new_name)
+        if old is not None and new is not None:
+            await self.ownership.renamed(old, new)
+
+    async def source_deleted(self, dir_ino: int, name: bytes) -> None:
+        rel = self._rel_in(dir_ino, name)
+        if rel is not None:
+            await self.ownership.deleted(rel)
 
     def _dot_attrs(self, number: int, st: os.stat_result) -> pyfuse3.EntryAttributes:
         a = self.attrs(Inode(number, None), st)
@@ -602,15 +614,15 @@ class JournalFS(pyfuse3.Operations):
                                  self.watch.watching(node.ino)):
                             return built[2]
                         return self.attrs(node, st)
-            return await self._lookup(parent_inode, name, ctx.uid if ctx is not None else 0)
+            return await self._lookup(parent_inode, name, ctx)
         except Exception as exc:
             raise _fuse_error(exc, "lookup") from None
 
-    async def _lookup(self, parent_inode, name, uid: int = 0):
+    async def _lookup(self, parent_inode, name, ctx=None):
         if parent_inode == pyfuse3.ROOT_INODE and name == VIEWS_NAME:
             return self.views.lookup_root()
         if self.views.owns(parent_inode):
-            return await self.views.lookup(parent_inode, name)
+            return await self.views.lookup(parent_inode, name, ctx)
         if len(name) > self.name_max:  # before any cached answer
             raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
         if name == b"." and parent_inode not in self.table:
@@ -630,7 +642,7 @@ class JournalFS(pyfuse3.Operations):
             st = await self._stat(up)
             up.lookups += 1
             return self.attrs(up, st)
-        listing = await self._listing(parent, uid)
+        listing = await self._listing(parent, ctx.uid if ctx is not None else 0)
         if listing is not None:  # answered from memory: `ls -l`, find, stat of many files
             st = listing.stats.get(name, _ABSENT)
             if st is _ABSENT:
@@ -831,7 +843,7 @@ class JournalFS(pyfuse3.Operations):
     @_guarded
     async def opendir(self, inode, ctx):
         if self.views.owns(inode):
-            return await self.views.opendir(inode)
+            return await self.views.opendir(inode, ctx)
         node = self.table.get(inode)
         handle = self.next_handle()
         # listed at the first readdir, not now: names made between opendir and the first
@@ -1038,6 +1050,7 @@ class JournalFS(pyfuse3.Operations):
         """rmdir/unlink in SOURCE, then drop the name, its views and its metadata (subtree)."""
         parent, rel = self._dir(parent_inode, name)
         self._pin(parent, rel, name)
+        victim = self.table.by_path.get(rel) if rel is not None else None
         remove = functools.partial(os.rmdir if is_dir else os.unlink, name)
         key = await self._change_names(parent, (rel,), self._remove_at, remove, parent, name)
         self._links_changed(key)
@@ -1045,7 +1058,8 @@ class JournalFS(pyfuse3.Operations):
             return
         self.table.unlinked(rel, is_dir=is_dir)
         await self.views.source_changed(rel)
-        await self._meta_restructure("remove", self.store_path(rel))
+        # the name is gone: that is the answer, whatever becomes of its metadata
+        await self.ownership.unlinked(rel, victim)
 
     def _pin(self, parent: Inode, rel: bytes | None, name: bytes) -> None:
         """Open the fd of the object about to lose the name ``rel``, so that it stays
@@ -1104,15 +1118,17 @@ class JournalFS(pyfuse3.Operations):
         if flags & pyfuse3.RENAME_EXCHANGE:
             self.table.renamed([(old, new), (new, old)], dirs)
             tmp = self.store_path(b".journalfs-exchange-%d" % next(self._exchange_tmp))
-            await self._meta_restructure("move", self.store_path(old), tmp)
-            await self._meta_restructure("move", self.store_path(new), self.store_path(old))
-            await self._meta_restructure("move", tmp, self.store_path(new))
+            await self._meta_restructure_after(old, "move", self.store_path(old), tmp)
+            await self._meta_restructure_after(old, "move", self.store_path(new),
+                                               self.store_path(old))
+            await self._meta_restructure_after(old, "move", tmp, self.store_path(new))
             return
         if replaced:
             self.table.unlinked(new)
-            await self._meta_restructure("remove", self.store_path(new))
+            await self._meta_restructure_after(new, "remove", self.store_path(new))
         self.table.renamed([(old, new)], dirs)
-        await self._meta_restructure("move", self.store_path(old), self.store_path(new))
+        await self._meta_restructure_after(old, "move", self.store_path(old),
+                                           self.store_path(new))
 
     def _forget_stat_node(self, node: Inode) -> None:
         node.changes += 1
@@ -1439,6 +1455,16 @@ class JournalFS(pyfuse3.Operations):
         if self.meta_cache is not None:
             self.meta_cache.written(store_path, key, value)
 
+    async def _meta_restructure_after(self, rel: bytes, method: str, *paths: str) -> None:
+        """A store change following a namespace change that already happened in SOURCE:
+        its failure (a full store) is logged, never the caller's answer (the ledger keeps
+        the entries tied to their file, so they are never shown on another one)."""
+        try:
+            await self._meta_restructure(method, *paths)
+        except (OSError, pyfuse3.FUSEError) as exc:
+            log.warning("metadata %s for %r failed after the change in SOURCE: %s", method,
+                        rel, exc)
+
     async def _meta_restructure(self, method: str, *paths: str) -> None:
         """remove/move/copy whole subtrees in the store; cached values are dropped after."""
         try:
@@ -1502,7 +1528,7 @@ class JournalFS(pyfuse3.Operations):
         key = xattrs.metadata_key(name)
         if key is None:
             return await self._on(node, self._native_getxattr, name)
-        store_path = self._node_store_path(node)
+        store_path = await self.ownership.store_path(node)
         if store_path is None:  # unlinked: its metadata went with its last name
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         value = await self._meta_get(store_path, key)
@@ -1531,8 +1557,8 @@ class JournalFS(pyfuse3.Operations):
         self._check_user_xattr_allowed(node)
         decoded = xattrs.decode_value(value)
         names = await self._on(node, self._names_if_writable, node)
-        for rel in names:  # metadata belongs to the file: every name of it
-            await self._meta_write("set", self.store_path(rel), key, decoded)
+        # metadata belongs to the file: every name of it, within the owner's quota
+        await self.ownership.set(node, names, key, decoded)
 
     async def _set_acl(self, node: Inode, name: bytes, value: bytes, ctx) -> None:
         """An ACL set with the caller's credentials, so that SOURCE itself decides whether
@@ -1584,11 +1610,10 @@ class JournalFS(pyfuse3.Operations):
             return
         self._check_user_xattr_allowed(node)
         names = await self._on(node, self._names_if_writable, node)
-        store_path = self.store_path(self._path(node))
-        if await self._meta_get(store_path, key) is None:
+        store_path = await self.ownership.store_path(node)
+        if store_path is None or await self._meta_get(store_path, key) is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-        for rel in names:
-            await self._meta_write("unset", self.store_path(rel), key)
+        await self.ownership.unset(node, names, key)
 
     @_guarded
     async def listxattr(self, inode, ctx):
@@ -1606,8 +1631,9 @@ class JournalFS(pyfuse3.Operations):
             if hide_trusted and raw.startswith(b"trusted."):
                 continue  # Linux lists these to CAP_SYS_ADMIN only
             names.append(raw)
-        store_path = self._node_store_path(node)
-        if store_path is not None and node.file_type in (stat.S_IFREG, stat.S_IFDIR):
+        store_path = await self.ownership.store_path(node) \
+            if node.file_type in (stat.S_IFREG, stat.S_IFDIR) else None
+        if store_path is not None:
             stored = await self._meta_values(store_path)
             names += xattrs.metadata_names(stored)
         return names

@@ -81,6 +81,17 @@ class SourceTree:
         finally:
             os.close(dfd)
 
+    def access(self, rel: bytes, mode: int) -> bool:
+        """faccessat(AT_EACCESS) of SOURCE/``rel``: whether this thread's fsuid/fsgid/groups
+        may access it with ``mode`` (R_OK, X_OK), as the kernel decides (ACLs included)."""
+        if not _components(rel):
+            return os.access(".", mode, dir_fd=self.root_fd, effective_ids=True)
+        dfd, name = self._parent(rel)
+        try:
+            return os.access(name, mode, dir_fd=dfd, effective_ids=True, follow_symlinks=False)
+        finally:
+            os.close(dfd)
+
     def _readable_dir(self, rel: bytes) -> int:
         """A readable fd of the directory SOURCE/``rel`` (reached with no symlink followed)."""
         dfd = self.open_dir(rel)

@@ -36,6 +36,7 @@ import stat
 import threading
 import time
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -107,6 +108,9 @@ RECORD_INO_BASE = 1 << 62
 SEQ_BITS = 36
 SEQ_MASK = (1 << SEQ_BITS) - 1
 JOURNAL_ID_MAX = (1 << (62 - SEQ_BITS)) - 1
+#: Journal names remembered for record inode numbers (least recently used forgotten; an id
+#: is never handed out again, so a forgotten one can only go stale: ENOENT, never alias).
+JOURNAL_IDS_KEPT = 32_768
 LIVE = b"\0live"  # the `rel` of the live metadata journal (no SOURCE path can contain NUL)
 
 
@@ -138,6 +142,10 @@ class ViewContext:
     prefix: str | None = None
     source_name: str = ""
     watch: Any = None                     # fs.watch.SourceWatcher: status() for status.json
+    # ``as_caller(ctx, fn, *args)`` runs fn with the request's fsuid/fsgid/groups (thread
+    # only); ``caller_key(ctx)`` says whose they are. None: every caller sees everything.
+    as_caller: Callable | None = None
+    caller_key: Callable | None = None
 
     @classmethod
     def of_mount(cls, fs) -> "ViewContext":
@@ -148,7 +156,10 @@ class ViewContext:
                    next_handle=fs.next_handle, timeout=lambda: fs.timeout,
                    store_dir=os.path.dirname(tree) or None, tree_path=tree,
                    prefix=getattr(loc, "prefix", None), source_name=os.fsdecode(fs.src),
-                   watch=getattr(fs, "watch", None))
+                   watch=getattr(fs, "watch", None),
+                   # looked up per call: the mount makes its Caller after its views
+                   as_caller=lambda ctx, fn, *args: fs.caller.run(ctx, fn, *args),
+                   caller_key=lambda ctx: (ctx.uid, ctx.gid, tuple(fs.caller.groups(ctx.pid))))
 
 
 #: The access ACL the kernel asks for (POSIX ACL mode) before deciding on a view inode.
@@ -504,15 +515,24 @@ class Views:
         self.owner = (os.geteuid(), os.getegid())
         self.by_ino: dict[int, VNode] = {}
         self.by_key: dict[tuple, VNode] = {}
-        self._journal_ids: dict[bytes, int] = {}  # journal rel -> id inside record inode numbers
-        self._journal_rels: list[bytes] = []
+        # journal rel <-> id inside record inode numbers: bounded, least recently used out
+        self._journal_ids: OrderedDict[bytes, int] = OrderedDict()
+        self._journal_rels: dict[int, bytes] = {}
+        self._next_journal_id = 0
         self._ids_lock = threading.Lock()
+        self._scan_generation = 0  # bumped by every change: older "scan" answers are stale
         self.dirs: dict[int, dict] = {}   # handle -> listing state
         self.files: dict[int, object] = {}  # handle -> bytes or JsonlReader
         self.catalog = Catalog()
         self.index_dir = IndexDir(self.ctx.store_dir)
+        if self.index_dir.usable:  # what is there, and files of journals gone meanwhile
+            threading.Thread(target=self._sweep_indexes, name="journalfs-index-sweep",
+                             daemon=True).start()
         self._jobs: dict[bytes, IndexJob] = {}  # trio thread only
         self._index_limiter = trio.CapacityLimiter(INDEX_THREADS)
+        # one indexing thread per journal owner: one user's huge journals take at most one
+        # core, never every slot another user's small view waits for (issue 24 item 4)
+        self._owner_limiters: dict[int, trio.CapacityLimiter] = {}
         self._view_limiter = trio.CapacityLimiter(VIEW_THREADS)
         self._file_limiters: dict[bytes, trio.CapacityLimiter] = {}
         self.damaged: dict[bytes, tuple[int, str]] = {}
@@ -538,14 +558,23 @@ class Views:
     def _journal_id(self, rel: bytes) -> int:
         with self._ids_lock:
             jid = self._journal_ids.get(rel)
-            if jid is None:
-                jid = self._journal_ids[rel] = len(self._journal_rels)
-                self._journal_rels.append(rel)
+            if jid is not None:
+                self._journal_ids.move_to_end(rel)
+                return jid
+            if self._next_journal_id > JOURNAL_ID_MAX:
+                raise pyfuse3.FUSEError(errno.EOVERFLOW)
+            jid = self._next_journal_id
+            self._next_journal_id += 1
+            self._journal_ids[rel] = jid
+            self._journal_rels[jid] = rel
+            while len(self._journal_ids) > JOURNAL_IDS_KEPT:
+                _, old = self._journal_ids.popitem(last=False)
+                del self._journal_rels[old]
             return jid
 
     def _node(self, kind: str, rel: bytes = b"", seq: int = -1, permanent: bool = False) -> VNode:
         if kind == RECORD:
-            if seq > SEQ_MASK or len(self._journal_rels) > JOURNAL_ID_MAX:
+            if seq > SEQ_MASK:
                 raise pyfuse3.FUSEError(errno.EOVERFLOW)
             ino = RECORD_INO_BASE | (self._journal_id(rel) << SEQ_BITS) | seq
             return VNode(ino, RECORD, rel, seq)
@@ -559,8 +588,9 @@ class Views:
     def _get(self, ino: int) -> VNode:
         if ino >= RECORD_INO_BASE:
             jid, seq = (ino - RECORD_INO_BASE) >> SEQ_BITS, ino & SEQ_MASK
-            if jid < len(self._journal_rels):
-                return VNode(ino, RECORD, self._journal_rels[jid], seq)
+            rel = self._journal_rels.get(jid)
+            if rel is not None:
+                return VNode(ino, RECORD, rel, seq)
         try:
             return self.by_ino[ino]
         except KeyError:
@@ -579,10 +609,16 @@ class Views:
     async def source_changed(self, rel: bytes) -> None:
         """SOURCE/``rel`` was changed through the mount: make the kernel forget what it
         cached about the views of it (records/ entries up the tree, the journal's attrs)."""
-        self.catalog.discard_where(lambda k: k[0] == "scan" or k == ("acl", rel))
+        # every "holds journals" answer may be stale now: a new generation (one bump, not a
+        # pass over the catalog per change: a rename loop must not cost a scan each)
+        self._scan_generation += 1
+        self.catalog.discard(("acl", rel))
         info = self.catalog.get(("journal", rel))
         if info is not None:
             info.checked = -TRUST_SECONDS  # stat again; the index may still be extended
+            if rel != LIVE and self.index_dir.usable:
+                await trio.to_thread.run_sync(self._drop_index_if_gone, rel, info.ident[:2],
+                                              limiter=self._view_limiter)
         path = rel
         while path:
             parent_rel, _, name = path.rpartition(b"/")
@@ -599,6 +635,28 @@ class Views:
                 await trio.to_thread.run_sync(pyfuse3.invalidate_inode, node.ino)
             except OSError:  # the kernel has forgotten it already: nothing to drop
                 pass
+
+    def _sweep_indexes(self) -> None:
+        def still_there(rel: str, dev: int, ino: int) -> bool:
+            try:
+                st = self.source.lstat(os.fsencode(rel))
+            except OSError:
+                return False
+            return (st.st_dev, st.st_ino) == (dev, ino)
+        try:
+            self.index_dir.scan(still_there)
+        except OSError as exc:
+            log.warning("sweeping the journal index directory failed: %s", exc)
+
+    def _drop_index_if_gone(self, rel: bytes, dev_ino: tuple) -> None:
+        """The journal once at ``rel`` is no longer there: its on-disk index goes too."""
+        try:
+            st = self.source.lstat(rel)
+            if (st.st_dev, st.st_ino) == tuple(dev_ino):
+                return
+        except OSError:
+            pass
+        self.index_dir.remove(*dev_ino)
 
     # -- journals: what a SOURCE file is (threads) -----------------------------------------
     def _live_path(self) -> str:
@@ -689,8 +747,9 @@ class Views:
     def _holds_journals(self, rel: bytes) -> bool:
         """True when the SOURCE directory ``rel`` has a journal anywhere below it."""
         now = time.monotonic()
+        generation = self._scan_generation
         cached = self.catalog.get(("scan", rel))
-        if cached is not None and now - cached[0] < SCAN_TTL:
+        if cached is not None and now - cached[0] < SCAN_TTL and cached[2] == generation:
             return cached[1]
         found = False
         pending = [rel]
@@ -708,12 +767,13 @@ class Views:
                 elif stat.S_ISREG(st.st_mode) and self._journal_info(sub, st) is not None:
                     found = True
                     break
-        self.catalog.put(("scan", rel), (now, found), 100 + len(rel))
+        self.catalog.put(("scan", rel), (now, found, generation), 100 + len(rel))
         return found
 
-    def _records_entry(self, rel: bytes) -> tuple[str, Any] | None:
+    def _records_entry(self, rel: bytes, caller=None) -> tuple[str, Any] | None:
         """What SOURCE/``rel`` is under records/: (RECORDS_DIR, its lstat), (JOURNAL, its
-        info) or None (not shown)."""
+        info) or None (not shown). ``caller`` (credentials key; this thread runs with them):
+        shown only as far as that caller could see it in SOURCE (see :meth:`_visible`)."""
         if rel.split(b"/")[0] == VIEWS_NAME or is_backup_name(rel):
             return None
         try:
@@ -721,9 +781,69 @@ class Views:
         except OSError:
             return None
         if stat.S_ISDIR(st.st_mode):
-            return (RECORDS_DIR, st) if self._holds_journals(rel) else None
+            return (RECORDS_DIR, st) if self._visible(rel, st, caller) else None
         info = self._journal_info(rel, st) if stat.S_ISREG(st.st_mode) else None
-        return None if info is None else (JOURNAL, info)
+        if info is None or not self._visible(rel, st, caller):
+            return None
+        return (JOURNAL, info)
+
+    # -- who sees what under records/ (issue 24 item 8) ---------------------------------------
+    # A directory is listed for a caller only if the caller could list the SOURCE directory
+    # (read + search) and could find a journal below it; a journal only if the caller could
+    # read it. Checked with faccessat(AT_EACCESS) under the caller's fsuid/fsgid/groups (as
+    # the kernel decides, ACLs included); answers are cached per credentials, never shared.
+    def _visible(self, rel: bytes, st: os.stat_result, caller) -> bool:
+        if stat.S_ISDIR(st.st_mode):
+            if caller is None:
+                return self._holds_journals(rel)
+            return self._holds_journals_for(rel, caller)
+        return caller is None or self.source.access(rel, os.R_OK)
+
+    def _holds_journals_for(self, rel: bytes, caller) -> bool:
+        """Whether the caller (whose credentials this thread runs with) could list
+        SOURCE/``rel`` and find, through directories it can list, a journal it can read."""
+        now = time.monotonic()
+        key = ("scan", rel, caller)
+        generation = self._scan_generation
+        cached = self.catalog.get(key)
+        if cached is not None and now - cached[0] < SCAN_TTL and cached[2] == generation:
+            return cached[1]
+        found = False
+        pending = [rel]
+        while pending and not found:
+            top = pending.pop()
+            if not self.source.access(top, os.R_OK | os.X_OK):
+                continue
+            try:
+                entries = list(self.source.scan(top))
+            except OSError:
+                continue
+            for name, st in entries:
+                sub = top + b"/" + name if top else name
+                if stat.S_ISDIR(st.st_mode):
+                    if sub != VIEWS_NAME:
+                        pending.append(sub)
+                elif stat.S_ISREG(st.st_mode) and not is_backup_name(name) and \
+                        self._journal_info(sub, st) is not None and \
+                        self.source.access(sub, os.R_OK):
+                    found = True
+                    break
+        self.catalog.put(key, (now, found, generation), 100 + len(rel))
+        return found
+
+    def _caller(self, ctx):
+        """The credentials key of a request's caller; None for root (sees everything) or
+        when the mount cannot act as its callers."""
+        if ctx is None or self.ctx.as_caller is None or getattr(ctx, "uid", 0) == 0:
+            return None
+        return self.ctx.caller_key(ctx)
+
+    async def _on_file_as(self, ctx, rel: bytes, fn: Callable, *args):
+        """:meth:`_on_file` with the caller's credentials (``fn(*args, caller)``)."""
+        caller = self._caller(ctx)
+        if caller is None:
+            return await self._on_file(rel, fn, *args, None)
+        return await self._on_file(rel, self.ctx.as_caller, ctx, fn, *args, caller)
 
     # -- worker threads ----------------------------------------------------------------------
     async def _on_file(self, rel: bytes, fn: Callable, *args):
@@ -767,15 +887,25 @@ class Views:
         return job.result
 
     async def _run_job(self, rel: bytes, job: IndexJob) -> None:
+        info = self.catalog.get(("journal", rel))
+        owner = info.uid if info is not None else -1
+        limiter = self._owner_limiters.get(owner)
+        if limiter is None:
+            limiter = self._owner_limiters[owner] = trio.CapacityLimiter(1)
         try:
-            job.result = await trio.to_thread.run_sync(
-                self._build_index, rel, job, limiter=self._index_limiter, abandon_on_cancel=True)
+            async with limiter:
+                job.result = await trio.to_thread.run_sync(
+                    self._build_index, rel, job, limiter=self._index_limiter,
+                    abandon_on_cancel=True)
         except OSError as exc:
             job.error = exc
         except Exception:  # noqa: BLE001 -- a system task must never end the mount
             log.exception("indexing %r failed", rel)
             job.error = OSError(errno.EIO, "indexing failed")
         finally:
+            stats = limiter.statistics()
+            if not stats.borrowed_tokens and not stats.tasks_waiting:
+                self._owner_limiters.pop(owner, None)
             if self._jobs.get(rel) is job:
                 del self._jobs[rel]
             job.done.set()
@@ -826,7 +956,7 @@ class Views:
         self._count(records_indexed=index.count - resumed,
                     **{"indexes_extended" if index.grown_from else "indexes_built": 1})
         if rel != LIVE and index.identity[1] >= DISK_INDEX_MIN_BYTES:
-            self._save(info, index)
+            self._save(rel, info, index)
         return index
 
     def _count(self, **increments: int) -> None:
@@ -844,12 +974,13 @@ class Views:
         self.catalog.put(("journal", rel), info, info.cost())
         self._note_damage(rel, index)
 
-    def _save(self, info: JournalInfo, index: RecordIndex) -> None:
+    def _save(self, rel: bytes, info: JournalInfo, index: RecordIndex) -> None:
         layout = info.layout
         saved_layout = None
         if layout is not None and layout.size is not None and layout.fits(index):
             saved_layout = (list(layout.seqs), list(layout.offsets), layout.size)
-        if self.index_dir.save(index, info.head, saved_layout):
+        if self.index_dir.save(index, info.head, saved_layout, owner=info.uid,
+                               rel=os.fsdecode(rel)):
             self._count(indexes_saved=1)
 
     def _note_damage(self, rel: bytes, index: RecordIndex) -> None:
@@ -920,7 +1051,7 @@ class Views:
             info.layout = layout
             self.catalog.put(("journal", rel), info, info.cost())
             if rel != LIVE and idx.identity[1] >= DISK_INDEX_MIN_BYTES:
-                self._save(info, idx)
+                self._save(rel, info, idx)
         return done
 
     # -- attributes ------------------------------------------------------------------------
@@ -950,14 +1081,19 @@ class Views:
                 stat.S_IFREG | readable)
 
     def _dir_attrs(self, node: VNode, st: os.stat_result) -> pyfuse3.EntryAttributes:
-        """A records/ directory: its SOURCE directory's owner and mode, never writable."""
-        return self._attrs(node, stat.S_IFDIR | (st.st_mode & 0o555), 0, st.st_mtime_ns,
-                           owner=(st.st_uid, st.st_gid))
+        """A records/ directory: its SOURCE directory's owner and mode, never writable. Its
+        name is never cached by the kernel: whether it is there depends on who asks."""
+        a = self._attrs(node, stat.S_IFDIR | (st.st_mode & 0o555), 0, st.st_mtime_ns,
+                        owner=(st.st_uid, st.st_gid))
+        a.entry_timeout = 0
+        return a
 
     def _journal_attrs(self, node: VNode, info: JournalInfo) -> pyfuse3.EntryAttributes:
         owner, dir_mode, _ = self._journal_perms(node.rel, info)
         timeout = 0 if node.rel == LIVE else None
-        return self._attrs(node, dir_mode, 0, info.ident[3], timeout, owner)
+        a = self._attrs(node, dir_mode, 0, info.ident[3], timeout, owner)
+        a.entry_timeout = 0  # shown only to those who may read it (ACLs too): never shared
+        return a
 
     def _record_attrs(self, node: VNode, rec: dict, info: JournalInfo) -> pyfuse3.EntryAttributes:
         owner, _, file_mode = self._journal_perms(node.rel, info)
@@ -1064,6 +1200,9 @@ class Views:
                       "index_dir": (os.path.join(self.ctx.store_dir, "indexes")
                                     if self.index_dir.usable else None),
                       "catalog_bytes": self.catalog.used, "catalog_entries": len(self.catalog),
+                      "journal_names": len(self._journal_ids),
+                      "index_files": self.index_dir.status(),
+                      "view_inodes": len(self.by_ino),
                       **self.counters},
         }
 
@@ -1110,7 +1249,7 @@ class Views:
         self.root.lookups += 1
         return self._attrs(self.root, ROOT_MODE)
 
-    async def lookup(self, parent_ino: int, name: bytes) -> pyfuse3.EntryAttributes:
+    async def lookup(self, parent_ino: int, name: bytes, ctx=None) -> pyfuse3.EntryAttributes:
         parent = self._get(parent_ino)
         fixed = dict(self._fixed_entries(parent))
         if name in fixed:
@@ -1118,7 +1257,7 @@ class Views:
         elif parent.kind == JOURNAL and (node := self._cached_record_lookup(parent, name)):
             pass
         else:
-            key = await self._child_key(parent, name)
+            key = await self._child_key(parent, name, ctx)
             if key is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)
             node = self._node(*key)
@@ -1139,11 +1278,11 @@ class Views:
         cached = self._cached_record(node)
         return node if cached is not None and record_file_name(cached[0]) == name else None
 
-    async def _child_key(self, parent: VNode, name: bytes) -> tuple | None:
+    async def _child_key(self, parent: VNode, name: bytes, ctx=None) -> tuple | None:
         """(kind, rel, seq) of ``name`` in a records dir or journal dir."""
         if parent.kind == RECORDS_DIR and name not in (b".", b".."):
             rel = parent.rel + b"/" + name if parent.rel else name
-            entry = await self._on_file(rel, self._records_entry, rel)
+            entry = await self._on_file_as(ctx, rel, self._records_entry, rel)
             return None if entry is None else (entry[0], rel)
         if parent.kind == STATE and name not in (b".", b".."):
             rel = parent.rel + b"/" + name
@@ -1164,20 +1303,22 @@ class Views:
         return None
 
     # -- directories -----------------------------------------------------------------------
-    async def opendir(self, ino: int) -> int:
+    async def opendir(self, ino: int, ctx=None) -> int:
         node = self._get(ino)
         if node.kind in (RECORD, JSONL, STATUS):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         handle = self.ctx.next_handle()
-        self.dirs[handle] = await self._dir_state(node)
+        self.dirs[handle] = await self._dir_state(node, ctx)
         return handle
 
-    async def _dir_state(self, node: VNode) -> dict:
-        """An open view directory: what its listing needs, as of now."""
+    async def _dir_state(self, node: VNode, ctx=None) -> dict:
+        """An open view directory: what its listing needs, as of now (records/ directories:
+        as the opener may see them)."""
         state = {"node": node, "batch_first": 0, "batch": [], "index": None,
-                 "names_only": None}
+                 "names_only": None, "ctx": ctx}
         if node.kind == RECORDS_DIR:
-            state["entries"] = await self._on_file(node.rel, self._list_records_dir, node.rel)
+            state["entries"] = await self._on_file_as(ctx, node.rel, self._list_records_dir,
+                                                      node.rel)
         elif node.kind == JOURNAL:  # listing waits for indexing as far as it goes, not here
             state["info"] = await self._on_file(node.rel, self._journal_info, node.rel)
         elif node.kind == STATE:
@@ -1187,8 +1328,10 @@ class Views:
             state["entries"] = entry.children
         return state
 
-    def _list_records_dir(self, rel: bytes) -> list[tuple[bytes, str, Any]]:
+    def _list_records_dir(self, rel: bytes, caller=None) -> list[tuple[bytes, str, Any]]:
         out = []
+        if caller is not None and not self.source.access(rel, os.R_OK | os.X_OK):
+            return out  # the caller could not list SOURCE/rel: nothing to reveal
         try:
             entries = sorted(self.source.scan(rel))
         except OSError:
@@ -1198,11 +1341,11 @@ class Views:
             if sub == VIEWS_NAME or is_backup_name(name):
                 continue
             if stat.S_ISDIR(st.st_mode):
-                if self._holds_journals(sub):
+                if self._visible(sub, st, caller):
                     out.append((name, RECORDS_DIR, st))
             elif stat.S_ISREG(st.st_mode):
                 info = self._journal_info(sub, st)
-                if info is not None:
+                if info is not None and self._visible(sub, st, caller):
                     out.append((name, JOURNAL, info))
         return out
 
@@ -1220,7 +1363,7 @@ class Views:
             raise pyfuse3.FUSEError(errno.EBADF)
         node: VNode = state["node"]
         if start_id == 0 and state.get("read"):  # rewinddir: the directory as it is now
-            fresh = await self._dir_state(node)
+            fresh = await self._dir_state(node, state.get("ctx"))
             state.clear()
             state.update(fresh)
         state["read"] = True
@@ -1278,7 +1421,7 @@ class Views:
         timeout = 0 if node.rel == LIVE else None
         # Record inodes are computed, not stored (no VNode per entry), and one attribute
         # object is reused: readdir_reply copies it into the reply.
-        if seq > SEQ_MASK or len(self._journal_rels) > JOURNAL_ID_MAX:
+        if seq > SEQ_MASK or self._next_journal_id > JOURNAL_ID_MAX:
             raise pyfuse3.FUSEError(errno.EOVERFLOW)
         ino_base = RECORD_INO_BASE | (self._journal_id(node.rel) << SEQ_BITS)
         attrs = self._attrs(node, file_mode, 0, info.ident[3], timeout, owner)

@@ -56,10 +56,13 @@ FAN_REPORT_DFID_NAME = 0x400 | 0x800
 FAN_MARK_ADD, FAN_MARK_REMOVE, FAN_MARK_DONT_FOLLOW, FAN_MARK_ONLYDIR = 0x1, 0x2, 0x4, 0x8
 FAN_MODIFY, FAN_ATTRIB, FAN_MOVED_FROM, FAN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
 FAN_CREATE, FAN_DELETE, FAN_Q_OVERFLOW = 0x100, 0x200, 0x4000
-FAN_EVENT_ON_CHILD, FAN_ONDIR = 0x08000000, 0x40000000
+FAN_RENAME, FAN_EVENT_ON_CHILD, FAN_ONDIR = 0x10000000, 0x08000000, 0x40000000
 FAN_EVENT_INFO_TYPE_DFID_NAME = 2
+FAN_EVENT_INFO_TYPE_OLD_DFID_NAME, FAN_EVENT_INFO_TYPE_NEW_DFID_NAME = 10, 12
+# FAN_RENAME (kernel >= 5.17): one event naming both the old and the new place of a rename
 FANOTIFY_MASK = (FAN_MODIFY | FAN_ATTRIB | FAN_MOVED_FROM | FAN_MOVED_TO | FAN_CREATE
-                 | FAN_DELETE | FAN_EVENT_ON_CHILD | FAN_ONDIR)
+                 | FAN_DELETE | FAN_RENAME | FAN_EVENT_ON_CHILD | FAN_ONDIR)
+FANOTIFY_MASK_OLD = FANOTIFY_MASK & ~FAN_RENAME
 _FAN_META = struct.Struct("=IBBHQii")           # fanotify_event_metadata
 _FAN_INFO = struct.Struct("=BBH")               # fanotify_event_info_header
 _FID_HEAD = struct.Struct("=8sIi")              # fsid, handle_bytes, handle_type
@@ -86,6 +89,8 @@ _MAX_HANDLE = 128
 _READ_SIZE = 1 << 16
 
 Changed = Callable[[int, "bytes | None"], Awaitable["int | None"]]
+Renamed = Callable[[int, bytes, int, bytes], Awaitable[None]]
+Deleted = Callable[[int, bytes], Awaitable[None]]
 
 
 def _kinds(mask: int, table: dict[int, int]) -> int:
@@ -121,8 +126,15 @@ def _open_by_handle(mount_fd: int, handle: bytes) -> int:
 class SourceWatcher:
     """Turns changes in SOURCE into kernel cache invalidations (see the module doc)."""
 
-    def __init__(self, changed: Changed, *, use_fanotify: bool | None = None):
+    def __init__(self, changed: Changed, *, renamed: Renamed | None = None,
+                 deleted: Deleted | None = None, use_fanotify: bool | None = None):
         self._changed = changed
+        # renames (old dir ino, old name, new dir ino, new name) and deletes seen, in order,
+        # for the metadata that follows files (fs/ownership.py); applied before ``changed``
+        self._renamed, self._deleted = renamed, deleted
+        self._name_events: list[tuple] = []
+        self._mask = FANOTIFY_MASK
+        self.renames = 0
         self.fd = -1
         self.mechanism = "timeout"
         self.reason = "not started"
@@ -177,6 +189,7 @@ class SourceWatcher:
         state = self.mechanism if not self.limit_reached else f"{self.mechanism}+timeout"
         return {"mechanism": state, "reason": self.reason,
                 "directories": len(self._key_of), "events": self.events,
+                "renames": self.renames,
                 "invalidations": self.invalidations, "overflows": self.overflows}
 
     # -- the passthrough's hooks ----------------------------------------------------------
@@ -228,7 +241,7 @@ class SourceWatcher:
         if fd < 0:  # gone: its marks went with it
             return
         try:
-            _libc.fanotify_mark(self.fd, FAN_MARK_REMOVE, ctypes.c_uint64(FANOTIFY_MASK), -100,
+            _libc.fanotify_mark(self.fd, FAN_MARK_REMOVE, ctypes.c_uint64(self._mask), -100,
                                 f"/proc/self/fd/{fd}".encode())
         finally:
             os.close(fd)
@@ -246,8 +259,12 @@ class SourceWatcher:
             # never followed through a final symlink
             target = f"/proc/self/fd/{fd}".encode() if fd is not None else path
             flags = FAN_MARK_ADD | FAN_MARK_ONLYDIR | (FAN_MARK_DONT_FOLLOW if fd is None else 0)
-            if _libc.fanotify_mark(self.fd, flags, ctypes.c_uint64(FANOTIFY_MASK), -100,
-                                   target) != 0:
+            rc = _libc.fanotify_mark(self.fd, flags, ctypes.c_uint64(self._mask), -100, target)
+            if rc != 0 and ctypes.get_errno() == errno.EINVAL and self._mask & FAN_RENAME:
+                self._mask = FANOTIFY_MASK_OLD  # a kernel before 5.17: paired moves unknown
+                rc = _libc.fanotify_mark(self.fd, flags, ctypes.c_uint64(self._mask), -100,
+                                         target)
+            if rc != 0:
                 self._refused(ctypes.get_errno(), path)
                 return
             self._marked[handle] = 1
@@ -302,7 +319,7 @@ class SourceWatcher:
                 self.applying = True
                 try:
                     changes = self._read_all()
-                    if changes:
+                    if changes or self._name_events:
                         await self._apply(changes)
                 finally:
                     self.applying = False
@@ -350,32 +367,49 @@ class SourceWatcher:
             elif pid != me:
                 info = pos + meta_len
                 end = pos + length
+                places = {}
                 while info + _FAN_INFO.size <= end:
                     kind, _pad, info_len = _FAN_INFO.unpack_from(data, info)
                     if info_len == 0:
                         break
                     if kind == FAN_EVENT_INFO_TYPE_DFID_NAME:
-                        self._fan_record(data, info + _FAN_INFO.size, info + info_len, mask,
-                                         changes)
+                        place = self._fan_record(data, info + _FAN_INFO.size, info + info_len,
+                                                 mask & ~FAN_RENAME, changes)
+                        if mask & FAN_DELETE and place is not None and place[1]:
+                            self._name_events.append(("deleted", place))
+                    elif kind in (FAN_EVENT_INFO_TYPE_OLD_DFID_NAME,
+                                  FAN_EVENT_INFO_TYPE_NEW_DFID_NAME):
+                        places[kind] = self._fan_record(data, info + _FAN_INFO.size,
+                                                        info + info_len, 0, changes)
                     info += info_len
+                if mask & FAN_RENAME:
+                    old = places.get(FAN_EVENT_INFO_TYPE_OLD_DFID_NAME)
+                    new = places.get(FAN_EVENT_INFO_TYPE_NEW_DFID_NAME)
+                    if old is not None and new is not None and old[1] and new[1]:
+                        self._name_events.append(("renamed", old, new))
             pos += length
 
-    def _fan_record(self, data: bytes, at: int, end: int, mask: int, changes: dict) -> None:
+    def _fan_record(self, data: bytes, at: int, end: int, mask: int,
+                    changes: dict) -> tuple[int, bytes | None] | None:
+        """Note the change one (directory handle, name) record names; returns (directory
+        ino, name) when the directory is one we watch."""
         _fsid, size, handle_type = _FID_HEAD.unpack_from(data, at)
         start = at + _FID_HEAD.size
         handle = struct.pack("=i", handle_type) + data[start:start + size]
         ino = self._by_key.get(handle)
         if ino is None:
-            return
+            return None
         raw = data[start + size:end]
         name = raw[:raw.find(b"\0")] if b"\0" in raw else raw
-        self._note(changes, ino, None if name in (b"", b".") else name,
-                   _kinds(mask, _FAN_KIND))
+        name = None if name in (b"", b".") else name
+        self._note(changes, ino, name, _kinds(mask, _FAN_KIND))
+        return ino, name
 
     def _parse_inotify(self, data: bytes, changes: dict) -> None:
         pos = 0
+        moved_from: dict[int, tuple[int, bytes]] = {}  # cookie -> old place (this batch)
         while pos + _IN_EVENT.size <= len(data):
-            wd, mask, _cookie, length = _IN_EVENT.unpack_from(data, pos)
+            wd, mask, cookie, length = _IN_EVENT.unpack_from(data, pos)
             raw = data[pos + _IN_EVENT.size:pos + _IN_EVENT.size + length]
             pos += _IN_EVENT.size + length
             if mask & IN_Q_OVERFLOW:
@@ -387,7 +421,16 @@ class SourceWatcher:
                     self._key_of.pop(ino, None)
                 continue
             name = raw.split(b"\0", 1)[0] or None
-            self._note(changes, self._by_key.get(wd), name, _kinds(mask, _IN_KIND))
+            ino = self._by_key.get(wd)
+            self._note(changes, ino, name, _kinds(mask, _IN_KIND))
+            if ino is None or name is None:
+                continue
+            if mask & IN_MOVED_FROM:  # its IN_MOVED_TO follows at once if the target is watched
+                moved_from[cookie] = (ino, name)
+            elif mask & IN_MOVED_TO and cookie in moved_from:
+                self._name_events.append(("renamed", moved_from.pop(cookie), (ino, name)))
+            elif mask & IN_DELETE:
+                self._name_events.append(("deleted", (ino, name)))
 
     def _overflow(self, changes: dict) -> None:
         """Events were lost: every watched directory may have changed in any way."""
@@ -400,10 +443,25 @@ class SourceWatcher:
         for ino in list(self._key_of):
             changes[(ino, None)] = NAMES | DATA | ATTRS
 
+    async def _apply_names(self) -> None:
+        """Renames and deletes, in the order they happened."""
+        events, self._name_events = self._name_events, []
+        for event in events:
+            try:
+                if event[0] == "renamed" and self._renamed is not None:
+                    self.renames += 1
+                    (old_dir, old_name), (new_dir, new_name) = event[1], event[2]
+                    await self._renamed(old_dir, old_name, new_dir, new_name)
+                elif event[0] == "deleted" and self._deleted is not None:
+                    await self._deleted(*event[1])
+            except Exception:
+                log.exception("following a rename or delete in SOURCE failed")
+
     async def _apply(self, changes: dict[tuple[int, bytes | None], int]) -> None:
         import pyfuse3
         import trio
 
+        await self._apply_names()
         inodes: dict[int, bool] = {}    # ino -> attributes only?
         for (dir_ino, name), kinds in changes.items():
             try:

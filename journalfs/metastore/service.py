@@ -33,7 +33,7 @@ import trio
 
 from .backend import CopyOp, MoveOp, RemoveOp, SetOp, UnsetOp, WriteOp
 from .files import SYNC_MODES
-from .store import MetaStore
+from .store import MetaStore, RotationPostponed, canonical
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +160,8 @@ class MetaService:
                 if await trio.to_thread.run_sync(self._needs_rotation) or \
                         (quiet and self.store.dirty):
                     await self.compact()
+            except RotationPostponed:
+                pass  # backing off after a failure for want of space: already reported
             except Exception as exc:  # a full disk: the old tree and journal stay in use
                 self._background_failure("rotation", exc)
 
@@ -202,18 +204,29 @@ class MetaService:
         no write waits in the queue: each acknowledged write is in the store already."""
         return not self._queued.ops and self.store.holds_nothing_at(*paths)
 
+    # The ledger (who owns each path's metadata, quota) follows every structural change;
+    # its records are written by the mount, which knows the files (fs/ownership.py).
     async def remove(self, path):
-        if self._nothing_to_restructure(path):
-            return self.store.ticket
-        return await self.write(RemoveOp(path))
+        ticket = self.store.ticket
+        if not self._nothing_to_restructure(path):
+            ticket = await self.write(RemoveOp(path))
+        if self.store.ledger is not None:
+            self.store.ledger.removed(canonical(path))
+        return ticket
 
     async def move(self, src, dst):
-        if self._nothing_to_restructure(src, dst):  # dst too: a move clears what it had
-            return self.store.ticket
-        return await self.write(MoveOp(src, dst))
+        ticket = self.store.ticket
+        if not self._nothing_to_restructure(src, dst):  # dst too: a move clears what it had
+            ticket = await self.write(MoveOp(src, dst))
+        if self.store.ledger is not None:
+            self.store.ledger.moved(canonical(src), canonical(dst))
+        return ticket
 
     async def copy(self, src, dst):
-        return await self.write(CopyOp(src, dst))
+        ticket = await self.write(CopyOp(src, dst))
+        if self.store.ledger is not None:
+            self.store.ledger.moved(canonical(src), canonical(dst), copy=True)
+        return ticket
 
     async def sync(self) -> None:
         """Make every write acknowledged before this call durable (fdatasync of the journal;

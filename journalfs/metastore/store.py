@@ -30,11 +30,16 @@ from .backend import (CopyOp, InvalidMetadata, MoveOp, RemoveOp, SetOp, UnsetOp,
                       WriteOp)
 from .files import (SYNC_MODES, StoreDir, journal_path_for, lock_holder, lock_path_for,
                     write_all)
+from .ledger import Ledger
 
 log = logging.getLogger(__name__)
 
 DEFAULT_JOURNAL_SIZE = 1 << 20  # gvfs uses 32 KiB; it honours the header's file_size
 TREE_META_CACHE = 100_000  # decoded tree metadata per path (the tree is immutable per mapping)
+#: After a rotation failed for want of space, the next attempt waits this long (doubling up
+#: to ROTATION_BACKOFF_MAX) unless the filesystem has the room a rotation needs by then.
+ROTATION_BACKOFF = 1.0
+ROTATION_BACKOFF_MAX = 60.0
 _NOT_CACHED = object()
 _U32 = struct.Struct(">I")
 _u32_from = _U32.unpack_from  # bound once: every read-only lookup checks two header fields
@@ -48,6 +53,11 @@ class StoreLocked(OSError):
 
     def __init__(self, message: str):
         super().__init__(errno.EBUSY, message)
+
+
+class RotationPostponed(OSError):
+    """A rotation not attempted: the last one failed for want of space moments ago and the
+    filesystem still lacks the room one needs (ENOSPC, nothing written)."""
 
 
 class EntryTooLarge(OSError):
@@ -236,6 +246,10 @@ class MetaStore:
         self.last_rotation_seconds: float | None = None
         self._dirty = False
         self._closed = False
+        self.ledger: Ledger | None = None  # the writer's ownership/quota ledger (ledger.py)
+        self.refused_for_space = 0
+        self._rotation_failed_at: float | None = None
+        self._rotation_backoff = ROTATION_BACKOFF
 
     # ----------------------------------------------------------------------------- opening
     @classmethod
@@ -254,6 +268,7 @@ class MetaStore:
             if not readonly:
                 store._take_lock()
                 store._dir.remove_stale_temp_trees()
+                store.ledger = Ledger(store._dir, store._dir.tree_name)
             store._load()
             if not readonly and store._tree is None:
                 store.rotate()  # writes an empty tree and a fresh journal
@@ -367,6 +382,8 @@ class MetaStore:
     def _release(self) -> None:
         self._closed = True
         self._unmap()
+        if self.ledger is not None:
+            self.ledger.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -550,6 +567,31 @@ class MetaStore:
                                 f"{self.journal_size} bytes")
         return entries
 
+    # -- space: the store never eats into root's reserve nor the room of one rotation -------
+    def rotation_room(self) -> int:
+        """Bytes one rotation may need: a new tree (at most the old one plus what the journal
+        holds) and a new preallocated journal."""
+        tree = len(self._tree_buf) if self._tree_buf is not None else 0
+        return tree + self._index.next_offset + max(self.journal_size, self._journal_file_size)
+
+    def _space_left(self) -> int:
+        """What an unprivileged user could still write on the store's filesystem (root's
+        reserved blocks excluded, though the daemon is root)."""
+        st = os.fstatvfs(self._dir.fd)
+        return st.f_bavail * st.f_frsize
+
+    def _check_space(self, grow: int) -> None:
+        """ENOSPC unless ``grow`` more bytes of metadata still leave room for a rotation
+        above root's reserve."""
+        if self._space_left() < self.rotation_room() + grow:
+            self.refused_for_space += 1
+            raise OSError(errno.ENOSPC, f"metadata store {self.tree_path}: its filesystem "
+                          "lacks the room a rotation needs above root's reserve")
+
+    @staticmethod
+    def _grows(entries) -> int:
+        return sum(size for _, rec, size in entries if rec["kind"] in ("set", "setv"))
+
     def _room(self, total: int) -> bool:
         return self._journal_ok and self._index.error is None and \
             self._index.next_offset + total <= self._journal_file_size
@@ -562,8 +604,11 @@ class MetaStore:
         self._check_writable()
         entries = self._encode(ops, int(time.time()))
         total = sum(size for _, _, size in entries)
+        grow = self._grows(entries)
         for _attempt in range(2):
             with self._lock:
+                if grow:
+                    self._check_space(grow)
                 if self._room(total):
                     return self._write_entries(entries)
             self.rotate()  # never called with the store lock held: rotate takes it itself
@@ -581,6 +626,9 @@ class MetaStore:
         if not self._lock.acquire(blocking=False):
             return None
         try:
+            grow = self._grows(entries)
+            if grow:
+                self._check_space(grow)
             if not self._room(sum(size for _, _, size in entries)):
                 return None
             ticket = self._write_entries(entries, fsync=False)
@@ -598,9 +646,20 @@ class MetaStore:
         mtime = int(time.time())
         results: list = [None] * len(ops)
         units: list[tuple[int, list]] = []
+        with self._lock:
+            spare = self._space_left() - self.rotation_room()
         for i, op in enumerate(ops):
             try:
-                units.append((i, self._encode(self._ops(op), mtime)))
+                entries = self._encode(self._ops(op), mtime)
+                grow = self._grows(entries)
+                if grow:
+                    if grow > spare:
+                        self.refused_for_space += 1
+                        raise OSError(errno.ENOSPC, f"metadata store {self.tree_path}: its "
+                                      "filesystem lacks the room a rotation needs above "
+                                      "root's reserve")
+                    spare -= grow
+                units.append((i, entries))
             except OSError as exc:
                 results[i] = exc
         pos, fruitless = 0, 0
@@ -707,6 +766,8 @@ class MetaStore:
         inode's times are all fdatasync would skip); returns the highest durable ticket. It
         runs without the store lock (on a dup of the fd) so writers keep appending: group
         commit."""
+        if self.ledger is not None:
+            self.ledger.flush()
         with self._lock:
             target = self._ticket
             if target <= self.durable_ticket or self._journal_fd is None:
@@ -749,6 +810,7 @@ class MetaStore:
         full disk) leaves them in use as they were, and removes what it wrote."""
         self._check_writable()
         with self._rotate_mutex:
+            self._check_rotation_backoff()
             started = time.monotonic()
             with self._lock:
                 if self._tree is None and self._dir.exists(self._dir.tree_name):
@@ -771,9 +833,31 @@ class MetaStore:
             except FormatError as exc:  # the tree in place is damaged: EIO to the caller
                 self.failed_rotations += 1
                 raise OSError(errno.EIO, f"metadata store {self.tree_path}: cannot rotate: {exc}") from None
-            except BaseException:
+            except BaseException as exc:
                 self.failed_rotations += 1
+                if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    if self._rotation_failed_at is not None:
+                        self._rotation_backoff = min(self._rotation_backoff * 2,
+                                                     ROTATION_BACKOFF_MAX)
+                    self._rotation_failed_at = time.monotonic()
                 raise
+            self._rotation_failed_at = None
+            self._rotation_backoff = ROTATION_BACKOFF
+
+    def _check_rotation_backoff(self) -> None:
+        """No tight retry loop on a full disk: after a rotation failed for want of space,
+        the next one waits out the backoff -- unless the room it needs is there again."""
+        failed = self._rotation_failed_at
+        if failed is None or time.monotonic() - failed >= self._rotation_backoff:
+            return
+        with self._lock:
+            room = self.rotation_room()
+        if self._space_left() >= room:
+            return
+        raise RotationPostponed(errno.ENOSPC, f"metadata store {self.tree_path}: rotation "
+                                f"postponed: the last one failed for want of space "
+                                f"{time.monotonic() - failed:.1f} s ago and the room it "
+                                f"needs ({room} bytes) is still missing")
 
     def _write_temp_tree(self, merged: MergedTree, tag: int) -> str:
         fd, tmp = self._dir.create_temp_tree()
@@ -841,6 +925,9 @@ class MetaStore:
                 "journal_error": str(self._index.error) if self._index.error else None,
                 "rotations": self.rotations,
                 "failed_rotations": self.failed_rotations,
+                "refused_for_space": self.refused_for_space,
+                "rotation_room": self.rotation_room(),
+                "ledger": self.ledger.status() if self.ledger is not None else None,
                 "last_rotation_seconds": self.last_rotation_seconds,
                 "last_fsync": self.last_fsync,
                 "ticket": self._ticket,
