@@ -4,19 +4,17 @@ daemon's trio nurseries, ``--store FILE``, ``-o nonempty`` over SOURCE itself.""
 from __future__ import annotations
 
 import os
-import site
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from mountutil import JOURNALFS, unmount
-from users import ensure_user, reachable_dir
+from users import ensure_user, reachable_dir, user_pythonpath
 
 pytestmark = pytest.mark.fuse
 
 ERRORS_USER = "jfs-errors-test"
-SITE_PACKAGES = site.getsitepackages()[0]
 
 
 def user_journalfs(user, *args, fuse_conf: Path | None = None) -> subprocess.CompletedProcess:
@@ -29,7 +27,7 @@ def user_journalfs(user, *args, fuse_conf: Path | None = None) -> subprocess.Com
         cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                f'mount --bind "{fuse_conf}" /etc/fuse.conf && exec "$@"', "sh", *cmd]
     env = {**os.environ, "HOME": "/nonexistent", "XDG_RUNTIME_DIR": "",
-           "PYTHONPATH": f"{os.environ.get('PYTHONPATH', '')}:{SITE_PACKAGES}"}
+           "PYTHONPATH": user_pythonpath()}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
 
 
@@ -76,7 +74,7 @@ def test_with_user_allow_other_the_user_mount_goes_ahead(user_tree):
               f'-o allow_other && grep -c allow_other /proc/self/mountinfo && '
               f'fusermount3 -u {mnt}')
     env = {**os.environ, "HOME": "/nonexistent", "XDG_RUNTIME_DIR": "",
-           "PYTHONPATH": f"{os.environ.get('PYTHONPATH', '')}:{SITE_PACKAGES}"}
+           "PYTHONPATH": user_pythonpath()}
     done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-ec",
                            script], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr

@@ -7,19 +7,17 @@ import contextlib
 import json
 import os
 import pwd
-import site
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from mountutil import JOURNALFS, mounted
-from users import ensure_user, reachable_dir
+from users import ensure_user, reachable_dir, user_pythonpath
 
 pytestmark = pytest.mark.fuse
 
 REMOUNT_USER = "jfs-remount-test"
-SITE_PACKAGES = site.getsitepackages()[0]
 
 
 def mountinfo(mnt: Path) -> tuple[set[str], set[str]]:
@@ -39,7 +37,7 @@ def journalfs(*args, user: pwd.struct_passwd | None = None, env: dict | None = N
         cmd = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
                "/usr/bin/python3", "-m", "journalfs.cli", *map(str, args)]
         env = {**os.environ, **(env or {}),
-               "PYTHONPATH": f"{os.environ.get('PYTHONPATH', '')}:{SITE_PACKAGES}",
+               "PYTHONPATH": user_pythonpath(),
                "HOME": "/nonexistent", "XDG_RUNTIME_DIR": ""}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
 

@@ -63,3 +63,22 @@ def reachable_dir(prefix: str):
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+#: the checkout and the venv's packages: what a user needs on PYTHONPATH to run journalfs with
+#: the system interpreter (the venv's own interpreter may live under /root)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def user_pythonpath() -> str:
+    """PYTHONPATH for ``/usr/bin/python3 -m journalfs.cli`` run as another user; skips the
+    calling test (one line) when that user could not read the checkout or the venv."""
+    import site
+    packages = site.getsitepackages()[0]
+    for place in (REPO / "journalfs" / "cli.py", Path(packages) / "trio" / "__init__.py"):
+        for parent in reversed(place.parents):
+            if not os.stat(parent).st_mode & 0o001:
+                import pytest
+                pytest.skip(f"{parent} is not searchable by other users: journalfs cannot run "
+                            f"as an unprivileged user from this checkout")
+    return os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""), str(REPO), packages) if p)
