@@ -744,32 +744,6 @@ class Views:
             return None
         return info
 
-    def _holds_journals(self, rel: bytes) -> bool:
-        """True when the SOURCE directory ``rel`` has a journal anywhere below it."""
-        now = time.monotonic()
-        generation = self._scan_generation
-        cached = self.catalog.get(("scan", rel))
-        if cached is not None and now - cached[0] < SCAN_TTL and cached[2] == generation:
-            return cached[1]
-        found = False
-        pending = [rel]
-        while pending and not found:
-            top = pending.pop()
-            try:
-                entries = list(self.source.scan(top))
-            except OSError:
-                continue
-            for name, st in entries:
-                sub = top + b"/" + name if top else name
-                if stat.S_ISDIR(st.st_mode):
-                    if sub != VIEWS_NAME:
-                        pending.append(sub)
-                elif stat.S_ISREG(st.st_mode) and self._journal_info(sub, st) is not None:
-                    found = True
-                    break
-        self.catalog.put(("scan", rel), (now, found, generation), 100 + len(rel))
-        return found
-
     def _records_entry(self, rel: bytes, caller=None) -> tuple[str, Any] | None:
         """What SOURCE/``rel`` is under records/: (RECORDS_DIR, its lstat), (JOURNAL, its
         info) or None (not shown). ``caller`` (credentials key; this thread runs with them):
@@ -794,16 +768,15 @@ class Views:
     # the kernel decides, ACLs included); answers are cached per credentials, never shared.
     def _visible(self, rel: bytes, st: os.stat_result, caller) -> bool:
         if stat.S_ISDIR(st.st_mode):
-            if caller is None:
-                return self._holds_journals(rel)
-            return self._holds_journals_for(rel, caller)
+            return self._holds_journals(rel, caller)
         return caller is None or self.source.access(rel, os.R_OK)
 
-    def _holds_journals_for(self, rel: bytes, caller) -> bool:
-        """Whether the caller (whose credentials this thread runs with) could list
-        SOURCE/``rel`` and find, through directories it can list, a journal it can read."""
+    def _holds_journals(self, rel: bytes, caller=None) -> bool:
+        """Whether SOURCE/``rel`` has a journal anywhere below it; for a ``caller`` (whose
+        credentials this thread runs with): one it could find through directories it can
+        list, and read."""
         now = time.monotonic()
-        key = ("scan", rel, caller)
+        key = ("scan", rel) if caller is None else ("scan", rel, caller)
         generation = self._scan_generation
         cached = self.catalog.get(key)
         if cached is not None and now - cached[0] < SCAN_TTL and cached[2] == generation:
@@ -812,7 +785,7 @@ class Views:
         pending = [rel]
         while pending and not found:
             top = pending.pop()
-            if not self.source.access(top, os.R_OK | os.X_OK):
+            if caller is not None and not self.source.access(top, os.R_OK | os.X_OK):
                 continue
             try:
                 entries = list(self.source.scan(top))
@@ -825,7 +798,7 @@ class Views:
                         pending.append(sub)
                 elif stat.S_ISREG(st.st_mode) and not is_backup_name(name) and \
                         self._journal_info(sub, st) is not None and \
-                        self.source.access(sub, os.R_OK):
+                        (caller is None or self.source.access(sub, os.R_OK)):
                     found = True
                     break
         self.catalog.put(key, (now, found, generation), 100 + len(rel))
