@@ -458,8 +458,12 @@ def test_index_read_progressively_equals_the_mapped_one(big_journal, monkeypatch
 
 def _damaged_in_the_middle(tmp_path: Path) -> Path:
     data = bytearray(big_file("wallaby-log", 20_000))
-    middle = len(data) // 2
-    data[middle:middle + 16] = b"\xff" * 16
+    # the header of the record that starts nearest the middle: a size that runs past the end
+    # of the file (bytes inside a payload would be just another payload)
+    middle, offset = len(data) // 2, 16
+    while offset < middle:
+        offset += 16 + int.from_bytes(data[offset:offset + 4], "little")
+    data[offset:offset + 16] = b"\xff" * 16
     path = tmp_path / "damaged-in-the-middle"
     path.write_bytes(bytes(data))
     return path
