@@ -14,6 +14,7 @@ The project's own test data never comes from here: it is in ``tests/data/``.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,3 +70,21 @@ def require(name: str, required_file: str) -> Path:
     if os.environ.get(REQUIRE_ENV) == "1":
         pytest.fail(f"{reason} ({REQUIRE_ENV}=1: CI must run it)", pytrace=False)
     pytest.skip(reason)
+
+
+def main(argv: list[str]) -> int:
+    """``python tests/suites.py NAME REQUIRED_FILE``: print the suite's directory (exit 0), or
+    the one-line reason it is missing (exit 77, the "skipped" code). For bench/ shell scripts."""
+    if len(argv) != 2:
+        print("usage: suites.py NAME REQUIRED_FILE", file=sys.stderr)
+        return 2
+    directory = locate(*argv)
+    if directory is None:
+        print(missing_reason(*argv))
+        return 77
+    print(directory)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
