@@ -11,12 +11,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
 job=${1:-demo}
 
-# xfstests (bench/xfstests.sh, tests/test_xfstests.py): its build (libtool-bin brings
-# libtoolize; the -dev packages are the headers its configure needs or its aio, io_uring,
-# capability and dbm tests use) and what ./check calls (xfs_io, gawk, bc, uuidgen).
-# Quota, dbench and accton are optional there: the tests that need them say "not run".
+# xfstests (bench/xfstests.sh, tests/test_xfstests.py): its build (patch applies the FUSE
+# patch, libtool-bin brings libtoolize, the -dev packages are the headers its configure needs
+# or its aio, io_uring, capability and dbm tests use) and what ./check calls (xfs_io, gawk,
+# bc, uuidgen). Quota, dbench and accton are optional: tests that need them say "not run".
 XFSTESTS_PACKAGES=(
-  autoconf automake libtool-bin make gcc pkg-config
+  patch autoconf automake libtool-bin make gcc pkg-config
   xfslibs-dev uuid-dev libacl1-dev libaio-dev liburing-dev libcap-dev libgdbm-dev libgdbm-compat-dev
   xfsprogs e2fsprogs gawk bc uuid-runtime acl attr fio psmisc
 )
@@ -139,7 +139,7 @@ demo() {
 }
 
 run_tests() {
-  # The tests' data is in the repository (tests/data/). The third-party suites (pjdfstest)
+  # The tests' data is in the repository (tests/data/). The third-party suites (pjdfstest, xfstests)
   # are found as tests/suites.py says, and skip with a one-line reason when absent.
   .venv/bin/python -m pytest -q -ra --durations=20 -p no:cacheprovider "$@"
 }

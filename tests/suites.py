@@ -1,5 +1,6 @@
 """Third-party test suites the repository does not carry (pjdfstest, xfstests): where to find
-them, and what a test does when one is absent.
+them, and what a test does when one is absent. bench/ shell scripts ask
+``python tests/suites.py NAME FILE`` (see main).
 
 A suite ``NAME`` is looked for, first found wins, in
   ``$JOURNALFS_<NAME>`` (a directory holding the suite's files, e.g. ``JOURNALFS_PJDFSTEST``),
@@ -25,7 +26,8 @@ SHARED_ENV = "JOURNALFS_SHARED"
 HOW_TO_GET = {
     "pjdfstest": "pjdfstest-src.tar.gz (`git archive --format=tar.gz` of github.com/pjd/pjdfstest; "
                  "README's Tests section)",
-    "xfstests": "xfstests-src.tar.gz (git.kernel.org xfstests-dev) with xfstests-fuse.patch and sample.txt",
+    "xfstests": "xfstests-src.tar.gz (`git archive --format=tar.gz` of xfstests-dev, "
+                "git.kernel.org) with xfstests-fuse.patch and sample.txt (README's Tests section)",
 }
 
 
