@@ -139,8 +139,8 @@ demo() {
 }
 
 run_tests() {
-  # The tests' data is in the repository (tests/data/). The third-party suites (pjdfstest, xfstests)
-  # are found as tests/suites.py says, and skip with a one-line reason when absent.
+  # The tests' data is in the repository (tests/data/). The third-party suites (pjdfstest,
+  # xfstests) are found as tests/suites.py says, and skip with a one-line reason when absent.
   .venv/bin/python -m pytest -q -ra --durations=20 -p no:cacheprovider "$@"
 }
 
