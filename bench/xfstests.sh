@@ -5,12 +5,12 @@
 #   sudo bench/xfstests.sh [TARGET...]        TARGETs: journalfs bindfs ext4 (default: all)
 #
 # Needs root (loop devices, mounts, the users the suite expects), the Debian packages in
-# bootstrap.sh's XFSTESTS_PACKAGES (`bash bootstrap.sh install` installs them), and the suite itself, which stays outside
-# the repository: XFSTESTS_DIR, else where tests/suites.py looks ($JOURNALFS_XFSTESTS,
-# $JOURNALFS_SHARED/conformance/xfstests, ../shared/conformance/xfstests), holding
-# xfstests-src.tar.gz, xfstests-fuse.patch (the two changes a FUSE passthrough needs) and
-# sample.txt.
-# Without it the script says so in one line and exits 77 (skipped).
+# bootstrap.sh's XFSTESTS_PACKAGES (`bash bootstrap.sh install` installs them), and the suite,
+# which stays outside the repository: XFSTESTS_DIR, else where tests/suites.py looks
+# ($JOURNALFS_XFSTESTS, $JOURNALFS_SHARED/conformance/xfstests, ../shared/conformance/xfstests),
+# holding xfstests-src.tar.gz, xfstests-fuse.patch (the two changes a FUSE passthrough needs)
+# and sample.txt. Without either it says why in one line and exits 77 (skipped).
+# tests/test_xfstests.py runs it on journalfs and ext4 with a subset of the tests in CI.
 #
 # Environment (all optional):
 #   XFSTESTS_WORK   loop images, results             (default /tmp/journalfs-xfstests)
@@ -26,7 +26,8 @@
 # suite needs (fsgqa, 123456-fsgqa, fsgqa2) are created if missing and removed by the last
 # run to end.
 # Output: a table (pass / fail / notrun per target, then every test whose result differs
-# between targets) on stdout, and $XFSTESTS_WORK/results.json. The table includes earlier
+# between targets) on stdout, and $XFSTESTS_WORK/results.json (per target and test: status,
+# reason, seconds, and the files: expected output, .out.bad, .full). The table includes earlier
 # runs of the other targets in the same XFSTESTS_WORK on the same tests: after a change to
 # journalfs, `bench/xfstests.sh journalfs` compares with the bindfs and ext4 runs already made.
 set -euo pipefail
