@@ -66,8 +66,9 @@ KNOWN_FAILURES = {
                    "(docs/posix.md)",
 }
 
-#: a line of the daemons' log (journalfs.log in each store, without a system log) that means
-#: an unexpected error; the errno answers the suite provokes are not logged at these levels
+#: a line of the daemons' log (journalfs.log in each store: bench/xfstests.sh mounts with
+#: log_file=) that means an unexpected error; the errno answers the suite provokes are not
+#: logged at these levels
 LOG_ERRORS = (": ERROR ", ": CRITICAL ", "Traceback")
 
 
