@@ -201,4 +201,5 @@ def test_xfstests_fails_nothing_that_ext4_passes():
                     + ("\n\nunexpected errors in journalfs's log:\n  " + "\n  ".join(errors[:20])
                        if errors else "")
                     + f"\n\n{run.stdout}", pytrace=False)
+    print(run.stdout)  # the table and each target's time (pytest -rP shows it)
     shutil.rmtree(work, ignore_errors=True)
