@@ -11,6 +11,16 @@ here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
 job=${1:-demo}
 
+# xfstests (bench/xfstests.sh, tests/test_xfstests.py): its build (patch applies the FUSE
+# patch, libtool-bin brings libtoolize, the -dev packages are the headers its configure needs
+# or its aio, io_uring, capability and dbm tests use) and what ./check calls (xfs_io, gawk,
+# bc, uuidgen). Quota, dbench and accton are optional: tests that need them say "not run".
+XFSTESTS_PACKAGES=(
+  patch autoconf automake libtool-bin make gcc pkg-config
+  xfslibs-dev uuid-dev libacl1-dev libaio-dev liburing-dev libcap-dev libgdbm-dev libgdbm-compat-dev
+  xfsprogs e2fsprogs gawk bc uuid-runtime acl attr fio psmisc
+)
+
 APT_PACKAGES=(
   python3 python3-venv python3-dev gcc pkg-config        # the venv and pyfuse3's build
   fuse3 libfuse3-dev attr                               # FUSE, getfattr/setfattr
@@ -23,6 +33,7 @@ APT_PACKAGES=(
   autoconf automake make perl openssl                   # pjdfstest's build and run (tests/pjdfstest_build.py)
   fio                                                   # bench/fuse.py's fio rows
   jq                                                    # the demo's payloads checked as a user would
+  "${XFSTESTS_PACKAGES[@]}"                             # xfstests (above)
 )
 
 install() {
@@ -128,8 +139,8 @@ demo() {
 }
 
 run_tests() {
-  # The tests' data is in the repository (tests/data/). The third-party suites (pjdfstest)
-  # are found as tests/suites.py says, and skip with a one-line reason when absent.
+  # The tests' data is in the repository (tests/data/). The third-party suites (pjdfstest,
+  # xfstests) are found as tests/suites.py says, and skip with a one-line reason when absent.
   .venv/bin/python -m pytest -q -ra --durations=20 -p no:cacheprovider "$@"
 }
 

@@ -4,15 +4,18 @@
 #
 #   sudo bench/xfstests.sh [TARGET...]        TARGETs: journalfs bindfs ext4 (default: all)
 #
-# Needs root (loop devices, mounts, the users the suite expects), the Debian packages listed
-# in the suite's README (see XFSTESTS_DEPS below) and the suite itself, which stays outside
-# the repository: XFSTESTS_DIR, else $JOURNALFS_SHARED/conformance/xfstests, else
-# ../shared/conformance/xfstests next to the repo, holding xfstests-src.tar.gz,
-# xfstests-fuse.patch (the two changes a FUSE passthrough needs) and sample.txt.
-# Without it the script says so in one line and exits 77 (skipped).
+# Needs root (loop devices, mounts, the users the suite expects), the Debian packages in
+# bootstrap.sh's XFSTESTS_PACKAGES (`bash bootstrap.sh install` installs them), and the suite,
+# which stays outside the repository: XFSTESTS_DIR, else where tests/suites.py looks
+# ($JOURNALFS_XFSTESTS, $JOURNALFS_SHARED/conformance/xfstests, ../shared/conformance/xfstests),
+# holding xfstests-src.tar.gz, xfstests-fuse.patch (the two changes a FUSE passthrough needs)
+# and sample.txt. Without either it says why in one line and exits 77 (skipped).
+# tests/test_xfstests.py runs it on journalfs and ext4 with a subset of the tests in CI.
 #
 # Environment (all optional):
-#   XFSTESTS_WORK   build, loop images, results      (default /tmp/journalfs-xfstests)
+#   XFSTESTS_WORK   loop images, results             (default /tmp/journalfs-xfstests)
+#   XFSTESTS_BUILD  where builds are kept, one per hash of tarball and patch
+#                   (default /tmp/journalfs-xfstests-build)
 #   XFSTESTS_TESTS  tests to run instead of sample.txt, e.g. "generic/306 generic/426"
 #   XFSTESTS_EXTRA  tests run besides the sample (default: the six issue #27 names)
 #   XFSTESTS_TIMEOUT  seconds one target may run      (default 3600)
@@ -20,9 +23,11 @@
 #
 # Everything runs in a private mount namespace in which this tree's mount(8) helper lies over
 # /usr/sbin: nothing is installed on the system, and no mount outlives the run. The users the
-# suite needs (fsgqa, 123456-fsgqa, fsgqa2) are created if missing and removed afterwards.
+# suite needs (fsgqa, 123456-fsgqa, fsgqa2) are created if missing and removed by the last
+# run to end.
 # Output: a table (pass / fail / notrun per target, then every test whose result differs
-# between targets) on stdout, and $XFSTESTS_WORK/results.json. The table includes earlier
+# between targets) on stdout, and $XFSTESTS_WORK/results.json (per target and test: status,
+# reason, seconds, and the files: expected output, .out.bad, .full). The table includes earlier
 # runs of the other targets in the same XFSTESTS_WORK on the same tests: after a change to
 # journalfs, `bench/xfstests.sh journalfs` compares with the bindfs and ext4 runs already made.
 set -euo pipefail
@@ -32,23 +37,22 @@ SKIP=77
 skip() { echo "xfstests.sh: skipped: $*"; exit $SKIP; }
 die() { echo "xfstests.sh: $*" >&2; exit 1; }
 
-suite=${XFSTESTS_DIR:-}
-if [ -z "$suite" ]; then
-    shared=${JOURNALFS_SHARED:-$here/../shared}
-    suite=$shared/conformance/xfstests
-fi
-[ -f "$suite/xfstests-src.tar.gz" ] || skip "no xfstests at $suite (set XFSTESTS_DIR to a directory holding xfstests-src.tar.gz, xfstests-fuse.patch and sample.txt)"
+python=${PYTHON:-$here/.venv/bin/python}
+[ -x "$python" ] || die "no Python at $python (run bootstrap.sh install, or set PYTHON)"
+# where the suite is: tests/suites.py's rules (JOURNALFS_XFSTESTS, JOURNALFS_SHARED,
+# ../shared), XFSTESTS_DIR first
+[ -z "${XFSTESTS_DIR:-}" ] || export JOURNALFS_XFSTESTS=$XFSTESTS_DIR
+suite=$("$python" "$here/tests/suites.py" xfstests xfstests-src.tar.gz) || skip "$suite"
 [ "$(id -u)" = 0 ] || skip "needs root (loop devices, mounts, test users)"
-XFSTESTS_DEPS="xfslibs-dev uuid-dev libtool-bin e2fsprogs automake gcc make libacl1-dev libaio-dev
-xfsprogs libgdbm-dev gawk fio uuid-runtime libcap-dev liburing-dev acl attr bc dbench quota
-libattr1-dev pkg-config libgdbm-compat-dev psmisc bindfs acct"
-missing=$(for p in $XFSTESTS_DEPS; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null \
+# the Debian packages: bootstrap.sh's XFSTESTS_PACKAGES (bindfs for its target, which
+# bootstrap.sh installs too)
+deps=$(bash -c 'source "$1" >/dev/null && echo "${XFSTESTS_PACKAGES[@]}"' _ "$here/bootstrap.sh")
+case " $* " in *" bindfs "*|"  ") deps="$deps bindfs" ;; esac
+missing=$(for p in $deps; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null \
           | grep -q "install ok installed" || printf '%s ' "$p"; done)
 [ -z "$missing" ] || skip "missing Debian packages: ${missing}(apt-get install them)"
 
 work=${XFSTESTS_WORK:-/tmp/journalfs-xfstests}
-python=${PYTHON:-$here/.venv/bin/python}
-[ -x "$python" ] || die "no Python at $python (run bootstrap.sh install, or set PYTHON)"
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(journalfs bindfs ext4)
 for t in "${targets[@]}"; do
@@ -66,29 +70,43 @@ else
 fi
 mkdir -p "$work"
 
-# -- build (once per source tarball and patch) ------------------------------------------------
-src=$work/src
+# -- build (once per source tarball and patch, shared by every run on this machine) -----------
 stamp=$(cat "$suite/xfstests-src.tar.gz" "$suite/xfstests-fuse.patch" | sha1sum | cut -c1-16)
-if [ "$(cat "$src/.journalfs-built" 2>/dev/null)" != "$stamp" ]; then
-    echo "xfstests.sh: building xfstests in $src (about 2 min)" >&2
-    rm -rf "$src"
-    mkdir -p "$src"
-    tar -xzf "$suite/xfstests-src.tar.gz" -C "$src"
-    (cd "$src" && patch -p1 -s < "$suite/xfstests-fuse.patch")
-    (cd "$src" && make -j"$(nproc)" > "$work/build.log" 2>&1) \
-        || die "build failed, see $work/build.log"
-    echo "$stamp" > "$src/.journalfs-built"
-fi
+build=${XFSTESTS_BUILD:-/tmp/journalfs-xfstests-build}
+src=$build/$stamp
+mkdir -p "$build"
+(
+    flock 9  # two runs at once (the test suite and a bench run) build it once
+    if [ ! -e "$src/.journalfs-built" ]; then
+        echo "xfstests.sh: building xfstests in $src (about 1 min on 2 cores)" >&2
+        rm -rf "$src"
+        mkdir -p "$src"
+        tar -xzf "$suite/xfstests-src.tar.gz" -C "$src"
+        (cd "$src" && patch -p1 -s < "$suite/xfstests-fuse.patch")
+        start=$(date +%s)
+        (cd "$src" && make -j"$(nproc)" > "$src/build.log" 2>&1) \
+            || die "build failed, see $src/build.log"
+        echo "$(( $(date +%s) - start ))" > "$src/.journalfs-built"
+    fi
+) 9> "$build/$stamp.lock"
 
 # -- users the suite expects -------------------------------------------------------------------
-made_users=()
+# Made if missing and noted in $build/users-made; removed by the last run to end (runs at once,
+# e.g. CI's test and a bench run, share them: each holds a shared lock while it runs).
+users_made=$build/users-made
+exec 8> "$build/users.lock"
+flock -s 8
 cleanup() {
-    for u in "${made_users[@]}"; do userdel -r "$u" >/dev/null 2>&1 || true; done
+    if flock -xn 8; then  # no other run holds the lock: the users are no longer needed
+        for u in $(sort -u "$users_made" 2>/dev/null); do userdel -r "$u" >/dev/null 2>&1 || true; done
+        rm -f "$users_made"
+    fi
 }
 trap cleanup EXIT
 for u in fsgqa 123456-fsgqa fsgqa2; do
     if ! id "$u" >/dev/null 2>&1; then
-        useradd -m "$u" && made_users+=("$u")
+        if useradd -m "$u" 2>/dev/null; then echo "$u" >> "$users_made"; fi
+        id "$u" >/dev/null 2>&1 || die "cannot create the user $u the suite needs"
     fi
 done
 
@@ -123,8 +141,11 @@ run_target() {
             journalfs)
                 echo "export FSTYP=fuse FUSE_SUBTYP=.journalfs"
                 echo "export TEST_DEV=$dir/dev/test SCRATCH_DEV=$dir/dev/scratch"
-                echo "export TEST_FS_MOUNT_OPTS='-o $fuse_opts,store=$dir/store/test'"
-                echo "export MOUNT_OPTIONS='-o $fuse_opts,store=$dir/store/scratch'" ;;
+                # each daemon logs into its store (where it logs without a system log, also
+                # with one): tests/test_xfstests.py reads it
+                local test_store=$dir/store/test scratch_store=$dir/store/scratch
+                echo "export TEST_FS_MOUNT_OPTS='-o $fuse_opts,store=$test_store,log_file=$test_store/journalfs.log'"
+                echo "export MOUNT_OPTIONS='-o $fuse_opts,store=$scratch_store,log_file=$scratch_store/journalfs.log'" ;;
             bindfs)
                 echo "export FSTYP=fuse FUSE_SUBTYP=.bindfs"
                 echo "export TEST_DEV=$dir/dev/test SCRATCH_DEV=$dir/dev/scratch"
@@ -133,7 +154,7 @@ run_target() {
         esac
     } > "$dir/config.in"
     # shellcheck disable=SC2016
-    timeout --signal=TERM --kill-after=60 "${XFSTESTS_TIMEOUT:-3600}" \
+    timeout --signal=TERM --kill-after=60 "${XFSTESTS_TIMEOUT:-3600}" 8>&- \
     unshare --mount --propagation private bash -c '
         set -eu
         work=$1 dir=$2 target=$3 src=$4 tests=$5
@@ -178,42 +199,55 @@ for t in journalfs bindfs ext4; do
 done
 
 # -- results: table and JSON ------------------------------------------------------------------
-"$python" - "$work" "$tests" "${report[@]}" <<'EOF'
+"$python" - "$work" "$src" "$tests" "${report[@]}" <<'EOF'
 import json, os, re, sys
 
-work, tests, targets = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
+work, src, tests, targets = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4:]
 
 def outcome(target):
-    """test -> (status, reason) from ./check's log and its result files."""
+    """test -> {status, reason, seconds, files} from ./check's log and its result files;
+    seconds is ./check's record for a passing test, files names the expected output, the
+    test's output where it differs (out_bad) and its log (full)."""
     log = open(os.path.join(work, target, "check.log"), errors="replace").read()
     results = os.path.join(work, target, "results")
+    times = {}
+    if os.path.exists(os.path.join(results, "check.time")):
+        for row in open(os.path.join(results, "check.time")):
+            if len(row.split()) == 2:
+                times[row.split()[0]] = int(row.split()[1])
     out = {}
     for test in tests:
         base = None
-        for root, _, files in os.walk(results):
-            if os.path.basename(test) + ".notrun" in files or \
-                    os.path.basename(test) + ".out.bad" in files:
+        for root, _, names in os.walk(results):
+            if os.path.basename(test) + ".notrun" in names or \
+                    os.path.basename(test) + ".out.bad" in names:
                 base = os.path.join(root, os.path.basename(test))
         line = next((l for l in log.splitlines() if l.startswith(test + " ")), "")
+        files = {"expected": os.path.join(src, "tests", test + ".out")}
+        for kind, suffix in (("out_bad", ".out.bad"), ("full", ".full")):
+            if os.path.exists(os.path.join(results, test + suffix)):
+                files[kind] = os.path.join(results, test + suffix)
         if base and os.path.exists(base + ".notrun"):
-            out[test] = ("notrun", open(base + ".notrun", errors="replace").read().strip())
+            status, reason = "notrun", open(base + ".notrun", errors="replace").read().strip()
         elif "[not run]" in line:
-            out[test] = ("notrun", line.split("[not run]", 1)[1].strip())
+            status, reason = "notrun", line.split("[not run]", 1)[1].strip()
         elif re.search(r"- output mismatch|\[failed|\[expunged\]", line) or \
                 (base and os.path.exists(base + ".out.bad")):
-            out[test] = ("fail", line[len(test):].strip()[:200])
+            status, reason = "fail", line[len(test):].strip()[:200]
         elif re.match(re.escape(test) + r"\s+\d+s", line) or re.match(re.escape(test) + r"\s+\S*\s*\d+s", line):
-            out[test] = ("pass", "")
+            status, reason = "pass", ""
         else:
-            out[test] = ("missing", "no result in the log (the run stopped early?)")
+            status, reason = "missing", "no result in the log (the run stopped early?)"
+        out[test] = {"status": status, "reason": reason, "seconds": times.get(test),
+                     "files": files}
     return out
 
 data = {t: outcome(t) for t in targets}
 seconds = {t: int(open(os.path.join(work, t, "seconds")).read()) for t in targets}
-summary = {t: {s: sum(1 for v in data[t].values() if v[0] == s)
+summary = {t: {s: sum(1 for v in data[t].values() if v["status"] == s)
                for s in ("pass", "fail", "notrun", "missing")} for t in targets}
 report = {"tests": len(tests), "targets": {t: {"summary": summary[t], "seconds": seconds[t],
-          "results": {k: {"status": v[0], "reason": v[1]} for k, v in data[t].items()}}
+          "results": data[t]}
           for t in targets}}
 with open(os.path.join(work, "results.json"), "w") as f:
     json.dump(report, f, indent=1)
@@ -226,20 +260,21 @@ for t in targets:
     extra = f" (+{s['missing']} without result)" if s["missing"] else ""
     print(f"| {t} | {s['pass']} | {s['fail']}{extra} | {s['notrun']} | {seconds[t] // 60} min {seconds[t] % 60} s |")
 print()
-differ = [k for k in tests if len({data[t][k][0] for t in targets}) > 1 or
-          any(data[t][k][0] == "fail" for t in targets)]
+differ = [k for k in tests if len({data[t][k]["status"] for t in targets}) > 1 or
+          any(data[t][k]["status"] == "fail" for t in targets)]
 if differ:
     print("| test | " + " | ".join(targets) + " |")
     print("|---|" + "---|" * len(targets))
     for k in differ:
         print(f"| {k} | " + " | ".join(
-            data[t][k][0] + (f": {data[t][k][1][:70]}" if data[t][k][0] != "pass" and data[t][k][1] else "")
+            data[t][k]["status"] + (f": {data[t][k]['reason'][:70]}" if data[t][k]["reason"] else "")
             for t in targets) + " |")
 if "ext4" in targets:
     print()
     for t in targets:
         if t != "ext4":
-            worse = [k for k in tests if data[t][k][0] == "fail" and data["ext4"][k][0] == "pass"]
+            worse = [k for k in tests if data[t][k]["status"] in ("fail", "missing")
+                     and data["ext4"][k]["status"] == "pass"]
             print(f"{t}: failing where ext4 passes: {' '.join(worse) or 'none'}")
 print(f"\nJSON: {os.path.join(work, 'results.json')}")
 EOF

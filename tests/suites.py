@@ -1,5 +1,6 @@
 """Third-party test suites the repository does not carry (pjdfstest, xfstests): where to find
-them, and what a test does when one is absent.
+them, and what a test does when one is absent. bench/ shell scripts ask
+``python tests/suites.py NAME FILE`` (see main).
 
 A suite ``NAME`` is looked for, first found wins, in
   ``$JOURNALFS_<NAME>`` (a directory holding the suite's files, e.g. ``JOURNALFS_PJDFSTEST``),
@@ -14,6 +15,7 @@ The project's own test data never comes from here: it is in ``tests/data/``.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,7 +26,8 @@ SHARED_ENV = "JOURNALFS_SHARED"
 HOW_TO_GET = {
     "pjdfstest": "pjdfstest-src.tar.gz (`git archive --format=tar.gz` of github.com/pjd/pjdfstest; "
                  "README's Tests section)",
-    "xfstests": "xfstests-src.tar.gz (git.kernel.org xfstests-dev) with xfstests-fuse.patch and sample.txt",
+    "xfstests": "xfstests-src.tar.gz (`git archive --format=tar.gz` of xfstests-dev, "
+                "git.kernel.org) with xfstests-fuse.patch and sample.txt (README's Tests section)",
 }
 
 
@@ -69,3 +72,21 @@ def require(name: str, required_file: str) -> Path:
     if os.environ.get(REQUIRE_ENV) == "1":
         pytest.fail(f"{reason} ({REQUIRE_ENV}=1: CI must run it)", pytrace=False)
     pytest.skip(reason)
+
+
+def main(argv: list[str]) -> int:
+    """``python tests/suites.py NAME REQUIRED_FILE``: print the suite's directory (exit 0), or
+    the one-line reason it is missing (exit 77, the "skipped" code). For bench/ shell scripts."""
+    if len(argv) != 2:
+        print("usage: suites.py NAME REQUIRED_FILE", file=sys.stderr)
+        return 2
+    directory = locate(*argv)
+    if directory is None:
+        print(missing_reason(*argv))
+        return 77
+    print(directory)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

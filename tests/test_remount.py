@@ -92,8 +92,10 @@ def test_remount_ro_and_rw_flip_the_kernel_and_the_daemon(tmp_path):
         assert "rw" in mountinfo(mnt)[0] and settings(mnt)["ro"] == "0"
 
         # options fixed when mounting: repeating them is fine, changing them is not
-        same = journalfs("mount", "-o", f"remount,store={store},allow_other", mnt)
-        assert same.returncode == 0, same.stderr
+        same = journalfs("mount", "-o", f"remount,store={store},allow_other,log_file={log}", mnt)
+        assert same.returncode == 0, same.stderr  # mount(8) repeats fstab's (xfstests 294)
+        moved = journalfs("mount", "-o", f"remount,log_file={tmp_path}/other.log", mnt)
+        assert moved.returncode == 2 and "'log_file' cannot change" in moved.stderr
         other = journalfs("mount", "-o", f"remount,store={tmp_path}", mnt)
         assert other.returncode == 2 and "'store' cannot change on remount" in other.stderr
         assert journalfs("mount", "-o", "remount,frobnicate", mnt).returncode == 2

@@ -47,7 +47,7 @@ FUSE_SUPER_OPTIONS = ("user_id", "group_id", "default_permissions", "allow_other
 #: journalfs options fixed when mounting: a remount may repeat them, not change them
 #: (option name -> key of status.json's "options").
 FIXED_OPTIONS = {"store": "store", "gvfs": "gvfs", "exclusive_store": "exclusive_store",
-                 "fsname": "fsname", "log_file": None, "allow_root": "allow_root",
+                 "fsname": "fsname", "log_file": "log", "allow_root": "allow_root",
                  "auto_unmount": "auto_unmount", "allow_other": "allow_other"}
 
 
@@ -119,7 +119,11 @@ def parse(mountpoint: str, options: list[str], entry, current: dict) -> Remount:
         if name in ("store", "log_file") and asked:
             asked = os.path.abspath(asked)
         now = current.get(key) if key else None
-        if key is None or (now or None) != (asked or None):
+        if name == "log_file":  # "log" lists every place the log goes (stderr too)
+            unchanged = asked in (now or "").split(", ")
+        else:
+            unchanged = key is not None and (now or None) == (asked or None)
+        if not unchanged:
             raise OptionError(f"option {name!r} cannot change on remount (it is fixed when "
                               "mounting): unmount and mount again")
     return wanted
