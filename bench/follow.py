@@ -7,7 +7,8 @@
    of its time span), the first run (builds the record index and keeps it in a private
    cache directory) and warm runs (index loaded), against ``journalfs records --json |
    tail -n 10`` of the same file (the whole file decoded) and, when there is one,
-   ``journalctl -n 10`` on the system journal.
+   ``journalctl -n 10`` on the system journal; start-up alone: ``python -c pass``,
+   ``journalfs --help`` and ``journalfs records --help`` (median of >= 5 runs).
 2. Follow latency, append to record visible, over --appends PUTs written one at a time every
    --interval s to a Kestrel segment: through ``journalfs records -f --json`` (CLI), and
    through a real mount with GNU ``tail -f`` on records.jsonl (its default 1 s polling, and
@@ -68,6 +69,12 @@ def selections(mb: int, env: dict, warm: int) -> list[dict]:
         shutil.rmtree(cache, ignore_errors=True)
         out.append({"case": f"journalfs records {name}", "first_s": round(first, 3),
                     "warm_s": round(statistics.median(warms), 3)})
+    for name, argv in (("python -c pass (start-up floor)", [sys.executable, "-c", "pass"]),
+                       ("journalfs --help", JOURNALFS + ["--help"]),
+                       ("journalfs records --help", JOURNALFS + ["records", "--help"])):
+        out.append({"case": name, "first_s": None,
+                    "warm_s": round(statistics.median(timed(argv, env) for _ in range(
+                        max(5, warm))), 3)})
     whole = f"{' '.join(JOURNALFS)} records --json {path} | tail -n 10"
     out.append({"case": "records --json | tail -n 10", "first_s": None,
                 "warm_s": round(timed(whole, env, shell=True), 3)})
@@ -151,7 +158,11 @@ def main() -> int:
     ap.add_argument("--skip-mount", action="store_true")
     args = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=str(REPO))
+    # as installed (pip compiles bytecode): without it every run compiles journalfs again
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    load_before = os.getloadavg()
     sel = selections(args.mb, env, args.warm)
+    print(f"load average (1, 5, 15 min) before: {load_before}, after: {os.getloadavg()}")
     print(f"{'selection':<40} {'first (s)':>10} {'warm (s)':>10}")
     for row in sel:
         first = "-" if row["first_s"] is None else f"{row['first_s']:.3f}"
@@ -161,7 +172,8 @@ def main() -> int:
         print(f"\n{'follow latency':<40} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
         for row in fol:
             print(f"{row['case']:<40} {row['p50_ms']:>8} {row['p99_ms']:>8} {row['max_ms']:>8}")
-    print(json.dumps({"selections": sel, "follow": fol}))
+    print(json.dumps({"selections": sel, "follow": fol, "load_before": load_before,
+                      "load_after": os.getloadavg()}))
     return 0
 
 
