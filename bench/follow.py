@@ -13,6 +13,9 @@
    --interval s to a Kestrel segment: through ``journalfs records -f --json`` (CLI), and
    through a real mount with GNU ``tail -f`` on records.jsonl (its default 1 s polling, and
    ``-s 0.1``). p50 / p99 / max in ms.
+3. On a mount of the --mb MB journal (a fresh store): how long after the first ``stat`` of
+   its records.jsonl the size shows (indexing, then every line measured in the background),
+   and ``tail -n 10`` of it then; the same after a remount (both loaded from the store).
 
 Prints a table, then one JSON object. Needs FUSE (``fusermount3``) for the mount part.
 """
@@ -149,6 +152,33 @@ def follow(appends: int, interval: float, env: dict) -> list[dict]:
     return out
 
 
+def big_jsonl(mb: int) -> list[dict]:
+    """On a mount of the --mb MB journal's directory (a fresh store): the time from the first
+    stat of its records.jsonl until its size shows (indexing, then measuring every line in the
+    background), then `tail -n 10` of it (seeks to the end), and the same after a remount
+    (index and size loaded from the store)."""
+    path, count = bigjournal.journal("kestrel-writer", mb)
+    out = []
+    with tempfile.TemporaryDirectory(prefix="jfs-bench-bigjsonl-") as tmp:
+        store = Path(tmp) / "store"
+        for run in ("first mount", "after a remount"):
+            with mounted(path.parent, Path(tmp) / "mnt", "--store", str(store)) as m:
+                jsonl = m.mountpoint / ".journalfs" / "records" / path.name / "records.jsonl"
+                t = time.perf_counter()
+                while os.stat(jsonl).st_size == 0:
+                    time.sleep(0.05)
+                shown = time.perf_counter() - t
+                t = time.perf_counter()
+                last = subprocess.run(["tail", "-n", "10", str(jsonl)], capture_output=True,
+                                      check=True).stdout.splitlines()
+                tail_s = time.perf_counter() - t
+                assert json.loads(last[-1])["seq"] == count - 1, last[-1]
+                out.append({"case": f"records.jsonl of {mb} MB, {run}",
+                            "size_shown_s": round(shown, 2), "tail_n10_s": round(tail_s, 3),
+                            "records": count})
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=int, default=1000)
@@ -168,11 +198,16 @@ def main() -> int:
         first = "-" if row["first_s"] is None else f"{row['first_s']:.3f}"
         print(f"{row['case']:<40} {first:>10} {row['warm_s']:>10.3f}")
     fol = [] if args.skip_mount else follow(args.appends, args.interval, env)
+    big = [] if args.skip_mount else big_jsonl(args.mb)
+    if big:
+        print(f"\n{'mount, big records.jsonl':<40} {'size shown (s)':>15} {'tail -n 10 (s)':>15}")
+        for row in big:
+            print(f"{row['case']:<40} {row['size_shown_s']:>15} {row['tail_n10_s']:>15}")
     if fol:
         print(f"\n{'follow latency':<40} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
         for row in fol:
             print(f"{row['case']:<40} {row['p50_ms']:>8} {row['p99_ms']:>8} {row['max_ms']:>8}")
-    print(json.dumps({"selections": sel, "follow": fol, "load_before": load_before,
+    print(json.dumps({"selections": sel, "follow": fol, "big_jsonl": big, "load_before": load_before,
                       "load_after": os.getloadavg()}))
     return 0
 
