@@ -5,13 +5,18 @@
 1. Selections on the ~--mb MB Kestrel journal of bench/bigjournal.py (cached in
    bench/out/bigjournal/): ``journalfs records -n 10 --json`` and ``--since`` (the last 1 %
    of its time span), the first run (builds the record index and keeps it in a private
-   cache directory) and warm runs (index loaded), against ``journalfs records --json |
-   tail -n 10`` of the same file (the whole file decoded) and, when there is one,
-   ``journalctl -n 10`` on the system journal.
+   cache directory) and warm runs (index loaded); ``--since`` also for the last 1,000
+   records (finding them is the cost) besides the last 1 % (printing them is); against
+   ``journalfs records --json | tail -n 10`` of the same file (the whole file decoded) and,
+   when there is one, ``journalctl -n 10`` on the system journal; start-up alone: ``python -c pass``,
+   ``journalfs --help`` and ``journalfs records --help`` (median of >= 5 runs).
 2. Follow latency, append to record visible, over --appends PUTs written one at a time every
    --interval s to a Kestrel segment: through ``journalfs records -f --json`` (CLI), and
    through a real mount with GNU ``tail -f`` on records.jsonl (its default 1 s polling, and
    ``-s 0.1``). p50 / p99 / max in ms.
+3. On a mount of the --mb MB journal (a fresh store): how long after the first ``stat`` of
+   its records.jsonl the size shows (indexing, then every line measured in the background),
+   and ``tail -n 10`` of it then; the same after a remount (both loaded from the store).
 
 Prints a table, then one JSON object. Needs FUSE (``fusermount3``) for the mount part.
 """
@@ -57,8 +62,11 @@ def selections(mb: int, env: dict, warm: int) -> list[dict]:
         first_ms = next(KESTREL.read(f.read(1 << 12) + bytes(0), str(path)))["add_time"]
     # bigjournal's add_time grows by 7 ms a record
     since = f"@{(first_ms + int(count * 0.99) * 7) / 1000:.3f}"
+    since_1000 = f"@{(first_ms + (count - 1000) * 7) / 1000:.3f}"
     cases = [("-n 10", ["records", "-n", "10", "--json", str(path)]),
-             ("--since (last 1 %)", ["records", "--since", since, "--json", str(path)])]
+             ("--since (last 1,000)", ["records", "--since", since_1000, "--json", str(path)]),
+             (f"--since (last 1 %: {count - int(count * 0.99):,})",
+              ["records", "--since", since, "--json", str(path)])]
     out = []
     for name, argv in cases:
         cache = tempfile.mkdtemp(prefix="jfs-bench-cache-")
@@ -68,6 +76,12 @@ def selections(mb: int, env: dict, warm: int) -> list[dict]:
         shutil.rmtree(cache, ignore_errors=True)
         out.append({"case": f"journalfs records {name}", "first_s": round(first, 3),
                     "warm_s": round(statistics.median(warms), 3)})
+    for name, argv in (("python -c pass (start-up floor)", [sys.executable, "-c", "pass"]),
+                       ("journalfs --help", JOURNALFS + ["--help"]),
+                       ("journalfs records --help", JOURNALFS + ["records", "--help"])):
+        out.append({"case": name, "first_s": None,
+                    "warm_s": round(statistics.median(timed(argv, env) for _ in range(
+                        max(5, warm))), 3)})
     whole = f"{' '.join(JOURNALFS)} records --json {path} | tail -n 10"
     out.append({"case": "records --json | tail -n 10", "first_s": None,
                 "warm_s": round(timed(whole, env, shell=True), 3)})
@@ -142,6 +156,33 @@ def follow(appends: int, interval: float, env: dict) -> list[dict]:
     return out
 
 
+def big_jsonl(mb: int) -> list[dict]:
+    """On a mount of the --mb MB journal's directory (a fresh store): the time from the first
+    stat of its records.jsonl until its size shows (indexing, then measuring every line in the
+    background), then `tail -n 10` of it (seeks to the end), and the same after a remount
+    (index and size loaded from the store)."""
+    path, count = bigjournal.journal("kestrel-writer", mb)
+    out = []
+    with tempfile.TemporaryDirectory(prefix="jfs-bench-bigjsonl-") as tmp:
+        store = Path(tmp) / "store"
+        for run in ("first mount", "after a remount"):
+            with mounted(path.parent, Path(tmp) / "mnt", "--store", str(store)) as m:
+                jsonl = m.mountpoint / ".journalfs" / "records" / path.name / "records.jsonl"
+                t = time.perf_counter()
+                while os.stat(jsonl).st_size == 0:
+                    time.sleep(0.05)
+                shown = time.perf_counter() - t
+                t = time.perf_counter()
+                last = subprocess.run(["tail", "-n", "10", str(jsonl)], capture_output=True,
+                                      check=True).stdout.splitlines()
+                tail_s = time.perf_counter() - t
+                assert json.loads(last[-1])["seq"] == count - 1, last[-1]
+                out.append({"case": f"records.jsonl of {mb} MB, {run}",
+                            "size_shown_s": round(shown, 2), "tail_n10_s": round(tail_s, 3),
+                            "records": count})
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=int, default=1000)
@@ -151,17 +192,27 @@ def main() -> int:
     ap.add_argument("--skip-mount", action="store_true")
     args = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=str(REPO))
+    # as installed (pip compiles bytecode): without it every run compiles journalfs again
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    load_before = os.getloadavg()
     sel = selections(args.mb, env, args.warm)
-    print(f"{'selection':<40} {'first (s)':>10} {'warm (s)':>10}")
+    print(f"load average (1, 5, 15 min) before: {load_before}, after: {os.getloadavg()}")
+    print(f"{'selection':<46} {'first (s)':>10} {'warm (s)':>10}")
     for row in sel:
         first = "-" if row["first_s"] is None else f"{row['first_s']:.3f}"
-        print(f"{row['case']:<40} {first:>10} {row['warm_s']:>10.3f}")
+        print(f"{row['case']:<46} {first:>10} {row['warm_s']:>10.3f}")
     fol = [] if args.skip_mount else follow(args.appends, args.interval, env)
+    big = [] if args.skip_mount else big_jsonl(args.mb)
+    if big:
+        print(f"\n{'mount, big records.jsonl':<40} {'size shown (s)':>15} {'tail -n 10 (s)':>15}")
+        for row in big:
+            print(f"{row['case']:<40} {row['size_shown_s']:>15} {row['tail_n10_s']:>15}")
     if fol:
         print(f"\n{'follow latency':<40} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
         for row in fol:
             print(f"{row['case']:<40} {row['p50_ms']:>8} {row['p99_ms']:>8} {row['max_ms']:>8}")
-    print(json.dumps({"selections": sel, "follow": fol}))
+    print(json.dumps({"selections": sel, "follow": fol, "big_jsonl": big, "load_before": load_before,
+                      "load_after": os.getloadavg()}))
     return 0
 
 

@@ -1,5 +1,7 @@
 """The ``journalfs`` command: the top-level parser, its help, and the one-line error policy.
-Each command lives in :mod:`journalfs.commands`."""
+Each command's command line lives in :mod:`journalfs.cmdline`, its work in
+:mod:`journalfs.commands`, imported only when it runs: start-up (``records -n 10`` on a big
+journal, ``--help``) loads no other command's modules."""
 from __future__ import annotations
 
 import argparse
@@ -7,9 +9,9 @@ import os
 import sys
 
 from . import __version__
-from .commands import COMMAND_GROUPS, COMMANDS, EXIT_DAMAGED, EXIT_ERROR
+from .cmdline import COMMAND_GROUPS, COMMANDS
+from .commands import EXIT_DAMAGED, EXIT_ERROR
 from .commands.parsing import Parser, add_commands, examples
-from .formats import FormatError
 
 DESCRIPTION = """\
 journalfs mirrors a directory through FUSE and adds two things to it: key/value metadata on
@@ -130,7 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # one clear line unless --debug
         if debug:
             raise
-        code = EXIT_DAMAGED if isinstance(exc, FormatError) else EXIT_ERROR
+        # Damaged input is a FormatError; without journalfs.formats loaded there can be none
+        # (importing it here only to compare would cost every other command's error its time).
+        formats = sys.modules.get("journalfs.formats")
+        damaged = formats is not None and isinstance(exc, formats.FormatError)
+        code = EXIT_DAMAGED if damaged else EXIT_ERROR
         print(f"journalfs: {error_line(exc)}", file=sys.stderr)
         return code
 

@@ -23,6 +23,7 @@ import numpy as np
 from .formats import Codec, FormatError
 from .formats.base import (Base64Bytes, Columns, IntLists, Record, RecordLists, json_safe,
                           record_json_line, rows_of_batches)
+from .options import PAYLOAD_MODES  # defined with the other command-line choices
 
 
 def json_line(rec: Record) -> bytes:
@@ -32,10 +33,6 @@ def json_line(rec: Record) -> bytes:
     return (record_json_line(rec) + "\n").encode("utf-8")
 
 
-#: How ``--payload`` shows a record's payload: ``base64`` is the contract's ``payload_b64``
-#: (the default of JSON lines); ``text`` and ``auto`` give UTF-8 payloads as ``payload`` text
-#: (anything else stays ``payload_b64``); ``hex`` gives ``payload_hex``.
-PAYLOAD_MODES = ("auto", "text", "hex", "base64")
 
 
 def payload_fields(payload, mode: str) -> dict:

@@ -88,7 +88,7 @@ def _command(parser: argparse.ArgumentParser) -> list[str]:
 
 def render(parser: argparse.ArgumentParser) -> str:
     """The whole page for the top-level ``journalfs`` parser."""
-    from .commands import COMMAND_GROUPS
+    from .cmdline import COMMAND_GROUPS
 
     commands = _subparsers(parser)
     summary = "journal files as browsable records, gvfs\\-compatible metadata as xattrs"

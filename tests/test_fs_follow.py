@@ -7,6 +7,7 @@ import json
 import os
 import queue
 import random
+import select
 import subprocess
 import threading
 import time
@@ -225,3 +226,134 @@ def test_tail_f_on_a_big_journal_once_its_size_is_known(mount, tails):
     assert t.lines(5) == w.lines(count, count + 5)
     assert os.stat(jsonl).st_size == len(whole) + sum(
         len(json_line(r)) for r in KESTREL.read(w.path.read_bytes(), "x") if r["seq"] >= count)
+
+
+def test_a_record_file_appears_only_whole_and_never_changes(mount):
+    """Kestrel writes a record whole (a torn frame at the end is not a record yet): a
+    half-written PUT is neither listed nor found by name, and a record file, once there, holds
+    its whole payload; `tail -f` on it prints that payload and nothing more as the journal
+    grows (docs/views.md: which formats' record files can change)."""
+    w = Writer(mount.source / "jobs.1700000000000")
+    w.start(2)
+    view = mount.views / "records" / w.path.name
+    name = f"{2:08d}.put"
+    assert sorted(os.listdir(view)) == [f"{0:08d}.put", f"{1:08d}.put", "records.jsonl"]
+    lo, hi = w.ends[2], w.ends[3]
+    with open(w.path, "ab") as f:
+        f.write(w.data[lo:hi - 5])  # all but the last bytes of its payload
+        f.flush()
+        time.sleep(0.3)
+        assert name not in os.listdir(view)
+        assert not (view / name).exists()
+        f.write(w.data[hi - 5:hi])
+    w.written = 3
+    payload = w.records[2]["payload"]
+    deadline = time.monotonic() + 10
+    while name not in os.listdir(view):
+        assert time.monotonic() < deadline, os.listdir(view)
+        time.sleep(0.05)
+    assert (view / name).read_bytes() == payload
+    assert (view / name).stat().st_size == len(payload)
+    tail = subprocess.Popen(["tail", "-f", "-c", "+1", "-s", "0.1", str(view / name)],
+                            stdout=subprocess.PIPE)
+    try:
+        def output(seconds: float) -> bytes:  # what tail printed within ``seconds``
+            got, deadline = b"", time.monotonic() + seconds
+            while (left := deadline - time.monotonic()) > 0:
+                if select.select([tail.stdout], [], [], left)[0]:
+                    got += os.read(tail.stdout.fileno(), 1 << 16)
+            return got
+        assert output(2) == payload
+        w.put(5)  # the journal grows; this record does not
+        assert output(0.8) == b""
+    finally:
+        tail.terminate()
+        tail.wait(timeout=10)
+    assert (view / name).read_bytes() == payload
+
+
+def test_a_jrnl_transaction_being_written_shows_each_state_whole(mount):
+    """JRNL's last transaction is a record while it is written (the spec's rollback state),
+    and it changes in place: each whole operation appended, then the flag set. It shows once
+    its header and first operation are whole; while an operation is half-written it does not
+    show (the journal reads as damaged there, as fsck would roll it back); each open serves
+    one whole JSON line of the state as of that open, and a new open the state as it is now."""
+    jrnl = CODECS["jrnl"]
+    recs = demo.jrnl_records(random.Random(5), 3, last="complete")
+    final = jrnl.write(recs)
+    tx = len(jrnl.write(recs[:2]))  # where the writer puts the third transaction
+    op_ends, at = [], tx + 25
+    for op in recs[2]["ops"]:
+        at += len(jrnl.write([{"ops": [op]}])) - 20 - 25
+        op_ends.append(at)
+    assert op_ends[-1] == len(final)
+    incomplete = bytearray(final)
+    incomplete[tx + 24] = 0  # the flag is set last, in place
+    path = mount.source / "pages.jrnl"
+    path.write_bytes(incomplete[:tx + 20])  # linked, its header not yet whole
+    view = mount.views / "records" / path.name
+    name = f"{2:08d}.transaction"
+
+    def grow_to(end: int) -> None:
+        with open(path, "ab") as f:
+            f.write(incomplete[path.stat().st_size:end])
+
+    def shown(present: bool) -> bytes | None:
+        deadline = time.monotonic() + 10
+        while (name in os.listdir(view)) != present:
+            assert time.monotonic() < deadline, (present, os.listdir(view))
+            time.sleep(0.05)
+        return (view / name).read_bytes() if present else None
+
+    assert sorted(os.listdir(view))[:2] == [f"{0:08d}.transaction", f"{1:08d}.transaction"]
+    assert shown(False) is None
+    grow_to(op_ends[0] - 3)  # the first operation torn
+    time.sleep(0.3)
+    assert shown(False) is None
+    for n, end in enumerate(op_ends[:-1]):
+        grow_to(end)
+        line = shown(True)
+        rec = json.loads(line)
+        assert line.endswith(b"\n") and line.count(b"\n") == 1
+        assert (rec["status"], len(rec["ops"])) == ("rollback", n + 1)
+        assert rec["ops"] == recs[2]["ops"][:n + 1]
+        with open(view / name, "rb") as handle:
+            grow_to(end + 3)  # the next operation torn: the transaction is not shown
+            assert shown(False) is None
+            assert handle.read() == line  # the handle keeps the state it opened, whole
+    grow_to(op_ends[-1])  # the completion op is whole, the flag not set yet: redo
+    rec = json.loads(shown(True))
+    assert rec["status"] == "redo" and rec["ops"] == recs[2]["ops"]
+    with open(path, "r+b") as f:
+        f.seek(tx + 24)
+        f.write(bytes([final[tx + 24]]))
+    deadline = time.monotonic() + 10
+    while (rec := json.loads((view / name).read_bytes()))["status"] != "complete":
+        assert time.monotonic() < deadline, rec
+        time.sleep(0.05)
+    assert rec["ops"] == recs[2]["ops"] and rec["complete"] is True
+
+
+def test_tail_f_on_a_big_journal_never_read_before(mount, tails):
+    """A journal over 4 MiB: records.jsonl shows size 0 at first, and looking at it starts
+    measuring it in the background; once its size shows (nobody has read it), `tail -f`
+    prints its last lines and follows, and the measured layout is saved with the index."""
+    count = 45_000
+    w = Writer(mount.source / "jobs.1700000000000", count=count + 20)
+    w.start(count)
+    assert w.path.stat().st_size > 4 << 20
+    jsonl = mount.views / "records" / w.path.name / "records.jsonl"
+    want = sum(len(json_line(r)) for r in KESTREL.read(w.path.read_bytes(), "x"))
+    assert os.stat(jsonl).st_size in (0, want)
+    deadline = time.monotonic() + 60
+    while (size := os.stat(jsonl).st_size) == 0:
+        assert time.monotonic() < deadline, "records.jsonl's size never showed"
+        time.sleep(0.1)
+    assert size == want
+    t = tails(jsonl, "-f", "-n", "3")
+    assert t.lines(3) == w.lines(count - 3, count)
+    w.put(5)
+    assert t.lines(5) == w.lines(count, count + 5)
+    assert t.quiet(0.3)
+    status = json.loads((mount.views / "status.json").read_bytes())
+    assert status["views"]["indexes_saved"] >= 2, status["views"]  # the index, then its layout

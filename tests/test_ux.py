@@ -635,3 +635,53 @@ def test_every_argument_and_option_has_help():
                 missing.append(f"{parser.prog} {action.metavar or action.dest}")
     walk(build_parser())
     assert missing == []
+
+
+#: Modules only some commands need: a command line that does not need them must not load them.
+HEAVY_MODULES = ("numpy", "pyarrow", "trio", "pyfuse3", "pyspark", "jeepney", "rich",
+                 "journalfs.formats", "journalfs.metastore.store", "journalfs.fs.views")
+LOADED = r"""
+import json, sys
+from journalfs.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}), file=sys.stderr)
+"""
+
+
+def loaded_by(*argv: str) -> tuple[int, set[str]]:
+    """The exit code of ``journalfs ARGV`` and every module it loaded."""
+    p = subprocess.run([sys.executable, "-c", LOADED, *map(str, argv)], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    result = json.loads(p.stderr.strip().splitlines()[-1])
+    return result["code"], set(result["modules"])
+
+
+@pytest.mark.parametrize("argv", [("--help",), ("--man",), ("records", "--help"),
+                                  ("queue", "--help"), ("mount", "--help"),
+                                  ("meta", "set", "--help"), ("pipeline", "--help")])
+def test_help_and_the_man_page_load_no_command(argv):
+    """Start-up: the whole parser tree, every --help and the man page come from
+    journalfs.cmdline alone; no command's implementation and nothing heavy is imported."""
+    code, modules = loaded_by(*argv)
+    assert code == 0
+    assert not [m for m in modules if m.startswith("journalfs.commands.")
+                and m not in ("journalfs.commands.parsing",)]
+    assert not [m for m in modules if m.split(".")[0] in HEAVY_MODULES or m in HEAVY_MODULES]
+
+
+def test_a_command_loads_only_its_own_module(records_corpus):
+    """`journalfs records -n 1 FILE` loads the records command and what decoding needs, no
+    other command (fsck, meta, mount, pipeline, state) and nothing of a mount or of Spark."""
+    code, modules = loaded_by("records", "-n", "1", "--json",
+                              records_corpus / "jobs.1700000000000")
+    assert code == 0
+    commands = {m for m in modules if m.startswith("journalfs.commands.")}
+    assert commands == {"journalfs.commands.records", "journalfs.commands.parsing",
+                        "journalfs.commands.progress"}
+    assert "journalfs.formats" in modules  # it does decode
+    for heavy in ("pyarrow", "trio", "pyfuse3", "pyspark", "journalfs.metastore.store",
+                  "journalfs.fs.views", "journalfs.fs.main"):
+        assert heavy not in modules

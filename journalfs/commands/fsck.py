@@ -26,30 +26,11 @@ from ..metastore.fsck import check_store as metastore_check
 from ..pagecache import DroppingPages, PagePacer, Releaser
 from .progress import Progress
 
-from .parsing import add_command
 from . import EXIT_DAMAGED, EXIT_ERROR, EXIT_OK  # defined once, for every command
 #: Fields a recovery rule may legitimately rewrite (links, completion state, derived offsets);
 #: the no-loss check compares records without them.
 MUTABLE_FIELDS = frozenset({"format", "seq", "offset", "prev", "next", "self", "complete",
                             "status", "first", "last", "highest_seq", "log_offset"})
-
-
-DESCRIPTION = (
-    "Check journal files and gvfs metadata stores: PATH is one file, a store's tree file, or a "
-    "directory (every journal file below it). Nothing is written unless --repair is given; "
-    "then each format's own recovery rule rewrites a damaged file, only if every record that "
-    "was valid is kept, after a backup FILE.journalfs-backup-TIME is written. Exit status 0 "
-    "when everything is clean or repaired, 3 when damage remains.")
-
-
-def add_parser(sub) -> None:
-    p = add_command(sub, "fsck", "verify (and with --repair, fix) journal files and stores",
-                    DESCRIPTION, "journalfs fsck /data/journals                 # report only",
-                    "journalfs fsck /data/wallaby/events.log --repair")
-    p.add_argument("path", help="a journal file, a gvfs store tree file, or a directory")
-    p.add_argument("--repair", action="store_true",
-                   help="apply each format's recovery rule (a backup is written first)")
-    p.set_defaults(run=run)
 
 
 @dataclass

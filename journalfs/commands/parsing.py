@@ -7,6 +7,7 @@ never drift.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import textwrap
 
@@ -78,3 +79,13 @@ def add_command(sub: argparse._SubParsersAction, name: str, summary: str, descri
 def examples(*lines: str) -> str:
     """An ``Examples:`` epilog: each line is a command, optionally ``command  # comment``."""
     return "Examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def runs(module: str, function: str = "run"):
+    """A command's ``run`` (for ``set_defaults``) that imports ``journalfs.commands.<module>``
+    only when the command runs: building the parser tree, ``--help`` and the man page load no
+    command's implementation, and a command loads only its own (start-up time)."""
+    def run(args):
+        return getattr(importlib.import_module(f"journalfs.commands.{module}"), function)(args)
+    run.__qualname__ = run.__name__ = f"{module}.{function}"
+    return run

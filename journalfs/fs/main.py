@@ -24,7 +24,7 @@ from typing import Callable
 # command imports this module (through commands/mount.py) and should start fast.
 
 from ..escaping import EscapingFormatter
-from ..metastore.store import SYNC_MODES
+from ..options import DEFAULT_READAHEAD_KIB, DEFAULT_TIMEOUT, SYNC_MODES
 
 log = logging.getLogger("journalfs.fs")
 
@@ -93,14 +93,8 @@ REFUSED_OPTIONS = {
 }
 #: libfuse's own name for the high-level cache timeouts: both are journalfs's timeout=.
 TIMEOUT_ALIASES = ("entry_timeout", "attr_timeout")
-#: Seconds the kernel may cache names and attributes (-o timeout=). Long, because journalfs
-#: invalidates precisely whatever it changes itself; only changes made directly in SOURCE
-#: behind the mount wait for the timeout to become visible.
-DEFAULT_TIMEOUT = 120.0
-#: KiB the kernel reads ahead on the mount (-o readahead=, 0 keeps the kernel's 128). Journals
-#: are read front to back: 1 MiB readahead means 8x fewer READ requests, each a worker-thread
-#: round trip, than the kernel's default.
-DEFAULT_READAHEAD_KIB = 1024
+
+
 class MountError(Exception):
     """A mount that cannot be made; the message is the one line shown to the user."""
 

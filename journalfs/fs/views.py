@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import bisect
+import contextlib
 import errno
 import inspect
 import json
@@ -529,6 +530,7 @@ class Views:
             threading.Thread(target=self._sweep_indexes, name="journalfs-index-sweep",
                              daemon=True).start()
         self._jobs: dict[bytes, IndexJob] = {}  # trio thread only
+        self._measuring: set[bytes] = set()  # records.jsonl being measured; trio thread only
         self._index_limiter = trio.CapacityLimiter(INDEX_THREADS)
         # one indexing thread per journal owner: one user's huge journals take at most one
         # core, never every slot another user's small view waits for (issue 24 item 4)
@@ -859,7 +861,11 @@ class Views:
             raise OSError(job.error.errno or errno.EIO, job.error.strerror or "not a journal")
         return job.result
 
-    async def _run_job(self, rel: bytes, job: IndexJob) -> None:
+    @contextlib.asynccontextmanager
+    async def _indexing_turn(self, rel: bytes):
+        """A turn for work that reads a whole journal (indexing, measuring records.jsonl):
+        one at a time per journal owner, at most INDEX_THREADS at once; the thread it runs
+        in takes :attr:`_index_limiter`."""
         info = self.catalog.get(("journal", rel))
         owner = info.uid if info is not None else -1
         limiter = self._owner_limiters.get(owner)
@@ -867,6 +873,15 @@ class Views:
             limiter = self._owner_limiters[owner] = trio.CapacityLimiter(1)
         try:
             async with limiter:
+                yield
+        finally:
+            stats = limiter.statistics()
+            if not stats.borrowed_tokens and not stats.tasks_waiting:
+                self._owner_limiters.pop(owner, None)
+
+    async def _run_job(self, rel: bytes, job: IndexJob) -> None:
+        try:
+            async with self._indexing_turn(rel):
                 job.result = await trio.to_thread.run_sync(
                     self._build_index, rel, job, limiter=self._index_limiter,
                     abandon_on_cancel=True)
@@ -876,12 +891,41 @@ class Views:
             log.exception("indexing %r failed", rel)
             job.error = OSError(errno.EIO, "indexing failed")
         finally:
-            stats = limiter.statistics()
-            if not stats.borrowed_tokens and not stats.tasks_waiting:
-                self._owner_limiters.pop(owner, None)
             if self._jobs.get(rel) is job:
                 del self._jobs[rel]
             job.done.set()
+
+    def _measure_soon(self, rel: bytes) -> None:
+        """Measure a big journal's records.jsonl in the background (every line rendered once,
+        never kept), so that its size shows without a reader reading it all first: `tail -f`
+        then starts at its last lines. The layout is saved with the on-disk index, so this
+        happens once per journal; growth later extends it by the new records only."""
+        if rel in self._measuring or rel == LIVE:
+            return
+        self._measuring.add(rel)
+        trio.lowlevel.spawn_system_task(self._measure, rel)
+
+    async def _measure(self, rel: bytes) -> None:
+        try:
+            idx = await self._index(rel)
+            async with self._indexing_turn(rel):
+                await trio.to_thread.run_sync(self._measure_layout, rel, idx,
+                                              limiter=self._index_limiter,
+                                              abandon_on_cancel=True)
+        except OSError:  # gone or no longer a journal: nothing to measure
+            pass
+        except Exception:  # noqa: BLE001 -- a system task must never end the mount
+            log.exception("measuring records.jsonl of %r failed", rel)
+        finally:
+            self._measuring.discard(rel)
+
+    def _measure_layout(self, rel: bytes, idx: RecordIndex) -> None:
+        if not idx.codec.resumable:  # rendered only whole (a gvfs tree): left to a reader
+            return
+        info = self.catalog.get(("journal", rel))
+        if info is None or info.index is not idx or self._known_layout(info) is not None:
+            return  # changed meanwhile (its next getattr starts again), or already known
+        self._layout_done(rel, idx)(JsonlLayout(idx))
 
     def _build_index(self, rel: bytes, job: IndexJob) -> RecordIndex:
         """Index a journal (worker thread): from memory, the store's index directory, or the
@@ -1157,6 +1201,8 @@ class Views:
                 layout = await self._on_file(node.rel, self._full_layout, node.rel, idx)
             info = self.catalog.get(("journal", node.rel)) or info
             layout = layout or self._known_layout(info)
+        if layout is None:  # a big journal: size 0 until measured, which starts now
+            self._measure_soon(node.rel)
         return self._jsonl_attrs(node, info, layout)
 
     def _service_status(self) -> dict:

@@ -24,7 +24,6 @@ from ..formats.gvfs_journal import journal_name  # the one naming rule
 # every open of a store file: never through a symlink, never inherited by a child
 O_STORE = os.O_NOFOLLOW | os.O_CLOEXEC
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-SYNC_MODES = ("always", "batch", "none")  # --sync: the one definition (see MetaStore)
 LOCK_SUFFIX = ".journalfs-lock"
 TREE_HEADER_PROBE = 32
 TREE_MAGIC = b"\xda\x1ameta"

@@ -32,7 +32,7 @@ import time
 import trio
 
 from .backend import CopyOp, MoveOp, RemoveOp, SetOp, UnsetOp, WriteOp
-from .files import SYNC_MODES
+from ..options import SYNC_MODES
 from .store import MetaStore, RotationPostponed, canonical
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,8 @@ from ..formats.gvfs_journal import (HEADER_SIZE, encode_entry, decode_entry, jou
 from ..formats.gvfs_tree import ROTATED_OFFSET, MergedTree, TreeView, write_tree
 from .backend import (CopyOp, InvalidMetadata, MoveOp, RemoveOp, SetOp, UnsetOp, Value,
                       WriteOp)
-from .files import (SYNC_MODES, StoreDir, journal_path_for, lock_holder, lock_path_for,
+from ..options import SYNC_MODES
+from .files import (StoreDir, journal_path_for, lock_holder, lock_path_for,
                     write_all)
 from .ledger import Ledger
 

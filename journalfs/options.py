@@ -1,0 +1,28 @@
+"""Choices the command line offers whose meaning lives in the code below it.
+
+They are defined here, in a module that imports nothing, so that parsing a command line (and
+``--help`` and the man page) loads none of the modules that implement them; those import the
+names from here.
+"""
+
+#: How ``--payload`` shows a record's payload: ``base64`` is the contract's ``payload_b64``
+#: (the default of JSON lines); ``text`` and ``auto`` give UTF-8 payloads as ``payload`` text
+#: (anything else stays ``payload_b64``); ``hex`` gives ``payload_hex``.
+PAYLOAD_MODES = ("auto", "text", "hex", "base64")
+
+#: Mount options' defaults. Seconds the kernel may cache names and attributes (-o timeout=). Long, because journalfs
+#: invalidates precisely whatever it changes itself; only changes made directly in SOURCE
+#: behind the mount wait for the timeout to become visible.
+DEFAULT_TIMEOUT = 120.0
+#: KiB the kernel reads ahead on the mount (-o readahead=, 0 keeps the kernel's 128). Journals
+#: are read front to back: 1 MiB readahead means 8x fewer READ requests, each a worker-thread
+#: round trip, than the kernel's default.
+DEFAULT_READAHEAD_KIB = 1024
+
+#: --sync of a metadata store: the one definition (see metastore.store.MetaStore).
+SYNC_MODES = ("always", "batch", "none")
+
+#: The Spark driver's heap when ``pipeline --driver-memory`` is not given: what the work needs is
+#: flat in the input's size (a 1 GB journal runs in 1g), this leaves room for many cores' tasks
+#: at once.
+DEFAULT_DRIVER_GIB = 2
