@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -84,17 +85,23 @@ def mounted(source, mnt, *extra_args: str, env: dict | None = None, check_exit: 
             _wait_mounted(proc, mnt, stderr_path)
             yield Mount(source, mnt, proc, stderr_path)
         finally:
+            holders = ""
             if os.path.ismount(mnt):
                 if unmount(mnt).returncode != 0:
                     time.sleep(0.2)  # e.g. a test's child still holds a file open
                     if unmount(mnt).returncode != 0:
+                        holders = subprocess.run(["fuser", "-vm", os.fspath(mnt)],
+                                                 capture_output=True, text=True).stderr
                         unmount(mnt, lazy=True)
             try:
                 code = proc.wait(timeout=EXIT_TIMEOUT)
             except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGQUIT)  # the daemon prints its threads' stacks
+                time.sleep(1)
                 proc.kill()
                 proc.wait()
-                raise AssertionError(f"journalfs did not exit after unmount:\n{stderr_path.read_text()}")
+                raise AssertionError(f"journalfs did not exit after unmount (held by: {holders or 'nobody seen'}):\n"
+                                     f"{stderr_path.read_text()}")
         if check_exit:
             assert code == 0, f"journalfs exited {code}:\n{stderr_path.read_text(errors='replace')}"
             assert not os.path.ismount(mnt), f"{mnt} still mounted"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import faulthandler
 import gc
 import hashlib
 import logging
@@ -674,6 +675,9 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
 
     meta, location = _open_metadata(config)
     start_logging(config, location, foreground)
+    # SIGQUIT prints every thread's stack to stderr (as a JVM's thread dump) and the mount
+    # goes on: what a stuck daemon is waiting for, without a debugger
+    faulthandler.register(signal.SIGQUIT, all_threads=True, chain=False)
     # Reach SOURCE through a directory fd opened before mounting: that keeps working when
     # the mount covers SOURCE itself (mountpoint == source) or SOURCE is renamed.
     source_fd = os.open(config.source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
