@@ -70,5 +70,12 @@ class StatusFile:
         ticket = self.started + 1
         while self.builds < ticket:
             self._wanted.set()
-            await self._ready.wait()
+            # never wait on the background task alone: a mount was seen with an open of
+            # status.json waiting here for minutes, the background task idle (cause not
+            # found); past that (and a slow build) this open builds it itself
+            with trio.move_on_after(BUILD_INTERVAL + 4):
+                await self._ready.wait()
+                continue
+            log.info("status.json: the background build did not come; built by the open")
+            await self._build_now()
         return self.data
