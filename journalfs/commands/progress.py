@@ -1,11 +1,16 @@
 """A progress bar for the long-running commands that only shows up when it helps."""
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
-#: Seconds of work before a bar appears: quick commands stay silent.
-SHOW_AFTER_S = 1.0
+#: Seconds of work before a bar appears: quick commands stay silent
+#: (JOURNALFS_PROGRESS_AFTER sets another delay, e.g. 0 to always show it on a terminal).
+try:
+    SHOW_AFTER_S = max(0.0, float(os.environ.get("JOURNALFS_PROGRESS_AFTER", "1.0")))
+except ValueError:
+    SHOW_AFTER_S = 1.0
 
 
 class Progress:
