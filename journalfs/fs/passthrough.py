@@ -551,8 +551,9 @@ class JournalFS(pyfuse3.Operations):
         built = listing.attrs.get(name)
         if built is None or built[0] is not st or self.table.by_ino.get(built[1].ino) is not built[1]:
             rel = None if parent.path is None else join(parent.path, name)
-            # built for this very stat, but the kernel forgot the inode since: the same one
-            reuse = built[1] if built is not None and built[0] is st else None
+            # the kernel forgot the inode since it was built: the same object stands again
+            # when nothing else took its place (remember checks), with its reply if current
+            reuse = built[1] if built is not None else None
             child = self.table.remember(rel, st, parent.ino, name, lookups=0, reuse=reuse)
             attrs = self.attrs(child, st)
             if child is not reuse or attrs is not built[2]:
