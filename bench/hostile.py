@@ -407,6 +407,8 @@ def main() -> int:
                     help="issue 24's attacks side by side with native and bindfs instead")
     ap.add_argument("--phase-seconds", type=float, default=8.0,
                     help="with --attacks: seconds carol probes per attack and target")
+    ap.add_argument("--only", action="append", metavar="N",
+                    help="with --attacks: run only attack N (repeatable; idle always runs)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("hostile.py: must run as root (it mounts with allow_other and a loop filesystem)",
@@ -414,7 +416,7 @@ def main() -> int:
         return 2
     if args.attacks:
         import attacks
-        res = attacks.run_attacks(args.phase_seconds)
+        res = attacks.run_attacks(args.phase_seconds, set(args.only) if args.only else None)
         attacks.report(res)
         print(json.dumps({"attacks": res}))
         if args.json:

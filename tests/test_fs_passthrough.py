@@ -445,7 +445,7 @@ def test_inode_table_bookkeeping(tmp_path):
     f.parent, f.name = d.ino, b"f"
     fd = table.fd(f)  # opened from the parent's fd, checked to be the same object
     assert os.fstat(fd).st_ino == f.ino
-    f.handles.add(99)
+    f.open_handle(99)
     table.forget(f.ino, 2)
     assert f.ino in table  # still open
     table.release_handle(f, 99)

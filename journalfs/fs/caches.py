@@ -7,6 +7,7 @@ counter), and invalidation happens *after* a change has landed in SOURCE / the s
 """
 from __future__ import annotations
 
+import bisect
 import os
 import time
 from collections import OrderedDict
@@ -21,31 +22,43 @@ UNKNOWN = None
 class Listing:
     """One complete scan of a directory: ``{name: lstat or UNKNOWN}``, its names sorted (for
     stable readdir cursors) and the attributes built for each stat, shared by lookups and
-    listings: ``{name: (stat, inode, EntryAttributes)}``, valid while ``stat`` is current."""
+    listings: ``{name: (stat, inode, EntryAttributes)}``, valid while ``stat`` is current.
+
+    ``stats`` and ``names`` are copied on write: :meth:`frozen` shares them (O(1) on the
+    request thread, whatever the directory's size) and the first later change copies them
+    (``_shared``). Nothing else may change them in place."""
     stats: dict[bytes, os.stat_result | None]
     taken: float = field(default_factory=time.monotonic)
     attrs: dict = field(default_factory=dict)
     unknown: int = 0
     _names: list[bytes] | None = None
+    _shared: bool = False
 
     @property
     def names(self) -> list[bytes]:
-        if self._names is None:
+        if self._names is None:  # scans of more than SCAN_INLINE names come sorted
             self._names = sorted(self.stats)
         return self._names
 
     def mark_unknown(self, name: bytes) -> None:
-        if name not in self.stats:
-            self._names = None
-        elif self.stats[name] is UNKNOWN:
+        stats = self.stats
+        if stats.get(name, 0) is UNKNOWN:  # 0: absent
             return
-        self.stats[name] = UNKNOWN
+        if self._shared:
+            self.stats = stats = dict(stats)
+            if self._names is not None:
+                self._names = self._names.copy()
+            self._shared = False
+        if name not in stats and self._names is not None:
+            bisect.insort(self._names, name)  # a memmove, not a sort of the whole listing
+        stats[name] = UNKNOWN
         self.unknown += 1
 
     def frozen(self) -> Listing:
         """A copy for one open directory handle, unaffected by later changes (stats are
         only ever replaced, never mutated, so sharing ``attrs`` stays exact)."""
-        return Listing(dict(self.stats), self.taken, self.attrs, self.unknown, self.names)
+        self._shared = True
+        return Listing(self.stats, self.taken, self.attrs, self.unknown, self.names, True)
 
 
 class DirSnapshots:

@@ -128,7 +128,10 @@ class LazyRows:
     def __len__(self) -> int:
         return len(self.names)
 
-    def __getitem__(self, i: int) -> tuple:
+    def __getitem__(self, i: int | slice) -> tuple | list[tuple]:
+        if isinstance(i, slice):  # a reply's worth of rows, made in C (zip, map)
+            names = self.names[i]
+            return list(zip(names, map(self.stats.__getitem__, names), map(self.attrs.get, names)))
         name = self.names[i]
         return name, self.stats[name], self.attrs.get(name)
 
@@ -143,10 +146,10 @@ def patched(dir_fd: int, copy: Listing, skip: bytes | None) -> Listing | None:
     worker thread while the original is marked) with its UNKNOWN names stat'ed again in the
     SOURCE directory ``dir_fd`` (O_PATH; lstat relative to it), vanished names and ``skip``
     left out. None when too many names changed: scan again."""
-    stats = copy.stats
-    unknown = [name for name, st in stats.items() if st is UNKNOWN]
+    unknown = [name for name, st in copy.stats.items() if st is UNKNOWN]
     if len(unknown) > PATCH_MAX:
         return None
+    stats = dict(copy.stats)  # the copy shares its dict with the listing (copy on write)
     gone = False
     for name in unknown:
         try:
@@ -156,8 +159,9 @@ def patched(dir_fd: int, copy: Listing, skip: bytes | None) -> Listing | None:
         except FileNotFoundError:
             del stats[name]
             gone = True
-    names = None if gone or len(stats) != len(copy.names) else copy.names
-    return Listing(stats, copy.taken, copy.attrs, 0, names)
+    # names stay sorted in this thread too (no sort of a big listing on the request thread)
+    names = [name for name in copy.names if name in stats] if gone else copy.names
+    return Listing(stats, copy.taken, copy.attrs, 0, names, _shared=names is copy.names)
 
 
 def _node_id_offsets() -> tuple[int, int] | None:

@@ -108,13 +108,19 @@ def stale() -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(errno.ESTALE)
 
 
-@dataclass(eq=False)
+#: The handles of an inode with none open: shared, so 100k listed inodes carry no set each.
+NO_HANDLES: frozenset[int] = frozenset()
+
+
+# slots: a huge listing makes 100k of these; without a __dict__ each is one object for the
+# garbage collector to walk instead of two, and ~40% smaller (docs/security.md, "Slower").
+@dataclass(eq=False, slots=True)
 class Inode:
     ino: int
     key: tuple[int, int] | None  # (st_dev, st_ino) of the SOURCE object
     paths: list[bytes] = field(default_factory=list)  # relative to SOURCE, b"" = root
     lookups: int = 0
-    handles: set[int] = field(default_factory=set)  # open file handles
+    handles: set[int] | frozenset[int] = NO_HANDLES  # open file handles: see open_handle
     cache_ident: tuple | None = None  # (size, mtime_ns) when last closed: keep_cache test
     file_type: int = 0  # S_IFMT bits
     # Where the object was last seen: (parent inode number, name); the fd is opened from it.
@@ -134,6 +140,12 @@ class Inode:
     # (stat, timeout, EntryAttributes) of the last reply built for it: reused while equal
     reply: tuple | None = None
     meta_path: tuple | None = None  # (path, its store path): see Ownership.store_path
+
+    def open_handle(self, fh: int) -> None:
+        if self.handles:
+            self.handles.add(fh)
+        else:
+            self.handles = {fh}
 
     @property
     def path(self) -> bytes | None:
@@ -287,11 +299,13 @@ class InodeTable:
 
     # -- finding --------------------------------------------------------------------------
     def remember(self, rel: bytes | None, st: os.stat_result, parent: int, name: bytes,
-                 lookups: int = 1, fd: int | None = None) -> Inode:
+                 lookups: int = 1, fd: int | None = None, reuse: Inode | None = None) -> Inode:
         """The inode for the SOURCE object ``st``, seen as ``name`` in directory inode
         ``parent`` (path ``rel``), counting ``lookups`` more kernel references (0 for a
         tentative entry: see :meth:`drop_if_unused`). ``fd``, an O_PATH fd of that very
-        object, is adopted or closed."""
+        object, is adopted or closed. ``reuse``: an inode of this object that was dropped
+        (the kernel forgot it) and that a kept listing still holds; it stands for the object
+        again, with the attributes built for it, when no other inode took its place."""
         key = (st.st_dev, st.st_ino)
         if key == self.root.key:
             if fd is not None:
@@ -305,14 +319,23 @@ class InodeTable:
             self._detach(node)
             node = None
         if node is None:
-            number = self.number(key)
-            if number in self.by_ino:  # only after a reuse as above
-                number = self._next_foreign
-                self._next_foreign += 1
-            node = Inode(number, key, file_type=stat.S_IFMT(st.st_mode))
-            node.transient = st.st_dev != self.root_dev
+            if reuse is not None and reuse.dropped and reuse.key == key and \
+                    reuse.file_type == stat.S_IFMT(st.st_mode) and \
+                    reuse.ino not in self.by_ino and self.number(key) == reuse.ino:
+                # after a huge listing the kernel forgets thousands of inodes that the next
+                # listing brings back: no new objects for them (docs/security.md, "Slower")
+                node = reuse
+                node.dropped = False
+                node.stat = node.meta_path = None  # seen again: nothing cached is trusted
+            else:
+                number = self.number(key)
+                if number in self.by_ino:  # only after a reuse as above
+                    number = self._next_foreign
+                    self._next_foreign += 1
+                node = Inode(number, key, file_type=stat.S_IFMT(st.st_mode))
+                node.transient = st.st_dev != self.root_dev
             if self.forgotten:
-                self.forgotten.pop(number, None)
+                self.forgotten.pop(node.ino, None)
             self.by_ino[node.ino] = node
             self.by_key[key] = node
         if fd is not None:
@@ -536,7 +559,8 @@ class InodeTable:
                 self._close(node)
 
     def release_handle(self, node: Inode, handle: int) -> None:
-        node.handles.discard(handle)
+        if handle in node.handles:
+            node.handles.discard(handle)
         if node.lookups == 0 and not node.handles and not node.dropped:
             self._keep_forgotten(node)
         self._maybe_drop(node)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import faulthandler
-import gc
 import hashlib
 import logging
 import os
@@ -670,6 +669,7 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
     import pyfuse3
     import trio
 
+    from .collector import Collector
     from .control import Control
     from .passthrough import JournalFS
 
@@ -706,9 +706,11 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
             nursery.start_soon(ops.views.status_file.run)  # status.json, off the request path
             # Everything made so far (modules, the store's index) lives as long as the mount:
             # out of the collector's sight, a full collection no longer walks it (it cost
-            # tens of ms each, about 1 us per request on average).
-            gc.collect()
-            gc.freeze()
+            # tens of ms each, about 1 us per request on average); full collections only
+            # from a background task, at a bounded rate (see collector.py).
+            collector = Collector()
+            collector.start()
+            nursery.start_soon(collector.run)
             try:
                 await pyfuse3.main()
             finally:
