@@ -773,12 +773,6 @@ class SessionStoreBackend:
             raise GvfsdUnavailable("the session store backend is not running (start run() first)")
         return self._active
 
-    @property
-    def store(self) -> MetaStore | None:
-        """The embedded store while serving (None when gvfsd-metadata writes).
-        Deprecated: only for fs/ code not yet using sole_writer/ledger/journal_path()."""
-        return self._active.store if isinstance(self._active, MetaService) else None
-
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
             with trio.fail_after(REPLY_TIMEOUT):

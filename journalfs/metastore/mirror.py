@@ -265,11 +265,6 @@ class MirroredBackend:
         return self.primary.journal_path()
 
     @property
-    def store(self) -> Any:
-        """Deprecated: only for fs/ code not yet using sole_writer/ledger/journal_path()."""
-        return getattr(self.primary, "store", None)
-
-    @property
     def place(self) -> TreeWriter:
         """The backend of the mount's place (the mirror), once running."""
         if self.mirror is None:
