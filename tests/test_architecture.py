@@ -215,3 +215,21 @@ def test_the_exemptions_are_still_needed(module):
     lines = MODULES[module].read_text().splitlines()
     assert any(i.late and i.source == module and not _commented(lines, i.line) for i in IMPORTS), \
         f"{module}'s imports inside functions all say why now: remove it from the exemptions"
+
+
+def test_the_bottom_layer_imports_nothing_of_journalfs():
+    entries = _layer_table()
+    bottom = [m for m in MODULES if entries[_entry_of(m, entries)] == 0]
+    assert "journalfs.options" in bottom
+    inward = sorted(f"{i.source} imports {i.target}" for i in IMPORTS
+                    if i.source in bottom and i.target.startswith("journalfs"))
+    assert not inward, inward
+
+
+def test_the_command_lines_reach_commands_only_through_parsing():
+    """cmdline/ (every --help loads it) imports no command's implementation."""
+    reached = sorted(f"{i.source} imports {i.target}" for i in IMPORTS
+                     if i.source.startswith("journalfs.cmdline")
+                     and i.target.startswith("journalfs.commands")
+                     and i.target not in ("journalfs.commands", "journalfs.commands.parsing"))
+    assert not reached, reached

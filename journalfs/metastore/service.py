@@ -163,7 +163,7 @@ class MetaService:
 
     def _wrote(self) -> None:
         self._last_write = time.monotonic()
-        if self.sync_mode == "batch":
+        if self.store.sync == "batch":
             self._flush_wanted.set()
 
     async def _flush_task(self) -> None:
@@ -203,7 +203,7 @@ class MetaService:
     async def write(self, op: WriteOp) -> int:
         """Apply one write; return its ticket once it is in the journal (and, under
         ``always``, fdatasynced) -- or raise what applying it raised (an OSError)."""
-        if self.sync_mode != "always" and not self._queued.ops:
+        if self.store.sync != "always" and not self._queued.ops:
             applied = self.store.try_append(op)
             if applied is not None:
                 ticket, fill = applied
