@@ -635,10 +635,10 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
     # the mount covers SOURCE itself (mountpoint == source) or SOURCE is renamed.
     source_fd = os.open(config.source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        ops = JournalFS(f"/proc/self/fd/{source_fd}", meta, location, timeout=config.timeout,
-                        options=config.summary())
         settings = RuntimeSettings(meta, timeout=config.timeout, readonly=config.ro,
                                    cache_cap=SNAPSHOT_TTL)
+        ops = JournalFS(f"/proc/self/fd/{source_fd}", meta, location, timeout=config.timeout,
+                        options=config.summary())
         _follow_settings(ops, settings)
         # (fs/views.py declares the attribute as None: its owner types it, #26)
         ops.views.control = Control(settings, trace=lambda on: trace_requests(ops, on))  # type: ignore[assignment]
