@@ -200,7 +200,8 @@ class _Gate:
 class MirroredBackend:
     """The mount's metadata backend for a shared gvfs store: ``primary`` (GvfsdBackend or
     SessionStoreBackend) serves the SOURCE-path place, and the mount's place is kept equal
-    (see the module doc). Same async API as the backend it wraps."""
+    (see the module doc). A MetadataBackend: the primary's answers, but writes go to both
+    places."""
 
     def __init__(self, primary: SharedBackend, view: MountView,
                  source_kind: Callable[[str], str] | None = None):
