@@ -22,7 +22,7 @@ REMOUNT_USER = "jfs-remount-test"
 
 def mountinfo(mnt: Path) -> tuple[set[str], set[str]]:
     """(per-mount flags, superblock options) of the mount on ``mnt``."""
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+    for line in Path("/proc/self/mountinfo").read_text(errors="surrogateescape").splitlines():
         fields = line.split()
         if fields[4] == str(mnt):
             sep = fields.index("-")

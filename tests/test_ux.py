@@ -44,7 +44,7 @@ def one_line(text: str) -> str:
 def mount_entry(mnt: Path) -> dict | None:
     """Our own reading of /proc/self/mountinfo (not journalfs's)."""
     found = None
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+    for line in Path("/proc/self/mountinfo").read_text(errors="surrogateescape").splitlines():
         fields = line.split(" ")
         sep = fields.index("-")
         if fields[4] == str(mnt):
