@@ -6,6 +6,14 @@ point into it, pytest's ``tmp_path`` too). When the session ends, the users it c
 removed (tests/users.py), and the session fails if any mount or loop device it made is still
 there, or a store appeared in the real user's data directory; the directory is removed when
 the session passed.
+
+Per test (s3ql's pytest_checklogs and its fsck after each test are the model):
+
+- the daemons of the test's mounts logged no unexpected error (tests/mountutil.py: the
+  ``daemon_log_errors`` marker allows named ones), checked once the test and its fixtures are
+  torn down;
+- a test in whose run a FUSE mount appeared carries the ``fuse`` marker (mountutil.MountWatch);
+- every metadata store the fast tier served (tests/fastops.py) passes the store's fsck.
 """
 from __future__ import annotations
 
@@ -13,11 +21,13 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
+import mountutil
 import users
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,6 +39,9 @@ SESSION_TMP: Path | None = None
 SESSION_PREFIX = "journalfs-tests-"
 #: directories of failed sessions kept to look at (older ones are removed)
 KEEP_FAILED = 3
+#: watches the mount table below SESSION_TMP (set in pytest_configure)
+MOUNT_WATCH: mountutil.MountWatch | None = None
+PRESENT_MOUNTS = pytest.StashKey[set]()
 
 
 def prune_dead_sessions(parent: Path) -> None:
@@ -54,6 +67,56 @@ def pytest_configure(config):
     SESSION_TMP.chmod(0o755)
     tempfile.tempdir = str(SESSION_TMP)
     os.environ["TMPDIR"] = str(SESSION_TMP)
+    global MOUNT_WATCH
+    MOUNT_WATCH = mountutil.MountWatch(SESSION_TMP).start()
+
+
+def pytest_unconfigure(config):
+    if MOUNT_WATCH is not None:
+        MOUNT_WATCH.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    mountutil.current_test = item  # mounted() checks its fuse marker
+    if MOUNT_WATCH is not None:  # mounts left by earlier tests' fixtures are not this test's
+        item.stash[PRESENT_MOUNTS] = MOUNT_WATCH.begin()
+    mountutil.unexpected_errors(None)  # nor what their daemons logged before it
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the test's own teardown and that of the fixtures it was the last user of (a
+    module's mount ends there, and logs its last lines)."""
+    try:
+        return (yield)
+    finally:
+        mountutil.current_test = None
+        _check_after_test(item)
+
+
+def _check_after_test(item) -> None:
+    problems = []
+    errors = mountutil.unexpected_errors(item)
+    if errors:
+        problems.append("unexpected errors in the journalfs daemon's log (a test that provokes "
+                        f"them on purpose names them with @pytest.mark.{mountutil.ALLOW_MARKER}"
+                        "(PATTERN, reason=...)):\n  " + "\n  ".join(errors))
+    present = item.stash.get(PRESENT_MOUNTS, None)
+    mounts = MOUNT_WATCH.new_since(present) if present is not None else set()
+    if mounts and item.get_closest_marker("fuse") is None:
+        problems.append("mounted without the fuse marker (every test that mounts carries "
+                        "@pytest.mark.fuse): " + ", ".join(sorted(f"{point} ({fstype})"
+                                                                  for _, point, fstype in mounts)))
+    fastops = sys.modules.get("fastops")
+    if fastops is not None:
+        findings = [line for tree in fastops.take_served_stores()
+                    for line in fastops.store_findings(tree)]
+        if findings and item.get_closest_marker("damaged_store") is None:
+            problems.append("the store's fsck found:\n  " + "\n  ".join(findings))
+    if problems:
+        pytest.fail(f"{item.nodeid}:\n" + "\n".join(problems), pytrace=False)
 
 
 def _unescape(field: str) -> str:
