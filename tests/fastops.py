@@ -46,15 +46,33 @@ def _collect_reply(token, name, attrs, next_id):
     return True
 
 
+#: the kernel cache invalidations asked for in-process: (function name, arguments)
+INVALIDATIONS: list[tuple[str, tuple]] = []
+
+
+def _recorder(name: str):
+    def record(*args, **kwargs):
+        INVALIDATIONS.append((name, args))
+    return record
+
+
 @contextlib.contextmanager
 def list_tokens():
-    """Lets readdir answer into a list instead of a kernel reply buffer."""
-    real = pyfuse3.readdir_reply
-    pyfuse3.readdir_reply = _collect_reply
+    """Lets readdir answer into a list instead of a kernel reply buffer, and records the
+    kernel cache invalidations (with no kernel session libfuse refuses them with EINVAL,
+    which pyfuse3's notify thread would log as errors)."""
+    stand_ins = {"readdir_reply": _collect_reply,
+                 "invalidate_entry_async": _recorder("invalidate_entry_async"),
+                 "invalidate_entry": _recorder("invalidate_entry"),
+                 "invalidate_inode": _recorder("invalidate_inode")}
+    real = {name: getattr(pyfuse3, name) for name in stand_ins}
+    for name, stand_in in stand_ins.items():
+        setattr(pyfuse3, name, stand_in)
     try:
         yield
     finally:
-        pyfuse3.readdir_reply = real
+        for name, function in real.items():
+            setattr(pyfuse3, name, function)
 
 
 @contextlib.contextmanager
