@@ -40,8 +40,10 @@ current_test = None
 
 #: a log record at one of these levels, or with a traceback, is an unexpected error
 LOG_ERRORS = (": ERROR ", ": CRITICAL ", "Traceback")
-#: a log record starts with its time: "2026-11-27 10:35:30,415 journalfs[PID]: LEVEL ..."
-LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+#: a log record starts "journalfs[PID]: LEVEL ..." (fs/main.py's LOG_FORMAT), in a log file
+#: after its time: "2026-11-27 10:35:30,415 journalfs[PID]: LEVEL ..."; other lines (a
+#: traceback, libfuse's own) continue the record before them
+LOG_RECORD = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ )?journalfs\[\d+\]: [A-Z]+ ")
 #: the marker a test allows expected errors of its mounts' daemons with
 ALLOW_MARKER = "daemon_log_errors"
 
