@@ -125,15 +125,7 @@ def _unescape(field: str) -> str:
 
 def mounts_under(top: Path) -> list[tuple[str, str]]:
     """(mountpoint, filesystem type) of every mount at or below ``top``, deepest first."""
-    found = []
-    prefix = str(top).rstrip("/") + "/"
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            point = _unescape(fields[4])
-            fstype = fields[fields.index("-") + 1]
-            if point == str(top) or point.startswith(prefix):
-                found.append((point, fstype))
+    found = [(point, fstype) for _, point, fstype in mountutil.mounts_under(top)]
     return sorted(found, key=lambda m: m[0].count("/"), reverse=True)
 
 

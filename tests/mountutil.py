@@ -132,19 +132,31 @@ def require_fuse_marker(what: str) -> None:
                              "pytestmark), so that `pytest -m 'not fuse'` runs none")
 
 
-def fuse_mounts_under(top: Path) -> set[tuple[str, str, str]]:
-    """(mount id, mountpoint, type) of every FUSE mount at or below ``top`` now."""
-    found = set()
-    prefix = str(top).rstrip("/") + "/"
-    with open("/proc/self/mountinfo") as f:
+def _unescape(field: bytes) -> str:
+    """A mountinfo field: octal escapes (\\040 for a space) undone, bytes as the OS's names."""
+    return os.fsdecode(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), field))
+
+
+def mount_table() -> list[tuple[str, str, str]]:
+    """(mount id, mountpoint, filesystem type) of every mount in this mount namespace."""
+    table = []
+    with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
             fields = line.split()
-            point = fields[4].replace("\\040", " ")
-            fstype = fields[fields.index("-") + 1]
-            if fstype.split(".")[0] in ("fuse", "fuseblk") and \
-                    (point == str(top) or point.startswith(prefix)):
-                found.add((fields[0], point, fstype))
-    return found
+            table.append((os.fsdecode(fields[0]), _unescape(fields[4]),
+                          os.fsdecode(fields[fields.index(b"-") + 1])))
+    return table
+
+
+def mounts_under(top: Path) -> list[tuple[str, str, str]]:
+    """(mount id, mountpoint, type) of every mount at or below ``top``."""
+    prefix = str(top).rstrip("/") + "/"
+    return [m for m in mount_table() if m[1] == str(top) or m[1].startswith(prefix)]
+
+
+def fuse_mounts_under(top: Path) -> set[tuple[str, str, str]]:
+    """(mount id, mountpoint, type) of every FUSE mount at or below ``top`` now."""
+    return {m for m in mounts_under(top) if m[2].split(".")[0] in ("fuse", "fuseblk")}
 
 
 @dataclass
@@ -182,6 +194,8 @@ class MountWatch:
 
     def new_since(self, present: set) -> set:
         """The mounts seen since :meth:`begin` returned ``present`` that were not there then."""
+        if self._thread is not None and not self._thread.is_alive():
+            raise AssertionError("the mount-table watch has stopped (see its exception above)")
         with self._lock:
             return (self.seen | fuse_mounts_under(self.top)) - present
 
