@@ -13,11 +13,13 @@ Per test (s3ql's pytest_checklogs and its fsck after each test are the model):
   ``daemon_log_errors`` marker allows named ones), checked once the test and its fixtures are
   torn down;
 - a test in whose run a FUSE mount appeared carries the ``fuse`` marker (mountutil.MountWatch);
-- every metadata store the fast tier served (tests/fastops.py) passes the store's fsck.
+- every metadata store the fast tier served (tests/fastops.py) passes the store's fsck, and a
+  fast test logged no unexpected error in-process (its JournalFS is the daemon there).
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -42,6 +44,8 @@ KEEP_FAILED = 3
 #: watches the mount table below SESSION_TMP (set in pytest_configure)
 MOUNT_WATCH: mountutil.MountWatch | None = None
 PRESENT_MOUNTS = pytest.StashKey[set]()
+#: what the fast tier's in-process daemon logs at ERROR
+IN_PROCESS_ERRORS = mountutil.InProcessErrors()
 
 
 def prune_dead_sessions(parent: Path) -> None:
@@ -69,6 +73,7 @@ def pytest_configure(config):
     os.environ["TMPDIR"] = str(SESSION_TMP)
     global MOUNT_WATCH
     MOUNT_WATCH = mountutil.MountWatch(SESSION_TMP).start()
+    logging.getLogger().addHandler(IN_PROCESS_ERRORS)
 
 
 def pytest_unconfigure(config):
@@ -82,6 +87,10 @@ def pytest_runtest_setup(item):
     if MOUNT_WATCH is not None:  # mounts left by earlier tests' fixtures are not this test's
         item.stash[PRESENT_MOUNTS] = MOUNT_WATCH.begin()
     mountutil.unexpected_errors(None)  # nor what their daemons logged before it
+    IN_PROCESS_ERRORS.take(None)
+    root = logging.getLogger()
+    if IN_PROCESS_ERRORS not in root.handlers:  # a test that set up logging as main.py does
+        root.addHandler(IN_PROCESS_ERRORS)
     return (yield)
 
 
@@ -99,6 +108,9 @@ def pytest_runtest_teardown(item, nextitem):
 def _check_after_test(item) -> None:
     problems = []
     errors = mountutil.unexpected_errors(item)
+    in_process = IN_PROCESS_ERRORS.take(item)
+    if item.get_closest_marker("fast") is not None:
+        errors += in_process
     if errors:
         problems.append("unexpected errors in the journalfs daemon's log (a test that provokes "
                         f"them on purpose names them with @pytest.mark.{mountutil.ALLOW_MARKER}"

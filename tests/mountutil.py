@@ -14,11 +14,14 @@ The suite's rules for mounts (enforced from tests/conftest.py):
 - the daemon's log must hold no unexpected error: the log of every :func:`mounted` daemon
   (its stderr: ``--foreground`` logs there) is read after each test, and any record at ERROR or
   CRITICAL, or with a traceback, fails the test, unless the test allows it by name with
-  ``@pytest.mark.daemon_log_errors(PATTERN..., reason=WHY)`` (:func:`unexpected_errors`).
+  ``@pytest.mark.daemon_log_errors(PATTERN..., reason=WHY)`` (:func:`unexpected_errors`);
+  a ``fast`` test serves JournalFS in-process, so what it logs at ERROR there counts the same
+  (:class:`InProcessErrors`).
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import select
@@ -122,6 +125,26 @@ def unexpected_errors(item) -> list[str]:
         if log.done:
             DAEMON_LOGS.remove(log)
     return found
+
+
+class InProcessErrors(logging.Handler):
+    """The error records logged in this process (the fast tier's JournalFS is the daemon
+    there), formatted as the daemon's log shows them, for :func:`unexpected_in_process`."""
+
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.setFormatter(logging.Formatter("journalfs[%(process)d]: %(levelname)s %(message)s"))
+        self.records: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(self.format(record))
+
+    def take(self, item) -> list[str]:
+        """The records since the last call that ``item`` does not allow."""
+        records, self.records = self.records, []
+        allowed = allowed_patterns(item) if item is not None else []
+        return [f"logged in-process:\n    " + r.replace("\n", "\n    ") for r in records
+                if not any(p.search(r) for p in allowed)]
 
 
 def require_fuse_marker(what: str) -> None:

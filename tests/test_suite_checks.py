@@ -4,6 +4,7 @@ made by a test without the ``fuse`` marker, a damage the store's fsck finds (tha
 tests/test_fast_store.py). The last test runs a small session of its own with real mounts."""
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 import sys
@@ -87,6 +88,28 @@ def test_a_test_allows_the_errors_it_provokes_by_pattern_and_reason(daemon_log):
     without_reason = FakeItem(pytest.mark.daemon_log_errors(r"KeyError").mark)
     with pytest.raises(AssertionError, match="reason="):
         unexpected_errors(without_reason)
+
+
+@pytest.mark.fast
+def test_errors_logged_in_process_are_taken_as_the_daemons(monkeypatch):
+    handler = mountutil.InProcessErrors()
+    logger = logging.getLogger("journalfs.fs.test-suite-checks")
+    logger.addHandler(handler)
+    logger.propagate = False  # this test's own records stay out of the suite's check
+    try:
+        logger.warning("only a warning")
+        try:
+            raise KeyError("x")
+        except KeyError:
+            logger.exception("getxattr failed")
+        logger.error("planted in-process")
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = True
+    allowing = FakeItem(pytest.mark.daemon_log_errors(r"planted", reason="planted here").mark)
+    found = handler.take(allowing)
+    assert len(found) == 1 and "ERROR getxattr failed" in found[0] and "KeyError: 'x'" in found[0]
+    assert handler.take(FakeItem()) == []
 
 
 @pytest.mark.fast
