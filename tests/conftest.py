@@ -99,13 +99,21 @@ def pytest_runtest_teardown(item, nextitem):
     """After the test's own teardown and that of the fixtures it was the last user of (a
     module's mount ends there, and logs its last lines)."""
     try:
-        return (yield)
-    finally:
+        result = yield
+    except BaseException as exc:  # the teardown failed itself: say both
         mountutil.current_test = None
-        _check_after_test(item)
+        problems = _problems_after_test(item)
+        if problems:
+            exc.add_note("\n".join(problems))
+        raise
+    mountutil.current_test = None
+    problems = _problems_after_test(item)
+    if problems:
+        pytest.fail(f"{item.nodeid}:\n" + "\n".join(problems), pytrace=False)
+    return result
 
 
-def _check_after_test(item) -> None:
+def _problems_after_test(item) -> list[str]:
     problems = []
     errors = mountutil.unexpected_errors(item)
     in_process = IN_PROCESS_ERRORS.take(item)
@@ -127,8 +135,7 @@ def _check_after_test(item) -> None:
                     for line in fastops.store_findings(tree)]
         if findings and item.get_closest_marker("damaged_store") is None:
             problems.append("the store's fsck found:\n  " + "\n  ".join(findings))
-    if problems:
-        pytest.fail(f"{item.nodeid}:\n" + "\n".join(problems), pytrace=False)
+    return problems
 
 
 def _unescape(field: str) -> str:
