@@ -129,6 +129,9 @@ def _problems_after_test(item) -> list[str]:
         problems.append("mounted without the fuse marker (every test that mounts carries "
                         "@pytest.mark.fuse): " + ", ".join(sorted(f"{point} ({fstype})"
                                                                   for _, point, fstype in mounts)))
+    if mounts and item.get_closest_marker("fast") is not None:
+        problems.append("a fast test mounted (the fast tier runs in-process, no kernel mount): "
+                        + ", ".join(sorted(point for _, point, _ in mounts)))
     fastops = sys.modules.get("fastops")
     if fastops is not None:
         findings = [line for tree in fastops.take_served_stores()
