@@ -145,6 +145,13 @@ def test_direct_mount_without_marker(tmp_path):
     subprocess.run(["bindfs", str(src), str(mnt)], check=True)
     subprocess.run(["fusermount3", "-u", str(mnt)], check=True)
 
+@pytest.mark.fast
+@pytest.mark.fuse
+def test_fast_that_mounts(tmp_path):
+    (tmp_path / "src").mkdir()
+    with mounted(tmp_path / "src", tmp_path / "mnt"):
+        pass
+
 @pytest.mark.fuse
 def test_error_in_the_log(tmp_path):
     (tmp_path / "src").mkdir()
@@ -201,6 +208,7 @@ def test_the_checks_in_a_session_of_their_own(tmp_path):
     assert outcomes == {
         "test_helper_mount_without_marker": {"FAILED"},
         "test_direct_mount_without_marker": {"PASSED", "ERROR"},
+        "test_fast_that_mounts": {"PASSED", "ERROR"},
         "test_error_in_the_log": {"PASSED", "ERROR"},
         "test_error_allowed": {"PASSED"},
         "test_module_mount_clean": {"PASSED"},
@@ -210,5 +218,6 @@ def test_the_checks_in_a_session_of_their_own(tmp_path):
     assert "mounts (journalfs on" in out and "without the fuse marker" in out
     assert re.search(r"mounted without the fuse marker .*test_direct_mount_without_mark\w*/mnt "
                      r"\(fuse", out)
+    assert "a fast test mounted" in out
     assert out.count("planted failure") >= 1 and "second failure" in out
     assert run.returncode == 1, out[-3000:]
