@@ -143,7 +143,7 @@ class InProcessErrors(logging.Handler):
         """The records since the last call that ``item`` does not allow."""
         records, self.records = self.records, []
         allowed = allowed_patterns(item) if item is not None else []
-        return [f"logged in-process:\n    " + r.replace("\n", "\n    ") for r in records
+        return ["logged in-process:\n    " + r.replace("\n", "\n    ") for r in records
                 if not any(p.search(r) for p in allowed)]
 
 

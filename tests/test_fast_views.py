@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import random
-import shutil
 import stat
 import tempfile
 from pathlib import Path
@@ -181,6 +180,7 @@ def test_views_refuse_every_change_with_erofs(source):
         journal = await lookup_path(ops, view)
         names = sorted(await listdir(ops, journal.st_ino))
         rec = await lookup_path(ops, f"{view}/{names[0]}")
+        first = names[0].encode()
         jsonl = await lookup_path(ops, f"{view}/records.jsonl")
         status = await lookup_path(ops, ".journalfs/status.json")
         records = await lookup_path(ops, ".journalfs/records")
@@ -190,12 +190,12 @@ def test_views_refuse_every_change_with_erofs(source):
             "open status.json for writing": ops.open(status.st_ino, os.O_WRONLY, ROOT),
             "create a file": ops.create(journal.st_ino, b"new", FILE_MODE, os.O_WRONLY, ROOT),
             "mkdir": ops.mkdir(journal.st_ino, b"d", stat.S_IFDIR | 0o755, ROOT),
-            "unlink a record": ops.unlink(journal.st_ino, rec_name(names[0]), ROOT),
+            "unlink a record": ops.unlink(journal.st_ino, first, ROOT),
             "rmdir records": ops.rmdir((await lookup_path(ops, ".journalfs")).st_ino,
                                        b"records", ROOT),
-            "rename a record": ops.rename(journal.st_ino, rec_name(names[0]), journal.st_ino,
+            "rename a record": ops.rename(journal.st_ino, first, journal.st_ino,
                                           b"x", 0, ROOT),
-            "rename out of the views": ops.rename(journal.st_ino, rec_name(names[0]),
+            "rename out of the views": ops.rename(journal.st_ino, first,
                                                   pyfuse3.ROOT_INODE, b"stolen", 0, ROOT),
             "rename into the views": ops.rename(pyfuse3.ROOT_INODE, b"README.txt",
                                                 records.st_ino, b"README.txt", 0, ROOT),
@@ -209,10 +209,6 @@ def test_views_refuse_every_change_with_erofs(source):
         assert not (source / "stolen").exists() and not (source / "linked").exists()
         assert (source / "README.txt").exists()
     run(source, scenario)
-
-
-def rec_name(name: str) -> bytes:
-    return name.encode()
 
 
 def test_a_damaged_journal_shows_its_valid_prefix_and_where_it_breaks(source, cli):
