@@ -41,7 +41,22 @@ class Ctx:
 ROOT = Ctx()
 
 
+class ReplyBuffer(list):
+    """A readdir "token": collects (name, attrs, next_id); with ``room`` it fills up after that
+    many entries per readdir call, as the kernel's reply buffer does, and the handler must
+    stop and resume at the next call's offset."""
+
+    def __init__(self, room: int | None = None):
+        super().__init__()
+        self.room = room
+        self.this_call = 0
+
+
 def _collect_reply(token, name, attrs, next_id):
+    if isinstance(token, ReplyBuffer) and token.room is not None:
+        if token.this_call >= token.room:
+            return False
+        token.this_call += 1
     token.append((name, attrs, next_id))
     return True
 
@@ -136,13 +151,16 @@ async def lookup_path(ops: JournalFS, path: str, ctx: Ctx = ROOT) -> pyfuse3.Ent
     return attrs
 
 
-async def listdir(ops: JournalFS, inode: int, ctx: Ctx = ROOT) -> list[str]:
-    """Every name readdir gives for the directory ``inode`` (without . and ..)."""
+async def listdir(ops: JournalFS, inode: int, ctx: Ctx = ROOT, room: int | None = None
+                  ) -> list[str]:
+    """Every name readdir gives for the directory ``inode`` (without . and ..); with ``room``,
+    a reply buffer that takes that many entries per call."""
     fh = await ops.opendir(inode, ctx)
-    entries: list = []
+    entries = ReplyBuffer(room)
     try:
         while True:  # as the kernel does: again from the last offset until nothing comes
             before = len(entries)
+            entries.this_call = 0
             await ops.readdir(fh, entries[-1][2] if entries else 0, entries)
             if len(entries) == before:
                 break

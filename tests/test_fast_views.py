@@ -374,3 +374,28 @@ def test_status_json_describes_the_mount(source):
         assert 0 <= status["journal_fill"] <= 1
         assert status["damaged_journals"] == []
     run(source, scenario)
+
+
+@pytest.mark.parametrize("room", [1, 7, 64])
+def test_listings_resume_where_a_full_reply_buffer_stopped_them(source, room):
+    """The kernel's reply buffer fills up after a few entries; the next readdir resumes at the
+    offset of the last one taken: each listing still gives every name once."""
+    with open(source / "wallaby" / "events.log.idx", "rb") as f:
+        index = f.read()
+    for i in range(150):  # a big SOURCE directory, and a big records/ directory
+        (source / "docs" / f"note{i:03d}.txt").write_text(str(i))
+    (source / "many").mkdir()
+    for i in range(40):
+        (source / "many" / f"events{i:02d}.log.idx").write_bytes(index)
+
+    async def scenario(ops):
+        for path in ("docs", ".journalfs/records/many", ".journalfs/records/jrnl/db.jrnl",
+                     ".journalfs/records/wallaby/events.log", ".journalfs"):
+            ino = (await lookup_path(ops, path)).st_ino
+            whole = await listdir(ops, ino)
+            paged = await listdir(ops, ino, room=room)
+            assert paged == whole and len(set(paged)) == len(paged), path
+        assert len(await listdir(ops, (await lookup_path(ops, "docs")).st_ino, room=room)) == 152
+        assert len(await listdir(ops, (await lookup_path(
+            ops, ".journalfs/records/many")).st_ino, room=room)) == 40
+    run(source, scenario)
