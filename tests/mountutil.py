@@ -12,7 +12,8 @@ The suite's rules for mounts (enforced from tests/conftest.py):
   and a watch on the mount table fails any test in whose run a FUSE mount appeared below the
   session's directory without it (:class:`MountWatch`, whatever made the mount);
 - the daemon's log must hold no unexpected error: the log of every :func:`mounted` daemon
-  (its stderr: ``--foreground`` logs there) is read after each test, and any record at ERROR or
+  (its stderr: ``--foreground`` logs there), and of daemons others started that a test hands
+  to :func:`check_log_file`, is read after each test, and any record at ERROR or
   CRITICAL, or with a traceback, fails the test, unless the test allows it by name with
   ``@pytest.mark.daemon_log_errors(PATTERN..., reason=WHY)`` (:func:`unexpected_errors`);
   a ``fast`` test serves JournalFS in-process, so what it logs at ERROR there counts the same
@@ -99,6 +100,13 @@ class DaemonLog:
 
 #: the logs of the mounts made by :func:`mounted` not yet checked to their end
 DAEMON_LOGS: list[DaemonLog] = []
+
+
+def check_log_file(path: Path, label: str) -> None:
+    """Check the log file of a daemon :func:`mounted` did not start (``journalfs mount``
+    run daemonized: it logs to a file beside its store where there is no system log) after
+    this test like theirs; call it once that daemon has exited."""
+    DAEMON_LOGS.append(DaemonLog(Path(path), label, done=True))
 
 
 def allowed_patterns(item) -> list[re.Pattern]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mountutil import JOURNALFS, mounted
+from mountutil import JOURNALFS, check_log_file, mounted
 from users import ensure_user
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,6 +87,10 @@ def daemon_mount(tree, private_data):
             jfs("umount", m, env=private_data)
         if mount_entry(m) is not None:
             subprocess.run(["fusermount3", "-uz", str(m)], check=False)
+    # with no system log the daemons logged beside their stores: checked as mounted()'s are
+    stores = Path(private_data["XDG_DATA_HOME"]) / "journalfs" / "stores"
+    for log in sorted(stores.glob("*/journalfs.log")):
+        check_log_file(log, f"daemonized journalfs ({log})")
 
 
 def daemon_pid(mnt: Path) -> int:
