@@ -6,18 +6,30 @@ point into it, pytest's ``tmp_path`` too). When the session ends, the users it c
 removed (tests/users.py), and the session fails if any mount or loop device it made is still
 there, or a store appeared in the real user's data directory; the directory is removed when
 the session passed.
+
+Per test (s3ql's pytest_checklogs and its fsck after each test are the model):
+
+- the daemons of the test's mounts logged no unexpected error (tests/mountutil.py: the
+  ``daemon_log_errors`` marker allows named ones), checked once the test and its fixtures are
+  torn down;
+- a test in whose run a FUSE mount appeared carries the ``fuse`` marker (mountutil.MountWatch);
+- every metadata store the fast tier served (tests/fastops.py) passes the store's fsck, and a
+  fast test logged no unexpected error in-process (its JournalFS is the daemon there).
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
+import mountutil
 import users
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,6 +41,11 @@ SESSION_TMP: Path | None = None
 SESSION_PREFIX = "journalfs-tests-"
 #: directories of failed sessions kept to look at (older ones are removed)
 KEEP_FAILED = 3
+#: watches the mount table below SESSION_TMP (set in pytest_configure)
+MOUNT_WATCH: mountutil.MountWatch | None = None
+PRESENT_MOUNTS = pytest.StashKey[set]()
+#: what the fast tier's in-process daemon logs at ERROR
+IN_PROCESS_ERRORS = mountutil.InProcessErrors()
 
 
 def prune_dead_sessions(parent: Path) -> None:
@@ -54,6 +71,74 @@ def pytest_configure(config):
     SESSION_TMP.chmod(0o755)
     tempfile.tempdir = str(SESSION_TMP)
     os.environ["TMPDIR"] = str(SESSION_TMP)
+    global MOUNT_WATCH
+    MOUNT_WATCH = mountutil.MountWatch(SESSION_TMP).start()
+    logging.getLogger().addHandler(IN_PROCESS_ERRORS)
+
+
+def pytest_unconfigure(config):
+    if MOUNT_WATCH is not None:
+        MOUNT_WATCH.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    mountutil.current_test = item  # mounted() checks its fuse marker
+    if MOUNT_WATCH is not None:  # mounts left by earlier tests' fixtures are not this test's
+        item.stash[PRESENT_MOUNTS] = MOUNT_WATCH.begin()
+    mountutil.unexpected_errors(None)  # nor what their daemons logged before it
+    IN_PROCESS_ERRORS.take(None)
+    root = logging.getLogger()
+    if IN_PROCESS_ERRORS not in root.handlers:  # a test that set up logging as main.py does
+        root.addHandler(IN_PROCESS_ERRORS)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the test's own teardown and that of the fixtures it was the last user of (a
+    module's mount ends there, and logs its last lines)."""
+    try:
+        result = yield
+    except BaseException as exc:  # the teardown failed itself: say both
+        mountutil.current_test = None
+        problems = _problems_after_test(item)
+        if problems:
+            exc.add_note("\n".join(problems))
+        raise
+    mountutil.current_test = None
+    problems = _problems_after_test(item)
+    if problems:
+        pytest.fail(f"{item.nodeid}:\n" + "\n".join(problems), pytrace=False)
+    return result
+
+
+def _problems_after_test(item) -> list[str]:
+    problems = []
+    errors = mountutil.unexpected_errors(item)
+    in_process = IN_PROCESS_ERRORS.take(item)
+    if item.get_closest_marker("fast") is not None:
+        errors += in_process
+    if errors:
+        problems.append("unexpected errors in the journalfs daemon's log (a test that provokes "
+                        f"them on purpose names them with @pytest.mark.{mountutil.ALLOW_MARKER}"
+                        "(PATTERN, reason=...)):\n  " + "\n  ".join(errors))
+    present = item.stash.get(PRESENT_MOUNTS, None)
+    mounts = MOUNT_WATCH.new_since(present) if present is not None else set()
+    if mounts and item.get_closest_marker("fuse") is None:
+        problems.append("mounted without the fuse marker (every test that mounts carries "
+                        "@pytest.mark.fuse): " + ", ".join(sorted(f"{point} ({fstype})"
+                                                                  for _, point, fstype in mounts)))
+    if mounts and item.get_closest_marker("fast") is not None:
+        problems.append("a fast test mounted (the fast tier runs in-process, no kernel mount): "
+                        + ", ".join(sorted(point for _, point, _ in mounts)))
+    fastops = sys.modules.get("fastops")
+    if fastops is not None:
+        findings = [line for tree in fastops.take_served_stores()
+                    for line in fastops.store_findings(tree)]
+        if findings and item.get_closest_marker("damaged_store") is None:
+            problems.append("the store's fsck found:\n  " + "\n  ".join(findings))
+    return problems
 
 
 def _unescape(field: str) -> str:
@@ -62,15 +147,7 @@ def _unescape(field: str) -> str:
 
 def mounts_under(top: Path) -> list[tuple[str, str]]:
     """(mountpoint, filesystem type) of every mount at or below ``top``, deepest first."""
-    found = []
-    prefix = str(top).rstrip("/") + "/"
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            point = _unescape(fields[4])
-            fstype = fields[fields.index("-") + 1]
-            if point == str(top) or point.startswith(prefix):
-                found.append((point, fstype))
+    found = [(point, fstype) for _, point, fstype in mountutil.mounts_under(top)]
     return sorted(found, key=lambda m: m[0].count("/"), reverse=True)
 
 

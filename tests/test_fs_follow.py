@@ -20,6 +20,8 @@ from journalfs.formats import CODECS
 from journalfs.jsonlines import json_line
 from mountutil import mounted
 
+pytestmark = pytest.mark.fuse
+
 KESTREL = CODECS["kestrel-writer"]
 
 

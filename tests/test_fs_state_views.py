@@ -18,6 +18,8 @@ from journalfs.formats import CODECS
 from mountutil import mounted
 from test_fs_views import as_view_user, shared_base, view_user  # noqa: F401  (fixture)
 
+pytestmark = pytest.mark.fuse
+
 KESTREL = CODECS["kestrel-writer"]
 
 

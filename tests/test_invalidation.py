@@ -19,6 +19,8 @@ import pytest
 
 from mountutil import mounted
 
+pytestmark = pytest.mark.fuse
+
 POLL = 1.0  # the target is 0.1 s; 1 s leaves room for a loaded machine, far below 120 s and below the passthrough's own 2 s listing memory
 
 

@@ -18,7 +18,8 @@ import suites
 from mountutil import mounted
 from pjdfstest_build import TARBALL_NAME, build, run_suite, searchable_tempdir
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="pjdfstest needs root")
+pytestmark = [pytest.mark.fuse,
+              pytest.mark.skipif(os.geteuid() != 0, reason="pjdfstest needs root")]
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mountutil import JOURNALFS, mounted
+from mountutil import JOURNALFS, check_log_file, mounted
 from users import ensure_user
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,6 +87,10 @@ def daemon_mount(tree, private_data):
             jfs("umount", m, env=private_data)
         if mount_entry(m) is not None:
             subprocess.run(["fusermount3", "-uz", str(m)], check=False)
+    # with no system log the daemons logged beside their stores: checked as mounted()'s are
+    stores = Path(private_data["XDG_DATA_HOME"]) / "journalfs" / "stores"
+    for log in sorted(stores.glob("*/journalfs.log")):
+        check_log_file(log, f"daemonized journalfs ({log})")
 
 
 def daemon_pid(mnt: Path) -> int:
@@ -193,6 +197,7 @@ def test_man_page_is_generated_from_the_parsers_and_renders_cleanly(tmp_path):
 
 # -- mount options ------------------------------------------------------------------------------
 
+@pytest.mark.fuse
 def test_kernel_mount_flags_take_effect(tree):
     src, mnt = tree
     with mounted(src, mnt, "-o", "noatime,dev,suid,exec,dirsync,sync"):
@@ -225,6 +230,7 @@ def test_options_that_cannot_work_are_refused_with_a_reason(tree, option, reason
     assert mount_entry(mnt) is None
 
 
+@pytest.mark.fuse
 def test_allow_root_lets_root_in_and_keeps_others_out(open_tree):
     src, mnt = open_tree
     user = ux_user()
@@ -237,6 +243,7 @@ def test_allow_root_lets_root_in_and_keeps_others_out(open_tree):
         assert _as(user, ["cat", str(mnt / "a.txt")]).stdout == "a\n"
 
 
+@pytest.mark.fuse
 def test_auto_unmount_removes_the_mount_when_the_daemon_is_killed(tree, daemon_mount):
     src, mnt = tree
     daemon_mount("-o", "auto_unmount")
@@ -247,6 +254,7 @@ def test_auto_unmount_removes_the_mount_when_the_daemon_is_killed(tree, daemon_m
 
 # -- unmounting ---------------------------------------------------------------------------------
 
+@pytest.mark.fuse
 def test_umount_touches_only_journalfs_mounts(tmp_path):
     src, mnt = tmp_path / "src", tmp_path / "bind"
     src.mkdir()
@@ -264,6 +272,7 @@ def test_umount_touches_only_journalfs_mounts(tmp_path):
     assert p.returncode == 1 and "is not mounted" in one_line(p.stderr)
 
 
+@pytest.mark.fuse
 def test_busy_mount_gives_a_hint_and_lazy_umount_returns_at_once(tree, daemon_mount,
                                                                  private_data):
     src, mnt = tree
@@ -289,6 +298,7 @@ def test_busy_mount_gives_a_hint_and_lazy_umount_returns_at_once(tree, daemon_mo
     wait_for(lambda: not Path(f"/proc/{pid}").exists(), what="the daemon to exit")
 
 
+@pytest.mark.fuse
 def test_a_dead_mount_is_cleaned_up_by_the_next_mount(tree, daemon_mount, private_data):
     src, mnt = tree
     daemon_mount()
@@ -307,6 +317,7 @@ def _enotconn(path: Path) -> bool:
     return False
 
 
+@pytest.mark.fuse
 def test_a_dead_mount_can_also_be_unmounted(tree, daemon_mount, private_data):
     src, mnt = tree
     daemon_mount()
@@ -318,6 +329,7 @@ def test_a_dead_mount_can_also_be_unmounted(tree, daemon_mount, private_data):
 
 # -- logs ---------------------------------------------------------------------------------------
 
+@pytest.mark.fuse
 def test_daemon_logs_where_status_json_says(tree, daemon_mount):
     src, mnt = tree
     daemon_mount()
@@ -333,6 +345,7 @@ def test_daemon_logs_where_status_json_says(tree, daemon_mount):
         assert Path(log).stat().st_mode & 0o777 == 0o600
 
 
+@pytest.mark.fuse
 def test_log_file_and_request_tracing(tree, tmp_path):
     src, mnt = tree
     log = tmp_path / "journalfs.log"
@@ -348,6 +361,7 @@ def test_log_file_and_request_tracing(tree, tmp_path):
     assert re.search(r"DEBUG read\(\d+, 0, \d+\)", text)
 
 
+@pytest.mark.fuse
 def test_without_debug_no_request_is_traced(tree, tmp_path):
     src, mnt = tree
     log = tmp_path / "journalfs.log"
@@ -387,6 +401,7 @@ def test_meta_missing_paths_and_keys_are_errors(tmp_path):
         "/moved/a": {"k": "v"}}
 
 
+@pytest.mark.fuse
 def test_meta_set_on_a_mounted_store_points_at_the_mount(tree, tmp_path):
     src, mnt = tree
     store = tmp_path / "store"
@@ -401,6 +416,7 @@ def test_meta_set_on_a_mounted_store_points_at_the_mount(tree, tmp_path):
 
 # -- mount details ------------------------------------------------------------------------------
 
+@pytest.mark.fuse
 def test_a_real_dot_journalfs_in_source_is_named_at_mount_time(tree, daemon_mount):
     src, mnt = tree
     (src / ".journalfs").mkdir()
@@ -409,6 +425,7 @@ def test_a_real_dot_journalfs_in_source_is_named_at_mount_time(tree, daemon_moun
     assert (mnt / ".journalfs" / "status.json").exists()
 
 
+@pytest.mark.fuse
 def test_mounting_the_same_source_twice_is_one_clean_line(tree, daemon_mount, tmp_path,
                                                           private_data):
     src, mnt = tree
@@ -439,6 +456,7 @@ def test_gvfs_without_a_session_bus_is_a_clear_line(tree, private_data):
     assert "no gvfsd-metadata reachable" in line and "Unavailable" not in line
 
 
+@pytest.mark.fuse
 def test_a_source_whose_path_is_not_utf8(tmp_path, private_data):
     base = os.fsencode(tmp_path)
     src = base + b"/src-\xff\xfe"
@@ -501,6 +519,7 @@ def open_tree():
     shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.fuse
 def test_settings_show_and_change_through_xattrs(open_tree, tmp_path):
     src, mnt = open_tree
     control = mnt / ".journalfs"
@@ -541,6 +560,7 @@ def test_settings_show_and_change_through_xattrs(open_tree, tmp_path):
     assert "DEBUG" in text  # the log level took effect
 
 
+@pytest.mark.fuse
 def test_refused_settings_say_why_and_log_level_debug_traces_requests(tmp_path):
     """A value a setting does not take: EINVAL to the caller, the reason in the log and in
     status.json's last_error. log_level=debug set at run time traces every request, as -d
@@ -581,6 +601,7 @@ def test_refused_settings_say_why_and_log_level_debug_traces_requests(tmp_path):
         assert " DEBUG " not in log_file.read_text()[size:]
 
 
+@pytest.mark.fuse
 def test_daemon_logs_to_the_system_log_when_there_is_one(tmp_path):
     """A private mount namespace gets a /dev of its own whose /dev/log is a datagram socket
     this test listens on, as journald's or rsyslog's is: the daemon logs there and says so."""

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 import suites
+from mountutil import LOG_ERRORS, log_records  # noqa: F401  (LOG_ERRORS: the words)
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "bench" / "xfstests.sh"
@@ -68,11 +69,8 @@ KNOWN_FAILURES = {
 }
 
 #: a record of the daemons' log (journalfs.log in each store: bench/xfstests.sh mounts with
-#: log_file=) at one of these levels, or with a traceback, is an unexpected error; the errno
-#: answers the suite provokes are not logged at these levels
-LOG_ERRORS = (": ERROR ", ": CRITICAL ", "Traceback")
-#: a log record starts with its time: "2026-11-27 10:35:30,415 journalfs[PID]: LEVEL ..."
-LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+#: log_file=) at one of mountutil.LOG_ERRORS's levels, or with a traceback, is an unexpected
+#: error; the errno answers the suite provokes are not logged at these levels
 #: errors seen in the log, not yet fixed, each with what is known (the test reports them but
 #: does not fail on them); matched against the whole record, traceback included
 KNOWN_LOG_ERRORS = {
@@ -120,17 +118,6 @@ def regressions(report: dict, tests, known: dict = KNOWN_FAILURES,
                 and test not in known:
             found.append("[passes on ext4] " + explain(test, mine))
     return found
-
-
-def log_records(text: str) -> list[str]:
-    """The log's records, each with its continuation lines (a traceback)."""
-    records: list[str] = []
-    for line in text.splitlines():
-        if LOG_RECORD.match(line) or not records:
-            records.append(line)
-        else:
-            records[-1] += "\n" + line
-    return records
 
 
 def daemon_errors(work: Path) -> tuple[list[str], list[str]]:
