@@ -20,8 +20,7 @@ from pathlib import Path
 import pyfuse3
 import trio
 
-from journalfs.fs.control import Control
-from journalfs.fs.main import MountConfig, _open_metadata
+from journalfs.fs.main import MountConfig, _open_metadata, assemble
 from journalfs.fs.passthrough import JournalFS
 from journalfs.metastore.fsck import check_store
 
@@ -114,9 +113,7 @@ async def serving(source: Path, data_home: Path, *, sync: str = "always", timeou
     with _data_home(Path(data_home)):
         meta, location = _open_metadata(config)
     SERVED_STORES.append(location.tree_path)
-    ops = JournalFS(str(source), meta, location, timeout=config.timeout,
-                    options=config.summary())
-    ops.views.control = Control(ops)  # as main.py's serve: the settings on MNT/.journalfs
+    ops = assemble(config, meta, location, str(source))  # as main.py's serve builds it
     async with trio.open_nursery() as nursery:
         await nursery.start(meta.run)
         try:

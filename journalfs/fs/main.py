@@ -623,8 +623,7 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
     import trio
 
     from .collector import Collector
-    from .control import Control, trace_requests
-    from .passthrough import SNAPSHOT_TTL, JournalFS
+    from .control import trace_requests
 
     meta, location = _open_metadata(config)
     start_logging(config, location, foreground)
@@ -635,13 +634,7 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
     # the mount covers SOURCE itself (mountpoint == source) or SOURCE is renamed.
     source_fd = os.open(config.source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        settings = RuntimeSettings(meta, timeout=config.timeout, readonly=config.ro,
-                                   cache_cap=SNAPSHOT_TTL)
-        ops = JournalFS(f"/proc/self/fd/{source_fd}", meta, location, timeout=config.timeout,
-                        options=config.summary())
-        _follow_settings(ops, settings)
-        # (fs/views.py declares the attribute as None: its owner types it, #26)
-        ops.views.control = Control(settings, trace=lambda on: trace_requests(ops, on))  # type: ignore[assignment]
+        ops = assemble(config, meta, location, f"/proc/self/fd/{source_fd}")
         _load_handles(ops, source_fd)
         if config.debug:
             trace_requests(ops)
@@ -676,6 +669,23 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
                 _save_handles(ops, source_fd)
     finally:
         os.close(source_fd)
+
+
+def assemble(config: MountConfig, meta: MetadataBackend, location: StoreLocation,
+             source: str) -> JournalFS:
+    """The operations a mount serves on ``source``: JournalFS, its runtime settings and the
+    control file on MNT/.journalfs (the in-process tests build theirs here too)."""
+    # late: serving only (see the imports above)
+    from .control import Control, trace_requests
+    from .passthrough import SNAPSHOT_TTL, JournalFS
+
+    settings = RuntimeSettings(meta, timeout=config.timeout, readonly=config.ro,
+                               cache_cap=SNAPSHOT_TTL)
+    ops = JournalFS(source, meta, location, timeout=config.timeout, options=config.summary())
+    _follow_settings(ops, settings)
+    # (fs/views.py declares the attribute as None: its owner types it, #26)
+    ops.views.control = Control(settings, trace=lambda on: trace_requests(ops, on))  # type: ignore[assignment]
+    return ops
 
 
 def _follow_settings(ops: JournalFS, settings: RuntimeSettings) -> None:
