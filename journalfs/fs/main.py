@@ -715,6 +715,7 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
                 await pyfuse3.main()
             finally:
                 nursery.cancel_scope.cancel()
+                ops.watch.stop()  # no event read, no invalidation sent, past this point
                 pyfuse3.close(unmount=True)
                 _save_handles(ops, source_fd)
     finally:
