@@ -704,6 +704,7 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
             nursery.start_soon(_when_served, mountpoint, config.readahead, ready)
             nursery.start_soon(ops.watch.run)  # SOURCE changes made behind the mount
             nursery.start_soon(ops.views.status_file.run)  # status.json, off the request path
+            nursery.start_soon(ops.ownership.expire_gone)  # metadata of files now gone
             # Everything made so far (modules, the store's index) lives as long as the mount:
             # out of the collector's sight, a full collection no longer walks it (it cost
             # tens of ms each, about 1 us per request on average); full collections only

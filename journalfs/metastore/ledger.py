@@ -135,6 +135,8 @@ class Ledger:
         self._fd = -1
         self._size = 0
         self._dirty = False
+        #: what the mount's pass for files that are gone did (fs/ownership.py expire_gone)
+        self.expiry = {"state": "not started", "checked": 0, "expired": 0, "bytes": 0}
         self._open()
 
     # -- file --------------------------------------------------------------------------------
@@ -299,6 +301,22 @@ class Ledger:
     def usage(self, uid: int) -> int:
         return self.by_uid.get(uid, 0)
 
+    def sample(self, limit: int, start: float) -> list[tuple[str, Identity, int]]:
+        """Up to ``limit`` entries (path, identity, uid) in path order, starting at the
+        fraction ``start`` (0..1) of the paths and wrapping around: a bounded pass that a
+        random ``start`` moves over all entries across calls."""
+        with self._lock:
+            count = len(self._paths)
+            if not count:
+                return []
+            first = min(int(start * count), count - 1)
+            out = []
+            for n in range(min(limit, count)):
+                path = self._paths[(first + n) % count]
+                ident, uid, _ = self.entries[path]
+                out.append((path, ident, uid))
+            return out
+
     def check(self, path: str, uid: int, new_size: int) -> None:
         """Raise ENOSPC (the path's values over ``per_file``, as ext4 when an inode's xattr
         block is full) or EDQUOT (the uid's or everyone's total over its limit) if ``path``
@@ -367,4 +385,4 @@ class Ledger:
             return {"paths": len(self.entries), "bytes": self.total, "users": len(self.by_uid),
                     "per_file": self.per_file, "per_user": self.per_user,
                     "total_limit": self.total_limit, "file_bytes": self._size,
-                    "damage": self.damage}
+                    "damage": self.damage, "expiry": dict(self.expiry)}
