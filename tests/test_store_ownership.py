@@ -382,3 +382,43 @@ def with_note(path: Path):
     except OSError as exc:
         assert exc.errno == __import__("errno").ENODATA, exc
         return None
+
+
+def test_the_quota_is_a_mount_option_a_runtime_setting_and_a_remount_option(tree):
+    base, src, mnt = tree
+    (src / "shared" / "f").write_text("x")
+    control = mnt / ".journalfs"
+    target = mnt / "shared" / "f"
+
+    def cli(*args):
+        return subprocess.run([__import__("sys").executable, "-m", "journalfs.cli", *args],
+                              capture_output=True, text=True, timeout=120)
+
+    bad = cli("mount", "-o", "quota_file=lots", str(src), str(mnt))
+    assert bad.returncode == 2 and "quota_file: a quota is a number of bytes" in bad.stderr
+    with mounted(src, mnt, "--store", str(base / "store"), "-o", "quota_file=1K") as m:
+        status = json.loads((control / "status.json").read_text())
+        assert status["options"]["quota"] == {"quota_file": 1024, "quota_user": 16 << 20,
+                                              "quota_total": 64 << 20}
+        assert status["service"]["ledger"]["per_file"] == 1024
+        assert os.getxattr(control, "user.journalfs.quota_file") == b"1024"
+        with pytest.raises(OSError) as refused:
+            os.setxattr(target, NOTE, b"x" * 1000)  # 256 + 1000 + key + 32 > 1 KiB
+        assert refused.value.errno == __import__("errno").ENOSPC
+        os.setxattr(control, "user.journalfs.quota_file", b"8K")  # at run time
+        os.setxattr(target, NOTE, b"x" * 1000)
+        with pytest.raises(OSError) as invalid:
+            os.setxattr(control, "user.journalfs.quota_user", b"lots")
+        assert invalid.value.errno == __import__("errno").EINVAL
+        status = json.loads((control / "status.json").read_text())
+        assert status["last_error"]["setting"] == "quota_user", status["last_error"]
+        assert status["options"]["quota"]["quota_file"] == 8192
+        done = cli("mount", "-o", "remount,quota_user=1K", str(mnt))  # as mount(8) would
+        assert done.returncode == 0, done.stderr
+        assert os.getxattr(control, "user.journalfs.quota_user") == b"1024"
+        with pytest.raises(OSError) as over:
+            os.setxattr(target, "user.metadata.more", b"y")  # the uid holds ~1.3 KiB already
+        assert over.value.errno == __import__("errno").EDQUOT
+        assert os.getxattr(target, NOTE) == b"x" * 1000  # what is held stays
+        os.removexattr(target, NOTE)  # shrinking always works
+        clean_log(m)

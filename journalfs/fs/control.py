@@ -7,6 +7,7 @@ does on its control file)::
     setfattr -n user.journalfs.log_level -v debug MNT/.journalfs
     setfattr -n user.journalfs.rotate -v 1 MNT/.journalfs    # rotate the store now
     setfattr -n user.journalfs.ro -v 1 MNT/.journalfs        # refuse every change (EROFS)
+    setfattr -n user.journalfs.quota_user -v 32M MNT/.journalfs  # metadata quota per uid
 
 ``user.journalfs.ro`` is what ``mount -o remount,ro MNT`` (and ``journalfs mount -o
 remount,ro MNT``) sets before it flips the kernel's read-only flag: 1 makes the daemon itself
@@ -21,6 +22,9 @@ of rotations done so far; writing any value rotates the store and returns when i
 A refused value answers EINVAL (ENOTSUP where the store does not have the setting); the reason
 goes to the daemon's log and to status.json's ``last_error``. ``log_level=debug`` traces every
 request, as ``-d`` does at mount time; another level stops the tracing again.
+``quota_file``, ``quota_user`` and ``quota_total`` (bytes, K/M/G/T accepted; shown in bytes)
+are the metadata quota of a mount that owns its store (docs/security.md); a lower limit
+refuses growth from then on, metadata already held stays.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ import pyfuse3
 import trio
 
 from ..metastore.store import SYNC_MODES
+from ..options import QUOTA_DEFAULTS, parse_size
 from .main import OptionError, parse_timeout, trace_requests
 from .passthrough import SNAPSHOT_TTL
 
@@ -71,6 +76,9 @@ class Control:
             values[b"sync"] = str(getattr(meta, "sync_mode", ""))
             status = meta.status() if callable(getattr(meta, "status", None)) else {}
             values[b"rotate"] = str((status or {}).get("rotations", 0))
+        ledger = self.ops.ownership.ledger if hasattr(self.ops, "ownership") else None
+        if ledger is not None:  # the metadata quota (docs/security.md)
+            values.update((name.encode(), str(size)) for name, size in ledger.quota().items())
         return values
 
     async def _current(self) -> dict[bytes, str]:
@@ -128,6 +136,18 @@ class Control:
         elif setting == b"rotate":
             log.info("rotation requested through %s", (PREFIX + setting).decode())
             await self.ops.meta.compact()
+        elif setting.decode() in QUOTA_DEFAULTS:
+            self._set_quota(setting.decode(), text)
+
+    def _set_quota(self, name: str, text: str) -> None:
+        try:
+            size = parse_size(text)
+        except ValueError as exc:
+            raise SettingRefused(errno.EINVAL, str(exc)) from None
+        self.ops.ownership.ledger.set_quota(name, size)
+        options = getattr(getattr(self.ops, "views", None), "options", None)
+        if isinstance(options, dict) and isinstance(options.get("quota"), dict):
+            options["quota"][name] = size
 
     def _set_timeout(self, text: str) -> None:
         try:

@@ -24,7 +24,7 @@ from typing import Callable
 # command imports this module (through commands/mount.py) and should start fast.
 
 from ..escaping import EscapingFormatter
-from ..options import DEFAULT_READAHEAD_KIB, DEFAULT_TIMEOUT, SYNC_MODES
+from ..options import DEFAULT_READAHEAD_KIB, DEFAULT_TIMEOUT, QUOTA_DEFAULTS, SYNC_MODES, parse_size
 
 log = logging.getLogger("journalfs.fs")
 
@@ -126,6 +126,8 @@ class MountConfig:
     timeout: float = DEFAULT_TIMEOUT
     readahead: int = DEFAULT_READAHEAD_KIB
     log_file: str | None = None
+    #: the metadata quota's options given (quota_file, quota_user, quota_total), in bytes
+    quotas: dict[str, int] = field(default_factory=dict)
     #: where the daemon's log goes (status.json "log"), filled in when logging starts
     log: str = "stderr"
     #: kernel mount flags asked for (dev/nodev, suid/nosuid, exec/noexec, atime/noatime,
@@ -170,6 +172,11 @@ class MountConfig:
             self.readahead = int(value)
         elif name == "log_file" and value:
             self.log_file = value
+        elif name in QUOTA_DEFAULTS and eq:
+            try:
+                self.quotas[name] = parse_size(value)
+            except ValueError as exc:
+                raise OptionError(f"{name}: {exc}") from None
         elif opt == "gvfs":
             self.gvfs = True
         elif opt == "exclusive_store":
@@ -195,7 +202,8 @@ class MountConfig:
                 "default_permissions": True, "ro": self.ro, "debug": self.debug,
                 "fsname": self.fs_name, "entry_timeout": self.timeout,
                 "attr_timeout": self.timeout, "readahead_kib": self.readahead,
-                "mount_flags": list(self.flags), "log": self.log}
+                "mount_flags": list(self.flags), "log": self.log,
+                "quota": {**QUOTA_DEFAULTS, **self.quotas}}
 
     @property
     def fs_name(self) -> str:
@@ -685,6 +693,7 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
         ops = JournalFS(f"/proc/self/fd/{source_fd}", meta, location, timeout=config.timeout,
                         options=config.summary())
         ops.views.control = Control(ops)
+        ops.ownership.set_quota(config.quotas)
         _load_handles(ops, source_fd)
         if config.debug:
             trace_requests(ops)

@@ -300,6 +300,16 @@ class Ownership:
         except (OSError, pyfuse3.FUSEError) as exc:
             log.warning("metadata %s of %r after a change in SOURCE failed: %s", method, paths, exc)
 
+    # -- quota -----------------------------------------------------------------------------
+    def set_quota(self, quotas: dict[str, int]) -> None:
+        """The quota options of the mount (``quota_file`` ... in bytes) into the ledger."""
+        if quotas and self.ledger is None:
+            log.warning("quota options (%s) have no effect: gvfsd-metadata writes this store, "
+                        "this mount keeps no ledger", ", ".join(sorted(quotas)))
+            return
+        for name, size in quotas.items():
+            self.ledger.set_quota(name, size)
+
     # -- expiry ----------------------------------------------------------------------------
     async def expire_gone(self, limit: int = EXPIRE_CHECKS) -> None:
         """Drop the metadata of files that no longer exist (see the module doc): at most

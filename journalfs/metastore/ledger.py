@@ -31,6 +31,8 @@ import zlib
 
 from sortedcontainers import SortedList
 
+from ..options import QUOTA_DEFAULTS
+
 LEDGER_SUFFIX = ".journalfs-ledger"
 _MAGIC = b"JFSLEDG1"
 _HEAD = struct.Struct(">II")          # body length, crc32 of the body
@@ -42,9 +44,12 @@ ENTRY_OVERHEAD = 32
 #: Per path holding metadata: its tree node and what the ledger and the mount keep for it
 #: in memory -- so that the quota bounds the daemon's memory too, not only the disk.
 PATH_OVERHEAD = 256
-PER_FILE_DEFAULT = 4096
-PER_USER_DEFAULT = 16 << 20
-TOTAL_DEFAULT = 64 << 20
+PER_FILE_DEFAULT = QUOTA_DEFAULTS["quota_file"]
+PER_USER_DEFAULT = QUOTA_DEFAULTS["quota_user"]
+TOTAL_DEFAULT = QUOTA_DEFAULTS["quota_total"]
+#: The quota's settings (options.QUOTA_DEFAULTS) -> the Ledger attribute each one sets.
+QUOTA_ATTRIBUTES = {"quota_file": "per_file", "quota_user": "per_user",
+                    "quota_total": "total_limit"}
 
 Identity = tuple  # (st_ino, birth time ns); birth time 0 where the filesystem has none
 
@@ -285,6 +290,17 @@ class Ledger:
         out = [path] if path in self.entries else []
         out += list(self._paths.irange(path + "/", path + "0", inclusive=(True, False)))
         return out
+
+    # -- quota settings ----------------------------------------------------------------------
+    def quota(self) -> dict[str, int]:
+        """The quota's settings (``quota_file``, ``quota_user``, ``quota_total``) in bytes."""
+        return {name: getattr(self, attr) for name, attr in QUOTA_ATTRIBUTES.items()}
+
+    def set_quota(self, name: str, size: int) -> None:
+        """Change one limit (mount option or runtime setting). A lower limit refuses growth
+        from now on; metadata already held stays (removals and shrinking still work)."""
+        with self._lock:
+            setattr(self, QUOTA_ATTRIBUTES[name], int(size))
 
     # -- queries -----------------------------------------------------------------------------
     def owner(self, path: str) -> tuple[Identity, int, int] | None:
