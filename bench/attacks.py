@@ -114,6 +114,32 @@ print(written)
 """
 
 
+HUGE_VIEWS = r"""
+import os, shutil, sys
+home, views, template, size, dense = sys.argv[1:6]
+size, n = int(size), 0
+while True:  # new huge journals all the time: none is indexed once and then served from memory
+    name = f"huge{n % 4}.log.idx"
+    n += 1
+    path = os.path.join(home, name)
+    shutil.copyfile(template, path)
+    if dense == "dense":  # real zeros, within bob's own disk space: records of zeros
+        with open(path, "ab") as f:
+            for _ in range(size >> 20):
+                f.write(bytes(1 << 20))
+    else:  # truncate -s: a hole, never written
+        os.truncate(path, size)
+    try:
+        os.listdir(os.path.join(views, name))
+        if dense != "dense":
+            with open(os.path.join(views, name, "records.jsonl"), "rb") as f:
+                while f.read(1 << 20):
+                    pass
+    except OSError:
+        pass
+"""
+
+
 def user(name: str) -> tuple[pwd.struct_passwd, bool]:
     try:
         return pwd.getpwnam(name), False
@@ -263,6 +289,18 @@ def run_attacks(seconds: float = 8.0, only: set[str] | None = None) -> dict:
                 assert holder.stdout.readline().strip() == "leased"
                 return [holder, as_user(bob, OPENERS, str(root / bob.pw_name / "leased"), "8")]
             phase("1 lease on bob's file, bob opens it", TARGETS, lease_attack)
+
+            template = src / bob.pw_name / "template.idx"  # a real 4 kB Wallaby index
+            shutil.copyfile(REPO / "tests" / "data" / "conformance" / "records" / "wal0.log.idx",
+                            template)
+            os.chown(template, bob.pw_uid, bob.pw_gid)
+            views = roots["journalfs"] / ".journalfs" / "records" / bob.pw_name
+            phase("4 bob's 1 GiB sparse .idx copies, views listed and read", ("journalfs",),
+                  lambda root: [as_user(bob, HUGE_VIEWS, str(src / bob.pw_name), str(views),
+                                        str(template), str(1 << 30), "sparse")])
+            phase("4 bob's 64 MiB .idx of written zeros, views listed", ("journalfs",),
+                  lambda root: [as_user(bob, HUGE_VIEWS, str(src / bob.pw_name), str(views),
+                                        str(template), str(64 << 20), "dense")])
 
             phase("5 bob lists 100k entries in a loop", TARGETS,
                   lambda root: [as_user(bob, LISTER, str(root / bob.pw_name / "big"))

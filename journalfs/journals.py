@@ -446,8 +446,8 @@ class RecordIndex:
             size = os.fstat(fd).st_size
             if stop is not None:
                 end = min(stop, size)
-            elif self.complete:
-                end = size
+            elif self.complete:  # indexed up to a hole (data_end): rendered up to it too,
+                end = data_end(fd, size)  # never a sparse file's gigabytes of zeros per read
             else:  # past the checkpoints of an index still being built: never the whole file
                 end = min(size, (start or 0) + PARTIAL_WINDOW)
             with pread_buffer(fd, start or 0, end, size) as buf:

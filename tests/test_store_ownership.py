@@ -329,3 +329,101 @@ def test_parked_metadata_cannot_be_claimed_by_name(tree, alice, bob):
         assert got["get"] == "ENODATA" and got["set"] == "EPERM", got
         assert note_of(alice, mnt / "elsewhere" / "kept") == "alice"
         clean_log(m)
+
+
+def _expiry_done(mnt: Path) -> dict:
+    """The ledger's status once the mount's pass for files that are gone has ended."""
+    for _ in range(200):
+        ledger = json.loads((mnt / ".journalfs" / "status.json").read_text())["service"]["ledger"]
+        if ledger["expiry"]["state"] not in ("not started", "running"):
+            return ledger
+        __import__("time").sleep(0.05)
+    raise AssertionError(f"the expiry pass did not end: {ledger}")
+
+
+def test_metadata_of_files_deleted_while_unmounted_expires_at_a_later_mount(tree):
+    """Entries of files deleted while nothing was mounted (at their path, or parked for a
+    file that never came back) no longer count against their owner's quota: the next mount
+    drops them. Files alive elsewhere (renamed) keep theirs."""
+    base, src, mnt = tree
+    sh, msh = src / "shared", mnt / "shared"
+    store = base / "store"
+    names = ("deleted", "replaced", "renamed", "kept", "parked")
+    with mounted(src, mnt, "--store", str(store)) as m:
+        for name in names:
+            (msh / name).write_text(name)
+            os.setxattr(msh / name, NOTE, name.encode() * 20)
+        first = _expiry_done(mnt)
+        assert first["paths"] == 5 and first["expiry"]["expired"] == 0, first
+        clean_log(m)
+    os.unlink(sh / "deleted")
+    os.unlink(sh / "replaced")
+    (sh / "replaced").write_text("new")  # a new file (often the same inode number) at the path
+    os.rename(sh / "renamed", sh / "renamed.new")
+    os.rename(sh / "parked", sh / "parked.new")
+    (sh / "parked").write_text("new")
+    with mounted(src, mnt, "--store", str(store)) as m:
+        second = _expiry_done(mnt)
+        assert second["expiry"]["state"] == "done" and second["expiry"]["checked"] == 5, second
+        assert second["expiry"]["expired"] == 2, second  # deleted, replaced
+        assert second["expiry"]["bytes"] > 0
+        assert with_note(msh / "replaced") is None
+        assert with_note(msh / "renamed.new") == b"renamed" * 20  # alive: followed its file
+        assert with_note(msh / "kept") == b"kept" * 20
+        assert with_note(msh / "parked") is None  # a new file: the old one's entries park
+        clean_log(m)
+    os.unlink(sh / "parked.new")  # the parked entries' file is gone now
+    with mounted(src, mnt, "--store", str(store)) as m:
+        third = _expiry_done(mnt)
+        assert third["expiry"]["expired"] == 1, third
+        assert third["paths"] == 2 and third["bytes"] < second["bytes"], third  # renamed, kept
+        assert with_note(msh / "kept") == b"kept" * 20
+        clean_log(m)
+
+
+def with_note(path: Path):
+    try:
+        return os.getxattr(path, NOTE)
+    except OSError as exc:
+        assert exc.errno == __import__("errno").ENODATA, exc
+        return None
+
+
+def test_the_quota_is_a_mount_option_a_runtime_setting_and_a_remount_option(tree):
+    base, src, mnt = tree
+    (src / "shared" / "f").write_text("x")
+    control = mnt / ".journalfs"
+    target = mnt / "shared" / "f"
+
+    def cli(*args):
+        return subprocess.run([__import__("sys").executable, "-m", "journalfs.cli", *args],
+                              capture_output=True, text=True, timeout=120)
+
+    bad = cli("mount", "-o", "quota_file=lots", str(src), str(mnt))
+    assert bad.returncode == 2 and "quota_file: a quota is a number of bytes" in bad.stderr
+    with mounted(src, mnt, "--store", str(base / "store"), "-o", "quota_file=1K") as m:
+        status = json.loads((control / "status.json").read_text())
+        assert status["options"]["quota"] == {"quota_file": 1024, "quota_user": 16 << 20,
+                                              "quota_total": 64 << 20}
+        assert status["service"]["ledger"]["per_file"] == 1024
+        assert os.getxattr(control, "user.journalfs.quota_file") == b"1024"
+        with pytest.raises(OSError) as refused:
+            os.setxattr(target, NOTE, b"x" * 1000)  # 256 + 1000 + key + 32 > 1 KiB
+        assert refused.value.errno == __import__("errno").ENOSPC
+        os.setxattr(control, "user.journalfs.quota_file", b"8K")  # at run time
+        os.setxattr(target, NOTE, b"x" * 1000)
+        with pytest.raises(OSError) as invalid:
+            os.setxattr(control, "user.journalfs.quota_user", b"lots")
+        assert invalid.value.errno == __import__("errno").EINVAL
+        status = json.loads((control / "status.json").read_text())
+        assert status["last_error"]["setting"] == "quota_user", status["last_error"]
+        assert status["options"]["quota"]["quota_file"] == 8192
+        done = cli("mount", "-o", "remount,quota_user=1K", str(mnt))  # as mount(8) would
+        assert done.returncode == 0, done.stderr
+        assert os.getxattr(control, "user.journalfs.quota_user") == b"1024"
+        with pytest.raises(OSError) as over:
+            os.setxattr(target, "user.metadata.more", b"y")  # the uid holds ~1.3 KiB already
+        assert over.value.errno == __import__("errno").EDQUOT
+        assert os.getxattr(target, NOTE) == b"x" * 1000  # what is held stays
+        os.removexattr(target, NOTE)  # shrinking always works
+        clean_log(m)

@@ -525,11 +525,14 @@ def test_settings_show_and_change_through_xattrs(open_tree, tmp_path):
     control = mnt / ".journalfs"
     with mounted(src, mnt, "-o", "allow_other,timeout=30", "--store", str(tmp_path / "store"),
                  "--log-file", str(tmp_path / "log")):
+        quota = {"user.journalfs.quota_file": "4096",  # the metadata quota (bytes)
+                 "user.journalfs.quota_user": str(16 << 20),
+                 "user.journalfs.quota_total": str(64 << 20)}
         assert getfattr_dump(control) == {"user.journalfs.log_level": "info",
                                           "user.journalfs.ro": "0",
                                           "user.journalfs.rotate": "0",
                                           "user.journalfs.sync": "batch",
-                                          "user.journalfs.timeout": "30"}
+                                          "user.journalfs.timeout": "30", **quota}
         for name, value in (("timeout", "2.5"), ("sync", "always"), ("log_level", "debug")):
             assert setfattr(control, f"user.journalfs.{name}", value).returncode == 0
         subprocess.run(["setfattr", "-n", "user.metadata.k", "-v", "v", str(mnt / "a.txt")],
@@ -538,7 +541,8 @@ def test_settings_show_and_change_through_xattrs(open_tree, tmp_path):
         settings = getfattr_dump(control)
         assert settings == {"user.journalfs.log_level": "debug", "user.journalfs.ro": "0",
                             "user.journalfs.rotate": "1",
-                            "user.journalfs.sync": "always", "user.journalfs.timeout": "2.5"}
+                            "user.journalfs.sync": "always", "user.journalfs.timeout": "2.5",
+                            **quota}
         status = json.loads((control / "status.json").read_text())
         assert status["options"]["sync"] == "always" and status["options"]["entry_timeout"] == 2.5
         assert status["rotations"] == 1 and status["entries"] == 0  # the set was rotated in

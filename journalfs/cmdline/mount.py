@@ -26,9 +26,9 @@ Mount options (-o; also in /etc/fstab lines of type fuse.journalfs):
   ro, rw                       read-only mount (metadata too), or read-write (default)
   remount                      change a mounted journalfs: mount -o remount,ro MOUNTPOINT,
                                journalfs mount -o remount,rw,timeout=5 MOUNTPOINT; ro/rw,
-                               the kernel flags (root), timeout=, sync=MODE, debug and
-                               readahead= change, options fixed when mounting may only
-                               be repeated
+                               the kernel flags (root), timeout=, sync=MODE, debug,
+                               quota_*= and readahead= change, options fixed when
+                               mounting may only be repeated
   allow_other                  let other users in (the kernel checks their permissions)
   allow_root                   let root in besides the owner
   auto_unmount                 unmount by itself when the daemon dies
@@ -41,6 +41,9 @@ Mount options (-o; also in /etc/fstab lines of type fuse.journalfs):
                                also entry_timeout=, attr_timeout=)
   readahead=KIB                kernel readahead (as root; default %(readahead)s, 0: the kernel's)
   fsname=NAME                  the source column of mount(8) and df (default: SOURCE)
+  quota_file=SIZE, quota_user=SIZE, quota_total=SIZE
+                               metadata quota: one file's, one uid's, everyone's
+                               (default 4K, 16M, 64M; K, M, G, T accepted)
   debug                        as --debug
 
 Options journalfs cannot honour (strictatime, lazytime, max_read=, uid=, direct_io, ...) are refused with
@@ -52,7 +55,8 @@ change made directly in SOURCE behind the mount may stay unseen for up to the ti
 
 Runtime settings: getfattr -d MOUNTPOINT/.journalfs shows them; the mount's owner changes
 them with setfattr: user.journalfs.timeout, user.journalfs.sync, user.journalfs.log_level,
-and user.journalfs.rotate (write 1 to rotate the store now).
+user.journalfs.rotate (write 1 to rotate the store now) and user.journalfs.quota_file,
+quota_user, quota_total (bytes).
 
 """ % {"timeout": f"{DEFAULT_TIMEOUT:g}", "readahead": DEFAULT_READAHEAD_KIB} + examples(
     "journalfs mount /data /mnt/data",

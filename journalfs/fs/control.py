@@ -7,6 +7,7 @@ does on its control file)::
     setfattr -n user.journalfs.log_level -v debug MNT/.journalfs
     setfattr -n user.journalfs.rotate -v 1 MNT/.journalfs    # rotate the store now
     setfattr -n user.journalfs.ro -v 1 MNT/.journalfs        # refuse every change (EROFS)
+    setfattr -n user.journalfs.quota_user -v 32M MNT/.journalfs  # metadata quota per uid
 
 ``user.journalfs.ro`` is what ``mount -o remount,ro MNT`` (and ``journalfs mount -o
 remount,ro MNT``) sets before it flips the kernel's read-only flag: 1 makes the daemon itself
@@ -23,6 +24,9 @@ where gvfsd-metadata writes the store: it decides durability and rotation itself
 listed, and setting it answers ENOTSUP. The reason goes to the daemon's log and to
 status.json's ``last_error``. ``log_level=debug`` traces every
 request, as ``-d`` does at mount time; another level stops the tracing again.
+``quota_file``, ``quota_user`` and ``quota_total`` (bytes, K/M/G/T accepted; shown in bytes)
+are the metadata quota of a mount that owns its store (docs/security.md); a lower limit
+refuses growth from then on, metadata already held stays.
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ from typing import Any, Callable
 import pyfuse3
 
 from ..metastore.backend import MetadataBackend, NotSupported
-from ..options import SYNC_MODES
+from ..options import QUOTA_DEFAULTS, SYNC_MODES, parse_size
 from .settings import OptionError, RuntimeSettings, parse_timeout
 
 log = logging.getLogger("journalfs.fs.control")
@@ -85,6 +89,9 @@ class Control:
         rotations = self.backend.rotations()
         if rotations is not None:
             values[b"rotate"] = str(rotations)
+        quota = settings.quota()
+        if quota is not None:  # the metadata quota (docs/security.md)
+            values.update((name.encode(), str(size)) for name, size in quota.items())
         return values
 
     async def listxattr(self) -> list[bytes]:
@@ -140,6 +147,16 @@ class Control:
             await self._set_readonly(text)
         elif setting == b"rotate":
             await self._rotate()
+        elif setting.decode() in QUOTA_DEFAULTS:
+            self._set_quota(setting.decode(), text)
+
+    def _set_quota(self, name: str, text: str) -> None:
+        try:
+            self.settings.set_quota(name, parse_size(text))
+        except ValueError as exc:
+            raise SettingRefused(errno.EINVAL, str(exc)) from None
+        except NotSupported as exc:
+            raise SettingRefused(errno.ENOTSUP, str(exc)) from None
 
     def _set_timeout(self, text: str) -> None:
         try:

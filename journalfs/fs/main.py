@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable
 # should start fast. Each such late import says so.
 
 from ..escaping import EscapingFormatter
-from ..options import DEFAULT_READAHEAD_KIB, DEFAULT_TIMEOUT, SYNC_MODES
+from ..options import DEFAULT_READAHEAD_KIB, DEFAULT_TIMEOUT, QUOTA_DEFAULTS, SYNC_MODES, parse_size
 from .settings import OptionError, RuntimeSettings, parse_timeout
 
 if TYPE_CHECKING:  # annotations only (see above)
@@ -132,6 +132,8 @@ class MountConfig:
     timeout: float = DEFAULT_TIMEOUT
     readahead: int = DEFAULT_READAHEAD_KIB
     log_file: str | None = None
+    #: the metadata quota's options given (quota_file, quota_user, quota_total), in bytes
+    quotas: dict[str, int] = field(default_factory=dict)
     #: where the daemon's log goes (status.json "log"), filled in when logging starts
     log: str = "stderr"
     #: kernel mount flags asked for (dev/nodev, suid/nosuid, exec/noexec, atime/noatime,
@@ -178,6 +180,11 @@ class MountConfig:
             self.readahead = int(value)
         elif name == "log_file" and value:
             self.log_file = value
+        elif name in QUOTA_DEFAULTS and eq:
+            try:
+                self.quotas[name] = parse_size(value)
+            except ValueError as exc:
+                raise OptionError(f"{name}: {exc}") from None
         elif opt == "gvfs":
             self.gvfs = True
         elif opt == "exclusive_store":
@@ -203,7 +210,8 @@ class MountConfig:
                 "default_permissions": True, "ro": self.ro, "debug": self.debug,
                 "fsname": self.fs_name, "entry_timeout": self.timeout,
                 "attr_timeout": self.timeout, "readahead_kib": self.readahead,
-                "mount_flags": list(self.flags), "log": self.log}
+                "mount_flags": list(self.flags), "log": self.log,
+                "quota": {**QUOTA_DEFAULTS, **self.quotas}}
 
     @property
     def fs_name(self) -> str:
@@ -654,6 +662,7 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
             nursery.start_soon(_when_served, mountpoint, config.readahead, ready)
             nursery.start_soon(ops.watch.run)  # SOURCE changes made behind the mount
             nursery.start_soon(ops.views.status_file.run)  # status.json, off the request path
+            nursery.start_soon(ops.ownership.expire_gone)  # metadata of files now gone
             # Everything made so far (modules, the store's index) lives as long as the mount:
             # out of the collector's sight, a full collection no longer walks it (it cost
             # tens of ms each, about 1 us per request on average); full collections only
@@ -665,6 +674,7 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
                 await pyfuse3.main()
             finally:
                 nursery.cancel_scope.cancel()
+                ops.watch.stop()  # no event read, no invalidation sent, past this point
                 pyfuse3.close(unmount=True)
                 _save_handles(ops, source_fd)
     finally:
@@ -682,6 +692,7 @@ def assemble(config: MountConfig, meta: MetadataBackend, location: StoreLocation
     settings = RuntimeSettings(meta, timeout=config.timeout, readonly=config.ro,
                                cache_cap=SNAPSHOT_TTL)
     ops = JournalFS(source, meta, location, timeout=config.timeout, options=config.summary())
+    ops.ownership.set_quota(config.quotas)
     _follow_settings(ops, settings)
     # (fs/views.py declares the attribute as None: its owner types it, #26)
     ops.views.control = Control(settings, trace=lambda on: trace_requests(ops, on))  # type: ignore[assignment]

@@ -17,19 +17,32 @@ birth time) and the uid charged for it. This module keeps the two true to SOURCE
   a name whose entries belong to a file no longer there parks them.
 * **Quota**: a write is checked against the ledger's limits before the store sees it and
   recorded after; the charge goes to the file's owner, as ext4 charges an xattr block.
+* **Expiry** (once per mount, in the background, :meth:`Ownership.expire_gone`): entries of
+  files that no longer exist -- deleted while nothing was mounted, or parked for a file that
+  never came back -- are dropped, so they stop counting against their owner's quota. A pass
+  checks at most EXPIRE_CHECKS entries from a random place (the next mount checks others).
+  A file is gone when SOURCE's filesystem, asked by inode number, has no such inode
+  (ESTALE) or has given the number to a file born later. That question needs root
+  (``open_by_handle_at``) and a filesystem whose handles are (inode, generation) pairs
+  that accept generation 0 (ext2/3/4); elsewhere nothing expires (status.json says why).
 
 Entries no mount recorded (written by gvfs, ``journalfs meta``, or a version without the
 ledger) are adopted by the file found at their path on first binding.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
+import random
+import struct
 
 import pyfuse3
+import trio
 
 from ..metastore.ledger import file_identity, metadata_bytes
+from .inodes import source_handle
 
 log = logging.getLogger("journalfs.fs")
 
@@ -38,8 +51,60 @@ log = logging.getLogger("journalfs.fs")
 PARK = "/.journalfs-detached"
 
 
+#: Ledger entries one mount checks for files that are gone (see the module doc).
+EXPIRE_CHECKS = 10_000
+#: Entries checked per worker-thread call during the pass.
+EXPIRE_BATCH = 256
+#: struct file_handle type of (32-bit inode, generation) handles: ext2/3/4 (and others)
+_FILEID_INO32_GEN = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
 def _parked(sp: str) -> bool:
     return sp == PARK or sp.startswith(PARK + "/")
+
+
+class InodeProbe:
+    """Whether a file of a given identity (inode number, birth time) still exists on the
+    filesystem of ``root_fd``, asked by inode number (see the module doc)."""
+
+    def __init__(self, root_fd: int):
+        self.reason = ""
+        self._mount_fd = -1
+        handle = source_handle(root_fd, True) if os.geteuid() == 0 else None
+        if os.geteuid() != 0:
+            self.reason = "only root can look files up by inode number"
+        elif handle is None or struct.unpack_from("=i", handle, 4)[0] != _FILEID_INO32_GEN:
+            self.reason = "SOURCE's filesystem has no (inode, generation) file handles"
+        else:
+            self._mount_fd = os.open(b"/proc/self/fd/%d" % root_fd,
+                                     os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    @property
+    def usable(self) -> bool:
+        return self._mount_fd >= 0
+
+    def close(self) -> None:
+        if self._mount_fd >= 0:
+            os.close(self._mount_fd)
+            self._mount_fd = -1
+
+    def gone(self, ident: tuple) -> bool | None:
+        """True: no file of identity ``ident`` exists; False: it does; None: cannot tell."""
+        ino, btime = ident
+        if not self.usable or not 0 < ino < 1 << 32:
+            return None
+        handle = struct.pack("=Ii", 8, _FILEID_INO32_GEN) + struct.pack("=II", ino, 0)
+        fd = _libc.open_by_handle_at(self._mount_fd, handle, os.O_PATH | os.O_CLOEXEC)
+        if fd < 0:
+            return True if ctypes.get_errno() == errno.ESTALE else None
+        try:
+            now, _ = file_identity(fd)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return now != (ino, btime)  # the number now belongs to a file born later
 
 
 class Ownership:
@@ -234,6 +299,69 @@ class Ownership:
             await self.fs._meta_restructure(method, *paths)
         except (OSError, pyfuse3.FUSEError) as exc:
             log.warning("metadata %s of %r after a change in SOURCE failed: %s", method, paths, exc)
+
+    # -- quota -----------------------------------------------------------------------------
+    def set_quota(self, quotas: dict[str, int]) -> None:
+        """The quota options of the mount (``quota_file`` ... in bytes) into the ledger."""
+        if quotas and self.ledger is None:
+            log.warning("quota options (%s) have no effect: gvfsd-metadata writes this store, "
+                        "this mount keeps no ledger", ", ".join(sorted(quotas)))
+            return
+        for name, size in quotas.items():
+            self.ledger.set_quota(name, size)
+
+    # -- expiry ----------------------------------------------------------------------------
+    async def expire_gone(self, limit: int = EXPIRE_CHECKS) -> None:
+        """Drop the metadata of files that no longer exist (see the module doc): at most
+        ``limit`` ledger entries checked, in worker threads, EXPIRE_BATCH at a time. Run
+        once per mount, in the background."""
+        if self.ledger is None:
+            return
+        self.expiry = self.ledger.expiry  # status.json: service.ledger.expiry
+        probe = await trio.to_thread.run_sync(InodeProbe, self.fs.table.root.fd)
+        try:
+            if not probe.usable:
+                self.expiry["state"] = f"off: {probe.reason}"
+                return
+            self.expiry["state"] = "running"
+            entries = self.ledger.sample(limit, random.random())
+            for first in range(0, len(entries), EXPIRE_BATCH):
+                batch = entries[first:first + EXPIRE_BATCH]
+                gone = await trio.to_thread.run_sync(self._gone_in, probe, batch)
+                self.expiry["checked"] += len(batch)
+                for sp, ident, uid in gone:
+                    await self._expire(sp, ident)
+            self.expiry["state"] = "done"
+            if self.expiry["expired"]:
+                log.info("metadata of %d files that no longer exist dropped (%d bytes of "
+                         "quota freed)", self.expiry["expired"], self.expiry["bytes"])
+        except (OSError, pyfuse3.FUSEError) as exc:
+            self.expiry["state"] = f"stopped: {exc}"
+            log.warning("dropping metadata of files that no longer exist stopped: %s", exc)
+        finally:
+            probe.close()
+
+    def _gone_in(self, probe: InodeProbe, batch: list) -> list:
+        """(Worker thread) the entries of ``batch`` whose file is gone: neither at its
+        path (parked entries have none) nor anywhere on SOURCE's filesystem."""
+        out = []
+        for sp, ident, uid in batch:
+            if not _parked(sp) and self.identity_at(sp) == ident:
+                continue  # where it was written: alive
+            if probe.gone(ident):
+                out.append((sp, ident, uid))
+        return out
+
+    async def _expire(self, sp: str, ident: tuple) -> None:
+        """The keys at ``sp`` itself go (names below it may hold other files' entries)."""
+        entry = self.ledger.owner(sp)
+        if entry is None or entry[0] != ident:
+            return  # changed meanwhile: bound to another file now
+        for key in list(await self.fs._meta_values(sp)):
+            await self.fs._meta_write("unset", sp, key)
+        self.ledger.record(sp, ident, entry[1], 0)
+        self.expiry["expired"] += 1
+        self.expiry["bytes"] += entry[2]
 
     def status(self) -> dict | None:
         return None if self.ledger is None else self.ledger.status()

@@ -110,6 +110,8 @@ def parse(mountpoint: str, options: list[str], entry, current: dict) -> Remount:
         wanted.settings["sync"] = config.sync
     if "debug" in given:
         wanted.settings["log_level"] = "debug"
+    for name, size in config.quotas.items():  # the metadata quota (fs/control.py)
+        wanted.settings[name] = str(size)
     if "readahead" in given:
         wanted.readahead = config.readahead
     for name, key in FIXED_OPTIONS.items():

@@ -75,8 +75,19 @@ class RuntimeSettings:
     def options(self) -> dict[str, Any]:
         """These settings as status.json's ``options`` shows them (over the mount's
         configuration, which they start from)."""
-        return {"entry_timeout": self._timeout, "attr_timeout": self._timeout,
-                "ro": self._readonly, "sync": self.sync}
+        options: dict[str, Any] = {"entry_timeout": self._timeout,
+                                   "attr_timeout": self._timeout, "ro": self._readonly,
+                                   "sync": self.sync}
+        quota = self.quota()
+        if quota is not None:
+            options["quota"] = quota
+        return options
+
+    def quota(self) -> dict[str, int] | None:
+        """The metadata quota's limits in bytes (``quota_file``, ``quota_user``,
+        ``quota_total``); None where the store keeps no ledger (gvfsd-metadata writes it)."""
+        ledger = self.backend.ledger
+        return None if ledger is None else ledger.quota()
 
     # -- changing (each change is told to every listener, in subscription order)
     def subscribe(self, listener: Listener) -> None:
@@ -94,6 +105,18 @@ class RuntimeSettings:
 
     def set_readonly(self, readonly: bool) -> None:
         self._readonly = readonly
+        self._changed()
+
+    def set_quota(self, name: str, size: int) -> None:
+        """One limit of the metadata quota (a name of options.QUOTA_DEFAULTS); NotSupported
+        where the store keeps no ledger."""
+        ledger = self.backend.ledger
+        if ledger is None:
+            # late: the store's module loads trio, which start-up light command lines avoid
+            from ..metastore.backend import NotSupported
+            raise NotSupported("gvfsd-metadata writes this store: this mount keeps no ledger "
+                               "and no quota")
+        ledger.set_quota(name, size)
         self._changed()
 
     def set_sync(self, mode: str) -> None:

@@ -57,6 +57,7 @@ from .stateviews import TOPS as STATE_TOPS, StateTree
 from ..selection import format_time, record_time_ns
 from .sourcefiles import SourceTree, open_regular_path
 from .status import StatusFile
+from .watch import NOTIFIER
 
 log = logging.getLogger("journalfs.fs.views")
 
@@ -626,17 +627,15 @@ class Views:
             parent_rel, _, name = path.rpartition(b"/")
             parent = self.by_key.get((RECORDS_DIR, parent_rel, -1))
             if parent is not None:  # async: the kernel may hold that directory's lock now
-                pyfuse3.invalidate_entry_async(parent.ino, name, ignore_enoent=True)
+                NOTIFIER.invalidate_entry(parent.ino, name)
             path = parent_rel
         # records/ dir of rel itself too: its mode or ACL (kernel-cached per inode) changed
         for kind in (RECORDS_DIR, JOURNAL, JSONL):
             node = self.by_key.get((kind, rel, -1))
             if node is None:
                 continue
-            try:  # may block on page-cache writeback: never on the trio thread
-                await trio.to_thread.run_sync(pyfuse3.invalidate_inode, node.ino)
-            except OSError:  # the kernel has forgotten it already: nothing to drop
-                pass
+            # may block on page-cache writeback: never on the trio thread
+            await trio.to_thread.run_sync(NOTIFIER.invalidate_inodes, [(node.ino, False)])
 
     def _sweep_indexes(self) -> None:
         def still_there(rel: str, dev: int, ino: int) -> bool:

@@ -33,8 +33,16 @@ passthrough: SOURCE changed at ``name`` (bytes) in directory ``dir_ino`` (``name
 when the directory itself changed). It must drop the passthrough's own caches of that
 name (listings, remembered stats, views) and return the inode number the kernel knows for
 that child, or None. The watcher then, outside any request handler, invalidates the kernel's
-entry (``invalidate_entry_async``) and inode (``invalidate_inode``, from a worker thread:
-it can block on writeback).
+entry and inode through :data:`NOTIFIER`.
+
+Every cache invalidation of the process goes through :data:`NOTIFIER` (a
+:class:`KernelNotifier`), not pyfuse3's ``invalidate_entry_async``: that one's thread outlives
+the FUSE session. When the session ended while SOURCE was changing (an unmount while another
+process, e.g. the next mount of the same SOURCE, wrote there), the entries it still held were
+sent after ``pyfuse3.close()`` had set the session to NULL; libfuse answered EINVAL and pyfuse3
+logged each with a traceback (issue #27, seen in xfstests). Before closing the session the
+daemon calls :meth:`SourceWatcher.stop`: no event is read and no call reaches the session
+after it.
 """
 from __future__ import annotations
 
@@ -44,7 +52,12 @@ import logging
 import os
 import select
 import struct
+import threading
+from collections import OrderedDict
 from typing import Awaitable, Callable
+
+import pyfuse3
+import trio
 
 log = logging.getLogger("journalfs.fs.watch")
 
@@ -88,6 +101,104 @@ _AT_EMPTY_PATH = 0x1000
 _MAX_HANDLE = 128
 _READ_SIZE = 1 << 16
 
+#: Entry invalidations waiting for the notifier's thread, at most (distinct (directory, name)
+#: pairs; a repeat of a waiting one is free). Beyond it the oldest are dropped: the kernel
+#: then keeps those names until the entry timeout, and status.json counts them.
+MAX_PENDING_ENTRIES = 65_536
+#: How long closing waits for a call into the kernel in progress (one blocked on a request
+#: that will never be answered, after a signal): then the session is closed anyway.
+CLOSE_TIMEOUT = 2.0
+
+
+class KernelNotifier:
+    """Sends the kernel's cache invalidations of this process's FUSE session (pyfuse3 has one
+    session per process) and guarantees none reaches the session after :meth:`close`.
+
+    Entry invalidations are queued by any thread without blocking, deduplicated and
+    bounded (MAX_PENDING_ENTRIES), and sent by one thread of ours (an invalidation can block
+    until a request on that directory is answered: never on the trio thread). Inode
+    invalidations are sent by the caller's worker thread (they can block on writeback).
+    Every call into the session holds ``_session``; :meth:`close` sets ``closed`` and then
+    takes that lock, so once it returns no call is in progress and none will start."""
+
+    def __init__(self, max_pending: int = MAX_PENDING_ENTRIES):
+        self.max_pending = max_pending
+        self._session = threading.Lock()       # held around each call into the session
+        self._ready = threading.Condition()    # guards _pending, closed, _thread
+        self._pending: OrderedDict[tuple[int, bytes], None] = OrderedDict()
+        self._thread: threading.Thread | None = None
+        self.closed = False
+        self.sent = self.dropped = self.failed = 0
+
+    def status(self) -> dict:
+        return {"pending": len(self._pending), "sent": self.sent, "dropped": self.dropped,
+                "failed": self.failed}
+
+    def invalidate_entry(self, parent: int, name: bytes) -> None:
+        """Make the kernel forget ``name`` in directory ``parent`` (soon, from our thread)."""
+        with self._ready:
+            if self.closed or (parent, name) in self._pending:
+                return
+            self._pending[(parent, name)] = None
+            if len(self._pending) > self.max_pending:
+                self._pending.popitem(last=False)
+                self.dropped += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="journalfs-notify",
+                                                daemon=True)
+                self._thread.start()
+            self._ready.notify()
+
+    def invalidate_inodes(self, items: list[tuple[int, bool]]) -> None:
+        """From a worker thread: drop the kernel's cached attributes (and data, unless the
+        flag says attributes only) of each inode; inodes the kernel forgot are skipped."""
+        for ino, attr_only in items:
+            with self._session:
+                if self.closed:
+                    return
+                try:
+                    pyfuse3.invalidate_inode(ino, attr_only)
+                except OSError:  # the kernel has forgotten it: nothing cached to drop
+                    pass
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._pending and not self.closed:
+                    self._ready.wait()
+                if self.closed:
+                    return
+                (parent, name), _ = self._pending.popitem(last=False)
+            with self._session:
+                if self.closed:
+                    return
+                try:
+                    pyfuse3.invalidate_entry(parent, name)
+                    self.sent += 1
+                except FileNotFoundError:  # the kernel holds no such entry: nothing to drop
+                    pass
+                except OSError as exc:
+                    self.failed += 1
+                    log.debug("invalidating %r in directory %d: %s", name, parent, exc)
+
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
+        """No call into the session from here on (call it before ``pyfuse3.close()``);
+        False when a call in progress did not end within ``timeout`` seconds."""
+        with self._ready:
+            self.closed = True
+            self._pending.clear()
+            self._ready.notify_all()
+        if not self._session.acquire(timeout=timeout):
+            log.warning("a kernel cache invalidation was still in progress when the FUSE "
+                        "session closed")
+            return False
+        self._session.release()
+        return True
+
+
+#: The notifier of this process's FUSE session.
+NOTIFIER = KernelNotifier()
+
 Changed = Callable[[int, "bytes | None"], Awaitable["int | None"]]
 Renamed = Callable[[int, bytes, int, bytes], Awaitable[None]]
 Deleted = Callable[[int, bytes], Awaitable[None]]
@@ -127,8 +238,11 @@ class SourceWatcher:
     """Turns changes in SOURCE into kernel cache invalidations (see the module doc)."""
 
     def __init__(self, changed: Changed, *, renamed: Renamed | None = None,
-                 deleted: Deleted | None = None, use_fanotify: bool | None = None):
+                 deleted: Deleted | None = None, use_fanotify: bool | None = None,
+                 notifier: KernelNotifier | None = None):
         self._changed = changed
+        self.notifier = NOTIFIER if notifier is None else notifier
+        self.stopped = False
         # renames (old dir ino, old name, new dir ino, new name) and deletes seen, in order,
         # for the metadata that follows files (fs/ownership.py); applied before ``changed``
         self._renamed, self._deleted = renamed, deleted
@@ -174,6 +288,20 @@ class SourceWatcher:
         log.warning("SOURCE changes behind the mount show after the cache timeout: %s",
                     self.reason)
 
+    def stop(self) -> None:
+        """The FUSE session is about to close (its main loop has returned): read no more
+        events (the marks go with the fd, so no other process's change reaches us), and
+        close the notifier, waiting for a call into the session in progress. Call it on
+        the trio thread, before ``pyfuse3.close()``."""
+        self.stopped = True
+        if self.fd >= 0:
+            try:
+                trio.lowlevel.notify_closing(self.fd)  # wakes run() if it waits on the fd
+            except RuntimeError:  # not inside trio (tests)
+                pass
+        self.close()
+        self.notifier.close()
+
     def close(self) -> None:
         for fd in self._mount_fds.values():
             os.close(fd)
@@ -185,12 +313,15 @@ class SourceWatcher:
     def status(self) -> dict:
         """status.json's ``watch``: the mechanism in force ("fanotify", "inotify", or
         "timeout" when changes behind the mount wait for the cache timeout; "+timeout" once
-        the watch limit left some directories unwatched) and what it has done."""
+        the watch limit left some directories unwatched) and what it has done
+        (``notifications``: the kernel notifier's queue, entries sent, dropped past its bound
+        and refused by the kernel)."""
         state = self.mechanism if not self.limit_reached else f"{self.mechanism}+timeout"
         return {"mechanism": state, "reason": self.reason,
                 "directories": len(self._key_of), "events": self.events,
                 "renames": self.renames,
-                "invalidations": self.invalidations, "overflows": self.overflows}
+                "invalidations": self.invalidations, "overflows": self.overflows,
+                "notifications": self.notifier.status()}
 
     # -- the passthrough's hooks ----------------------------------------------------------
     def directory_known(self, ino: int, fd: int | None = None,
@@ -307,15 +438,18 @@ class SourceWatcher:
     # -- events ----------------------------------------------------------------------------
     async def run(self, task_status=None) -> None:
         """Serve events until cancelled (start it in the mount's nursery)."""
-        import trio
-
         if task_status is not None:
             task_status.started()
         if self.fd < 0:
             return
         try:
-            while True:
-                await trio.lowlevel.wait_readable(self.fd)
+            while not self.stopped:
+                try:
+                    await trio.lowlevel.wait_readable(self.fd)
+                except trio.ClosedResourceError:  # stop(): the session is closing
+                    return
+                if self.stopped:
+                    return
                 self.applying = True
                 try:
                     changes = self._read_all()
@@ -458,9 +592,6 @@ class SourceWatcher:
                 log.exception("following a rename or delete in SOURCE failed")
 
     async def _apply(self, changes: dict[tuple[int, bytes | None], int]) -> None:
-        import pyfuse3
-        import trio
-
         await self._apply_names()
         inodes: dict[int, bool] = {}    # ino -> attributes only?
         for (dir_ino, name), kinds in changes.items():
@@ -475,21 +606,11 @@ class SourceWatcher:
                     inodes[dir_ino] = False
                 continue
             if kinds & NAMES:
-                pyfuse3.invalidate_entry_async(dir_ino, name, ignore_enoent=True)
+                self.notifier.invalidate_entry(dir_ino, name)
                 inodes.setdefault(dir_ino, True)
                 self.invalidations += 1
             if child is not None:
                 inodes[child] = inodes.get(child, True) and not kinds & DATA
-        if inodes:
+        if inodes and not self.stopped:
             self.invalidations += len(inodes)
-            await trio.to_thread.run_sync(_invalidate_inodes, list(inodes.items()))
-
-
-def _invalidate_inodes(items: list[tuple[int, bool]]) -> None:
-    import pyfuse3
-
-    for ino, attr_only in items:
-        try:
-            pyfuse3.invalidate_inode(ino, attr_only)
-        except OSError:  # the kernel has forgotten it: nothing cached to drop
-            pass
+            await trio.to_thread.run_sync(self.notifier.invalidate_inodes, list(inodes.items()))

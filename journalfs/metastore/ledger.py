@@ -31,6 +31,8 @@ import zlib
 
 from sortedcontainers import SortedList
 
+from ..options import QUOTA_DEFAULTS
+
 LEDGER_SUFFIX = ".journalfs-ledger"
 _MAGIC = b"JFSLEDG1"
 _HEAD = struct.Struct(">II")          # body length, crc32 of the body
@@ -42,9 +44,12 @@ ENTRY_OVERHEAD = 32
 #: Per path holding metadata: its tree node and what the ledger and the mount keep for it
 #: in memory -- so that the quota bounds the daemon's memory too, not only the disk.
 PATH_OVERHEAD = 256
-PER_FILE_DEFAULT = 4096
-PER_USER_DEFAULT = 16 << 20
-TOTAL_DEFAULT = 64 << 20
+PER_FILE_DEFAULT = QUOTA_DEFAULTS["quota_file"]
+PER_USER_DEFAULT = QUOTA_DEFAULTS["quota_user"]
+TOTAL_DEFAULT = QUOTA_DEFAULTS["quota_total"]
+#: The quota's settings (options.QUOTA_DEFAULTS) -> the Ledger attribute each one sets.
+QUOTA_ATTRIBUTES = {"quota_file": "per_file", "quota_user": "per_user",
+                    "quota_total": "total_limit"}
 
 Identity = tuple  # (st_ino, birth time ns); birth time 0 where the filesystem has none
 
@@ -135,6 +140,8 @@ class Ledger:
         self._fd = -1
         self._size = 0
         self._dirty = False
+        #: what the mount's pass for files that are gone did (fs/ownership.py expire_gone)
+        self.expiry = {"state": "not started", "checked": 0, "expired": 0, "bytes": 0}
         self._open()
 
     # -- file --------------------------------------------------------------------------------
@@ -284,6 +291,17 @@ class Ledger:
         out += list(self._paths.irange(path + "/", path + "0", inclusive=(True, False)))
         return out
 
+    # -- quota settings ----------------------------------------------------------------------
+    def quota(self) -> dict[str, int]:
+        """The quota's settings (``quota_file``, ``quota_user``, ``quota_total``) in bytes."""
+        return {name: getattr(self, attr) for name, attr in QUOTA_ATTRIBUTES.items()}
+
+    def set_quota(self, name: str, size: int) -> None:
+        """Change one limit (mount option or runtime setting). A lower limit refuses growth
+        from now on; metadata already held stays (removals and shrinking still work)."""
+        with self._lock:
+            setattr(self, QUOTA_ATTRIBUTES[name], int(size))
+
     # -- queries -----------------------------------------------------------------------------
     def owner(self, path: str) -> tuple[Identity, int, int] | None:
         return self.entries.get(path)
@@ -298,6 +316,22 @@ class Ledger:
 
     def usage(self, uid: int) -> int:
         return self.by_uid.get(uid, 0)
+
+    def sample(self, limit: int, start: float) -> list[tuple[str, Identity, int]]:
+        """Up to ``limit`` entries (path, identity, uid) in path order, starting at the
+        fraction ``start`` (0..1) of the paths and wrapping around: a bounded pass that a
+        random ``start`` moves over all entries across calls."""
+        with self._lock:
+            count = len(self._paths)
+            if not count:
+                return []
+            first = min(int(start * count), count - 1)
+            out = []
+            for n in range(min(limit, count)):
+                path = self._paths[(first + n) % count]
+                ident, uid, _ = self.entries[path]
+                out.append((path, ident, uid))
+            return out
 
     def check(self, path: str, uid: int, new_size: int) -> None:
         """Raise ENOSPC (the path's values over ``per_file``, as ext4 when an inode's xattr
@@ -367,4 +401,4 @@ class Ledger:
             return {"paths": len(self.entries), "bytes": self.total, "users": len(self.by_uid),
                     "per_file": self.per_file, "per_user": self.per_user,
                     "total_limit": self.total_limit, "file_bytes": self._size,
-                    "damage": self.damage}
+                    "damage": self.damage, "expiry": dict(self.expiry)}
