@@ -21,6 +21,7 @@ from journalfs.metastore.location import StoreLocation
 from journalfs.metastore.mirror import MirroredBackend, MountView
 from journalfs.metastore.service import MetaService
 from journalfs.metastore.store import MetaStore
+from journalfs.options import QUOTA_DEFAULTS
 
 pytestmark = pytest.mark.fast
 
@@ -112,7 +113,12 @@ def test_settings_have_one_owner_and_tell_their_listeners(store):
                     (0.5, 0.5, True, "always")]
     assert store.sync == "always"  # the mode was changed where it lives, not copied
     assert settings.options() == {"entry_timeout": 0.5, "attr_timeout": 0.5, "ro": True,
-                                  "sync": "always"}
+                                  "sync": "always", "quota": QUOTA_DEFAULTS}
+    settings.set_quota("quota_user", 1 << 20)  # the ledger's own limit, told to listeners
+    assert settings.quota() == {**QUOTA_DEFAULTS, "quota_user": 1 << 20} and len(seen) == 4
+
+
+QUOTA_NAMES = [name.encode() for name in QUOTA_DEFAULTS]
 
 
 def _control(backend: MetadataBackend) -> tuple[Control, RuntimeSettings, list[bool]]:
@@ -131,7 +137,7 @@ def test_control_changes_the_embedded_store_settings(store):
             await nursery.start(service.run)
             names = await control.listxattr()
             assert set(names) == {PREFIX + n for n in (b"timeout", b"ro", b"log_level",
-                                                       b"sync", b"rotate")}
+                                                       b"sync", b"rotate", *QUOTA_NAMES)}
             assert await control.getxattr(PREFIX + b"sync") == b"batch"
             await control.setxattr(PREFIX + b"sync", b"none", root)
             assert service.sync_mode == "none" and settings.sync == "none"
@@ -155,11 +161,12 @@ def test_control_on_a_gvfsd_store_lists_neither_sync_nor_rotate_and_refuses_them
     async def main():
         names = await control.listxattr()
         assert PREFIX + b"sync" not in names and PREFIX + b"rotate" not in names
+        assert not {PREFIX + name for name in QUOTA_NAMES} & set(names)  # no ledger there
         assert PREFIX + b"timeout" in names
         with pytest.raises(pyfuse3.FUSEError) as missing:
             await control.getxattr(PREFIX + b"sync")
         assert missing.value.errno == pyfuse3.ENOATTR
-        for setting, value in ((b"sync", b"always"), (b"rotate", b"1")):
+        for setting, value in ((b"sync", b"always"), (b"rotate", b"1"), (b"quota_user", b"1M")):
             with pytest.raises(pyfuse3.FUSEError) as refused:
                 await control.setxattr(PREFIX + setting, value, root)
             assert refused.value.errno == errno.ENOTSUP

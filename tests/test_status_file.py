@@ -57,6 +57,8 @@ def test_no_schedule_loses_a_wake_up():
         trio.run(_schedule, seed, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
+@pytest.mark.daemon_log_errors(r"ERROR status.json: no build after 60 s",
+                               reason="the test's build never ends: the safety net logs it")
 def test_a_build_that_never_ends_is_done_by_the_open_and_logged_with_its_place(caplog):
     """The safety net for a stuck build: the open builds the document itself after
     STUCK_BUILD seconds and logs an ERROR saying where the background task waits."""
@@ -88,6 +90,9 @@ def test_a_build_that_never_ends_is_done_by_the_open_and_logged_with_its_place(c
     assert "in _build_now" in message and "in build" in message and "sleep_forever" in message
 
 
+@pytest.mark.daemon_log_errors(r"ERROR status.json: no build after 5 s",
+                               reason="the test loses the wake-up on purpose: the safety net "
+                                      "logs it")
 def test_a_lost_wake_up_is_noticed_within_the_margin(caplog):
     """Were the background task ever left waiting on an event no reader sets (here made
     so by hand), the open builds the document itself after BUILD_INTERVAL + BUILD_MARGIN

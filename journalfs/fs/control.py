@@ -49,7 +49,8 @@ log = logging.getLogger("journalfs.fs.control")
 PREFIX = b"user.journalfs."
 LOG_LEVELS = ("debug", "info", "warning", "error")
 #: every setting there is (a store may not have all: see the module doc)
-SETTINGS = (b"timeout", b"ro", b"log_level", b"sync", b"rotate")
+SETTINGS = (b"timeout", b"ro", b"log_level", b"sync", b"rotate",
+            *(name.encode() for name in QUOTA_DEFAULTS))
 #: no setting takes a longer value; a longer one is cut before it reaches a log line
 MAX_VALUE_SHOWN = 64
 
