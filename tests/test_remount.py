@@ -185,3 +185,17 @@ def test_an_unprivileged_user_remounts_their_own_mount_read_only():
             assert "ERROR" not in text and "Traceback" not in text, text
     finally:
         subprocess.run(["userdel", REMOUNT_USER], check=False)
+
+
+@pytest.mark.fast
+def test_a_setting_the_mount_does_not_have_reads_as_absent(tmp_path):
+    """Remount compares each wanted setting with the current one: where the daemon has no
+    such setting (sync or the quota where gvfsd-metadata writes the store), it is absent
+    (then setting it says why), never an unhandled OSError."""
+    from journalfs.fs import remount  # the module under test, as the command loads it
+    (tmp_path / ".journalfs").write_text("")
+    os.setxattr(tmp_path / ".journalfs", b"user.journalfs.timeout", b"1")
+    assert remount._setting(str(tmp_path), "timeout") == "1"
+    assert remount._setting(str(tmp_path), "quota_user") is None
+    with pytest.raises(remount.MountError, match="cannot read the setting timeout"):
+        remount._setting(str(tmp_path / "missing"), "timeout")

@@ -173,8 +173,15 @@ def _mount_remount(mountpoint: str, flags: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
-def _setting(mnt: str, name: str) -> str:
-    return os.getxattr(os.path.join(mnt, CONTROL), SETTING + name).decode()
+def _setting(mnt: str, name: str) -> str | None:
+    """The setting's current value; None where this mount has no such setting (sync and
+    the quota where gvfsd-metadata writes the store): setting it then says why."""
+    try:
+        return os.getxattr(os.path.join(mnt, CONTROL), SETTING + name).decode()
+    except OSError as exc:
+        if exc.errno in (errno.ENODATA, errno.ENOTSUP):
+            return None
+        raise MountError(f"cannot read the setting {name} of {mnt}: {exc.strerror}") from None
 
 
 def _set(mnt: str, name: str, value: str) -> None:
