@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from journalfs import demo
-from journalfs.formats import CODECS, ColumnMap, Codec, record_offsets, splittable
+from journalfs.formats import CODECS, ColumnMap, Codec, splittable
 from journalfs.journals import related_files, sniff_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ def test_every_format_provides_every_capability(fmt, demo_files):
         for column in (codec.columns.time, codec.columns.key, codec.columns.id):
             assert column is None or column == "seq" or column in fields, (column, fields)
         assert {r["kind"] for r in records} <= set(codec.kinds)
-        offsets, next_offset, error = record_offsets(codec, data, str(path))
+        offsets, next_offset, error = codec.record_offsets(data, str(path))
         assert list(map(int, offsets)) == [r["offset"] for r in records]
         assert next_offset is None and error is None
         if splittable(codec):  # a byte range holds a contiguous run: resume anywhere
