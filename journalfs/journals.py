@@ -296,9 +296,10 @@ def read_records(codec: Codec, buf, path: str, progress: Progress | None = None
 
 
 def validate(codec: Codec, buf, path: str, context: dict) -> list[Finding]:
-    """:meth:`Codec.validate` of ``buf`` with its partner files' buffers ``context``, holding
-    only a bounded part of them in this process: a codec that paces its validation drops
-    the pages in step with its reading, for the others a timer drops them while it runs."""
+    """:meth:`Codec.validate` of ``buf`` with the keyword ``context`` (partner files' buffers,
+    settings), holding only a bounded part of the mapped files in this process: for a codec
+    that :attr:`~Codec.paces_validation` the pages are dropped in step with its reading,
+    for the others by a timer while it runs."""
     if codec.paces_validation:
         return codec.validate(buf, path, pace=PagePacer(buf, *context.values()), **context)
     with DroppingPages(buf, *context.values()):

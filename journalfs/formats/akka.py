@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import mmap
+import random
 import struct
 from typing import Any, Iterator, Sequence
 
@@ -17,6 +18,7 @@ import numpy as np
 from .starts import RecordStarts
 from .base import (Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record, Repair, field_at,
                    slice_payloads, start_offset)
+from . import samples
 from .spans import paused_gc, utf8_strings
 
 META_MAGICS = (b"APFM", b"AKFM")  # the seed's magic, the original code's magic
@@ -206,6 +208,11 @@ class AkkaData(_PairedFile, Codec):
     magics = (DATA_MAGIC,)
     header_size = HEADER_SIZE
     paces_validation = True  # validate() calls its ``pace`` keyword after each step
+
+    def demo_files(self, rng, described):
+        """A journal of three persistence ids: its data and meta files."""
+        data, meta = self.build(sample_messages(rng, 36, ("order-17", "order-18", "użytkownik-3")))
+        return {"akka/orders/data": data, "akka/orders/meta": meta}
 
     def read(self, buf, source, start=None, seq=0, stop=None):
         blocks = _blocks(buf, source, start, stop, self.magics, "data", _DATA_BLOCK)
@@ -860,3 +867,17 @@ def _chain_blocks(first: int, data: Buffer, count: int) -> Iterator[int]:
     for _ in range(count):
         yield link
         link = _DATA_BLOCK.unpack_from(data, link)[3]
+
+
+# -- samples (the demo tree, tests and benches) ----------------------------------------------------
+
+def sample_messages(rng: random.Random, count: int, pids: tuple[str, ...],
+             payload: tuple[int, int] = (16, 100)) -> list[tuple[str, int, bytes]]:
+    """``count`` messages interleaved over ``pids``, sequence numbers from 1 per id."""
+    seq = dict.fromkeys(pids, 0)
+    out = []
+    for _ in range(count):
+        pid = rng.choice(pids)
+        seq[pid] += 1
+        out.append((pid, seq[pid], samples.text(rng, *payload)))
+    return out

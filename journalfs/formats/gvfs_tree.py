@@ -19,6 +19,7 @@ import io
 import itertools
 import mmap
 import operator
+import random
 import struct
 from array import array
 from typing import Any, BinaryIO, Iterator, Sequence
@@ -27,7 +28,8 @@ import numpy as np
 
 from .base import SCAN_ROWS, Codec, ColumnMap, Columns, Finding, FormatError, Record
 from . import tree_columns
-from .gvfs_journal import decode_str
+from . import samples
+from .gvfs_journal import GvfsJournal, decode_str, journal_name
 from .tree_columns import DIRENT_SIZE, LIST_FLAG  # the layout facts both walks share
 
 MAGIC = b"\xda\x1ameta"
@@ -1166,6 +1168,10 @@ class GvfsTree(Codec):
     magics = (MAGIC,)
     header_size = HEADER_SIZE
 
+    def demo_files(self, rng, described):
+        """A store ``home`` (tree and journal) about the demo's ordinary files."""
+        return {f"gvfs-metadata/{n}": d for n, d in store_demo_files(rng, described).items()}
+
     def read(self, buf, source, start=None, seq=0, stop=None) -> Iterator[Record]:
         tree = TreeView(buf, source)
         yield from self._records(tree, tree.walk(), 0)
@@ -1236,3 +1242,34 @@ class GvfsTree(Codec):
                 return [Finding(cols.error.offset, cols.error.reason)]
         return []
 
+
+# -- samples (the demo tree) -----------------------------------------------------------------------
+
+#: The demo store's tag (its journal's name carries it).
+DEMO_TAG = 0x5EEDFACE
+
+
+def store_demo_files(rng: random.Random, paths: Sequence[str]) -> dict[str, bytes]:
+    """A tree holding emblems/annotations for ``paths`` (at least two) and a journal of later
+    changes (a set, a list set, an unset, a move = copy + remove), tied by one tag."""
+    nodes = []
+    for n, path in enumerate(paths):
+        meta: dict = {"annotation": f"{rng.choice(samples.WORDS)} #{n}"}
+        if n % 2 == 0:
+            meta["emblems"] = sorted(rng.sample(["important", "urgent", "shared", "favorite"], 2))
+        nodes.append({"path": path, "mtime": samples.BASE_S + 60 * n, "metadata": meta})
+    later = samples.BASE_S + 86_400
+    entries = [
+        {"kind": "set", "mtime": later, "path": paths[0], "key": "rating", "value": "5"},
+        {"kind": "setv", "mtime": later + 1, "path": paths[1], "key": "tags",
+         "value": ["draft", "q3"]},
+        {"kind": "unset", "mtime": later + 2, "path": paths[0], "key": "annotation"},
+        {"kind": "copy", "mtime": later + 3, "path": "/docs/archive/old-notes.md",
+         "source": "/docs/old-notes.md"},
+        {"kind": "remove", "mtime": later + 3, "path": "/docs/old-notes.md"},
+    ]
+    old = {"path": "/docs/old-notes.md", "mtime": samples.BASE_S, "metadata": {"x": "1"}}
+    return {
+        "home": GvfsTree().write(nodes + [old], tag=DEMO_TAG),
+        journal_name("home", DEMO_TAG): GvfsJournal().write(entries, tag=DEMO_TAG),
+    }
