@@ -19,6 +19,7 @@ from typing import Iterable, Iterator, TextIO
 
 from ..formats import Codec, FormatError
 from ..formats.base import Record
+from ..fs.indexfiles import IndexDir, head_crc, matches, may_extend
 from ..journals import RecordIndex, mapped, open_path, read_records, scan
 from ..jsonlines import (columns_chunk, keep_freed_memory, payload_fields, record_line,
                          records_chunk)
@@ -98,7 +99,6 @@ FOLLOW_POLL = 0.05
 
 
 def _index_dir():
-    from ..fs.indexfiles import IndexDir  # only for selections
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     top = os.path.join(base, "journalfs")
     try:
@@ -120,7 +120,6 @@ class IndexCache:
         self._dir = _index_dir() if os.environ.get("JOURNALFS_NO_INDEX_CACHE") is None else None
 
     def __call__(self, source: Source) -> RecordIndex:
-        from ..fs.indexfiles import head_crc, matches, may_extend
         path, codec = source.path, source.codec
 
         def opener():

@@ -16,7 +16,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .base import Codec, ColumnMap, Columns, FormatError, Record, field_at
+from .base import Codec, ColumnMap, Columns, Finding, FormatError, Record, field_at
 
 try:  # the same CRC-32 as zlib's, 2.7x faster on entries of ~80 bytes (SIMD folding)
     from zlib_ng.zlib_ng import crc32 as _entry_crc32
@@ -327,7 +327,6 @@ class GvfsJournal(Codec):
         return bytes(journal_image(entries, tag, file_size))
 
     def validate(self, buf, source, **context):
-        from .base import Finding
         findings = []
         try:
             header = parse_header(buf, source, exact_size=False)

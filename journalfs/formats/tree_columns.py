@@ -30,6 +30,7 @@ decode, :func:`read_columns` takes over and the rows after those given follow.
 """
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -908,7 +909,6 @@ class _NodeTexts:
         """Per keyword id k: at 3k its JSON key after ", ", at 3k+1 after "{", at 3k+2
         after "}{"; None when a keyword is not UTF-8 (json_line writes it as "b64:...")."""
         if not hasattr(self, "_keys"):
-            import json
             texts = []
             try:
                 if len(set(self.keywords)) < len(self.keywords):

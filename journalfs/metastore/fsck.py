@@ -197,6 +197,7 @@ def _repair(tree_path: str, journal: str | None, scan: JournalScan | None, check
     if any(f.severity == "error" for f in _tree_findings(tree_path)[0]):
         check.actions.append("tree itself is damaged: not repaired (restore from backup)")
         return
+    # trio and jeepney (D-Bus): only a repair asks who else writes the store
     from .gvfs_service import StoreRefused, gvfsd_metadata_processes
     writers = gvfsd_metadata_processes(os.path.dirname(os.path.abspath(tree_path)))
     if writers:  # it would go on appending to the journal we replace
