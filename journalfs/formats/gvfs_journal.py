@@ -336,17 +336,12 @@ class GvfsJournal(Codec):
         if tree_tag is not None and tree_tag != header.tag:
             findings.append(Finding(8, f"journal tag {header.tag:08x} != tree tag {tree_tag:08x}"))
         pace = context.get("pace")
-        start, seq = None, 0
-        while True:  # every entry read() accepts, a batch of columns at a time
-            cols = self.read_columns(buf, source, start, seq, None, VALIDATE_BATCH)
+        # every entry read() accepts, a batch of columns at a time
+        for cols in self.scan(buf, source, rows=VALIDATE_BATCH):
             if pace is not None:
                 pace()
             if cols.error is not None:
                 findings.append(Finding(cols.error.offset, cols.error.reason))
-                break
-            if cols.next_offset is None:
-                break
-            start, seq = cols.next_offset, cols.next_seq
         return findings
 
 

@@ -378,19 +378,15 @@ def _chain_ends(buf: Buffer, source: str, last: int
     """Offsets of the chain's last transaction but one, its last, and the first at the
     header's ``last`` offset (None where there is none), walked a batch of columns at a time,
     and the damage :func:`walk` would raise after them (or None)."""
-    codec = Jrnl()
-    before_tail = tail = at_last = None
-    start, seq = None, 0
-    while True:
-        cols = codec.read_columns(buf, source, start, seq, None, VALIDATE_BATCH)
+    before_tail = tail = at_last = error = None
+    for cols in Jrnl().scan(buf, source, rows=VALIDATE_BATCH, form="offsets"):
         offsets = cols.data["offset"][:cols.rows].tolist() if cols.rows else []
         if offsets:
             before_tail, tail = (offsets[-2] if len(offsets) > 1 else tail), offsets[-1]
             if at_last is None and last in offsets:
                 at_last = last
-        if cols.error is not None or cols.next_offset is None:
-            return before_tail, tail, at_last, cols.error
-        start, seq = cols.next_offset, cols.next_seq
+        error = cols.error
+    return before_tail, tail, at_last, error
 
 
 def _scan(buf: Buffer, source: str) -> _Scan:

@@ -389,9 +389,7 @@ class KestrelReader(_QueueFile, Codec):
         findings: list[Finding] = []
         head, last = None, None
         pace = context.get("pace")
-        start, seq = None, 0
-        while True:
-            cols = self.read_columns(buf, source, start, seq, None, VALIDATE_BATCH)
+        for cols in self.scan(buf, source, rows=VALIDATE_BATCH):
             if pace is not None:
                 pace()
             if cols.error is not None:
@@ -399,9 +397,6 @@ class KestrelReader(_QueueFile, Codec):
             head = _reader_findings(cols, head, findings)
             if cols.rows:
                 last = int(cols.data["offset"][-1])
-            if cols.next_offset is None:
-                break
-            start, seq = cols.next_offset, cols.next_seq
         findings += _check_zero_tail(buf, source, last)
         return findings
 
@@ -535,14 +530,8 @@ def _offset_batches(codec: Codec, buf: Buffer, source: str
                     ) -> Iterator[tuple[np.ndarray, FormatError | None]]:
     """The record starts :meth:`Codec.read` would yield, a batch at a time; the damage that
     ends them (if any) comes with the last batch."""
-    start, seq = None, 0
-    while True:
-        offsets, next_offset, error = codec.record_offsets(buf, source, start, seq, None,
-                                                           VALIDATE_BATCH)
-        yield offsets, error
-        if error is not None or next_offset is None:
-            return
-        start, seq = next_offset, seq + len(offsets)
+    for cols in codec.scan(buf, source, rows=VALIDATE_BATCH, form="offsets"):
+        yield cols.data["offset"], cols.error
 
 
 def _reader_findings(cols: Columns, head: int | None, findings: list[Finding]) -> int | None:

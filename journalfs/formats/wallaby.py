@@ -628,13 +628,12 @@ def _index_vs_log(index: Buffer, log: Buffer, source: str, from_log: bool,
     check = IndexCheck()
     starts, log_error = log_starts if log_starts is not None else _log_starts(log, pace)
     codec = WallabyIndex()
-    rows, start, last_at = 0, None, -1
+    rows, last_at = 0, -1
     idx_error = None
     bad_count, bad_first = 0, None       # (entry, its offset, its log offset)
     gap_first = None                     # (entry, its offset, its number)
     renumbered_first = None              # (entry, its offset, its log offset)
-    while True:
-        cols = codec.read_columns(index, "index", start, rows, None, INDEX_CHUNK)
+    for cols in codec.scan(index, "index", rows=INDEX_CHUNK):
         idx_error = cols.error
         if cols.rows:
             entry_offs, numbers = cols.data["offset"], cols.data["index"]
@@ -662,9 +661,6 @@ def _index_vs_log(index: Buffer, log: Buffer, source: str, from_log: bool,
             rows += cols.rows
         if pace is not None:
             pace()
-        if cols.next_offset is None:
-            break
-        start = cols.next_offset
     if idx_error is not None:
         check.problem(idx_error.offset if not from_log else 0,
                       f"index damaged: {idx_error.reason}")
