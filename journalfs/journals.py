@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from .formats import CODECS, SCAN_ROWS, SNIFF_BYTES, Codec, Columns, FormatError, detect
-from .formats.base import Finding, Record, rows_of_batches
+from .formats.base import Finding, Record, Rows, rows_of_batches
 from .jsonlines import EMPTY, JsonChunk, json_chunk
 from .pagecache import DroppingPages, FileMapping, PagePacer, Releaser
 
@@ -254,7 +254,7 @@ Progress = Callable[[int, int], None]
 
 
 def scan(codec: Codec, buf, path: str, start: int | None = None, seq: int = 0,
-         stop: int | None = None, *, rows: int = SCAN_ROWS, span: int | None = None,
+         stop: int | None = None, *, rows: Rows = SCAN_ROWS, span: int | None = None,
          form: str = "columns", progress: Progress | None = None) -> Iterator[Columns]:
     """The one streaming reader of a file's records: :meth:`Codec.scan`'s batches (see
     there for ``rows``, ``span``, ``form``; the damage is the last batch's ``error``), with
