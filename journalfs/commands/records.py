@@ -418,8 +418,9 @@ def json_chunks(codec: Codec, buf, path: str, progress: Progress | None = None
             stop = cols.next_offset if cols.error is None else cols.error.offset
             data = columns_chunk(codec, buf, path, cols, start, cols.next_seq - cols.rows,
                                  stop).data
-            yield data
             most = min(MAX_ROWS, max(16, OUTPUT_SPAN * cols.rows // max(len(data), 1)))
+            yield data
+            del data  # the next batch is decoded and rendered without this one's text
         if cols.error is not None:
             raise cols.error
         start = cols.next_offset
