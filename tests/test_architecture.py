@@ -18,7 +18,6 @@ DOC = REPO / "ARCHITECTURE.md"
 #: Cycles known and being removed by their owners (#26 item 7): each entry is the set of
 #: modules of one cycle. Delete an entry once its cycle is gone.
 KNOWN_CYCLES = [
-    {"journalfs.formats.gvfs_tree", "journalfs.formats.tree_columns"},  # helper "seam"
 ]
 #: Modules whose imports inside functions are not all commented yet (other owners' files,
 #: #26 item 7). Delete an entry once its module is clean.
