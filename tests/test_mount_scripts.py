@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import re
 import shutil
 import subprocess
@@ -165,9 +166,15 @@ def test_mount_fuse3_fallback_runs_the_journalfs_shim(staged, tree):
     # no mount.fuse.journalfs: mount(8) runs /sbin/mount.fuse3, which runs
     # "journalfs SOURCE MNT -o OPTS" with a fixed PATH that includes /usr/local/bin
     src, mnt, store = tree
+    # a machine with journalfs installed (bootstrap.sh does it) has /sbin/mount.fuse.journalfs:
+    # an overlay whiteout (a 0/0 character device) hides it here
+    hide = staged / "hide-sbin"
+    hide.mkdir()
+    os.mknod(hide / "mount.fuse.journalfs", stat.S_IFCHR | 0o000, os.makedev(0, 0))
     out = run_in_namespace(
-        {"/usr/local/bin": staged / "usr" / "local" / "bin"},
-        check_mounted_script(f"mount -t fuse.journalfs {src} {mnt} -o store={store},nofail", mnt))
+        {"/usr/local/bin": staged / "usr" / "local" / "bin", "/usr/sbin": hide},
+        "test ! -e /sbin/mount.fuse.journalfs\n"
+        + check_mounted_script(f"mount -t fuse.journalfs {src} {mnt} -o store={store},nofail", mnt))
     assert_mounted_output(out, src, mnt, store)
 
 
