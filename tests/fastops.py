@@ -123,6 +123,15 @@ async def serving(source: Path, data_home: Path, *, sync: str = "always", timeou
             nursery.cancel_scope.cancel()
 
 
+def run(source: Path, scenario, data_home: str = "data", **kwargs):
+    """Run ``scenario(ops)`` against a JournalFS serving ``source`` (its store below
+    ``source``'s sibling ``data_home``); returns the scenario's result."""
+    async def main():
+        async with serving(source, source.parent / data_home, **kwargs) as ops:
+            return await scenario(ops)
+    return trio.run(main)
+
+
 def take_served_stores() -> list[str]:
     """The stores served since the last call (each once), forgetting them."""
     taken = list(dict.fromkeys(SERVED_STORES))

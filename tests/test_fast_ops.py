@@ -13,9 +13,9 @@ import stat
 
 import pyfuse3
 import pytest
-import trio
 
-from fastops import ROOT, Ctx, error_of, listdir, lookup_path, read_all, serving
+import fastops
+from fastops import ROOT, Ctx, error_of, listdir, lookup_path, read_all
 
 pytestmark = pytest.mark.fast
 
@@ -31,11 +31,7 @@ def source(tmp_path):
 
 
 def run(source, scenario, **kwargs):
-    """Run ``scenario(ops)`` against a JournalFS on ``source``; returns its result."""
-    async def main():
-        async with serving(source, source.parent / "store", **kwargs) as ops:
-            return await scenario(ops)
-    return trio.run(main)
+    return fastops.run(source, scenario, data_home="store", **kwargs)
 
 
 def test_lookup_getattr_read(source):

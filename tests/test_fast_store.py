@@ -16,10 +16,9 @@ import stat
 
 import pyfuse3
 import pytest
-import trio
 
 import fastops
-from fastops import ROOT, Ctx, error_of, listdir, lookup_path, serving
+from fastops import ROOT, Ctx, error_of, listdir, lookup_path
 from journalfs.cli import main as cli_main
 
 pytestmark = pytest.mark.fast
@@ -41,10 +40,7 @@ def source(tmp_path):
 
 
 def run(source, scenario, **kwargs):
-    async def main():
-        async with serving(source, source.parent / "data", **kwargs) as ops:
-            return await scenario(ops)
-    return trio.run(main)
+    return fastops.run(source, scenario, **kwargs)
 
 
 def served_tree() -> str:

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pyfuse3
 import pytest
-import trio
 
-from fastops import ROOT, Ctx, error_of, listdir, lookup_path, read_all, serving
+import fastops
+from fastops import ROOT, Ctx, error_of, listdir, lookup_path, read_all
 from journalfs import demo, state
 from journalfs.formats import CODECS
 from test_fs_views import cli_records_json, record_names
@@ -70,10 +70,7 @@ def cli(tmp_path):
 
 
 def run(source: Path, scenario, **kwargs):
-    async def main():
-        async with serving(source, source.parent / "data", **kwargs) as ops:
-            return await scenario(ops)
-    return trio.run(main)
+    return fastops.run(source, scenario, **kwargs)
 
 
 async def journal_dirs(ops, rel: str = "") -> set[str]:
