@@ -2,7 +2,7 @@
 other exception). Every handler of ``JournalFS`` is :func:`guarded`, or, for the three
 hottest ones (getattr, lookup, getxattr), :func:`guards_itself`: the same translation
 written in its own body, which saves a wrapper coroutine per request (ARCHITECTURE.md:
-"A syscall"). ``tests/test_fast_guards.py`` checks both kinds."""
+"A syscall"). ``tests/test_fs_handlers.py`` checks both kinds."""
 from __future__ import annotations
 
 import errno

@@ -4,6 +4,7 @@ Each raises ``OSError`` with the call's errno."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import resource
 
@@ -76,6 +77,47 @@ def link_fd(fd: int, dir_fd: int, name: bytes) -> None:
         check(libc.linkat(fd, b"", dir_fd, name, AT_EMPTY_PATH))
     else:  # the proc link leads to the same object
         check(libc.linkat(_AT_FDCWD, proc_path(fd), dir_fd, name, _AT_SYMLINK_FOLLOW))
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_SYS_OPENAT2 = 437  # the same number on x86_64 and aarch64
+#: openat2's RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH
+_RESOLVE_STRICT = 0x02 | 0x04 | 0x08
+_openat2 = [True]  # False once the kernel said ENOSYS
+
+
+def stat_beneath(dir_fd: int, rel: bytes) -> os.stat_result:
+    """lstat of ``rel`` below the directory ``dir_fd``, no symlink followed on the way
+    (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS: ELOOP where one is met, the last
+    component included): what the mirror's own lookups would reach by that path now."""
+    if _openat2[0]:
+        how = _OpenHow(os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, 0, _RESOLVE_STRICT)
+        fd = libc.syscall(_SYS_OPENAT2, dir_fd, rel, ctypes.byref(how), ctypes.sizeof(how))
+        if fd >= 0:
+            try:
+                return os.fstat(fd)
+            finally:
+                os.close(fd)
+        err = ctypes.get_errno()
+        if err != errno.ENOSYS:
+            raise OSError(err, os.strerror(err), rel)
+        _openat2[0] = False
+    parts = rel.split(b"/")  # before Linux 5.6: one component at a time
+    fd = dir_fd
+    try:
+        for part in parts[:-1]:
+            next_fd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC,
+                              dir_fd=fd)
+            if fd != dir_fd:
+                os.close(fd)
+            fd = next_fd
+        return os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+    finally:
+        if fd != dir_fd:
+            os.close(fd)
 
 
 def raise_fd_limit() -> None:

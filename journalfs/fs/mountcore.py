@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import logging
 import os
 import stat
 import time
@@ -14,7 +15,8 @@ import pyfuse3
 
 from .caches import Listing, MetaCache, Scan
 from .caller import Caller
-from .dirlist import DIR_BLKSIZE, LazyRows, ListingCache, NameOnlyEntry
+from . import direntries
+from .dirlist import DIR_BLKSIZE, STRUCT_WRITES, LazyRows, ListingCache, NameOnlyEntry
 from .guards import in_thread
 from .inodes import VIEW_INO_BASE, Inode, InodeTable, O_PATH_FLAGS, join
 from .linuxcalls import LOCAL_FS_TYPES, fs_type, raise_fd_limit
@@ -22,6 +24,8 @@ from .ownership import Ownership
 from .views import VIEWS_NAME, Views
 from .watch import SourceWatcher
 from .workers import FairWorkers
+
+log = logging.getLogger("journalfs.fs")
 
 #: File handles at or above this are the views' (listings, virtual files); below are ours.
 HANDLE_BASE = 1 << 32
@@ -107,6 +111,11 @@ class MountCore(pyfuse3.Operations):
         self.watch = SourceWatcher(self.source_changed, renamed=self.source_renamed,
                                    deleted=self.source_deleted)
         self.views = Views(self, options or {})
+        if not (NameOnlyEntry.available and direntries.available):
+            log.warning("pyfuse3 %s: writes into its objects are off (%s): big listings take "
+                        "the slow path (fs/direntries.py)", pyfuse3.__version__,
+                        "probe failed" if STRUCT_WRITES == "all" else
+                        f"JOURNALFS_STRUCT_WRITES={STRUCT_WRITES}")
         self._exchange_tmp = itertools.count()
         self.snapshots = ListingCache(min(timeout, SNAPSHOT_TTL))  # + listings kept for readdir
         self.stat_ttl = min(timeout, SNAPSHOT_TTL)

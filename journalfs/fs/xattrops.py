@@ -13,7 +13,7 @@ from . import xattrs
 from .caller import CAP_SYS_ADMIN
 from .guards import fuse_error, guarded, guards_itself
 from .inodes import Inode, same_object, stale
-from .linuxcalls import frozen, proc_path
+from .linuxcalls import frozen, proc_path, stat_beneath
 from .storecalls import StoreCalls
 
 
@@ -29,13 +29,19 @@ class XattrOps(StoreCalls):
 
     def _names_now(self, fd: int, node: Inode) -> list[bytes]:
         """The names of ``node`` (O_PATH ``fd``) that still mean its object in SOURCE
-        (ENOENT if none: a file deleted behind the mount's back gets no metadata)."""
+        (ENOENT if none: a file deleted behind the mount's back gets no metadata). Each name
+        is checked from SOURCE's fd as the mirror itself would reach it, never through a
+        symlink (stat_beneath): a directory swapped for a symlink behind the mount's back
+        does not make a name count, and nothing outside SOURCE is looked at. (The names are
+        paths, not (directory inode, name) pairs: hard links seen once are kept by path in
+        the inode table after the kernel forgot their directories.)"""
         if node is self.table.root:
             return [b""]
         names = []
+        root_fd = self.table.root.fd
         for rel in self.table.names_of(node):  # a name that still means it: it is linked
             try:
-                st = os.stat(rel, dir_fd=self.table.root.fd, follow_symlinks=False)
+                st = stat_beneath(root_fd, rel)
             except OSError as exc:
                 if exc.errno != errno.ENAMETOOLONG:
                     continue
