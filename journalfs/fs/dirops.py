@@ -52,8 +52,8 @@ class DirectoryOps(StoreCalls):
         handle.plain = NameOnlyEntry(stat.S_IFREG) if current and NameOnlyEntry.available \
             else None
         frozen = handle.listing = listing.frozen()
-        handle.rows = (self.snapshots.rows(node.path, listing) if current else None) \
-            or listing_rows(frozen)
+        handle.rows = (self.snapshots.rows(node.path, listing)
+                       if current and node.path is not None else None) or listing_rows(frozen)
         handle.read = False
 
     async def _dir_listing(self, node: Inode, uid: int = 0) -> tuple[Listing, bool]:
@@ -65,7 +65,7 @@ class DirectoryOps(StoreCalls):
         # a change behind the mount not yet applied to our caches: none of them is current
         pending = self.watch.pending()
         watched = rel is not None and not pending and self.watch.watching(node.ino)
-        listing = None
+        listing: Listing | None = None
         if rel is not None and not pending:
             listing = (self.snapshots.kept(rel, node) if watched else None) \
                 or self.snapshots.listing(rel)
@@ -76,11 +76,13 @@ class DirectoryOps(StoreCalls):
             listing = await self._on(node, patched, listing.frozen(), skip)
             fresh = True
         if listing is None:
-            listing = await self._scan(node, uid, skip, None)
+            scanned = await self._scan(node, uid, skip, None)
+            assert scanned is not None  # None only past a max_entries
+            listing = scanned
             fresh = True
             if rel is not None and len(listing.stats) <= self.snapshots.max_entries:
                 self.snapshots.store(rel, generation, listing)
-        if watched and fresh:
+        if watched and fresh and rel is not None:
             self.snapshots.keep(rel, node, generation, listing)
         return listing, watched
 

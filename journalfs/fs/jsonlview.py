@@ -34,6 +34,8 @@ class JsonlLayout:
         self.measured = 0          # lines measured (a prefix)
         self.measured_bytes = 0    # their bytes
         self.lock = threading.Lock()
+        self.count: int | None = None  # lines in all (None: not known yet)
+        self.identity: tuple | None = None  # (st_dev, identity) of the index measured
         if index is None:
             return
         self.count, self.identity = index.count, (index.dev, index.identity)

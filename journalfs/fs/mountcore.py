@@ -331,7 +331,7 @@ class MountCore(pyfuse3.Operations):
             reuse = built[1] if built is not None else None
             child = self.table.remember(rel, st, parent.ino, name, lookups=0, reuse=reuse)
             attrs = self.attrs(child, st)
-            if child is not reuse or attrs is not built[2]:
+            if built is None or child is not reuse or attrs is not built[2]:
                 listing.attrs[name] = (st, child, attrs)
             return child, attrs
         return built[1], built[2]

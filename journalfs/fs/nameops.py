@@ -155,7 +155,8 @@ class NamespaceOps(StoreCalls):
         dst_key = None if dst is None else (dst.st_dev, dst.st_ino)
         replaced = dst_key is not None and dst_key != src_key
         exchanged = dst_key if flags & pyfuse3.RENAME_EXCHANGE else None
-        dirs = stat.S_ISDIR(src.st_mode) or (exchanged is not None and stat.S_ISDIR(dst.st_mode))
+        dirs = stat.S_ISDIR(src.st_mode) or \
+            (exchanged is not None and dst is not None and stat.S_ISDIR(dst.st_mode))
         return replaced, src_key, exchanged, dirs, dst_key
 
     @guarded

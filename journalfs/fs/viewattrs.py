@@ -161,12 +161,10 @@ class ViewAttrs(ViewIndexes):
 
     async def lookup(self, parent_ino: int, name: bytes, ctx=None) -> pyfuse3.EntryAttributes:
         parent = self._get(parent_ino)
-        fixed = dict(self._fixed_entries(parent))
-        if name in fixed:
-            node = fixed[name]
-        elif parent.kind == JOURNAL and (node := self._cached_record_lookup(parent, name)):
-            pass
-        else:
+        node = dict(self._fixed_entries(parent)).get(name)
+        if node is None and parent.kind == JOURNAL:
+            node = self._cached_record_lookup(parent, name)
+        if node is None:
             key = await self._child_key(parent, name, ctx)
             if key is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)

@@ -20,6 +20,7 @@ from .catalog import Catalog
 from .indexfiles import IndexDir
 from .sourcefiles import open_regular_path
 from .stateviews import TOPS as STATE_TOPS, StateTree
+from .status import StatusFile
 from .viewnodes import (JOURNAL, JOURNAL_ID_MAX, JOURNAL_IDS_KEPT, JSONL, LIVE, METADATA,
     RECORD, RECORD_INO_BASE, RECORDS_DIR, ROOT, SEQ_BITS, SEQ_MASK, STATE, STATUS, VIEWS_NAME,
     IndexJob, JournalInfo, ViewContext, ViewDirHandle, VNode)
@@ -42,6 +43,8 @@ INDEX_THREADS = 2
 class ViewsBase:
     """The state of ``MNT/.journalfs``: its inode table, what each SOURCE file is, who may see
     it, and the threads requests about SOURCE files run in."""
+
+    status_file: StatusFile  # made by Views (views.py), which renders status.json
 
     def __init__(self, ctx, options: dict):
         """``ctx``: a :class:`ViewContext`; a JournalFS is accepted too (its collaborators are
@@ -355,10 +358,10 @@ class ViewsBase:
 
     async def _on_file_as(self, ctx, rel: bytes, fn: Callable, *args):
         """:meth:`_on_file` with the caller's credentials (``fn(*args, caller)``)."""
-        caller = self._caller(ctx)
-        if caller is None:
+        caller, as_caller = self._caller(ctx), self.ctx.as_caller
+        if caller is None or as_caller is None:
             return await self._on_file(rel, fn, *args, None)
-        return await self._on_file(rel, self.ctx.as_caller, ctx, fn, *args, caller)
+        return await self._on_file(rel, as_caller, ctx, fn, *args, caller)
 
     async def _on_file(self, rel: bytes, fn: Callable, *args):
         """``fn(*args)`` in a worker thread for a request about SOURCE/``rel``. At most

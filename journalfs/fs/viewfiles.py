@@ -107,7 +107,7 @@ class ViewFiles(ViewAttrs):
         while it only grew (the handle's growth follows its newest index), False once it was
         truncated, rewritten or replaced (the handle's stream has ended)."""
         growth = reader.growth
-        if growth.ended:
+        if growth is None or growth.ended:
             return False
         info = await self._on_file(reader.rel, self._journal_info, reader.rel)
         if info is None:  # gone, or no longer a journal

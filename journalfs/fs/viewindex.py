@@ -66,6 +66,8 @@ class ViewIndexes(ViewsBase):
                     await job.done.wait()
         if job.error is not None:
             raise OSError(job.error.errno or errno.EIO, job.error.strerror or "not a journal")
+        if job.result is None:  # a job ends with its error or its result
+            raise OSError(errno.EIO, "indexing ended without an index")
         return job.result
 
     @contextlib.asynccontextmanager
@@ -190,8 +192,8 @@ class ViewIndexes(ViewsBase):
 
     def _adopt(self, rel: bytes, info: JournalInfo, index: RecordIndex) -> None:
         info.index, info.previous = index, None
-        finished = index.finished_layout
-        if finished is not None and finished.fits(index):
+        finished = index.finished_layout  # set by _layout_done: a JsonlLayout
+        if isinstance(finished, JsonlLayout) and finished.fits(index):
             info.layout = finished
         if info.layout is not None and not info.layout.fits(index):
             info.layout = None

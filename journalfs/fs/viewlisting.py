@@ -6,7 +6,7 @@ import bisect
 import errno
 import os
 import stat
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import pyfuse3
@@ -132,25 +132,25 @@ class ViewListing(ViewAttrs):
     # reply is full.
     async def _readdir_journal(self, node: VNode, state: JournalListing | None,
                                start_id: int, token) -> None:
-        info = state.info if state is not None else None
-        if info is None:  # not a journal (any more): an empty directory
+        if state is None or state.info is None:  # not a journal (any more): an empty directory
             return
+        info = state.info
         if start_id == 0:
             jsonl = self._node(JSONL, node.rel)
-            attrs = self._jsonl_attrs(jsonl, info, self._known_layout(info))
-            if not pyfuse3.readdir_reply(token, JSONL_NAME, attrs, 1):
+            if not pyfuse3.readdir_reply(token, JSONL_NAME,
+                                         self._jsonl_attrs(jsonl, info, self._known_layout(info)), 1):
                 self.forget(jsonl.ino, 0)
                 return
             jsonl.lookups += 1
             start_id = 1
-        seq: int | None = start_id - 1
+        seq = start_id - 1
         owner, _, file_mode = self._journal_perms(node.rel, info)
         if seq > SEQ_MASK or self._next_journal_id > JOURNAL_ID_MAX:
             raise pyfuse3.FUSEError(errno.EOVERFLOW)
         ino_base = RECORD_INO_BASE | (self._journal_id(node.rel) << SEQ_BITS)
-        attrs = None
+        attrs: pyfuse3.EntryAttributes | None = None
         idx = state.index
-        while seq is not None:
+        while True:
             # An index still being built is listed as far as it has settled (up to its last
             # checkpoint); past that the listing waits for the indexer, and only this
             # directory's request waits.
@@ -174,14 +174,17 @@ class ViewListing(ViewAttrs):
                 if not len(state.batch):
                     return
             if way == BLOCKS:
-                seq = self._reply_block(state, seq, token)
+                following = self._reply_block(state, seq, token)
             elif way == NAMES:
-                seq = self._reply_names(state, seq, ino_base, token)
+                following = self._reply_names(state, seq, ino_base, token)
             else:
                 if attrs is None:  # one object for every entry: readdir_reply copies it
                     attrs = self._attrs(node, file_mode, 0, info.ident[3],
                                         0 if node.rel == LIVE else None, owner)
-                seq = self._reply_full(state, seq, ino_base, attrs, token)
+                following = self._reply_full(state, seq, ino_base, attrs, token)
+            if following is None:  # the reply is full
+                return
+            seq = following
 
     @staticmethod
     def _listing_way(state: JournalListing, idx: RecordIndex, file_mode: int) -> str:
@@ -200,6 +203,7 @@ class ViewListing(ViewAttrs):
     @staticmethod
     def _reply_block(state: JournalListing, seq: int, token) -> int | None:
         batch, first = state.batch, state.first
+        assert isinstance(batch, EntryBlock)
         entries, ends = batch.block, batch.ends
         done = seq - first
         offset = int(ends[done - 1]) if done else 0
@@ -211,9 +215,10 @@ class ViewListing(ViewAttrs):
 
     @staticmethod
     def _reply_names(state: JournalListing, seq: int, ino_base: int, token) -> int | None:
-        reply = pyfuse3.readdir_reply
-        ino, plain_attrs = state.plain.ino, state.plain.attrs
-        for name in state.batch[seq - state.first:]:
+        reply, plain, batch = pyfuse3.readdir_reply, state.plain, state.batch
+        assert plain is not None and isinstance(batch, list)
+        ino, plain_attrs = plain.ino, plain.attrs
+        for name in batch[seq - state.first:]:
             ino.value = ino_base | seq
             if not reply(token, name, plain_attrs, seq + 2):
                 return None
@@ -223,8 +228,9 @@ class ViewListing(ViewAttrs):
     @staticmethod
     def _reply_full(state: JournalListing, seq: int, ino_base: int,
                     attrs: pyfuse3.EntryAttributes, token) -> int | None:
-        reply = pyfuse3.readdir_reply
-        for name, size in state.batch[seq - state.first:]:
+        reply, batch = pyfuse3.readdir_reply, state.batch
+        assert isinstance(batch, list)
+        for name, size in batch[seq - state.first:]:
             attrs.st_ino = ino_base | seq
             attrs.st_size = size
             attrs.st_blocks = (size + 511) // 512
@@ -305,8 +311,7 @@ class ViewListing(ViewAttrs):
                                               ino_base, 2))
 
     @staticmethod
-    def _list_batch(idx: RecordIndex, first: int, sizes: bool = True,
-                    ) -> list[tuple[bytes, int]] | list[bytes]:
+    def _list_batch(idx: RecordIndex, first: int, sizes: bool = True) -> list:
         """(name, exact size) of records ``first`` on, about LIST_BATCH of them. Exact sizes,
         though JSON-line records need their line rendered: a listing's attributes update
         cached inodes, and a wrong size would cut short a concurrent read. Lines are
@@ -315,7 +320,7 @@ class ViewListing(ViewAttrs):
         count = idx.settled()  # a partial index grows meanwhile: list what has settled
         step = READ_CHUNK_RECORDS if idx.codec.resumable else max(1, count)
         seq = first - first % CHECKPOINT_EVERY if idx.codec.resumable else 0
-        out: list[tuple[bytes, int]] = []
+        out: list = []  # (name, size) pairs, or names (sizes=False)
         while seq < count and len(out) < LIST_BATCH:
             want = min(step, count - seq)
             chunk = idx.json_chunk(seq, want)
@@ -326,7 +331,7 @@ class ViewListing(ViewAttrs):
             seqs = range(seq + skip, seq + chunk.rows)
             if kinds and kinds.count(kinds[0]) == len(kinds):  # one kind: one name template
                 template = b"%08d." + kinds[0].encode("utf-8", "surrogateescape")
-                names = map(template.__mod__, seqs)
+                names: Iterable[bytes] = map(template.__mod__, seqs)
             else:
                 names = (b"%08d.%s" % (n, k.encode("utf-8", "surrogateescape"))
                          for n, k in zip(seqs, kinds))

@@ -39,6 +39,7 @@ class XattrOps(StoreCalls):
             return [b""]
         names = []
         root_fd = self.table.root.fd
+        assert root_fd is not None  # the root's fd is held for the mount's life
         for rel in self.table.names_of(node):  # a name that still means it: it is linked
             try:
                 st = stat_beneath(root_fd, rel)
