@@ -194,9 +194,9 @@ def _node_id_offsets() -> tuple[int, int] | None:
 
 #: The writes into pyfuse3's objects (here and in direntries.py): "all" (default); "names"
 #: (NameOnlyEntry only: no reply blocks); "off" (neither: entries carry attributes, one
-#: readdir_reply each). A switch for comparing (bench/views.py) and for a pyfuse3 whose
-#: layout passes the probes yet misbehaves; tests/test_fs_cstructs.py fails on a probe that
-#: stops matching.
+#: readdir_reply each). A switch for comparing (bench/listing.py --struct-writes) and for a
+#: pyfuse3 whose layout passes the probes yet misbehaves; tests/test_fs_cstructs.py fails on
+#: a probe that stops matching.
 STRUCT_WRITES = os.environ.get("JOURNALFS_STRUCT_WRITES", "all")
 _OFFSETS = _node_id_offsets() if STRUCT_WRITES in ("all", "names") else None
 

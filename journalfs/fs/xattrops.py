@@ -137,7 +137,7 @@ class XattrOps(StoreCalls):
         finally:
             self._attrs_changed(node)  # ctime, and the mode the ACL may have changed
         if node.path is not None:
-            await self.views.source_changed(node.path)  # the views mirror ACLs (views.py)
+            await self.views.source_changed(node.path)  # the views mirror ACLs (viewxattrs.py)
 
     async def _change_native_xattr(self, node: Inode, change, *args) -> None:
         """``os.setxattr``/``os.removexattr`` on the SOURCE object itself."""
@@ -146,7 +146,7 @@ class XattrOps(StoreCalls):
         finally:
             self._attrs_changed(node)  # ctime
         if bytes(args[0]).startswith(b"system.posix_acl_") and node.path is not None:
-            await self.views.source_changed(node.path)  # the views mirror ACLs (views.py)
+            await self.views.source_changed(node.path)  # the views mirror ACLs (viewxattrs.py)
 
     @staticmethod
     def _check_user_xattr_allowed(node: Inode) -> None:
