@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _group_commands(parser: argparse.ArgumentParser, sub) -> None:
     """List the commands in COMMAND_GROUPS' sections, before the options."""
     by_name = {choice.dest: choice for choice in sub._choices_actions}
-    grouped = set()
+    grouped: set[str] = set()
     groups = []
     for title, names in COMMAND_GROUPS:
         group = argparse._ArgumentGroup(parser, title=title)
@@ -100,7 +100,8 @@ DASH_VALUE_OPTIONS = ("--since", "--until", "-S", "-U", "--from-time", "--to-tim
 
 
 def _join_dash_values(argv: list[str]) -> list[str]:
-    out, i = [], 0
+    out: list[str] = []
+    i = 0
     while i < len(argv):
         arg = argv[i]
         if arg == "--":
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(_join_dash_values(sys.argv[1:] if argv is None else list(argv)))
     if args.man:  # needs no command
-        from .manpage import render
+        from .manpage import render  # late: only --man renders the page
         sys.stdout.write(render(parser))
         return 0
     debug = args.debug or getattr(args, "trace", False)

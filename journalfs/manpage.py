@@ -8,6 +8,7 @@ import argparse
 import textwrap
 
 from . import __version__
+from .cmdline import COMMAND_GROUPS
 
 EXIT_STATUS = (("0", "success"), ("1", "an error (one line on stderr)"), ("2", "a usage error"),
                ("3", "damaged input: the valid part was used, the damage is named on stderr"))
@@ -88,8 +89,6 @@ def _command(parser: argparse.ArgumentParser) -> list[str]:
 
 def render(parser: argparse.ArgumentParser) -> str:
     """The whole page for the top-level ``journalfs`` parser."""
-    from .cmdline import COMMAND_GROUPS
-
     commands = _subparsers(parser)
     summary = "journal files as browsable records, gvfs\\-compatible metadata as xattrs"
     out = [f'.TH JOURNALFS 1 "" "journalfs {__version__}" "User Commands"',

@@ -9,6 +9,7 @@ a running gvfsd-metadata, else takes the store and says so."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -111,6 +112,19 @@ def test_gvfs_mode_shares_the_running_daemon(gvfs_session, home_source):  # noqa
                    {"tags": ["x", "y"], "note": "via setfattr"}, "setfattr seen by gio")
         gvfs_session.gio_set(src / "a.txt", "comment", None)
         eventually(lambda: xattr_or_none(mnt / "a.txt", "comment"), None, "gio unset seen by getfattr")
+        # gvfsd-metadata decides durability and rotation: the mount offers neither, and says so
+        control = mnt / ".journalfs"
+        names = os.listxattr(control)
+        assert "user.journalfs.timeout" in names and "user.journalfs.ro" in names
+        assert "user.journalfs.sync" not in names and "user.journalfs.rotate" not in names
+        for name, value in (("user.journalfs.sync", b"always"), ("user.journalfs.rotate", b"1")):
+            with pytest.raises(OSError) as refused:
+                os.setxattr(control, name, value)
+            assert refused.value.errno == errno.ENOTSUP, name
+            last = status_of(mnt)["last_error"]
+            assert last["setting"] == name.rsplit(".", 1)[1] and last["errno"] == "ENOTSUP"
+            assert "gvfsd-metadata" in last["message"]
+        assert status_of(mnt)["options"]["sync"] is None
     assert gvfs_session.daemon_on_bus(), "the mount must leave the shared gvfsd-metadata running"
     assert gvfs_session.gio_metadata([src / "a.txt", src / "sub" / "b.txt"]) == {
         str(src / "a.txt"): {"before": "mount"},

@@ -16,6 +16,8 @@ import sys
 import time
 
 from ..fs.main import journalfs_mount_of
+from ..metastore.backend import MoveOp, RemoveOp, SetOp, UnsetOp, WriteOp
+from ..metastore.location import resolve_store
 from ..metastore.store import MetaStore, StoreLocked, lock_holder
 from . import EXIT_ERROR, EXIT_OK
 
@@ -53,8 +55,6 @@ class StoreInUse(Exception):
 def mount_path_for(mount: tuple[str, str, dict], tree: str, path: str | None) -> str:
     """Where store path ``path`` of ``tree`` shows in the mount (the mountpoint itself when
     the mapping cannot be worked out)."""
-    from ..metastore.location import resolve_store
-
     source, mountpoint, options = mount
     if path is None:
         return mountpoint
@@ -126,11 +126,12 @@ def run_get(args) -> int:
     return EXIT_OK
 
 
-def _write(args, op, create: bool = False, owner_call: tuple = ()) -> int:
+def _write(args, op, create: bool = False, owner_call: WriteOp | None = None) -> int:
     """Apply ``op`` to the store, unless the store's owner on the session bus (gvfsd-metadata
-    or a serving mount) takes the write as ``owner_call`` (method, *arguments)."""
+    or a serving mount) takes the write ``owner_call``."""
+    # late: D-Bus (jeepney) is loaded only by a write, never by `meta get`/`dump`
     from ..metastore.gvfs_service import write_through_owner
-    if owner_call and write_through_owner(args.tree, *owner_call):
+    if owner_call is not None and write_through_owner(args.tree, owner_call):
         return EXIT_OK
     store = _writer(args, create)
     try:
@@ -155,7 +156,7 @@ def _has_subtree(store: MetaStore, path: str) -> bool:
 def run_set(args) -> int:
     value = list(args.values) if (args.list or len(args.values) > 1) else args.values[0]
     return _write(args, lambda s: s.set(args.path, args.key, value), create=args.create,
-                  owner_call=("set", args.path, args.key, value))
+                  owner_call=SetOp(args.path, args.key, value))
 
 
 def run_unset(args) -> int:
@@ -163,7 +164,7 @@ def run_unset(args) -> int:
         if args.key not in store.get_all(args.path):
             raise NothingThere(f"{args.path}: no key {args.key!r} in {args.tree}")
         store.unset(args.path, args.key)
-    return _write(args, unset, owner_call=("unset", args.path, args.key))
+    return _write(args, unset, owner_call=UnsetOp(args.path, args.key))
 
 
 def run_rm(args) -> int:
@@ -171,7 +172,7 @@ def run_rm(args) -> int:
         if not _has_subtree(store, args.path):
             raise NothingThere(f"{args.path}: no metadata in {args.tree}")
         store.remove(args.path)
-    return _write(args, remove, owner_call=("remove", args.path))
+    return _write(args, remove, owner_call=RemoveOp(args.path))
 
 
 def run_mv(args) -> int:
@@ -179,10 +180,11 @@ def run_mv(args) -> int:
         if not _has_subtree(store, args.src):
             raise NothingThere(f"{args.src}: no metadata in {args.tree} (nothing to move)")
         store.move(args.src, args.dst)
-    return _write(args, move, owner_call=("move", args.src, args.dst))
+    return _write(args, move, owner_call=MoveOp(args.src, args.dst))
 
 
 def run_compact(args) -> int:
+    # late: D-Bus (jeepney) is loaded only by a write, never by `meta get`/`dump`
     from ..metastore.gvfs_service import refuse_if_gvfsd_writes
     refuse_if_gvfsd_writes(args.tree)
     args.sync = "always"

@@ -8,6 +8,7 @@ the daemon's one-line error (exit 1). ``--foreground`` stays attached and logs t
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -15,7 +16,8 @@ import time
 
 # fs.main imports no pyfuse3/trio at module level: they load only where a mount is served.
 from ..fs.main import (MountConfig, MountError, OptionError, mount_entry, pidfile_for, preflight,
-                       resolved_mountpoint)
+                       resolved_mountpoint, run)
+from ..fs.remount import is_remount, remount
 from . import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 
 UMOUNT_WAIT_SECONDS = 30.0
@@ -46,7 +48,6 @@ def build_config(args) -> MountConfig:
 
 
 def run_mount(args) -> int:
-    from ..fs.remount import is_remount
     if is_remount(args.options):
         return run_remount(args)
     if args.mountpoint is None:
@@ -61,7 +62,6 @@ def run_mount(args) -> int:
     for warning in preflight(config):  # MountError -> one line, exit 1 (cli.main)
         print(f"journalfs: warning: {warning}", file=sys.stderr)
     if args.foreground:
-        from ..fs.main import run
         with _pidfile(config.mountpoint):
             run(config, foreground=True)
         return EXIT_OK
@@ -70,7 +70,6 @@ def run_mount(args) -> int:
 
 def run_remount(args) -> int:
     """``-o remount,...``: change the running mount on MOUNTPOINT (fs/remount.py)."""
-    from ..fs.remount import remount
     mountpoint = args.mountpoint or args.source  # mount(8) passes SOURCE MOUNTPOINT
     extra = [f"sync={args.sync}"] if args.sync else []
     if args.trace:
@@ -111,10 +110,6 @@ def _daemonize(config: MountConfig) -> int:
 
 
 def _daemon_main(config: MountConfig, report_fd: int) -> int:
-    import logging
-
-    from ..fs.main import run
-
     os.setsid()
     reported = False
 
@@ -148,12 +143,13 @@ def _pidfile(mountpoint: str):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             f.write(f"{os.getpid()}\n")
+        written = True
     except OSError:
-        path = None  # only `umount` waiting needs it
+        written = False  # only `umount` waiting needs it
     try:
         yield
     finally:
-        if path:
+        if written:
             with contextlib.suppress(OSError):
                 with open(path) as f:
                     mine = f.read().strip() == str(os.getpid())

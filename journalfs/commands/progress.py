@@ -59,6 +59,7 @@ class Progress:
             self._show()
 
     def _show(self) -> None:
+        # late: rich loads only when a bar is actually shown (most runs finish before)
         from rich.console import Console
         from rich.progress import (BarColumn, DownloadColumn, Progress as Bar, TextColumn,
                                    TimeRemainingColumn, TransferSpeedColumn)

@@ -51,7 +51,7 @@ def _watched(args, paths_of, answer) -> int:
 
 
 def _stamp(paths) -> list:
-    out = []
+    out: list[tuple] = []
     for p in sorted(paths):
         try:
             st = os.stat(p)

@@ -18,13 +18,23 @@ import stat
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-# pyfuse3 and trio are imported where a mount is actually served: every other `journalfs`
-# command imports this module (through commands/mount.py) and should start fast.
+# pyfuse3, trio, the store and the FUSE layer are imported where a mount is actually served
+# (serve, run and the helpers only they call): every `journalfs mount`/`umount`/`meta`
+# command line imports this module (through commands/) for its configuration and checks, and
+# should start fast. Each such late import says so.
 
 from ..escaping import EscapingFormatter
 from ..options import DEFAULT_READAHEAD_KIB, DEFAULT_TIMEOUT, SYNC_MODES
+from .settings import OptionError, RuntimeSettings, parse_timeout
+
+if TYPE_CHECKING:  # annotations only (see above)
+    import trio
+
+    from ..metastore.backend import MetadataBackend
+    from ..metastore.location import StoreLocation
+    from .passthrough import JournalFS
 
 log = logging.getLogger("journalfs.fs")
 
@@ -99,10 +109,6 @@ class MountError(Exception):
     """A mount that cannot be made; the message is the one line shown to the user."""
 
 
-class OptionError(ValueError):
-    """A bad ``-o`` option (a usage error)."""
-
-
 @dataclass
 class MountConfig:
     """Options of one mount. ``timeout`` is how long the kernel may cache names and
@@ -151,7 +157,9 @@ class MountConfig:
             if opt in ROOT_ONLY_FLAGS and os.geteuid() != 0:
                 raise OptionError(f"option {opt!r} needs root (FUSE mounts of other users "
                                   "are always nodev,nosuid)")
-            self.flags.pop(MOUNT_FLAGS[opt], None)
+            opposite = MOUNT_FLAGS[opt]
+            if opposite is not None:
+                self.flags.pop(opposite, None)
             self.flags.pop(opt, None)
             self.flags[opt] = None
         elif name == "store" and value:
@@ -187,7 +195,7 @@ class MountConfig:
             raise OptionError("auto_unmount mounts through fusermount3, which always sets "
                               "nodev,nosuid: drop dev/suid or auto_unmount")
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, object]:
         """The options as status.json shows them."""
         return {"source": self.source, "mountpoint": self.mountpoint, "store": self.store,
                 "gvfs": self.gvfs, "exclusive_store": self.exclusive_store, "sync": self.sync, "allow_other": self.allow_other,
@@ -217,24 +225,15 @@ class FuseOption(str):
     UTF-8 or not UTF-8 at all): pyfuse3 encodes each option with ``.encode("us-ascii")``,
     which this answers with the raw bytes."""
 
-    def __new__(cls, raw: bytes):
+    raw: bytes
+
+    def __new__(cls, raw: bytes) -> FuseOption:
         option = super().__new__(cls, raw.decode("ascii", "backslashreplace"))
         option.raw = raw
         return option
 
     def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
         return self.raw
-
-
-def parse_timeout(value: str) -> float:
-    """Seconds of the kernel's name/attribute cache (``timeout=``)."""
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise OptionError(f"timeout must be a number of seconds, not {value!r}") from None
-    if not 0 <= seconds < 1e9:  # also rejects nan
-        raise OptionError(f"timeout must be 0 or more seconds, not {value!r}")
-    return seconds
 
 
 def unescape_mountinfo(field: str) -> str:
@@ -298,7 +297,7 @@ def is_dead_mount(path: str) -> bool:
     return False
 
 
-def journalfs_mount_of(pid: int) -> tuple[str, str, dict] | None:
+def journalfs_mount_of(pid: int) -> tuple[str, str, dict[str, str | bool]] | None:
     """(source, mountpoint, options) of the ``journalfs mount`` process ``pid``, from its
     command line, or None when ``pid`` is not one."""
     try:
@@ -311,7 +310,9 @@ def journalfs_mount_of(pid: int) -> tuple[str, str, dict] | None:
         return None
     rest = argv[argv.index("mount") + 1:]
     with_value = {"--store", "--sync", "-o", "--log-file"}
-    positional, options, i = [], {}, 0
+    positional: list[str] = []
+    options: dict[str, str | bool] = {}
+    i = 0
     while i < len(rest):
         arg = rest[i]
         if arg in with_value and i + 1 < len(rest):
@@ -431,9 +432,10 @@ def pidfile_for(mountpoint: str) -> str:
     return os.path.join(base, f"{digest}.pid")
 
 
-def _open_metadata(config: MountConfig):
-    """(service, location): the metadata backend the mount serves xattrs from. Who may write
+def _open_metadata(config: MountConfig) -> tuple[MetadataBackend, StoreLocation]:
+    """(backend, location): the metadata backend the mount serves xattrs from. Who may write
     a shared (--store) gvfs directory is the metastore's decision (gvfs_service)."""
+    # late: serving only (see the imports above)
     from ..metastore.gvfs_service import open_metadata_backend
     from ..metastore.gvfsd import StoreBusError
     from ..metastore.location import resolve_store
@@ -456,7 +458,7 @@ def _source_kind(source: str) -> Callable[[str], str]:
     """What a mount-relative path is in SOURCE, for the metadata mirror of the mount's
     paths (run in a worker thread): "view" (the mount's own views), "dir", "file" or
     "absent". Walked one directory at a time from SOURCE, never through a symlink."""
-    from .views import VIEWS_NAME
+    from .views import VIEWS_NAME  # late: serving only (see the imports above)
 
     root = os.path.abspath(source)
     views = "/" + os.fsdecode(VIEWS_NAME)
@@ -486,7 +488,7 @@ def _source_kind(source: str) -> Callable[[str], str]:
 def store_in_use_message(tree_path: str, source: str) -> str:
     """One line for a store whose writer lock another process holds: which one, and for a
     journalfs mount, where it is mounted."""
-    from ..metastore.store import lock_holder
+    from ..metastore.store import lock_holder  # late: the store (see the imports above)
 
     pid = lock_holder(tree_path)
     holder = journalfs_mount_of(pid) if pid is not None else None
@@ -499,10 +501,10 @@ def store_in_use_message(tree_path: str, source: str) -> str:
     return f"metadata store {tree_path} is in use by {who}"
 
 
-async def _handle_signals(meta, task_status) -> None:
+async def _handle_signals(meta: MetadataBackend, task_status: trio.TaskStatus[None]) -> None:
     """SIGTERM/SIGINT/SIGHUP unmount; SIGUSR1 rotates the store now (what `journalfs meta
     compact` sends to the mount holding a store)."""
-    import pyfuse3
+    import pyfuse3  # late: serving only (see the imports above)
     import trio
 
     wanted = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
@@ -518,13 +520,12 @@ async def _handle_signals(meta, task_status) -> None:
                 return
 
 
-async def _compact_now(meta) -> None:
-    compact = getattr(meta, "compact", None)
-    if compact is None:
-        log.info("SIGUSR1: this mount's metadata store is not journalfs's to compact")
-        return
+async def _compact_now(meta: MetadataBackend) -> None:
+    from ..metastore.backend import NotSupported  # late: serving only (see the imports above)
     try:
-        await compact()
+        await meta.compact()
+    except NotSupported as exc:  # gvfsd-metadata rotates its store itself
+        log.info("SIGUSR1: not rotated: %s", exc)
     except Exception:
         log.exception("compaction on request failed")
 
@@ -533,7 +534,7 @@ async def _when_served(mountpoint: str, readahead: int, ready: Callable[[], None
     """Once the kernel's INIT is answered -- a stat of the mountpoint, served by this very
     loop, returns -- set the readahead (INIT caps any earlier setting at the kernel's
     default), then report the mount usable."""
-    import trio
+    import trio  # late: serving only (see the imports above)
 
     def settle() -> None:
         try:
@@ -554,7 +555,7 @@ LOG_FILE_NAME = "journalfs.log"
 
 def _syslog_handler() -> logging.Handler | None:
     """The system log (journald or a syslog daemon) when something listens on /dev/log."""
-    import logging.handlers
+    import logging.handlers  # late: only a daemon without --log-file logs there
 
     if not os.path.exists("/dev/log"):
         return None
@@ -580,7 +581,7 @@ def _file_handler(path: str) -> logging.Handler:
     return handler
 
 
-def start_logging(config: MountConfig, location, foreground: bool) -> None:
+def start_logging(config: MountConfig, location: StoreLocation, foreground: bool) -> None:
     """Log where the user will look and note where in ``config.log`` (status.json "log"):
     --log-file PATH if given; else the terminal with --foreground; else the system log
     (journald/syslog through /dev/log) when there is one; else a file in the store directory."""
@@ -614,64 +615,16 @@ def start_logging(config: MountConfig, location, foreground: bool) -> None:
     config.log = ", ".join(places)
 
 
-def trace_requests(ops, on: bool = True) -> None:
-    """Log every FUSE request and its answer at debug level (``-d``, or ``log_level=debug``
-    at run time): each operation of ``ops`` is wrapped on the instance, so nothing is paid
-    while tracing is off; ``on=False`` puts the unwrapped handlers back."""
-    import functools
-    import inspect
-
-    import pyfuse3
-
-    untraced = ops.__dict__.get("_untraced_handlers")
-    if not on:
-        if untraced is not None:
-            for name, handler in untraced.items():
-                setattr(ops, name, handler)
-            del ops._untraced_handlers
-        return
-    if untraced is not None:  # already tracing
-        return
-    trace = logging.getLogger("journalfs.requests")
-    names = [n for n, f in inspect.getmembers(pyfuse3.Operations, inspect.iscoroutinefunction)
-             if not n.startswith("_")]
-    ops._untraced_handlers = untraced = {}
-    for name in names:
-        handler = untraced[name] = getattr(ops, name)
-
-        @functools.wraps(handler)
-        async def traced(*args, _name=name, _handler=handler):
-            shown = ", ".join(_short(a) for a in args if not isinstance(a, pyfuse3.RequestContext))
-            trace.debug("%s(%s)", _name, shown)
-            try:
-                result = await _handler(*args)
-            except pyfuse3.FUSEError as exc:
-                trace.debug("%s -> %s", _name, errno.errorcode.get(exc.errno, exc.errno))
-                raise
-            trace.debug("%s -> %s", _name, _short(result))
-            return result
-        setattr(ops, name, traced)
-
-
-def _short(value) -> str:
-    if isinstance(value, (bytes, bytearray, memoryview)) and len(value) > 64:
-        return f"<{len(value)} bytes>"
-    if isinstance(value, (list, tuple)) and len(value) > 8:
-        return f"<{len(value)} items>"
-    if hasattr(value, "st_ino") and hasattr(value, "st_mode"):
-        return f"<attrs ino={value.st_ino} mode={value.st_mode:o} size={value.st_size}>"
-    return repr(value)
-
-
 async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
                 foreground: bool = True) -> None:
     """Mount, serve until unmounted or signalled, then flush metadata and unmount."""
+    # late: serving only (see the imports above)
     import pyfuse3
     import trio
 
     from .collector import Collector
-    from .control import Control
-    from .passthrough import JournalFS
+    from .control import Control, trace_requests
+    from .passthrough import SNAPSHOT_TTL, JournalFS
 
     meta, location = _open_metadata(config)
     start_logging(config, location, foreground)
@@ -682,9 +635,13 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
     # the mount covers SOURCE itself (mountpoint == source) or SOURCE is renamed.
     source_fd = os.open(config.source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
+        settings = RuntimeSettings(meta, timeout=config.timeout, readonly=config.ro,
+                                   cache_cap=SNAPSHOT_TTL)
         ops = JournalFS(f"/proc/self/fd/{source_fd}", meta, location, timeout=config.timeout,
                         options=config.summary())
-        ops.views.control = Control(ops)
+        _follow_settings(ops, settings)
+        # (fs/views.py declares the attribute as None: its owner types it, #26)
+        ops.views.control = Control(settings, trace=lambda on: trace_requests(ops, on))  # type: ignore[assignment]
         _load_handles(ops, source_fd)
         if config.debug:
             trace_requests(ops)
@@ -721,6 +678,19 @@ async def serve(config: MountConfig, ready: Callable[[], None] = lambda: None,
         os.close(source_fd)
 
 
+def _follow_settings(ops: JournalFS, settings: RuntimeSettings) -> None:
+    """Keep the mount's per-request copies of the runtime settings current. A bridge: once
+    JournalFS and its views take ``settings`` and subscribe themselves (#26, fs/passthrough.py
+    and fs/views.py), this goes."""
+    def changed(settings: RuntimeSettings) -> None:
+        ops.timeout = settings.timeout  # entry/attr timeouts of every later reply
+        ops.stat_ttl = ops.snapshots.ttl = settings.cache_ttl
+        ops.readonly = settings.readonly
+        ops.views.options.update(settings.options())
+    changed(settings)
+    settings.subscribe(changed)
+
+
 def handles_file_for(source_fd: int) -> str | None:
     """Where the file handles of SOURCE's inodes are kept between mounts (root only: only
     root can open by handle): the runtime directory, by SOURCE's identity."""
@@ -731,7 +701,7 @@ def handles_file_for(source_fd: int) -> str | None:
     return os.path.join(base, f"handles-{st.st_dev:x}-{st.st_ino:x}")
 
 
-def _load_handles(ops, source_fd: int) -> None:
+def _load_handles(ops: JournalFS, source_fd: int) -> None:
     path = handles_file_for(source_fd)
     if path is not None:
         taken = ops.table.load_forgotten(path)
@@ -739,7 +709,7 @@ def _load_handles(ops, source_fd: int) -> None:
             log.info("%d file handles of the last mount of this SOURCE still open", taken)
 
 
-def _save_handles(ops, source_fd: int) -> None:
+def _save_handles(ops: JournalFS, source_fd: int) -> None:
     path = handles_file_for(source_fd)
     if path is None:
         return
@@ -790,7 +760,7 @@ def run(config: MountConfig, ready: Callable[[], None] = lambda: None,
     """Serve ``config`` on a fresh trio loop; a MountError carries the user-facing line.
     (Not ``except*``: an exception raised in an ``except*`` clause leaves it wrapped in a
     new ExceptionGroup, which is what the user then saw.)"""
-    import trio
+    import trio  # late: serving only (see the imports above)
 
     os.umask(0)  # the kernel already applied the caller's umask to every mode we receive
     try:

@@ -233,7 +233,7 @@ class StoreDir:
             raise
         if not self.writer:
             os.close(fd)
-            fd = None
+            return buf, st.st_ino, None
         return buf, st.st_ino, fd
 
     # -- the writer's lock -----------------------------------------------------------------
@@ -246,7 +246,7 @@ class StoreDir:
         except OSError as exc:
             holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
             os.close(fd)
-            exc.holder = holder
+            exc.holder = holder  # type: ignore[attr-defined]  # read by store.py's StoreLocked
             raise
         try:
             os.ftruncate(fd, 0)

@@ -27,18 +27,26 @@ import re
 import stat
 import time
 from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 import trio
 from jeepney import HeaderFields, MessageFlag, MessageType
 from jeepney.bus_messages import message_bus
+from jeepney.io.blocking import open_dbus_connection as blocking_connection
+from jeepney.io.trio import DBusConnection, open_dbus_connection
+from jeepney.low_level import Message
 from jeepney.wrappers import new_error, new_method_return, new_signal
 
 from ..formats.gvfs_journal import JOURNAL_SUFFIX
 from ..journals import BACKUP_MARK
 from .files import LOCK_SUFFIX
+from .backend import CopyOp, MetadataBackend, MoveOp, RemoveOp, SetOp, UnsetOp, Value, WriteOp
 from .gvfsd import BUS_NAME, METADATA, REPLY_TIMEOUT, GvfsdBackend, GvfsdUnavailable, StoreBusError
-from .location import tree_for_device
+from .ledger import Ledger
+from .location import StoreLocation, mount_paths_location, tree_for_device
+from .mirror import MirroredBackend, MountView
 from .service import MetaService
+from .store import MetaStore
 
 log = logging.getLogger("journalfs.metastore")
 
@@ -169,9 +177,8 @@ def session_bus_candidates(uid: int) -> list[str]:
 
 def _name_owner_pid(address: str) -> int | None:
     """pid owning org.gtk.vfs.Metadata on the bus (None: nobody); OSError if unreachable."""
-    from jeepney.io.blocking import open_dbus_connection
     try:
-        conn = open_dbus_connection(address)
+        conn = blocking_connection(address)
     except (OSError, StopIteration, ValueError) as exc:
         raise OSError(f"cannot connect to {address}: {exc}") from None
     with conn:
@@ -241,7 +248,7 @@ class StoreGuard:
     bus: str | None = None
     warning: str | None = None
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         out = {"store_mode": self.mode, "store_bus": self.bus}
         if self.warning:
             out["store_warning"] = self.warning
@@ -298,35 +305,33 @@ def decide(store_dir: str, *, exclusive: bool = False, quiet: bool = False) -> S
 
 def open_metadata_backend(tree_path: str, *, shared_dir: bool, gvfs: bool, sync: str,
                           readonly: bool, exclusive: bool = False, bus: str | None = None,
-                          location=None, mountpoint: str | None = None, source_kind=None):
-    """The metadata backend a mount serves xattrs from (all share MetaService's async API).
+                          location: StoreLocation | None = None, mountpoint: str | None = None,
+                          source_kind: Callable[[str], str] | None = None) -> MetadataBackend:
+    """The metadata backend a mount serves xattrs from.
 
     ``shared_dir``: the store lives in a directory given by the user (``--store``), which a
     gvfsd-metadata may also write; ``gvfs``: always join the running gvfsd-metadata.
     ``location`` (the SOURCE paths' StoreLocation) and ``mountpoint`` (resolved): when GIO
     programs share the store, GIO's view of the mount's own paths is kept equal too
     (:mod:`.mirror`; ``source_kind`` as MirroredBackend takes it)."""
-    from .store import MetaStore
-
     if gvfs:
         return _with_mount_paths(GvfsdBackend(tree_path, bus=bus), location, mountpoint,
                                  readonly, source_kind)
     guard = StoreGuard("private")
     if shared_dir and not readonly:
         guard = decide(os.path.dirname(os.path.abspath(tree_path)), exclusive=exclusive)
-        if guard.mode in ("serve", "join"):
+        if guard.mode in ("serve", "join") and guard.bus is not None:
             return _with_mount_paths(SessionStoreBackend(tree_path, guard.bus, sync=sync),
                                      location, mountpoint, readonly, source_kind)
     store = MetaStore.open(tree_path, sync=sync, readonly=readonly)
     return GuardedMetaService(store, guard, sync=sync)
 
 
-def _with_mount_paths(backend, location, mountpoint: str | None, readonly: bool, source_kind):
+def _with_mount_paths(backend: GvfsdBackend | SessionStoreBackend, location: StoreLocation | None,
+                      mountpoint: str | None, readonly: bool,
+                      source_kind: Callable[[str], str] | None) -> MetadataBackend:
     """``backend`` wrapped so that GIO on the mount's paths sees what getfattr sees (and the
     other way round), unless the mount is read-only or the two places cannot be told apart."""
-    from .location import mount_paths_location
-    from .mirror import MirroredBackend, MountView
-
     if location is None or mountpoint is None or readonly:
         return backend
     mount_location = mount_paths_location(os.path.dirname(location.tree_path), mountpoint)
@@ -348,7 +353,7 @@ def refuse_if_gvfsd_writes(tree_path: str) -> None:
     journalfs mount serving the name is not refused here: it holds the store's lock."""
     store_dir = os.path.dirname(os.path.abspath(tree_path))
     guard = decide(store_dir, quiet=True)
-    if guard.mode == "join":
+    if guard.mode == "join" and guard.bus is not None:
         pid = _name_owner_pid(guard.bus)
         if pid is not None and _comm(pid) == "gvfsd-metadata":
             raise StoreRefused(f"gvfsd-metadata (pid {pid}) writes {tree_path} and compacts it "
@@ -363,7 +368,7 @@ def _comm(pid: int) -> str | None:
         return None
 
 
-def write_through_owner(tree_path: str, method: str, *args) -> bool:
+def write_through_owner(tree_path: str, op: WriteOp) -> bool:
     """For a command writing a store outside any mount (``journalfs meta set``...): when a
     process on the owner's session bus owns org.gtk.vfs.Metadata (gvfsd-metadata, or a
     journalfs mount serving it), make the write through it and return True. False: nobody
@@ -378,7 +383,7 @@ def write_through_owner(tree_path: str, method: str, *args) -> bool:
     async def write() -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(backend.run)
-            await getattr(backend, method)(*args)
+            await _apply(backend, op)
             await backend.sync()
             nursery.cancel_scope.cancel()
 
@@ -392,19 +397,34 @@ def write_through_owner(tree_path: str, method: str, *args) -> bool:
     return True
 
 
+async def _apply(backend: GvfsdBackend, op: WriteOp) -> None:
+    if isinstance(op, SetOp):
+        await backend.set(op.path, op.key, op.value)
+    elif isinstance(op, UnsetOp):
+        await backend.unset(op.path, op.key)
+    elif isinstance(op, RemoveOp):
+        await backend.remove(op.path)
+    elif isinstance(op, MoveOp):
+        await backend.move(op.src, op.dst)
+    elif isinstance(op, CopyOp):
+        await backend.copy(op.src, op.dst)
+    else:
+        raise TypeError(f"not a metadata write: {op!r}")
+
+
 class GuardedMetaService(MetaService):
     """The embedded store's MetaService, whose status also says how the store is guarded."""
 
-    def __init__(self, store, guard: StoreGuard, **kwargs):
+    def __init__(self, store: MetaStore, guard: StoreGuard, **kwargs: Any):
         super().__init__(store, **kwargs)
         self.guard = guard
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         return {**super().status(), **self.guard.status()}
 
 
 # ---- serving org.gtk.vfs.Metadata ----------------------------------------------------
-def _bytestring_arg(raw) -> str:
+def _bytestring_arg(raw: bytes) -> str:
     """A GLib bytestring argument (``ay``, NUL-terminated) as a surrogateescape str."""
     raw = bytes(raw)
     if raw.endswith(b"\0"):
@@ -412,6 +432,10 @@ def _bytestring_arg(raw) -> str:
     if b"\0" in raw or not raw:
         raise ValueError("bad bytestring argument")
     return os.fsdecode(raw)
+
+
+#: a method's answer: (D-Bus signature of the body or None, body)
+Reply = tuple[str | None, tuple[Any, ...]]
 
 
 class _CallFailed(Exception):
@@ -433,11 +457,10 @@ class MetadataServer:
     as gvfsd-metadata does. Calls for trees elsewhere are refused: GIO never sends them, and
     the daemon may run as root."""
 
-    def __init__(self, store_dir: str, own_tree: str, own_service, *, sync: str):
+    def __init__(self, store_dir: str, own_tree: str, own_service: MetaService):
         self.store_dir = _real(store_dir)
         self.own_name = os.path.basename(own_tree)
-        self.sync_mode = sync
-        self.services = {self.own_name: own_service}
+        self.services: dict[str, MetaService] = {self.own_name: own_service}
         self._opening = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self._conn = None
@@ -447,13 +470,23 @@ class MetadataServer:
         self.calls = 0
         self.signals = 0
         #: called with (tree file, path) after each write a D-Bus client made (not the mount's)
-        self.listeners: list = []
+        self.listeners: list[Callable[[str, str], None]] = []
 
     def tree_file(self, name: str) -> str:
         return os.path.join(self.store_dir, name)
 
+    @property
+    def sync_mode(self) -> str:
+        """The mount's tree's mode, which every tree served follows."""
+        return self.services[self.own_name].sync_mode
+
+    def set_sync(self, mode: str) -> None:
+        for service in list(self.services.values()):
+            service.set_sync(mode)
+
     # -- serving
-    async def serve(self, conn, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, conn: DBusConnection, *,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Answer method calls arriving on ``conn`` (a jeepney trio DBusConnection owning our
         bus name) until cancelled; each call is its own task, so none waits for another."""
         async with trio.open_nursery() as nursery:
@@ -474,7 +507,7 @@ class MetadataServer:
                 self._conn = None
             await trio.sleep_forever()  # opened trees stay served to the mount until unmount
 
-    async def _answer(self, message) -> None:
+    async def _answer(self, message: Message) -> None:
         fields = message.header.fields
         member = fields.get(HeaderFields.member)
         interface = fields.get(HeaderFields.interface)
@@ -512,13 +545,14 @@ class MetadataServer:
         except (OSError, trio.ClosedResourceError, trio.BrokenResourceError):
             log.warning("gvfs metadata service: could not answer a %s call", member)
 
-    def _args(self, message, signature: str) -> tuple:
+    def _args(self, message: Message, signature: str) -> tuple[Any, ...]:
         got = message.header.fields.get(HeaderFields.signature, "")
         if got != signature:
             raise _CallFailed(_INVALID_ARGS, f"expected arguments {signature!r}, got {got!r}")
-        return message.body
+        body: tuple[Any, ...] = message.body
+        return body
 
-    async def _service_for(self, treefile) -> tuple[str, object]:
+    async def _service_for(self, treefile: bytes) -> tuple[str, MetaService]:
         """(the tree file as the caller named it, its MetaService) of a tree in our directory;
         AttributeChanged carries the caller's name, as gvfsd-metadata's does."""
         path = _bytestring_arg(treefile)
@@ -532,7 +566,7 @@ class MetadataServer:
                 service = self.services.get(name) or await self._open_tree(name, path)
         return path, service
 
-    async def service_for_tree(self, tree_path: str):
+    async def service_for_tree(self, tree_path: str) -> MetaService:
         """The MetaService writing another tree of our directory (opened as for a call)."""
         return (await self._service_for(os.fsencode(tree_path) + b"\0"))[1]
 
@@ -542,20 +576,21 @@ class MetadataServer:
             for listener in self.listeners:
                 listener(tree, path)
 
-    async def _open_tree(self, name: str, path: str):
-        from .store import MetaStore
+    async def _open_tree(self, name: str, path: str) -> MetaService:
+        sync = self.sync_mode
         try:
             store = await trio.to_thread.run_sync(
-                lambda: MetaStore.open(self.tree_file(name), sync=self.sync_mode))
+                lambda: MetaStore.open(self.tree_file(name), sync=sync))
         except (OSError, ValueError) as exc:
             log.warning("gvfs metadata service: cannot open tree %s: %s", name, exc)
             raise _gio_error(_IO_NOT_FOUND, f"Can't find metadata file {path}") from None
-        service = MetaService(store, sync=self.sync_mode)
+        service = MetaService(store, sync=sync)
+        assert self._nursery is not None  # trees are opened for calls, which serve() answers
         await self._nursery.start(service.run)
         self.services[name] = service
         return service
 
-    async def _set(self, message):
+    async def _set(self, message: Message) -> Reply:
         treefile, path, data = self._args(message, "ayaya{sv}")
         tree, service = await self._service_for(treefile)
         path = _bytestring_arg(path)
@@ -577,7 +612,7 @@ class MetadataServer:
         self._client_wrote(tree, path)
         return None, ()
 
-    async def _remove(self, message):
+    async def _remove(self, message: Message) -> Reply:
         treefile, path = self._args(message, "ayay")
         tree, service = await self._service_for(treefile)
         path = _bytestring_arg(path)
@@ -588,7 +623,7 @@ class MetadataServer:
         self._client_wrote(tree, path)
         return None, ()
 
-    async def _move(self, message):
+    async def _move(self, message: Message) -> Reply:
         treefile, src, dst = self._args(message, "ayayay")
         tree, service = await self._service_for(treefile)
         src, dst = _bytestring_arg(src), _bytestring_arg(dst)
@@ -599,17 +634,17 @@ class MetadataServer:
         self._client_wrote(tree, src, dst)
         return None, ()
 
-    async def _tree_from_device(self, message):
+    async def _tree_from_device(self, message: Message) -> Reply:
         major, minor = self._args(message, "uu")
         return "s", (tree_for_device(major, minor),)
 
-    async def _introspect(self, message):
+    async def _introspect(self, message: Message) -> Reply:
         return "s", (INTROSPECTION,)
 
-    async def _ping(self, message):
+    async def _ping(self, message: Message) -> Reply:
         return None, ()
 
-    async def _machine_id(self, message):
+    async def _machine_id(self, message: Message) -> Reply:
         try:
             with open("/etc/machine-id") as f:
                 return "s", (f.read().strip(),)
@@ -644,7 +679,7 @@ class MetadataServer:
         except (OSError, trio.ClosedResourceError, trio.BrokenResourceError):
             pass
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         out = {"gvfs_calls": self.calls, "gvfs_signals": self.signals,
                "gvfs_trees": sorted(self.services)}
         if self.bus_lost:
@@ -652,7 +687,7 @@ class MetadataServer:
         return out
 
 
-async def _request_name(conn) -> bool:
+async def _request_name(conn: DBusConnection) -> bool:
     """Claim org.gtk.vfs.Metadata on ``conn`` without queueing: True if it is ours now."""
     request = message_bus.RequestName(BUS_NAME, _DO_NOT_QUEUE)
     serial = next(conn.outgoing_serial)
@@ -674,58 +709,71 @@ class _Announcing:
     """Another tree's MetaService, whose writes are announced (AttributeChanged) to GIO
     listeners such as Nautilus, as gvfsd-metadata announces every write."""
 
-    def __init__(self, service, server: MetadataServer, tree_path: str):
+    def __init__(self, service: MetaService, server: MetadataServer, tree_path: str):
         self.service, self.server, self.tree = service, server, tree_path
 
-    async def get_all(self, path):
+    async def get_all(self, path: str) -> dict[str, Value]:
         return await self.service.get_all(path)
 
-    async def subtree(self, root: str) -> dict:
-        from .mirror import subtree_of
-        return await subtree_of(self.service, root)
+    async def subtree(self, root: str) -> dict[str, dict[str, Value]]:
+        return await self.service.subtree(root)
 
-    async def _announced(self, method: str, *args, paths: tuple) -> None:
-        await getattr(self.service, method)(*args)
+    def _announce(self, *paths: str) -> None:
         for path in paths:
             self.server.changed(self.tree, path)
 
-    async def set(self, path, key, value):
-        await self._announced("set", path, key, value, paths=(path,))
+    async def set(self, path: str, key: str, value: Value) -> None:
+        await self.service.set(path, key, value)
+        self._announce(path)
 
-    async def unset(self, path, key):
-        await self._announced("unset", path, key, paths=(path,))
+    async def unset(self, path: str, key: str) -> None:
+        await self.service.unset(path, key)
+        self._announce(path)
 
-    async def remove(self, path):
-        await self._announced("remove", path, paths=(path,))
+    async def set_many(self, path: str, changes: Mapping[str, Value | None]) -> None:
+        await self.service.set_many(path, changes)
+        self._announce(path)
 
-    async def copy(self, src, dst):
-        await self._announced("copy", src, dst, paths=(dst,))
+    def fresh(self) -> None:
+        return None  # the mount's own store: nothing of its own to open
 
-    async def move(self, src, dst):
-        await self._announced("move", src, dst, paths=(src, dst))
+    async def remove(self, path: str) -> None:
+        await self.service.remove(path)
+        self._announce(path)
+
+    async def copy(self, src: str, dst: str) -> None:
+        await self.service.copy(src, dst)
+        self._announce(dst)
+
+    async def move(self, src: str, dst: str) -> None:
+        await self.service.move(src, dst)
+        self._announce(src, dst)
 
 
 class SessionStoreBackend:
     """A mount's metadata on a gvfs store whose owner's session bus we reach: at start it
     claims `org.gtk.vfs.Metadata` and serves it (journalfs is the store's one writer), or,
     when gvfsd-metadata (or another journalfs) owns the name, joins it as ``--gvfs`` does.
-    The name is released only after the store is flushed and closed at unmount."""
+    The name is released only after the store is flushed and closed at unmount. A
+    :class:`~.backend.MetadataBackend`: serving, it answers as the embedded store does;
+    joined, as :class:`~.gvfsd.GvfsdBackend` does."""
 
     def __init__(self, tree_path: str, bus: str, *, sync: str = "batch"):
         self.tree_path = os.path.abspath(tree_path)
         self.bus = bus
-        self.sync_mode = sync
+        self._sync_at_start = sync  # the store's mode once it is opened (serving)
         self.mode = "starting"
-        self._active = None  # the MetaService (serve) or GvfsdBackend (join)
+        self._active: MetaService | GvfsdBackend | None = None
         self._server: MetadataServer | None = None
 
     @property
-    def store(self):
-        """The embedded store while serving (None when gvfsd-metadata writes)."""
-        return getattr(self._active, "store", None) if self.mode == "serve" else None
+    def active(self) -> MetaService | GvfsdBackend:
+        """The writer: the embedded store's MetaService (serve) or GvfsdBackend (join)."""
+        if self._active is None:
+            raise GvfsdUnavailable("the session store backend is not running (start run() first)")
+        return self._active
 
-    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        from jeepney.io.trio import open_dbus_connection
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
             with trio.fail_after(REPLY_TIMEOUT):
                 conn = await open_dbus_connection(self.bus)
@@ -744,20 +792,19 @@ class SessionStoreBackend:
             await conn.aclose()
         await self._join(task_status)  # gvfsd-metadata (or another journalfs) got it first
 
-    async def _join(self, task_status) -> None:
+    async def _join(self, task_status: trio.TaskStatus[None]) -> None:
         self.mode = "join"
         log.info("gvfsd-metadata owns %s: writing %s through it", BUS_NAME, self.tree_path)
         self._active = GvfsdBackend(self.tree_path, bus=self.bus)
         await self._active.run(task_status=task_status)
 
-    async def _serve(self, conn, task_status) -> None:
-        from .store import MetaStore
+    async def _serve(self, conn: DBusConnection, task_status: trio.TaskStatus[None]) -> None:
         # the name is ours first, the store second: no gvfsd-metadata can start writing it
-        store = await trio.to_thread.run_sync(lambda: MetaStore.open(self.tree_path, sync=self.sync_mode))
-        service = MetaService(store, sync=self.sync_mode)
+        sync = self._sync_at_start
+        store = await trio.to_thread.run_sync(lambda: MetaStore.open(self.tree_path, sync=sync))
+        service = MetaService(store, sync=sync)
         self._active = service
-        self._server = MetadataServer(os.path.dirname(self.tree_path), self.tree_path, service,
-                                      sync=self.sync_mode)
+        self._server = MetadataServer(os.path.dirname(self.tree_path), self.tree_path, service)
         self.mode = "serve"
         log.info("journalfs serves %s on %s for %s", BUS_NAME, self.bus, os.path.dirname(self.tree_path))
         async with trio.open_nursery() as nursery:
@@ -773,27 +820,29 @@ class SessionStoreBackend:
             for path in paths:
                 self._server.changed(tree, path)
 
-    async def get(self, path, key):
-        return await self._active.get(path, key)
+    async def get(self, path: str, key: str) -> Value | None:
+        return await self.active.get(path, key)
 
-    async def subtree(self, root: str) -> dict:
-        if self.mode != "serve":
-            return await self._active.subtree(root)
-        from .mirror import subtree_of
-        return await subtree_of(self._active, root)
+    async def subtree(self, root: str) -> dict[str, dict[str, Value]]:
+        return await self.active.subtree(root)
 
-    async def open_tree(self, tree_path: str):
+    async def open_tree(self, tree_path: str) -> _Announcing | GvfsdBackend:
         """The backend writing another tree of this store directory, through this store's
         one writer (call once :meth:`run` has started)."""
-        if self.mode == "serve":
-            service = await self._server.service_for_tree(tree_path)
-            return _Announcing(service, self._server, tree_path)
-        return await self._active.open_tree(tree_path)
+        active = self.active
+        if isinstance(active, GvfsdBackend):
+            return await active.open_tree(tree_path)
+        assert self._server is not None  # serving: set together with the MetaService
+        service = await self._server.service_for_tree(tree_path)
+        return _Announcing(service, self._server, tree_path)
 
-    async def watch_changes(self, changed, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def watch_changes(self, changed: Callable[[str, str], None], *,
+                            task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Call ``changed(tree file, path)`` after each write GIO programs make."""
-        if self.mode != "serve":
-            return await self._active.watch_changes(changed, task_status=task_status)
+        active = self.active
+        if isinstance(active, GvfsdBackend):
+            return await active.watch_changes(changed, task_status=task_status)
+        assert self._server is not None
         self._server.listeners.append(changed)
         try:
             task_status.started()
@@ -801,44 +850,77 @@ class SessionStoreBackend:
         finally:
             self._server.listeners.remove(changed)
 
-    async def get_all(self, path):
-        return await self._active.get_all(path)
+    async def get_all(self, path: str) -> dict[str, Value]:
+        return await self.active.get_all(path)
 
-    async def set(self, path, key, value):
-        result = await self._active.set(path, key, value)
+    async def set_many(self, path: str, changes: Mapping[str, Value | None]) -> None:
+        await self.active.set_many(path, changes)
+        self._announce(path)
+
+    async def set(self, path: str, key: str, value: Value) -> object:
+        result = await self.active.set(path, key, value)
         self._announce(path)
         return result
 
-    async def unset(self, path, key):
-        result = await self._active.unset(path, key)
+    async def unset(self, path: str, key: str) -> object:
+        result = await self.active.unset(path, key)
         self._announce(path)
         return result
 
-    async def remove(self, path):
-        result = await self._active.remove(path)
+    async def remove(self, path: str) -> object:
+        result = await self.active.remove(path)
         self._announce(path)
         return result
 
-    async def move(self, src, dst):
-        result = await self._active.move(src, dst)
+    async def move(self, src: str, dst: str) -> object:
+        result = await self.active.move(src, dst)
         self._announce(src, dst)
         return result
 
-    async def copy(self, src, dst):
-        result = await self._active.copy(src, dst)
+    async def copy(self, src: str, dst: str) -> object:
+        result = await self.active.copy(src, dst)
         self._announce(dst)
         return result
 
     async def compact(self) -> None:
-        await self._active.compact()
+        await self.active.compact()
 
     async def sync(self) -> None:
         """Every earlier acknowledged write durable (the store's or gvfsd's journal)."""
-        sync = getattr(self._active, "sync", None)
-        if callable(sync):
-            await sync()
+        await self.active.sync()
 
-    def status(self) -> dict:
+    # before run() has started the writer is not known: nothing is claimed
+    def rotations(self) -> int | None:
+        return self._active.rotations() if self._active is not None else None
+
+    @property
+    def sync_mode(self) -> str | None:
+        if self._active is None:  # not started: the mode it will open the store with
+            return self._sync_at_start
+        return self._server.sync_mode if self._server is not None else self._active.sync_mode
+
+    def set_sync(self, mode: str) -> None:
+        if self._server is not None:  # serving: every tree it serves follows the mount's
+            self._server.set_sync(mode)
+        else:
+            self.active.set_sync(mode)
+
+    @property
+    def readonly(self) -> bool:
+        return self._active.readonly if self._active is not None else False
+
+    @property
+    def sole_writer(self) -> bool:
+        return self._active.sole_writer if self._active is not None else False
+
+    @property
+    def ledger(self) -> Ledger | None:
+        return self._active.ledger if self._active is not None else None
+
+    def journal_path(self) -> str | None:
+        return self._active.journal_path() if self._active is not None else None
+
+    def status(self) -> dict[str, Any]:
         active = self._active.status() if self._active is not None else {"tree_path": self.tree_path}
         extra = {"store_mode": self.mode, "store_bus": self.bus}
         if self._server is not None:

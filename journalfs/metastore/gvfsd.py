@@ -8,8 +8,9 @@ reach it"), exactly as GIO does, and reads map the store files read-only
 (`MetaStore.open(tree, readonly=True)` + `refresh()`), exactly as GIO clients do. We never
 take the store lock or write a store file here.
 
-`GvfsdBackend` has the async method names of `MetaService` (for the FUSE layer, on trio;
-blocking callers run it under ``trio.run``). It confirms each write by re-reading the store
+`GvfsdBackend` serves the :class:`~.backend.MetadataBackend` protocol (for the FUSE layer,
+on trio; blocking callers run it under ``trio.run``); durability and rotation are
+gvfsd-metadata's, so it answers :class:`~.backend.NotSupported` to those. It confirms each write by re-reading the store
 until it shows the write (bounded wait): gvfsd-metadata answers a `Set` for a tree it cannot
 open with success, so the reply alone proves nothing.
 """
@@ -20,13 +21,19 @@ import math
 import os
 import threading
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 import trio
-from jeepney import DBusAddress, HeaderFields, MessageType, new_method_call
+from jeepney import DBusAddress, HeaderFields, MatchRule, MessageType, new_method_call
+from jeepney.bus_messages import message_bus
+from jeepney.io.trio import DBusRouter, open_dbus_router
 from jeepney.low_level import Message
 
-Value = str | list[str]
+from .backend import GVFSD_DECIDES_ROTATION, GVFSD_DECIDES_SYNC, NotSupported, Value, keyed_below
+from .ledger import Ledger
+from .store import MetaStore
+
+T = TypeVar("T")
 
 BUS_NAME = "org.gtk.vfs.Metadata"
 METADATA = DBusAddress("/org/gtk/vfs/metadata", bus_name=BUS_NAME, interface="org.gtk.vfs.Metadata")
@@ -46,7 +53,7 @@ class StoreBusError(OSError):
         super().__init__(self.errno_code, message)
 
     def __str__(self) -> str:
-        return self.strerror
+        return self.strerror or ""
 
 
 class GvfsdUnavailable(StoreBusError):
@@ -62,7 +69,7 @@ class GvfsdError(StoreBusError):
 
 
 # ---- messages ------------------------------------------------------------------------
-def _bytestring(text: str | bytes | os.PathLike) -> bytes:
+def _bytestring(text: str | bytes | os.PathLike[str]) -> bytes:
     """A GLib bytestring (`ay`): gvfsd reads an unterminated one as the empty string."""
     raw = os.fsencode(text)
     if b"\0" in raw:
@@ -103,11 +110,12 @@ def _start_service() -> Message:
     return new_method_call(MESSAGE_BUS, "StartServiceByName", "su", (BUS_NAME, 0))
 
 
-def _check_reply(reply: Message, what: str) -> tuple:
+def _check_reply(reply: Message, what: str) -> tuple[Any, ...]:
     if reply.header.message_type == MessageType.error:
         detail = reply.body[0] if reply.body else reply.header.fields.get(HeaderFields.error_name, "error")
         raise GvfsdError(f"gvfsd-metadata refused {what}: {detail}")
-    return reply.body
+    body: tuple[Any, ...] = reply.body
+    return body
 
 
 def bus_address(explicit: str | None = None) -> str:
@@ -122,28 +130,16 @@ def _unreachable(address: str, why: object) -> GvfsdUnavailable:
 
 
 # ---- the read side -------------------------------------------------------------------
-def _under(path: str, root: str) -> str | None:
-    """The rest of `path` below `root` ("" for root itself), or None if not inside."""
-    if root == "/":
-        return path if path != "/" else ""
-    if path == root:
-        return ""
-    if path.startswith(root + "/"):
-        return path[len(root):]
-    return None
-
-
 class _StoreView:
     """Read-only view of the store files gvfsd-metadata writes (opened lazily: a fresh
     user has no tree until the daemon's first write)."""
 
     def __init__(self, tree: Path):
         self.tree = tree
-        self._store = None
+        self._store: MetaStore | None = None
         self._opening = threading.Lock()  # status() may come from another thread than reads
 
-    def _current(self):
-        from journalfs.metastore.store import MetaStore  # heavy; only when reading
+    def _current(self) -> MetaStore | None:
         with self._opening:
             if self._store is None:
                 if not self.tree.exists():
@@ -164,14 +160,7 @@ class _StoreView:
     def subtree(self, root: str) -> dict[str, dict[str, Value]]:
         """{path below root (root itself = ""): keys} of every path with keys."""
         store = self._current()
-        if store is None:
-            return {}
-        found = {}
-        for path, keys in store.dump().items():
-            rest = _under(path, root)
-            if rest is not None and keys:
-                found[rest] = dict(keys)
-        return found
+        return keyed_below(store.dump(), root) if store is not None else {}
 
     def sync(self) -> None:
         store = self._current()
@@ -187,7 +176,7 @@ class _StoreView:
         finally:
             os.close(fd)
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         store = self._current()
         if store is None:  # gvfsd has written nothing yet: no tree, no journal
             return {"tree_path": str(self.tree), "journal_path": None, "exists": False}
@@ -201,7 +190,7 @@ class _StoreView:
 
 
 def _join(root: str, rest: str) -> str:
-    """Inverse of _under."""
+    """Inverse of :func:`~.backend.below`."""
     return (rest or "/") if root == "/" else root + rest
 
 
@@ -214,20 +203,20 @@ def _expect_gone(path: str) -> Callable[[_StoreView], bool]:
     return lambda view: not view.get_all(path)
 
 
-def _expect_moved(src: str, dst: str, keys: dict) -> Callable[[_StoreView], bool]:
+def _expect_moved(src: str, dst: str, keys: dict[str, Value]) -> Callable[[_StoreView], bool]:
     return lambda view: not view.get_all(src) and view.get_all(dst) == keys
 
 
-def _copy_plan(view: _StoreView, src: str, dst: str) -> list[tuple[str, dict]]:
+def _copy_plan(view: _StoreView, src: str, dst: str) -> list[tuple[str, dict[str, Value]]]:
     """gvfs COPY semantics as a list of Sets: every keyed path under src, under dst."""
     return [(_join(dst, rest), keys) for rest, keys in sorted(view.subtree(src).items())]
 
 
 # ---- async backend (trio) ------------------------------------------------------------
 class GvfsdBackend:
-    """MetaService's interface, backed by the user's gvfsd-metadata (see module doc)."""
+    """The MetadataBackend of a store the user's gvfsd-metadata writes (see module doc)."""
 
-    def __init__(self, tree_path: str | os.PathLike, *, bus: str | None = None,
+    def __init__(self, tree_path: str | os.PathLike[str], *, bus: str | None = None,
                  visible_timeout: float = VISIBLE_TIMEOUT):
         self.tree = Path(os.path.abspath(tree_path))
         self._bus = bus
@@ -236,13 +225,13 @@ class GvfsdBackend:
         self._view_lock = trio.Lock()  # the view is used from worker threads, one at a time
         # one write in flight: its read-back check must not see a concurrent write's value
         self._write_lock = trio.Lock()
-        self._router = None
+        self._router: DBusRouter | None = None
         self._address = ""
         self._writes = 0
-        self._store_status: dict = {}
+        self._store_status: dict[str, Any] = {}
         self._siblings: list[GvfsdBackend] = []  # other trees written over our connection
 
-    async def open_tree(self, tree_path: str | os.PathLike) -> "GvfsdBackend":
+    async def open_tree(self, tree_path: str | os.PathLike[str]) -> GvfsdBackend:
         """A backend for another tree of the same daemon, sharing this one's bus connection
         and its one-write-at-a-time lock (call once :meth:`run` has started)."""
         other = GvfsdBackend(tree_path, bus=self._bus, visible_timeout=self._visible_timeout)
@@ -256,11 +245,9 @@ class GvfsdBackend:
         return GvfsdBackend(self.tree, bus=self._bus, visible_timeout=self._visible_timeout)
 
     async def watch_changes(self, changed: Callable[[str, str], None], *,
-                            task_status=trio.TASK_STATUS_IGNORED) -> None:
+                            task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Call ``changed(tree file, path)`` for every AttributeChanged signal gvfsd-metadata
         sends (once a second at most per path, after every Set, Remove and Move by anyone)."""
-        from jeepney import MatchRule
-        from jeepney.bus_messages import message_bus
         rule = MatchRule(type="signal", interface=METADATA.interface, member="AttributeChanged",
                          path=METADATA.object_path)
         # the bus delivers only the name owner's signals (it resolves the name in the rule);
@@ -269,20 +256,22 @@ class GvfsdBackend:
                                member="AttributeChanged", path=METADATA.object_path)
         # unbounded: the router drops what a full channel cannot take, and a lost report is
         # a change never copied; this loop only hands each signal over, so it keeps up
-        send, signals = trio.open_memory_channel(math.inf)
+        send, signals = trio.open_memory_channel[Message](math.inf)
+        router = self._router
+        if router is None:
+            raise GvfsdUnavailable("GvfsdBackend is not running (start run() first)")
         # the filter goes first when leaving: a signal dispatched into a channel whose
         # receiving end is closed would end the router's receiver (and the connection)
-        async with signals, self._router.filter(rule, channel=send):
-            _check_reply(await self._router.send_and_get_reply(message_bus.AddMatch(from_owner)), "AddMatch")
+        async with signals, router.filter(rule, channel=send):
+            _check_reply(await router.send_and_get_reply(message_bus.AddMatch(from_owner)), "AddMatch")
             task_status.started()
             async for signal in signals:
                 if len(signal.body) == 2 and all(isinstance(x, str) for x in signal.body):
                     changed(*signal.body)
 
-    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Connect, check gvfsd-metadata is there (bus-activating it like GIO would),
         report started, and serve until cancelled; closes everything on exit."""
-        from jeepney.io.trio import open_dbus_router
         self._address = bus_address(self._bus)
         failure = None
         try:
@@ -305,7 +294,7 @@ class GvfsdBackend:
         if failure:
             raise failure
 
-    async def _serve(self, router, task_status) -> None:
+    async def _serve(self, router: DBusRouter, task_status: trio.TaskStatus[None]) -> None:
         self._router = router
         try:
             self._store_status = await self._read(lambda view: view.status())
@@ -314,7 +303,7 @@ class GvfsdBackend:
         finally:
             self._router = None
 
-    async def _ensure_daemon(self, router) -> None:
+    async def _ensure_daemon(self, router: DBusRouter) -> None:
         with trio.fail_after(REPLY_TIMEOUT):
             (owned,) = _check_reply(await router.send_and_get_reply(_name_has_owner()), "NameHasOwner")
             if owned:
@@ -323,7 +312,7 @@ class GvfsdBackend:
         if reply.header.message_type == MessageType.error:
             raise _unreachable(self._address, reply.body[0] if reply.body else "cannot start it")
 
-    async def _call(self, message: Message, what: str) -> tuple:
+    async def _call(self, message: Message, what: str) -> tuple[Any, ...]:
         if self._router is None:
             raise GvfsdUnavailable("GvfsdBackend is not running (start run() first)")
         try:
@@ -334,7 +323,7 @@ class GvfsdBackend:
         self._writes += 1
         return _check_reply(reply, what)
 
-    async def _read(self, fn):
+    async def _read(self, fn: Callable[[_StoreView], T]) -> T:
         async with self._view_lock:
             return await trio.to_thread.run_sync(fn, self._view)
 
@@ -389,6 +378,33 @@ class GvfsdBackend:
 
     async def compact(self) -> None:
         """gvfsd-metadata rotates on its own schedule; there is no call to force it."""
+        raise NotSupported(GVFSD_DECIDES_ROTATION)
+
+    def rotations(self) -> None:
+        return None
+
+    @property
+    def sync_mode(self) -> None:
+        return None
+
+    def set_sync(self, mode: str) -> None:
+        raise NotSupported(GVFSD_DECIDES_SYNC)
+
+    @property
+    def readonly(self) -> bool:
+        return False  # gvfsd-metadata decides; a refused write fails as it would in GIO
+
+    @property
+    def sole_writer(self) -> bool:
+        return False  # GIO programs write through gvfsd-metadata too
+
+    @property
+    def ledger(self) -> Ledger | None:
+        return None
+
+    def journal_path(self) -> str | None:
+        path = self.status().get("journal_path")
+        return str(path) if path else None
 
     async def flush(self) -> None:
         """Writes are in gvfsd's journal once confirmed; nothing is pending here."""
@@ -398,7 +414,7 @@ class GvfsdBackend:
         fdatasync it here (a read-only descriptor is enough)."""
         await self._read(lambda view: view.sync())
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         """The store's status (tree_path, journal_path, fill, entries, ... as MetaService
         gives them), read fresh -- gvfsd may have rotated -- plus ours. Synchronous and
         it may touch the files: call it from a worker thread."""

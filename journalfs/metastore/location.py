@@ -78,7 +78,7 @@ def gio_location(store_dir: str, real: str) -> StoreLocation:
         rel = real[len(home):] if home != "/" else real
         return StoreLocation(os.path.join(store_dir, "home"), rel if rel not in ("", "/") else "")
     tree = tree_for_device(os.major(device), os.minor(device)) if device is not None else ""
-    if tree:
+    if tree and device is not None:
         mountpoint = _mountpoint_of(real, device)
         if mountpoint != "/":
             rest = real[len(mountpoint):] or "/"

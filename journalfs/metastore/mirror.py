@@ -28,10 +28,12 @@ import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, AsyncIterator, Callable, Mapping, Protocol, TypeVar
 
 import trio
 
+from .backend import CopyOp, MetadataBackend, MoveOp, RemoveOp, SetOp, UnsetOp, Value, WriteOp
+from .ledger import Ledger
 from .location import StoreLocation
 
 log = logging.getLogger("journalfs.metastore")
@@ -85,36 +87,72 @@ def _join(root: str, rest: str) -> str:
     return (rest or "/") if root in ("", "/") else root + rest
 
 
-def _value(v):
+def _value(v: Value | None) -> Value | None:
     return list(v) if isinstance(v, (list, tuple)) else v
 
 
-async def subtree_of(backend, root: str) -> dict:
-    """{path below root ("" = root): keys} of every keyed path at or below ``root``: the
-    backend's own ``subtree``, or one pass over a MetaService's store."""
-    own = getattr(backend, "subtree", None)
-    if own is not None:
-        return await own(root)
-    from .gvfsd import _under
+class TreeWriter(Protocol):
+    """What the mount's place (another tree of the store directory) is read and written
+    through: the shared backend's :meth:`SharedBackend.open_tree`."""
 
-    def walk() -> dict:
-        found = {}
-        for path, keys in backend.store.dump().items():
-            rest = _under(path, root)
-            if rest is not None and keys:
-                found[rest] = dict(keys)
-        return found
-    return await trio.to_thread.run_sync(walk)
+    async def get_all(self, path: str) -> dict[str, Value]: ...
+
+    async def subtree(self, root: str) -> dict[str, dict[str, Value]]:
+        """{path below root ("" = root): keys} of every keyed path at or below ``root``."""
+
+    async def set(self, path: str, key: str, value: Value) -> object: ...
+
+    async def unset(self, path: str, key: str) -> object: ...
+
+    async def set_many(self, path: str, changes: Mapping[str, Value | None]) -> None:
+        """{key: value, None = unset} at ``path``."""
+
+    async def remove(self, path: str) -> object: ...
+
+    async def copy(self, src: str, dst: str) -> object: ...
+
+    async def move(self, src: str, dst: str) -> object: ...
+
+    def fresh(self) -> FreshWriter | None:
+        """The same tree through a connection of its own (for the unmount's cleanup when
+        the shared one is gone); None where there is nothing of its own to open."""
 
 
-class _Bounded(OrderedDict):
+class FreshWriter(TreeWriter, Protocol):
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None: ...
+
+
+class SharedBackend(MetadataBackend, Protocol):
+    """A backend of a store GIO programs share (gvfsd-metadata's, or the one journalfs
+    serves in its place): what :class:`MirroredBackend` wraps."""
+
+    async def subtree(self, root: str) -> dict[str, dict[str, Value]]: ...
+
+    async def set_many(self, path: str, changes: Mapping[str, Value | None]) -> None: ...
+
+    async def open_tree(self, tree_path: str) -> TreeWriter:
+        """Another tree of the store's directory, written through the same writer."""
+
+    async def watch_changes(self, changed: Callable[[str, str], None], *,
+                            task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Call ``changed(tree file, path)`` for each write the store's writer reports."""
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+_OP_NAMES = {SetOp: "set", UnsetOp: "unset", RemoveOp: "remove", CopyOp: "copy", MoveOp: "copy"}
+
+
+class _Bounded(OrderedDict[K, V]):
     """An LRU map of at most ``limit`` entries."""
 
     def __init__(self, limit: int):
         super().__init__()
         self.limit = limit
 
-    def put(self, key, value) -> None:
+    def put(self, key: K, value: V) -> None:
         self.pop(key, None)
         self[key] = value
         while len(self) > self.limit:
@@ -125,7 +163,7 @@ class _Gate:
     """Writes through the mount may run together; a sync of reported changes runs alone
     (it reads both places, then writes what it decided: a write in between would be undone)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.writes = 0
         self.syncing = False
         self._no_writes = trio.Event()
@@ -134,7 +172,7 @@ class _Gate:
         self._no_sync.set()
 
     @contextlib.asynccontextmanager
-    async def write(self):
+    async def write(self) -> AsyncIterator[None]:
         while self.syncing:
             await self._no_sync.wait()
         self.writes += 1
@@ -147,7 +185,7 @@ class _Gate:
                 self._no_writes.set()
 
     @contextlib.asynccontextmanager
-    async def sync(self):
+    async def sync(self) -> AsyncIterator[None]:
         while self.syncing or self.writes:
             await (self._no_sync if self.syncing else self._no_writes).wait()
         self.syncing = True
@@ -162,9 +200,10 @@ class _Gate:
 class MirroredBackend:
     """The mount's metadata backend for a shared gvfs store: ``primary`` (GvfsdBackend or
     SessionStoreBackend) serves the SOURCE-path place, and the mount's place is kept equal
-    (see the module doc). Same async API as the backend it wraps."""
+    (see the module doc). A MetadataBackend: the primary's answers, but writes go to both
+    places."""
 
-    def __init__(self, primary, view: MountView,
+    def __init__(self, primary: SharedBackend, view: MountView,
                  source_kind: Callable[[str], str] | None = None):
         """``source_kind(rel)`` says what a mount-relative path is in SOURCE -- "file",
         "dir", "absent" or "view" (the mount's own views: never mirrored) -- from a worker
@@ -172,16 +211,17 @@ class MirroredBackend:
         self.primary = primary
         self.view = view
         self.source_kind = source_kind
-        self.mirror = None  # the backend of the mount's tree, once running
+        self.mirror: TreeWriter | None = None  # the backend of the mount's tree, once running
         self._pending: dict[tuple[str, str], None] = {}
         self._wanted = trio.Event()
         # rel -> (complete?, {key: value, None = absent}): what both places held when
         # journalfs last wrote or compared them (the base of the comparison in _sync_keys);
         # complete: every key is listed, so one not listed was absent in both
-        self._agreed = _Bounded(AGREED_PATHS)
-        self._protected = _Bounded(AGREED_PATHS)  # rel -> (until, old name?)
+        self._agreed: _Bounded[str, tuple[bool, dict[str, Value | None]]] = _Bounded(AGREED_PATHS)
+        # rel -> (until, old name?)
+        self._protected: _Bounded[str, tuple[float, bool]] = _Bounded(AGREED_PATHS)
         # (side, rel) -> until: journalfs wrote there itself; a report of it is an echo
-        self._echoes = _Bounded(AGREED_PATHS)
+        self._echoes: _Bounded[tuple[str, str], float] = _Bounded(AGREED_PATHS)
         self._trees = {name: tree for tree in (view.source.tree_path, view.mount.tree_path)
                        for name in (tree, os.path.realpath(tree))}
         self._primary_scope: trio.CancelScope | None = None
@@ -193,21 +233,52 @@ class MirroredBackend:
         self.failures = 0
         self.last_error: str | None = None
 
-    # everything the FUSE layer may ask that is not about writes: the primary's
-    def __getattr__(self, name):
-        return getattr(self.primary, name)
+    # -- what is not about writes: the primary's
+    async def sync(self) -> None:
+        await self.primary.sync()
+
+    async def compact(self) -> None:
+        await self.primary.compact()
+
+    def rotations(self) -> int | None:
+        return self.primary.rotations()
 
     @property
-    def store(self):
-        return getattr(self.primary, "store", None)
+    def sync_mode(self) -> str | None:
+        return self.primary.sync_mode
+
+    def set_sync(self, mode: str) -> None:
+        self.primary.set_sync(mode)
+
+    @property
+    def readonly(self) -> bool:
+        return self.primary.readonly
+
+    @property
+    def sole_writer(self) -> bool:
+        return self.primary.sole_writer
+
+    @property
+    def ledger(self) -> Ledger | None:
+        return self.primary.ledger
+
+    def journal_path(self) -> str | None:
+        return self.primary.journal_path()
+
+    @property
+    def place(self) -> TreeWriter:
+        """The backend of the mount's place (the mirror), once running."""
+        if self.mirror is None:
+            raise RuntimeError("GIO's metadata of the mount's paths is not kept")
+        return self.mirror
 
     # -- lifecycle
-    async def _run_primary(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def _run_primary(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # shielded: at unmount the mount's place is removed through it before it stops
         with trio.CancelScope(shield=True) as self._primary_scope:
             await self.primary.run(task_status=task_status)
 
-    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as outer:
             await outer.start(self._run_primary)
             try:
@@ -230,7 +301,8 @@ class MirroredBackend:
                     with trio.CancelScope(shield=True), trio.move_on_after(UNMOUNT_CLEANUP):
                         await self._remove_mount_place()
                 finally:
-                    self._primary_scope.cancel()
+                    if self._primary_scope is not None:
+                        self._primary_scope.cancel()
 
     async def _remove_mount_place(self) -> None:
         if self.mirror is None:
@@ -241,9 +313,8 @@ class MirroredBackend:
             return
         except Exception as exc:  # noqa: BLE001 -- e.g. the shared bus connection is gone
             failure = exc
-        fresh = getattr(self.mirror, "fresh", None)  # a backend of its own, if it has one
-        if fresh is not None:
-            backend = fresh()
+        backend = self.mirror.fresh()  # a backend of its own, if it has one
+        if backend is not None:
             try:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(backend.run)
@@ -255,55 +326,55 @@ class MirroredBackend:
         self._failed("could not clear GIO's metadata of the mount's paths at unmount", failure)
 
     # -- reads: the SOURCE-path place
-    async def get(self, path, key):
+    async def get(self, path: str, key: str) -> Value | None:
         return await self.primary.get(path, key)
 
-    async def get_all(self, path):
+    async def get_all(self, path: str) -> dict[str, Value]:
         return await self.primary.get_all(path)
 
     # -- writes through the mount: both places
-    async def set(self, path, key, value):
+    async def set(self, path: str, key: str, value: Value) -> object:
         async with self._gate.write():
             result = await self.primary.set(path, key, value)
-            if await self._mirrored("set", path, key, value):
+            if await self._mirrored(SetOp(path, key, value)):
                 self._agree(path, {key: value}, echo=True)
             else:  # the places differ: no claim they agree
                 self._forget(path)
         return result
 
-    async def unset(self, path, key):
+    async def unset(self, path: str, key: str) -> object:
         async with self._gate.write():
             result = await self.primary.unset(path, key)
-            if await self._mirrored("unset", path, key):
+            if await self._mirrored(UnsetOp(path, key)):
                 self._agree(path, {key: None}, echo=True)
             else:
                 self._forget(path)
         return result
 
-    async def remove(self, path):
+    async def remove(self, path: str) -> object:
         async with self._gate.write():
             result = await self.primary.remove(path)
             self._forget(path, below=True)
-            await self._mirrored("remove", path)
+            await self._mirrored(RemoveOp(path))
         return result
 
-    async def copy(self, src, dst):
+    async def copy(self, src: str, dst: str) -> object:
         async with self._gate.write():
             result = await self.primary.copy(src, dst)
             self._forget(dst, below=True)
-            await self._mirrored("copy", src, dst)
+            await self._mirrored(CopyOp(src, dst))
         return result
 
-    async def move(self, src, dst):
+    async def move(self, src: str, dst: str) -> object:
         async with self._gate.write():
             return await self._move(src, dst)
 
-    async def _move(self, src, dst):
+    async def _move(self, src: str, dst: str) -> object:
         result = await self.primary.move(src, dst)
         self._forget(src, below=True)
         self._forget(dst, below=True)
         # copy, not move: GIO's own Move of the MNT paths follows (see the module doc)
-        if await self._mirrored("copy", src, dst):
+        if await self._mirrored(CopyOp(src, dst)):
             self._agree(dst, await self.primary.get_all(dst), complete=True)
         for path, old in ((src, True), (dst, False)):
             rel = self.view.source.rel_path(path)
@@ -318,19 +389,28 @@ class MirroredBackend:
         await trio.sleep(RENAME_SETTLE)
         self._changed(self.view.source.tree_path, self.view.source.store_path(rel))
 
-    async def _mirrored(self, method: str, *args) -> bool:
-        """Make the same write in the mount's place; True when it is there."""
-        if self.mirror is None:
+    async def _mirrored(self, op: WriteOp) -> bool:
+        """Make the same write (``op``, in SOURCE paths) in the mount's place; True when it
+        is there. (A move is mirrored as a copy: see :meth:`_move`.)"""
+        if self.mirror is None or time.monotonic() < self._paused_until:
             return False
-        count = 2 if method == "copy" else 1
-        paths = [self.view.to_mount(p) for p in args[:count]]
-        if None in paths or time.monotonic() < self._paused_until:
+        paths = (op.src, op.dst) if isinstance(op, (CopyOp, MoveOp)) else (op.path,)
+        mapped = [self.view.to_mount(p) for p in paths]
+        places = [p for p in mapped if p is not None]
+        if len(places) < len(paths):
             return False
         try:
-            await getattr(self.mirror, method)(*paths, *args[count:])
+            if isinstance(op, SetOp):
+                await self.mirror.set(places[0], op.key, op.value)
+            elif isinstance(op, UnsetOp):
+                await self.mirror.unset(places[0], op.key)
+            elif isinstance(op, RemoveOp):
+                await self.mirror.remove(places[0])
+            else:
+                await self.mirror.copy(places[0], places[1])
         except (OSError, ValueError) as exc:
-            self._failed(f"{method} of {paths[0]} in GIO's metadata of the mount's paths "
-                         f"(paused for {PAUSE_AFTER_FAILURE:.0f} s)", exc)
+            self._failed(f"{_OP_NAMES[type(op)]} of {places[0]} in GIO's metadata of the "
+                         f"mount's paths (paused for {PAUSE_AFTER_FAILURE:.0f} s)", exc)
             self._paused_until = time.monotonic() + PAUSE_AFTER_FAILURE
             if self._nursery is not None:
                 self._nursery.start_soon(self._compare_all_later)
@@ -347,7 +427,8 @@ class MirroredBackend:
         self.last_error = f"{what}: {exc}"
         log.warning("%s", self.last_error)
 
-    def _agree(self, path: str, changes: dict, echo: bool = False, complete: bool = False) -> None:
+    def _agree(self, path: str, changes: Mapping[str, Value | None], echo: bool = False,
+               complete: bool = False) -> None:
         rel = self.view.source.rel_path(path)
         if rel is not None:
             self._remember(rel, changes, complete)
@@ -362,14 +443,14 @@ class MirroredBackend:
         """The report of a change on ``side`` at ``rel`` may be of journalfs's own write."""
         return self._echoes.pop((side, rel), 0.0) > time.monotonic()
 
-    def _remember(self, rel: str, changes: dict, complete: bool = False) -> None:
+    def _remember(self, rel: str, changes: Mapping[str, Value | None], complete: bool = False) -> None:
         """Both places hold ``changes`` ({key: value, None = absent}) at ``rel`` now
         (``complete``: and no other key)."""
         was_complete, keys = (False, {}) if complete else self._agreed.get(rel, (False, {}))
         keys = {**keys, **{k: _value(v) for k, v in changes.items()}}
         self._agreed.put(rel, (complete or was_complete, keys))
 
-    def _agreed_value(self, rel: str, key: str):
+    def _agreed_value(self, rel: str, key: str) -> tuple[bool, Value | None]:
         """(known?, value) both places held for ``key`` of ``rel``."""
         complete, keys = self._agreed.get(rel, (False, {}))
         if key in keys:
@@ -459,7 +540,7 @@ class MirroredBackend:
                 return
             protection = self._protection(rel)
             if protection == "old" or (protection == "new" and (
-                    not await self.mirror.get_all(path) or await self._kind(rel) == "absent")):
+                    not await self.place.get_all(path) or await self._kind(rel) == "absent")):
                 # the old name; a new name a late Move of GIO's emptied; or the report of
                 # the rename's copy for a path gone from SOURCE since
                 await self.sync_to_mount(rel)
@@ -469,20 +550,20 @@ class MirroredBackend:
     async def sync_to_mount(self, rel: str) -> None:
         """Make the mount's place of ``rel`` and below equal to the SOURCE-path place."""
         src_root, mnt_root = self.view.source.store_path(rel), self.view.mount.store_path(rel)
-        wanted = await subtree_of(self.primary, src_root)
-        have = await subtree_of(self.mirror, mnt_root)
+        wanted = await self.primary.subtree(src_root)
+        have = await self.place.subtree(mnt_root)
         if wanted != have:
             self.synced += 1
             if not wanted:
-                await self.mirror.remove(mnt_root)
+                await self.place.remove(mnt_root)
             for rest in sorted(set(have) - set(wanted)) if wanted else ():
-                await self.mirror.remove(_join(mnt_root, rest))
+                await self.place.remove(_join(mnt_root, rest))
             for rest, keys in sorted(wanted.items()):
                 mine = have.get(rest, {})
-                changes = {k: v for k, v in keys.items() if mine.get(k) != v}
+                changes: dict[str, Value | None] = {k: v for k, v in keys.items() if mine.get(k) != v}
                 changes.update({k: None for k in mine if k not in keys})
                 if changes:
-                    await self._apply(self.mirror, _join(mnt_root, rest), changes)
+                    await self._apply(self.place, _join(mnt_root, rest), changes)
                     self._wrote("mount", _join(rel, rest))
         # both places agree on every path compared: the base of later comparisons
         for rest in set(have) | set(wanted) | {""}:
@@ -494,8 +575,8 @@ class MirroredBackend:
         has and SOURCE no longer has are removed there; every other path that differs is
         merged key by key (:meth:`_merge`)."""
         src_root, mnt_root = self.view.source.store_path(rel), self.view.mount.store_path(rel)
-        wanted = await subtree_of(self.primary, src_root)
-        have = await subtree_of(self.mirror, mnt_root)
+        wanted = await self.primary.subtree(src_root)
+        have = await self.place.subtree(mnt_root)
         for rest in sorted(set(have) | set(wanted)):
             at_source, at_mount = wanted.get(rest, {}), have.get(rest, {})
             path = _join(rel, rest)
@@ -503,7 +584,7 @@ class MirroredBackend:
                 self._remember(path, at_source, complete=True)
             elif not at_source and await self._kind(path) == "absent":
                 self.synced += 1
-                await self.mirror.remove(_join(mnt_root, rest))
+                await self.place.remove(_join(mnt_root, rest))
                 self._wrote("mount", path)
                 self._remember(path, {}, complete=True)
             else:
@@ -513,13 +594,14 @@ class MirroredBackend:
         """Make the keys of ``rel`` equal in both places after a change was reported on the
         ``reported`` side ("source" or "mount")."""
         src, mnt = self.view.source.store_path(rel), self.view.mount.store_path(rel)
-        at_source, at_mount = await self.primary.get_all(src), await self.mirror.get_all(mnt)
+        at_source, at_mount = await self.primary.get_all(src), await self.place.get_all(mnt)
         if at_source == at_mount:
             self._remember(rel, at_source, complete=True)
             return
         await self._merge(rel, at_source, at_mount, reported)
 
-    async def _merge(self, rel: str, at_source: dict, at_mount: dict, reported: str) -> None:
+    async def _merge(self, rel: str, at_source: dict[str, Value], at_mount: dict[str, Value],
+                     reported: str) -> None:
         """Per key that differs: where one side still holds the value both held when
         journalfs last wrote or compared them, the other side changed since and wins;
         without that memory, the reported side wins -- unless the report is of journalfs's
@@ -549,7 +631,7 @@ class MirroredBackend:
                 to_source[key] = there
         self.synced += 1
         if to_mount:
-            await self._apply(self.mirror, mnt, to_mount)
+            await self._apply(self.place, mnt, to_mount)
         if to_source:
             await self._apply(self.primary, src, to_source)
         if to_mount:
@@ -560,21 +642,13 @@ class MirroredBackend:
         self._remember(rel, {k: v for k, v in final.items() if v is not None}, complete=True)
 
     @staticmethod
-    async def _apply(target, path: str, changes: dict) -> None:
+    async def _apply(target: TreeWriter | SharedBackend, path: str,
+                     changes: Mapping[str, Value | None]) -> None:
         """{key: value, None = unset} at ``path`` of ``target``."""
-        if not changes:
-            return
-        set_many = getattr(target, "set_many", None)
-        if set_many is not None:
-            await set_many(path, changes)
-            return
-        for key, value in changes.items():
-            if value is None:
-                await target.unset(path, key)
-            else:
-                await target.set(path, key, value)
+        if changes:
+            await target.set_many(path, changes)
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         status = self.primary.status()
         status["mount_paths"] = {
             "tree": self.view.mount.tree_path, "prefix": self.view.mount.prefix or "/",

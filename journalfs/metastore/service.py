@@ -29,9 +29,12 @@ import logging
 import math
 import time
 
+from typing import Any, Mapping
+
 import trio
 
-from .backend import CopyOp, MoveOp, RemoveOp, SetOp, UnsetOp, WriteOp
+from .backend import CopyOp, MoveOp, RemoveOp, SetOp, UnsetOp, Value, WriteOp, keyed_below
+from .ledger import Ledger
 from ..options import SYNC_MODES
 from .store import MetaStore, RotationPostponed, canonical
 
@@ -46,18 +49,22 @@ class _Commit:
 
     __slots__ = ("ops", "results", "done")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.ops: list[WriteOp] = []
-        self.results: list = []
+        self.results: list[int | BaseException] = []
         self.done = trio.Event()
 
 
 class MetaService:
+    """The embedded store as a :class:`~.backend.MetadataBackend`. The sync mode is the
+    store's own (``MetaStore.sync``, which decides its fsyncs): read and changed here."""
+
     def __init__(self, store: MetaStore, *, sync: str | None = None, batch_delay: float = 0.0,
                  fill_threshold: float = 0.75, quiet_seconds: float = 60,
                  flush_delay: float = 0.2):
         self.store = store
-        self.sync_mode = sync or store.sync
+        if sync is not None:
+            self.set_sync(sync)
         self.batch_delay = batch_delay  # extra wait before a commit (more writers join it)
         self.fill_threshold = fill_threshold
         self.quiet_seconds = quiet_seconds
@@ -70,11 +77,11 @@ class MetaService:
         self._rotation_lock = trio.Lock()
         self.commits = 0
         self.background_flushes = 0
-        self.background_errors: list[dict] = []
+        self.background_errors: list[dict[str, Any]] = []
         self.background_error_count = 0
 
     # ----------------------------------------------------------------------------- lifecycle
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._commit_task)
@@ -87,11 +94,35 @@ class MetaService:
                 await self._commit_queued()  # writers still waiting get their answer
                 await trio.to_thread.run_sync(self.store.close)  # flushes; rotates if dirty
 
+    # ----------------------------------------------------------------------------- settings
+    @property
+    def sync_mode(self) -> str:
+        return self.store.sync
+
     def set_sync(self, mode: str) -> None:
         """Switch the durability mode at run time (the mount's `user.journalfs.sync`)."""
         if mode not in SYNC_MODES:
             raise ValueError(f"unknown sync mode {mode!r}")
-        self.sync_mode = self.store.sync = mode
+        self.store.sync = mode
+
+    @property
+    def readonly(self) -> bool:
+        return self.store.readonly
+
+    @property
+    def sole_writer(self) -> bool:
+        # the store lock is ours (a read-only store is not locked: others may write it)
+        return not self.store.readonly
+
+    @property
+    def ledger(self) -> Ledger | None:
+        return self.store.ledger if not self.store.readonly else None
+
+    def rotations(self) -> int:
+        return self.store.rotations
+
+    def journal_path(self) -> str | None:
+        return self.store.journal_path or None
 
     def _background_failure(self, task: str, exc: BaseException) -> None:
         """Log and record a failure of background work; the caller retries later."""
@@ -117,7 +148,7 @@ class MetaService:
             return
         durable = self.sync_mode == "always"
 
-        def apply():  # the fill check takes the store lock: keep it off trio's thread
+        def apply() -> tuple[list[int | BaseException], bool]:  # the fill check takes the store lock: keep it off trio's thread
             return self.store.write_many(commit.ops, durable=durable), self._needs_rotation()
         try:
             commit.results, full = await trio.to_thread.run_sync(apply)
@@ -132,7 +163,7 @@ class MetaService:
 
     def _wrote(self) -> None:
         self._last_write = time.monotonic()
-        if self.sync_mode == "batch":
+        if self.store.sync == "batch":
             self._flush_wanted.set()
 
     async def _flush_task(self) -> None:
@@ -172,7 +203,7 @@ class MetaService:
     async def write(self, op: WriteOp) -> int:
         """Apply one write; return its ticket once it is in the journal (and, under
         ``always``, fdatasynced) -- or raise what applying it raised (an OSError)."""
-        if self.sync_mode != "always" and not self._queued.ops:
+        if self.store.sync != "always" and not self._queued.ops:
             applied = self.store.try_append(op)
             if applied is not None:
                 ticket, fill = applied
@@ -192,11 +223,19 @@ class MetaService:
             raise result
         return result
 
-    async def set(self, path, key, value):
+    async def set(self, path: str, key: str, value: Value) -> int:
         return await self.write(SetOp(path, key, value))
 
-    async def unset(self, path, key):
+    async def unset(self, path: str, key: str) -> int:
         return await self.write(UnsetOp(path, key))
+
+    async def set_many(self, path: str, changes: Mapping[str, Value | None]) -> None:
+        """{key: value, None = unset} at ``path``, one write per key."""
+        for key, value in changes.items():
+            if value is None:
+                await self.unset(path, key)
+            else:
+                await self.set(path, key, value)
 
     def _nothing_to_restructure(self, *paths: str) -> bool:
         """A remove/move of paths with no metadata at or below them is a no-op: skip its
@@ -206,7 +245,7 @@ class MetaService:
 
     # The ledger (who owns each path's metadata, quota) follows every structural change;
     # its records are written by the mount, which knows the files (fs/ownership.py).
-    async def remove(self, path):
+    async def remove(self, path: str) -> int:
         ticket = self.store.ticket
         if not self._nothing_to_restructure(path):
             ticket = await self.write(RemoveOp(path))
@@ -214,7 +253,7 @@ class MetaService:
             self.store.ledger.removed(canonical(path))
         return ticket
 
-    async def move(self, src, dst):
+    async def move(self, src: str, dst: str) -> int:
         ticket = self.store.ticket
         if not self._nothing_to_restructure(src, dst):  # dst too: a move clears what it had
             ticket = await self.write(MoveOp(src, dst))
@@ -222,7 +261,7 @@ class MetaService:
             self.store.ledger.moved(canonical(src), canonical(dst))
         return ticket
 
-    async def copy(self, src, dst):
+    async def copy(self, src: str, dst: str) -> int:
         ticket = await self.write(CopyOp(src, dst))
         if self.store.ledger is not None:
             self.store.ledger.moved(canonical(src), canonical(dst), copy=True)
@@ -238,15 +277,16 @@ class MetaService:
             await trio.to_thread.run_sync(self.store.rotate)
 
     # ----------------------------------------------------------------------------- reads
-    def get_cached(self, path, key=None):
+    def get_cached(self, path: str, key: str | None = None) -> tuple[bool, Any]:
         """``(True, answer)`` if the answer is in memory, else ``(False, None)``; inline-safe
         (no lock wait, no file access). ``key=None``: all keys, as :meth:`get_all`."""
-        return self.store.peek(path, key)
+        found: tuple[bool, Any] = self.store.peek(path, key)
+        return found
 
-    async def get(self, path, key):
+    async def get(self, path: str, key: str) -> Value | None:
         return (await self.get_all(path)).get(key)
 
-    async def get_all(self, path):
+    async def get_all(self, path: str) -> dict[str, Value]:
         # inline unless the store lock is busy (a rotation's swap, a thread's commit): all
         # keys, so the store caches the node and the next read of it is a dict lookup
         values = self.store.try_get_all(path)
@@ -254,7 +294,12 @@ class MetaService:
             values = await trio.to_thread.run_sync(self.store.get_all, path)
         return values
 
-    def status(self) -> dict:
+    async def subtree(self, root: str) -> dict[str, dict[str, Value]]:
+        """{path below root ("" = root): keys} of every keyed path at or below ``root``
+        (one pass over the store, in a worker thread)."""
+        return await trio.to_thread.run_sync(lambda: keyed_below(self.store.dump(), root))
+
+    def status(self) -> dict[str, Any]:
         status = dict(self.store.status())
         status.update(service_sync=self.sync_mode, batch_delay=self.batch_delay,
                       fill_threshold=self.fill_threshold, quiet_seconds=self.quiet_seconds,

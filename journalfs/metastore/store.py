@@ -21,6 +21,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..formats.base import FormatError
 from ..formats.gvfs_journal import (HEADER_SIZE, encode_entry, decode_entry, journal_image,
@@ -41,7 +42,7 @@ TREE_META_CACHE = 100_000  # decoded tree metadata per path (the tree is immutab
 #: to ROTATION_BACKOFF_MAX) unless the filesystem has the room a rotation needs by then.
 ROTATION_BACKOFF = 1.0
 ROTATION_BACKOFF_MAX = 60.0
-_NOT_CACHED = object()
+_NOT_CACHED: Any = object()
 _U32 = struct.Struct(">I")
 _u32_from = _U32.unpack_from  # bound once: every read-only lookup checks two header fields
 
@@ -226,7 +227,7 @@ class MetaStore:
         self._rotate_mutex = threading.Lock()
         self._dir: StoreDir | None = None
         self._lock_fd: int | None = None
-        self._tree_buf = None
+        self._tree_buf: Any = None  # mmap (bytes when empty)
         self._tree_fd: int | None = None  # the writer's read-write fd of the mapped tree
         self._tree: TreeView | None = None
         self._tree_ino = 0
@@ -234,7 +235,7 @@ class MetaStore:
         # until the tree is replaced, which clears it (the journal is consulted first anyway)
         self._tree_meta: dict[str, dict | None] = {}
         self._journal_fd: int | None = None
-        self._journal_buf = None
+        self._journal_buf: Any = None  # mmap
         self._journal_name = ""
         self._journal_file_size = 0
         self._journal_ok = False  # header valid and tied to this tree
@@ -279,9 +280,17 @@ class MetaStore:
             raise
         return store
 
+    @property
+    def _store_dir(self) -> StoreDir:
+        """The open store directory (None only once the store is closed)."""
+        opened = self._dir
+        if opened is None:
+            raise ValueError(f"metadata store {self.tree_path} is closed")
+        return opened
+
     def _take_lock(self) -> None:
         try:
-            self._lock_fd = self._dir.take_lock()
+            self._lock_fd = self._store_dir.take_lock()
         except OSError as exc:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise StoreLocked(f"metadata store {self.tree_path} is in use by "
@@ -293,9 +302,9 @@ class MetaStore:
         race where a writer replaces both between our two opens)."""
         for _ in range(20):
             self._unmap()
-            if not self._dir.exists(self._dir.tree_name):
+            if not self._store_dir.exists(self._store_dir.tree_name):
                 return
-            self._tree_buf, self._tree_ino, self._tree_fd = self._dir.map_tree()
+            self._tree_buf, self._tree_ino, self._tree_fd = self._store_dir.map_tree()
             self._tree = TreeView(self._tree_buf, self.tree_path)
             self._open_journal()
             if self._tree.rotated == 0 or self._current_ino() == self._tree_ino:
@@ -303,15 +312,17 @@ class MetaStore:
         raise OSError(errno.EIO, f"{self.tree_path}: store keeps rotating under us")
 
     def _current_ino(self) -> int:
-        st = self._dir.lstat(self._dir.tree_name)
+        st = self._store_dir.lstat(self._store_dir.tree_name)
         return 0 if st is None else st.st_ino
 
     def _open_journal(self) -> None:
         self._index = JournalIndex()
         self._journal_ok = False
-        self._journal_name = self._dir.journal_name(self._tree.tag)
+        tree = self._tree
+        assert tree is not None  # _load maps the tree first
+        self._journal_name = self._store_dir.journal_name(tree.tag)
         try:
-            fd, st = self._dir.open_file(self._journal_name, os.O_RDONLY if self.readonly else os.O_RDWR)
+            fd, st = self._store_dir.open_file(self._journal_name, os.O_RDONLY if self.readonly else os.O_RDWR)
         except FileNotFoundError:
             return
         self._journal_fd = fd
@@ -324,7 +335,7 @@ class MetaStore:
         except FormatError as exc:
             self._index.error = exc.detached()
             return
-        if header.tag != self._tree.tag:
+        if header.tag != tree.tag:
             return
         self._journal_ok = True
         self._journal_file_size = min(header.file_size, size)
@@ -578,7 +589,7 @@ class MetaStore:
     def _space_left(self) -> int:
         """What an unprivileged user could still write on the store's filesystem (root's
         reserved blocks excluded, though the daemon is root)."""
-        st = os.fstatvfs(self._dir.fd)
+        st = os.fstatvfs(self._store_dir.fd)
         return st.f_bavail * st.f_frsize
 
     def _check_space(self, grow: int) -> None:
@@ -729,6 +740,7 @@ class MetaStore:
         """Entry bytes first, then the count that covers them; the index learns of them only
         once both writes went through, so a failed write leaves nothing counted."""
         fd = self._journal_fd
+        assert fd is not None  # only a writer writes, and a writer's journal is open
         write_all(fd, b"".join(e for e, _, _ in entries), self._index.next_offset)
         write_all(fd, _U32.pack(self._index.count + len(entries)), 16)
         for _, rec, size in entries:
@@ -814,7 +826,7 @@ class MetaStore:
             self._check_rotation_backoff()
             started = time.monotonic()
             with self._lock:
-                if self._tree is None and self._dir.exists(self._dir.tree_name):
+                if self._tree is None and self._store_dir.exists(self._store_dir.tree_name):
                     self._load()  # an earlier load failed: never merge without the tree
                 snapshot = self._index.count
                 merged = self._merged(snapshot)
@@ -830,7 +842,7 @@ class MetaStore:
                         self.rotations += 1  # under the lock: status() never shows a half swap
                         self.last_rotation_seconds = time.monotonic() - started
                 finally:
-                    self._dir.unlink(tmp)  # gone already once renamed into place
+                    self._store_dir.unlink(tmp)  # gone already once renamed into place
             except FormatError as exc:  # the tree in place is damaged: EIO to the caller
                 self.failed_rotations += 1
                 raise OSError(errno.EIO, f"metadata store {self.tree_path}: cannot rotate: {exc}") from None
@@ -861,13 +873,13 @@ class MetaStore:
                                 f"needs ({room} bytes) is still missing")
 
     def _write_temp_tree(self, merged: MergedTree, tag: int) -> str:
-        fd, tmp = self._dir.create_temp_tree()
+        fd, tmp = self._store_dir.create_temp_tree()
         try:
             with os.fdopen(fd, "w+b", closefd=False) as f:  # buffered: short writes continued
                 write_tree(merged, f, tag)
             os.fsync(fd)
         except BaseException:
-            self._dir.unlink(tmp)
+            self._store_dir.unlink(tmp)
             raise
         finally:
             os.close(fd)
@@ -878,23 +890,23 @@ class MetaStore:
         entries = [encode_entry(r["kind"], r["mtime"], r["path"], r.get("key"), r.get("value"),
                                 r.get("source")) for r in carried]
         image = journal_image(entries, tag, min_size=self.journal_size)
-        new_journal = self._dir.journal_name(tag)
-        self._dir.unlink(new_journal)  # a leftover of a killed rotation with this tag
-        fd = self._dir.create_new(new_journal)
+        new_journal = self._store_dir.journal_name(tag)
+        self._store_dir.unlink(new_journal)  # a leftover of a killed rotation with this tag
+        fd = self._store_dir.create_new(new_journal)
         try:
             try:
                 write_all(fd, image, 0)  # every block allocated now: appends never need space
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            self._dir.rename(tmp, self._dir.tree_name)
+            self._store_dir.rename(tmp, self._store_dir.tree_name)
         except BaseException:
-            self._dir.unlink(new_journal)
+            self._store_dir.unlink(new_journal)
             raise
         # committed: the new tree is in place; what follows must not undo that
         old_journal = self._journal_name
         try:
-            self._dir.fsync()
+            self._store_dir.fsync()
             renamed_durably = True
         except OSError as exc:
             log.warning("metadata store %s: fsync of its directory failed: %s", self.tree_path, exc)
@@ -907,7 +919,7 @@ class MetaStore:
                 log.warning("metadata store %s: marking the old tree rotated failed: %s",
                             self.tree_path, exc)
         if old_journal and old_journal != new_journal and renamed_durably:
-            self._dir.unlink(old_journal)
+            self._store_dir.unlink(old_journal)
         self._load()
         self.durable_ticket = self._ticket
         self.last_fsync = time.time()
