@@ -19,8 +19,11 @@ from . import direntries
 from .dirlist import DIR_BLKSIZE, STRUCT_WRITES, LazyRows, ListingCache, NameOnlyEntry
 from .guards import in_thread
 from .inodes import VIEW_INO_BASE, Inode, InodeTable, O_PATH_FLAGS, join
+from ..metastore.backend import MetadataBackend
+from ..metastore.location import StoreLocation
 from .linuxcalls import LOCAL_FS_TYPES, fs_type, raise_fd_limit
 from .ownership import Ownership
+from .settings import RuntimeSettings
 from .views import VIEWS_NAME, Views
 from .watch import SourceWatcher
 from .workers import FairWorkers
@@ -88,17 +91,27 @@ class MountCore(pyfuse3.Operations):
     """The mount's state and what every group of handlers shares: the inode table, the
     remembered stats and replies, the open handles, how a SOURCE call runs."""
 
-    def __init__(self, source: str, meta, location, *, timeout: float = 1.0,
-                 options: dict | None = None):
+    def __init__(self, source: str, meta: MetadataBackend, location: StoreLocation, *,
+                 timeout: float = 1.0, options: dict | None = None,
+                 settings: RuntimeSettings | None = None):
+        """``settings``: the mount's runtime settings (fs/settings.py), their one owner; made
+        here from ``timeout`` and ``options["ro"]`` when not given (in-process tests)."""
         super().__init__()
         self.src = os.fsencode(os.path.abspath(source))
-        self.meta = meta            # MetaService or GvfsdBackend (same async API)
+        self.meta = meta            # the store, only through the MetadataBackend protocol
         self.location = location    # StoreLocation: store paths for mount-relative paths
-        self.timeout = timeout
-        # Read-only mount (-o ro, or remount,ro through MNT/.journalfs's user.journalfs.ro):
-        # every change, metadata included, is EROFS, also where the kernel's flag is not set
-        # (a remount by a user who may not remount the kernel's superblock).
-        self.readonly = bool((options or {}).get("ro"))
+        if settings is None:
+            settings = RuntimeSettings(meta, timeout=timeout, readonly=bool((options or {}).get("ro")),
+                                       cache_cap=SNAPSHOT_TTL)
+        self.settings = settings
+        # Copies of the settings the request path reads, kept current by _settings_changed:
+        # the entry/attribute timeout of every reply; read-only (-o ro, or remount,ro through
+        # MNT/.journalfs's user.journalfs.ro): every change, metadata included, is EROFS,
+        # also where the kernel's flag is not set (a remount by a user who may not remount
+        # the kernel's superblock); how long remembered stats and listings answer.
+        self.timeout = settings.timeout
+        self.readonly = settings.readonly
+        self.stat_ttl = settings.cache_ttl
         self._view_numbers = itertools.count(VIEW_INO_BASE)
         self._view_handles = itertools.count(HANDLE_BASE)
         self._file_handles = itertools.count(1)
@@ -117,8 +130,8 @@ class MountCore(pyfuse3.Operations):
                         "probe failed" if STRUCT_WRITES == "all" else
                         f"JOURNALFS_STRUCT_WRITES={STRUCT_WRITES}")
         self._exchange_tmp = itertools.count()
-        self.snapshots = ListingCache(min(timeout, SNAPSHOT_TTL))  # + listings kept for readdir
-        self.stat_ttl = min(timeout, SNAPSHOT_TTL)
+        self.snapshots = ListingCache(settings.cache_ttl)  # + listings kept for readdir
+        settings.subscribe(self._settings_changed)
         root = os.fstat(root_fd)
         self.local = fs_type(root_fd) in LOCAL_FS_TYPES
         self.local_dev = root.st_dev if self.local else None
@@ -130,11 +143,14 @@ class MountCore(pyfuse3.Operations):
         # user's slow files never delay another user's requests.
         self.workers = FairWorkers()
         # Metadata values are cached only for a store this mount alone writes.
-        store = getattr(meta, "store", None)
-        exclusive = store is not None and getattr(store, "readonly", True) is False
-        self.meta_cache = MetaCache() if exclusive else None
+        self.meta_cache = MetaCache() if meta.sole_writer else None
         # metadata belongs to the file: the store's ledger of owners and quota (ownership.py)
-        self.ownership = Ownership(self, getattr(store, "ledger", None) if exclusive else None)
+        self.ownership = Ownership(self, meta.ledger)
+
+    def _settings_changed(self, settings: RuntimeSettings) -> None:
+        self.timeout = settings.timeout
+        self.readonly = settings.readonly
+        self.stat_ttl = self.snapshots.ttl = settings.cache_ttl
 
     # -- helpers ---------------------------------------------------------------------------
     def next_inode(self) -> int:

@@ -19,6 +19,7 @@ from ..journals import FINGERPRINT_BYTES, is_backup_name, sniff_fd
 from .catalog import Catalog
 from .indexfiles import IndexDir
 from .sourcefiles import open_regular_path
+from .control import Control
 from .stateviews import TOPS as STATE_TOPS, StateTree
 from .status import StatusFile
 from .viewnodes import (JOURNAL, JOURNAL_ID_MAX, JOURNAL_IDS_KEPT, JSONL, LIVE, METADATA,
@@ -52,7 +53,7 @@ class ViewsBase:
         self.ctx = ctx if isinstance(ctx, ViewContext) else ViewContext.of_mount(ctx)
         self.source = self.ctx.source
         self.options = options
-        self.control = None               # fs.control.Control: settings as xattrs of the root
+        self.control: Control | None = None  # settings as xattrs of the root (fs/main.py sets it)
         self.started_ns = time.time_ns()
         self.owner = (os.geteuid(), os.getegid())
         self.by_ino: dict[int, VNode] = {}
@@ -200,16 +201,8 @@ class ViewsBase:
         self.index_dir.remove(*dev_ino)
 
     # -- journals: what a SOURCE file is (threads) -----------------------------------------
-    def _service_status(self) -> dict:
-        status = self.ctx.meta.status()  # synchronous in both backends; may take a store lock
-        return status if isinstance(status, dict) else {}
-
     def _live_path(self) -> str:
-        meta = self.ctx.meta
-        store = getattr(meta, "store", None)
-        path = getattr(store, "journal_path", None) or getattr(meta, "journal_path", None)
-        if not path:  # the gvfsd backend names its journal in its status
-            path = self._service_status().get("journal_path")
+        path = self.ctx.meta.journal_path()  # may read the store's files: threads only
         if not path:
             raise FileNotFoundError(errno.ENOENT, "no live metadata journal")
         return os.fspath(path)
@@ -352,7 +345,7 @@ class ViewsBase:
     def _caller(self, ctx):
         """The credentials key of a request's caller; None for root (sees everything) or
         when the mount cannot act as its callers."""
-        if ctx is None or self.ctx.as_caller is None or getattr(ctx, "uid", 0) == 0:
+        if ctx is None or self.ctx.as_caller is None or ctx.uid == 0:
             return None
         return self.ctx.caller_key(ctx)
 

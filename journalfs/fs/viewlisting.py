@@ -11,8 +11,7 @@ from typing import Any, Iterable
 import numpy as np
 import pyfuse3
 
-from ..formats.base import Codec
-from ..journals import CHECKPOINT_EVERY, RecordIndex, is_backup_name
+from ..journals import CHECKPOINT_EVERY, RecordIndex, is_backup_name, scan
 from . import direntries
 from .dirlist import NameOnlyEntry
 from .viewnodes import (JOURNAL, JOURNAL_ID_MAX, JSONL, JSONL_NAME, LIVE, RECORD,
@@ -265,7 +264,7 @@ class ViewListing(ViewAttrs):
             last = min(idx.settled(), first + LIST_BATCH)
             return [(last - first, codec.kinds[0].encode("utf-8", "surrogateescape"))] \
                 if last > first else []
-        if type(codec).read_columns is Codec.read_columns or not codec.resumable:
+        if not codec.columnar or not codec.resumable:
             # no column decoder: the records decoded, their lines never rendered
             last = min(idx.settled(), first + LIST_BATCH)
             kinds = [rec["kind"].encode("utf-8", "surrogateescape")
@@ -284,24 +283,39 @@ class ViewListing(ViewAttrs):
                     out.append((len(names), [name.partition(b".")[2] for name in names]))
                 return out
             start = idx.offsets[i] if seq else None
-            # the index's own reader of a record range (bounded pread, never a mapping)
+            read = 0  # records of seq .. last-1 read so far
+            # the index's own reader of a record range (bounded pread, never a mapping),
+            # streamed by the one reader (journals.scan; the generator is closed when the
+            # loop lets go of it, before the range is)
             with idx._range(start, last) as (buf, stop):
-                cols = idx.codec.read_columns(buf, idx.path, start, seq, stop, last - seq)
-            skip = max(0, first - seq)
-            if cols.rows <= skip:  # the records end (damage) before ``first``
+                for cols in scan(idx.codec, buf, idx.path, start, seq, stop, rows=last - seq):
+                    at, take = seq + read, min(cols.rows, last - seq - read)
+                    skip = min(take, max(0, first - at))
+                    if take > skip:
+                        listed += ViewListing._kind_run(out, cols.data["kind"], skip, take)
+                    read += take
+                    if cols.error is not None or read >= last - seq:
+                        break
+            if read < last - seq:  # the records end here (damage)
                 break
-            kinds = cols.data["kind"]
-            kinds = [kinds] if isinstance(kinds, str) else list(kinds[skip:cols.rows])
-            rows = cols.rows - skip
-            if len(kinds) == 1 or kinds.count(kinds[0]) == len(kinds):  # one kind
-                out.append((rows, kinds[0].encode("utf-8", "surrogateescape")))
-            else:
-                out.append((rows, [k.encode("utf-8", "surrogateescape") for k in kinds]))
-            listed += rows
-            if cols.rows < last - seq:  # the records end here (damage)
-                break
-            seq += cols.rows
+            seq += read
         return out
+
+    @staticmethod
+    def _kind_run(out: list[tuple[int, bytes | list[bytes]]], kinds, skip: int,
+                  take: int) -> int:
+        """Add the kinds of rows ``skip .. take-1`` of a batch (its "kind" column: one str
+        for all, or one per row) to ``out`` as a run; how many rows that is."""
+        rows = take - skip
+        if isinstance(kinds, str):
+            out.append((rows, kinds.encode("utf-8", "surrogateescape")))
+            return rows
+        run = list(kinds[skip:take])
+        if run.count(run[0]) == len(run):  # one kind
+            out.append((rows, run[0].encode("utf-8", "surrogateescape")))
+        else:
+            out.append((rows, [k.encode("utf-8", "surrogateescape") for k in run]))
+        return rows
 
     @staticmethod
     def _list_entries(idx: RecordIndex, first: int, head, ino_base: int) -> EntryBlock:

@@ -10,10 +10,12 @@ import numpy as np
 import trio
 
 from ..journals import RecordIndex
+from ..metastore.backend import MetadataBackend
 
 from ..jsonlines import json_line
 from .dirlist import NameOnlyEntry
 from .jsonlview import JsonlLayout
+from .settings import RuntimeSettings
 from .sourcefiles import SourceTree
 
 #: The views' directory in the mount's root (it shadows a SOURCE name of the same name).
@@ -65,7 +67,7 @@ class ViewContext:
     """What the views need from the mount, passed explicitly (no reference back to it)."""
 
     source: SourceTree                    # SOURCE, reached through its directory fd
-    meta: Any                             # metadata service: status(), its store's journal
+    meta: MetadataBackend                 # the store: status(), journal_path()
     next_inode: Callable[[], int]
     next_handle: Callable[[], int]
     timeout: Callable[[], float]          # the mount's current attribute/entry timeout
@@ -78,20 +80,21 @@ class ViewContext:
     # only); ``caller_key(ctx)`` says whose they are. None: every caller sees everything.
     as_caller: Callable | None = None
     caller_key: Callable | None = None
+    settings: RuntimeSettings | None = None  # the mount's runtime settings (status.json)
 
     @classmethod
     def of_mount(cls, fs) -> "ViewContext":
         """The collaborators of a :class:`~journalfs.fs.passthrough.JournalFS`."""
         loc = fs.location
-        tree = os.fspath(getattr(loc, "tree_path", "") or "")
+        tree = os.fspath(loc.tree_path or "")
         return cls(source=SourceTree(fs.src), meta=fs.meta, next_inode=fs.next_inode,
                    next_handle=fs.next_handle, timeout=lambda: fs.timeout,
                    store_dir=os.path.dirname(tree) or None, tree_path=tree,
-                   prefix=getattr(loc, "prefix", None), source_name=os.fsdecode(fs.src),
-                   watch=getattr(fs, "watch", None),
+                   prefix=loc.prefix, source_name=os.fsdecode(fs.src), watch=fs.watch,
                    # looked up per call: the mount makes its Caller after its views
                    as_caller=lambda ctx, fn, *args: fs.caller.run(ctx, fn, *args),
-                   caller_key=lambda ctx: (ctx.uid, ctx.gid, tuple(fs.caller.groups(ctx.pid))))
+                   caller_key=lambda ctx: (ctx.uid, ctx.gid, tuple(fs.caller.groups(ctx.pid))),
+                   settings=fs.settings)
 
 
 def record_content(rec: dict) -> bytes:

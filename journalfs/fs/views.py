@@ -39,7 +39,6 @@ The tree is served by one class, :class:`Views`, made of one class per job, each
 from __future__ import annotations
 
 import base64
-import inspect
 import json
 import os
 
@@ -83,7 +82,7 @@ class Views(ViewListing, ViewFiles, ViewXattrs):
             "damaged_journals": damaged,
             "views": {"indexing": [_rel_text(r) for r in sorted(self._jobs)],
                       "index_dir": (os.path.join(self.ctx.store_dir, "indexes")
-                                    if self.index_dir.usable else None),
+                                    if self.index_dir.usable and self.ctx.store_dir else None),
                       "catalog_bytes": self.catalog.used, "catalog_entries": len(self.catalog),
                       "journal_names": len(self._journal_ids),
                       "index_files": self.index_dir.status(),
@@ -92,18 +91,14 @@ class Views(ViewListing, ViewFiles, ViewXattrs):
         }
 
     async def _status_bytes(self) -> bytes:
-        status = self.ctx.meta.status
-        if inspect.iscoroutinefunction(status):
-            status = await status()
-        else:  # synchronous in both backends, but it may wait for the store's lock
-            status = await trio.to_thread.run_sync(status)
-        status = status if isinstance(status, dict) else {}
-        journal = getattr(getattr(self.ctx.meta, "store", None), "journal_path", None)
+        # it may wait for the store's lock or read its files: a worker thread
+        status = await trio.to_thread.run_sync(self.ctx.meta.status)
+        settings = self.ctx.settings
         doc = {
             "source": self.options.get("source") or self.ctx.source_name,
             "mountpoint": self.options.get("mountpoint"),
             "store": {"tree": self.ctx.tree_path, "prefix": self.ctx.prefix,
-                      "journal": journal or status.get("journal_path")},
+                      "journal": status.get("journal_path")},
             # the figures people look for first, then everything the service reports
             "journal_fill": status.get("fill"),
             "entries": status.get("entries"),
@@ -111,7 +106,8 @@ class Views(ViewListing, ViewFiles, ViewXattrs):
             "last_fsync": status.get("last_fsync"),
             "service": status,
             "watch": self.ctx.watch.status() if self.ctx.watch is not None else None,
-            "options": self.options,
+            # the mount's configuration, and the runtime settings as they are now
+            "options": {**self.options, **(settings.options() if settings is not None else {})},
             # the last runtime setting refused, and why (fs/control.py)
             "last_error": self.control.last_error if self.control is not None else None,
             **self.status_fields(),
