@@ -13,14 +13,14 @@ from typing import Any, Callable
 
 import pyfuse3
 
+from ..metastore.backend import MetadataBackend
+from ..metastore.location import StoreLocation
+from . import direntries
 from .caches import Listing, MetaCache, Scan
 from .caller import Caller
-from . import direntries
 from .dirlist import DIR_BLKSIZE, STRUCT_WRITES, LazyRows, ListingCache, NameOnlyEntry
 from .guards import in_thread
 from .inodes import VIEW_INO_BASE, Inode, InodeTable, O_PATH_FLAGS, join
-from ..metastore.backend import MetadataBackend
-from ..metastore.location import StoreLocation
 from .linuxcalls import LOCAL_FS_TYPES, fs_type, raise_fd_limit
 from .ownership import Ownership
 from .settings import RuntimeSettings

@@ -9,10 +9,10 @@ import stat
 import pyfuse3
 
 from .dirlist import DIR_BLKSIZE
-from .viewnodes import (JOURNAL, JSONL, JSONL_NAME, LIVE, METADATA, RECORD, RECORDS_DIR, ROOT,
-    ROOT_MODE, STATE, STATUS, JournalInfo, VNode, record_content, record_file_name, seq_of)
 from .jsonlview import JsonlLayout
 from .viewindex import SMALL_JOURNAL_BYTES, SMALL_JOURNAL_RECORDS, ViewIndexes
+from .viewnodes import (JOURNAL, JSONL, JSONL_NAME, LIVE, METADATA, RECORD, RECORDS_DIR, ROOT,
+    ROOT_MODE, STATE, STATUS, JournalInfo, VNode, record_content, record_file_name, seq_of)
 
 
 class ViewAttrs(ViewIndexes):

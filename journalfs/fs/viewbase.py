@@ -17,15 +17,15 @@ import trio
 
 from ..journals import FINGERPRINT_BYTES, is_backup_name, sniff_fd
 from .catalog import Catalog
-from .indexfiles import IndexDir
-from .sourcefiles import open_regular_path
 from .control import Control
+from .indexfiles import IndexDir
+from .jsonlview import JsonlReader
+from .sourcefiles import open_regular_path
 from .stateviews import TOPS as STATE_TOPS, StateTree
 from .status import StatusFile
 from .viewnodes import (JOURNAL, JOURNAL_ID_MAX, JOURNAL_IDS_KEPT, JSONL, LIVE, METADATA,
     RECORD, RECORD_INO_BASE, RECORDS_DIR, ROOT, SEQ_BITS, SEQ_MASK, STATE, STATUS, VIEWS_NAME,
     IndexJob, JournalInfo, ViewContext, ViewDirHandle, VNode)
-from .jsonlview import JsonlReader
 
 log = logging.getLogger("journalfs.fs.views")
 

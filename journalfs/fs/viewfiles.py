@@ -8,9 +8,9 @@ import pyfuse3
 
 from ..journals import CHECKPOINT_EVERY, RecordIndex
 from .jsonlfollow import JsonlGrowth
-from .viewnodes import JSONL, LIVE, RECORD, STATE, STATUS, record_content
 from .jsonlview import JsonlLayout, JsonlReader
 from .viewattrs import ViewAttrs
+from .viewnodes import JSONL, LIVE, RECORD, STATE, STATUS, record_content
 
 
 class ViewFiles(ViewAttrs):

@@ -13,9 +13,9 @@ import trio
 
 from ..journals import RecordIndex
 from .indexfiles import matches, may_extend
-from .viewnodes import LIVE, IndexJob, JournalInfo, VNode
 from .jsonlview import JsonlLayout
 from .viewbase import ViewsBase
+from .viewnodes import LIVE, IndexJob, JournalInfo, VNode
 
 log = logging.getLogger("journalfs.fs.views")
 
@@ -140,7 +140,8 @@ class ViewIndexes(ViewsBase):
         """Index a journal (worker thread): from memory, the store's index directory, or the
         file itself (only its growth when an earlier index still holds)."""
         info = self._journal_info(rel)
-        if info is None:
+        codec = info.codec if info is not None else None
+        if info is None or codec is None:
             raise FileNotFoundError(errno.ENOENT, "not a journal")
         if info.index is not None and rel != LIVE and info.index.identity == info.ident[1:] \
                 and info.index.dev == info.ident[0]:
@@ -154,20 +155,20 @@ class ViewIndexes(ViewsBase):
             if loaded is not None:
                 saved, header, saved_layout = loaded
                 saved.opener = opener
-                if matches(header, info.codec.name, size, info.ident[3], info.head):
+                if matches(header, codec.name, size, info.ident[3], info.head):
                     if saved_layout is not None:
                         info.layout = JsonlLayout.saved(saved, *saved_layout)
                     self._adopt(rel, info, saved)
                     self._count(indexes_loaded=1)
                     return saved
-                if may_extend(header, info.codec.name, size, info.head) \
+                if may_extend(header, codec.name, size, info.head) \
                         and (previous is None or previous.count < saved.count):
                     previous = saved
 
         def progress(partial: RecordIndex) -> None:
             job.partial = partial
 
-        index = RecordIndex.build(path, info.codec, previous=previous, opener=opener,
+        index = RecordIndex.build(path, codec, previous=previous, opener=opener,
                                   progress=progress)
         if index.identity != info.ident[1:]:  # changed while indexed: describe what was read
             info = self._journal_info(rel) or info

@@ -14,11 +14,11 @@ import pyfuse3
 from ..journals import CHECKPOINT_EVERY, RecordIndex, is_backup_name, scan
 from . import direntries
 from .dirlist import NameOnlyEntry
+from .jsonlview import READ_CHUNK_RECORDS
+from .viewattrs import ViewAttrs
 from .viewnodes import (JOURNAL, JOURNAL_ID_MAX, JSONL, JSONL_NAME, LIVE, RECORD,
     RECORD_INO_BASE, RECORDS_DIR, SEQ_BITS, SEQ_MASK, STATE, STATUS, VIEWS_NAME, BLOCKS, FULL,
     NAMES, EntryBlock, JournalListing, ViewDirHandle, VNode)
-from .jsonlview import READ_CHUNK_RECORDS
-from .viewattrs import ViewAttrs
 
 
 #: Journals with at least this many records are listed by name only (see _readdir_journal).

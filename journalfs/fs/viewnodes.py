@@ -9,6 +9,7 @@ from typing import Any, Callable
 import numpy as np
 import trio
 
+from ..formats.base import Codec
 from ..journals import RecordIndex
 from ..metastore.backend import MetadataBackend
 
@@ -127,7 +128,7 @@ class JournalInfo:
     uid: int
     gid: int
     mode: int
-    codec: Any = None                  # None: not a journal
+    codec: Codec | None = None         # None: not a journal
     checked: float = 0.0               # time.monotonic() of the last lstat
     index: RecordIndex | None = None   # complete, of exactly `ident` (LIVE: of the last build)
     previous: RecordIndex | None = None  # an older index of the same inode (growth)

@@ -9,10 +9,10 @@ import time
 import pyfuse3
 
 from ..selection import format_time, record_time_ns
+from .viewbase import TRUST_SECONDS
+from .viewindex import ViewIndexes
 from .viewnodes import (JOURNAL, JSONL, LIVE, RECORD, RECORDS_DIR, ROOT, DAMAGE_XATTR,
     RECORD_XATTR_PREFIX, VNode)
-from .viewindex import ViewIndexes
-from .viewbase import TRUST_SECONDS
 
 
 #: The access ACL the kernel asks for (POSIX ACL mode) before deciding on a view inode.
