@@ -48,13 +48,13 @@ class DirectoryOps(StoreCalls):
         """List ``handle``'s directory as it is now (first readdir, rewinddir)."""
         node = handle.node
         listing, current = await self._dir_listing(node, handle.uid)
-        handle.dots = await self._on(node, self._dots, node is self.table.root)
+        dots = await self._on(node, self._dots, node is self.table.root)
+        frozen = listing.frozen()
+        handle.listing, handle.dots, handle.read = frozen, dots, False
         handle.plain = NameOnlyEntry(stat.S_IFREG) if current and NameOnlyEntry.available \
             else None
-        frozen = handle.listing = listing.frozen()
         handle.rows = (self.snapshots.rows(node.path, listing)
                        if current and node.path is not None else None) or listing_rows(frozen)
-        handle.read = False
 
     async def _dir_listing(self, node: Inode, uid: int = 0) -> tuple[Listing, bool]:
         """The current listing of directory ``node``: the one kept since the last scan when

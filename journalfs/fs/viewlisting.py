@@ -82,8 +82,8 @@ class ViewListing(ViewAttrs):
             raise pyfuse3.FUSEError(errno.EBADF)
         node = handle.node
         if start_id == 0 and handle.read:  # rewinddir: the directory as it is now
-            handle.entries, handle.journal = [], None
-            await self._list(handle)
+            fresh = await self._list(ViewDirHandle(node, handle.ctx))
+            handle.entries, handle.journal = fresh.entries, fresh.journal
         handle.read = True
         if node.kind == JOURNAL:
             return await self._readdir_journal(node, handle.journal, start_id, token)
