@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import inspect
 import logging
+import os
 
 import pyfuse3
 import pytest
@@ -65,3 +66,39 @@ def test_an_unexpected_error_inside_a_handler_is_eio_and_logged(tmp_path, caplog
     with caplog.at_level(logging.ERROR, logger="journalfs.fs"):
         assert trio.run(main) == errno.EIO
     assert any(r.exc_info and "a bug" in str(r.exc_info[1]) for r in caplog.records)
+
+
+def names_now(ops, ino: int) -> list[bytes]:
+    """The names setxattr would write metadata under (XattrOps._names_now)."""
+    node = ops.table.get(ino)
+    return sorted(ops._inline(node, ops._names_now, node))
+
+
+def test_metadata_goes_only_to_names_that_still_lead_to_the_file(tmp_path):
+    """setxattr of user.metadata.* writes under every name of the file that still means it
+    in SOURCE, each checked from SOURCE's fd without following a symlink: a directory of
+    the path swapped for a symlink behind the mount's back (to where the file now is) does
+    not make the old name count, so nothing is written under a path that no longer names
+    the file; a hard link made through the mount does count."""
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "f").write_bytes(b"x")
+    key = b"user.metadata.colour"
+
+    async def main():
+        async with serving(src, tmp_path / "store") as ops:
+            f = await lookup_path(ops, "d/f")
+            await ops.link(f.st_ino, pyfuse3.ROOT_INODE, b"g", ROOT)
+            await ops.setxattr(f.st_ino, key, b"blue", ROOT)
+            assert await ops.getxattr((await lookup_path(ops, "g")).st_ino, key, ROOT) == b"blue"
+            assert names_now(ops, f.st_ino) == [b"d/f", b"g"]
+            # behind the mount's back (no watcher runs here): d moves, a symlink takes its name
+            (src / "d").rename(src / "e")
+            (src / "d").symlink_to("e")
+            assert names_now(ops, f.st_ino) == [b"g"]
+            os.unlink(src / "g")
+            with pytest.raises(pyfuse3.FUSEError) as gone:
+                await ops.setxattr(f.st_ino, key, b"red", ROOT)
+            assert gone.value.errno == errno.ENOENT
+
+    trio.run(main)
