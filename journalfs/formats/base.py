@@ -16,7 +16,7 @@ import json
 import mmap
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence, Union
+from typing import Any, Callable, Generator, Iterator, Sequence, Union
 
 import numpy as np
 
@@ -187,7 +187,8 @@ class RecordLists(BuiltOnAccess):
                  groups: Callable[[], list[RecordGroup] | None]):
         super().__init__(rows, build)
         self.bounds = bounds
-        self._groups, self._made, self._asked = groups, None, False
+        self._groups, self._asked = groups, False
+        self._made: list[RecordGroup] | None = None
 
     def groups(self) -> list[RecordGroup] | None:
         """The nested records' columns; None when they cannot all be made exactly that way."""
@@ -232,6 +233,9 @@ FIRST_SCAN_ROWS = 16
 #: ``offset`` column (record starts, found without decoding where the codec can); every
 #: column with nested values as their JSON text (:meth:`Codec.read_text_columns`).
 SCAN_FORMS = ("columns", "offsets", "text")
+#: A stream of records or batches that its reader may close early (``contextlib.closing``).
+Records = Generator[Record, None, None]
+Batches = Generator["Columns", None, None]
 #: A scan's most rows per batch: a number, or a function asked before each batch (a consumer
 #: that sizes its batches by what it makes of them: JSON text, Arrow bytes).
 Rows = Union[int, Callable[[], int]]
@@ -319,7 +323,7 @@ class Codec(abc.ABC):
     # -- reading ---------------------------------------------------------------------------
     @abc.abstractmethod
     def read(self, buf: Buffer, source: str, start: int | None = None, seq: int = 0,
-             stop: int | None = None) -> Iterator[Record]:
+             stop: int | None = None) -> Records:
         """Yield records in file order from byte ``start`` (a record boundary; None = first).
 
         ``seq`` is the ordinal of the record at ``start``. Decoding stops before any record that
@@ -330,7 +334,7 @@ class Codec(abc.ABC):
         """
 
     def records(self, buf: Buffer, source: str, pace: Callable[[], None] | None = None
-                ) -> Iterator[Record]:
+                ) -> Records:
         """Every record of the file, as :meth:`read` yields them (and its damage), in bounded
         memory whatever the file's size; ``pace`` as for :meth:`scan`. This default is
         :meth:`read` itself; a codec whose :meth:`read` holds the whole file's structure
@@ -383,7 +387,7 @@ class Codec(abc.ABC):
 
     def record_offsets(self, buf: Buffer, source: str, start: int | None = None,
                        seq: int = 0, stop: int | None = None, limit: int | None = None
-                       ) -> tuple[Sequence[int], int | None, FormatError | None]:
+                       ) -> tuple[np.ndarray, int | None, FormatError | None]:
         """Where the records :meth:`read` yields start (up to ``limit``): (offsets, where a
         next call resumes or None, the damage that ended them). This default takes them
         from :meth:`read_columns` (or, without a column decoder of the codec's own, from
@@ -410,7 +414,7 @@ class Codec(abc.ABC):
     def scan(self, buf: Buffer, source: str, start: int | None = None, seq: int = 0,
              stop: int | None = None, *, rows: Rows = SCAN_ROWS, span: int | None = None,
              form: str = "columns", pace: Callable[[], None] | None = None
-             ) -> Iterator[Columns]:
+             ) -> Batches:
         """The one way to stream a file: its records from ``start`` (record ``seq``; None =
         the first) up to ``stop``, as consecutive batches of columns of at most ``rows``
         rows (:data:`Rows`) -- with ``span``, of about ``span`` bytes of the file each (a

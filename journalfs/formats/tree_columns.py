@@ -21,7 +21,7 @@ path length each), its nodes found a chunk at a time: memory per directory, not 
 Two ways out. :func:`read_columns` decodes the whole tree, its texts spans of a copy of the
 file's bytes (the caller's buffer may be an mmap it closes) made into ``str`` -- or straight
 into their JSON spelling, for ``records --json`` -- only when a column is read.
-:func:`column_batches` streams: after a check of the children blocks alone (in file order,
+:func:`column_batches` (:meth:`GvfsTree.scan`) streams: after a check of the children blocks alone (in file order,
 so nothing is remembered per block), each batch of rows is given as it is walked, its texts
 spans of the caller's buffer; the walk keeps the next level's children blocks and a chain of
 every directory's parent and name (paths are made from it per batch), past KEEP_BYTES in a
