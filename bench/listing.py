@@ -4,6 +4,7 @@ native, bindfs and journalfs, in rotating rounds.
     sudo .venv/bin/python bench/listing.py [--entries 2000] [--rounds 3] [--workdir DIR]
                                            [--before TREE] [--view] [--image]
                                            [--commands "ls -U,ls"] [--phases cold,warm]
+                                           [--struct-writes]
 
 Each cell is the median of the rounds (entries/s; higher is better). For the FUSE daemons it
 also gives the READDIR(PLUS) requests of the first listing (so entries per reply) and the
@@ -18,6 +19,10 @@ records (``.journalfs/records/LOG.idx``: ``records.jsonl`` and N files named
 ``<seq as 8 digits>.index``) while native and bindfs list the real directory of N empty files
 named the same way: a big view side by side with a real directory of that size. The
 journal's index is built once before the rounds (it is then read from the store).
+
+``--struct-writes``: journalfs also with its writes into pyfuse3's objects off, in the same
+rounds: "journalfs-structs-names" (no reply blocks of fs/direntries.py) and
+"journalfs-structs-off" (no name-only entries of fs/dirlist.py either): what they buy.
 
 ``--image``: the real directory is made in an ext4 image (a sparse file in WORKDIR,
 loop-mounted; ``large_dir`` so that one directory can hold 12M names) by a small C program
@@ -42,6 +47,18 @@ bench_fuse = sys.modules["bench_fuse"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_fuse)
 
 COMMANDS = {"ls -U": ["ls", "-U"], "ls": ["ls"], "ls -l": ["ls", "-l"]}
+
+
+class StructWrites(bench_fuse.Target):
+    """journalfs with JOURNALFS_STRUCT_WRITES set: its writes into pyfuse3's objects
+    (fs/dirlist.py, fs/direntries.py) partly ("names") or wholly ("off") turned off."""
+
+    def __init__(self, mode: str, *args):
+        super().__init__(f"journalfs-structs-{mode}", *args)
+        self.mode = mode
+
+    def command(self, sync, timeout) -> list[str]:
+        return ["env", f"JOURNALFS_STRUCT_WRITES={self.mode}", *super().command(sync, timeout)]
 
 
 class OtherTree(bench_fuse.Target):
@@ -220,6 +237,8 @@ def main() -> int:
     ap.add_argument("--image", action="store_true",
                     help="make the real files in a loop-mounted ext4 image (for millions)")
     ap.add_argument("--keep-image", action="store_true")
+    ap.add_argument("--struct-writes", action="store_true",
+                    help="also journalfs with JOURNALFS_STRUCT_WRITES=names and =off")
     ap.add_argument("--commands", default=",".join(COMMANDS))
     ap.add_argument("--phases", default="cold,warm")
     args = ap.parse_args()
@@ -258,6 +277,12 @@ def run(args, work: Path, commands: dict, phases: tuple) -> int:
                                                 work / "store-before")
         (work / "store-before").mkdir(exist_ok=True)
         names.append("journalfs-before")
+    if args.struct_writes:
+        for mode in ("names", "off"):
+            t = StructWrites(mode, fs_src, work / f"mnt-{mode}", work / f"store-{mode}")
+            (work / f"store-{mode}").mkdir(exist_ok=True)
+            targets[t.name] = t
+            names.append(t.name)
     order = [targets[n] for n in names]
 
     def folder_of(t) -> tuple[Path, int]:

@@ -17,7 +17,7 @@ from fastops import ROOT, Ctx, listdir, lookup_path, serving
 from journalfs.escaping import EscapingFormatter, escaped
 from journalfs.fs import workers as workers_module
 from journalfs.fs.inodes import InodeTable
-from journalfs.fs.passthrough import SCAN_INLINE
+from journalfs.fs.mountcore import SCAN_INLINE
 from journalfs.fs.workers import FairWorkers
 
 pytestmark = pytest.mark.fast
@@ -206,15 +206,15 @@ def test_acting_as_a_user_drops_the_capability_and_restores_it(monkeypatch):
     """Caller.as_user drops CAP_SYS_RESOURCE (here stood in for by CAP_SYS_ADMIN: this
     machine's root may lack CAP_SYS_RESOURCE altogether) and the fs capabilities for the
     call only, per thread."""
-    from journalfs.fs import passthrough
+    from journalfs.fs import caller as caller_module
 
     def effective():
-        return passthrough._capabilities()[1][0].effective
+        return caller_module.capabilities()[1][0].effective
 
     if not effective() >> 21 & 1:
         pytest.skip("no CAP_SYS_ADMIN to stand in with")
-    monkeypatch.setattr(passthrough, "_CAP_SYS_RESOURCE", 21)
-    caller = passthrough.Caller()
+    monkeypatch.setattr(caller_module, "_CAP_SYS_RESOURCE", 21)
+    caller = caller_module.Caller()
     before = effective()
     inside = caller.as_user(1000, 1000, effective)
     assert not inside >> 21 & 1 and not inside >> 1 & 1  # CAP_SYS_ADMIN, CAP_DAC_OVERRIDE

@@ -407,7 +407,7 @@ def test_ten_million_records_bounded_memory(tmp_path):
 @pytest.fixture(scope="module")
 def jsonl_fixture(tmp_path_factory):
     from journalfs.formats.base import record_json_line
-    from journalfs.fs.views import JsonlLayout
+    from journalfs.fs.jsonlview import JsonlLayout
     from journalfs.journals import RecordIndex
     path = tmp_path_factory.mktemp("jsonl") / "j.idx"
     write_wallaby_index(path, 3000)  # three checkpoints (every 1024 records)
@@ -430,7 +430,7 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 def test_jsonl_reader_any_read_sequence(jsonl_fixture, reads):
     """Whatever offsets a reader asks for (sequential, backwards, past EOF), the bytes are
     exactly those of records.jsonl."""
-    from journalfs.fs.views import JsonlReader
+    from journalfs.fs.jsonlview import JsonlReader
     index, layout, full = jsonl_fixture
     reader = JsonlReader(index, layout)
     try:

@@ -206,7 +206,7 @@ def test_a_grown_file_is_indexed_from_its_last_checkpoint_only(big_journal, tmp_
     """Appending (even completing a torn last record) extends the index: it equals a fresh
     build, but re-reading starts at the old last checkpoint. A file rewritten in place, or
     replaced, is indexed from scratch."""
-    from journalfs.fs.views import JsonlLayout
+    from journalfs.fs.jsonlview import JsonlLayout
 
     fmt, _, data = big_journal
     path = tmp_path / "growing"
@@ -256,7 +256,7 @@ def test_json_chunks_equal_record_json_lines(journal_files, monkeypatch, columns
     """records.jsonl and listings are rendered a checkpoint at a time from the codecs' columns
     (or record by record): byte for byte what ``record_json_line`` writes, with each
     record's kind and file size."""
-    from journalfs.fs.views import record_content
+    from journalfs.fs.viewnodes import record_content
     monkeypatch.setattr(journals, "CHECKPOINT_EVERY", 4)  # many chunks even on small files
     monkeypatch.setattr(jsonlines, "COLUMNS_MIN_ROWS", columns_from)
     for path in journal_files:

@@ -259,7 +259,7 @@ def test_records_jsonl_reads_answered_from_the_chunk_in_hand(tmp_path):
     """The views' reader answers a read inside the chunk it holds without rendering (on the
     request thread); anything else goes to ``read``. Together: exactly records.jsonl,
     whether its size is known yet or not."""
-    from journalfs.fs.views import JsonlLayout, JsonlReader
+    from journalfs.fs.jsonlview import JsonlLayout, JsonlReader
     from journalfs.journals import RecordIndex
     path = tmp_path / f"jobs.{demo.BASE_MS}"
     path.write_bytes(CODECS["kestrel-writer"].write(

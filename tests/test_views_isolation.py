@@ -117,7 +117,7 @@ def test_renaming_a_journal_100000_times_leaves_memory_bounded(bob):
     assertion here held; run standalone, 100,000 renames exit in 0.3 s.)"""
     from journalfs.formats.gvfs_journal import encode_entry
     from journalfs.fs.catalog import MAX_ENTRIES
-    from journalfs.fs.views import JOURNAL_IDS_KEPT
+    from journalfs.fs.viewnodes import JOURNAL_IDS_KEPT
     with users.reachable_dir("jfs-views-rss-") as base:
         src, mnt = base / "src", base / "mnt"
         src.mkdir()

@@ -11,7 +11,9 @@ request, buffer start, write position, room left; pyfuse3 sends ``buffer start .
 room`` and frees the buffer with ``free``). Its layout is checked at import by letting
 ``readdir_reply`` write entries of three records into a probe token and comparing them byte
 for byte with what :func:`entries` builds for the same records; if anything differs,
-:data:`available` is False and views use ``readdir_reply`` per entry as before.
+:data:`available` is False and views use ``readdir_reply`` per entry as before (the mount
+logs it; tests/test_fs_cstructs.py fails). What it buys: ARCHITECTURE.md, "Writes into
+pyfuse3's objects".
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import sys
 import numpy as np
 import pyfuse3
 
-from .dirlist import NameOnlyEntry
+from .dirlist import STRUCT_WRITES, NameOnlyEntry
 
 #: Offsets inside a ``fuse_direntplus`` (the kernel ABI, linux/fuse.h): fuse_entry_out
 #: (nodeid, generation, entry/attr valid, their nsec, then fuse_attr starting with ino),
@@ -189,4 +191,4 @@ def entries(head: np.ndarray, first: int, kinds: list[tuple[int, bytes | list[by
     return block, ends
 
 
-available = sys.byteorder == "little" and _probe()
+available = STRUCT_WRITES == "all" and sys.byteorder == "little" and _probe()

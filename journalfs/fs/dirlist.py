@@ -17,10 +17,12 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from dataclasses import dataclass
 
 import pyfuse3
 
 from .caches import UNKNOWN, DirSnapshots, Listing
+from .inodes import Inode
 
 #: st_blksize reported for every directory, mirrored or view (files keep SOURCE's): glibc
 #: sizes its getdents64 buffer from it (max(st_blksize, 32 KiB), at most 1 MiB) and the kernel
@@ -38,20 +40,27 @@ PATCH_MAX = 256
 EAGER_ROWS_MAX = 8192
 
 
+@dataclass(eq=False, slots=True)
+class KeptListing:
+    """A listing kept for one directory inode object."""
+    directory: Inode                  # the inode object it was taken for
+    listing: Listing
+    rows: list[tuple] | None = None   # its rows once every one is built (see ListingCache.rows)
+
+
 class ListingCache(DirSnapshots):
     """The passthrough's snapshots, plus listings kept for as long as nothing changes."""
 
     def __init__(self, ttl: float, **kwargs):
         super().__init__(ttl, **kwargs)
-        # dir path -> [directory inode, listing, its rows once all built (see rows)]
-        self._kept: dict[bytes, list] = {}
+        self._kept: dict[bytes, KeptListing] = {}  # directory path -> its kept listing
 
     def kept(self, dir_rel: bytes, directory) -> Listing | None:
         """The listing kept for ``dir_rel`` when it was taken for this very inode object."""
         entry = self._kept.get(dir_rel)
-        if entry is None or entry[0] is not directory or not self.enabled:
+        if entry is None or entry.directory is not directory or not self.enabled:
             return None
-        return entry[1]
+        return entry.listing
 
     def keep(self, dir_rel: bytes, directory, started_generation: int, listing: Listing) -> None:
         """Keep ``listing`` of ``directory`` (watched) unless something changed since the scan
@@ -60,31 +69,31 @@ class ListingCache(DirSnapshots):
         if started_generation != self.generation or not self.enabled \
                 or len(listing.stats) > MAX_KEPT_ENTRIES:
             return
-        self._kept[dir_rel] = [directory, listing, None]
-        entries = sum(len(kept[1].stats) for kept in self._kept.values())
+        self._kept[dir_rel] = KeptListing(directory, listing)
+        entries = sum(len(kept.listing.stats) for kept in self._kept.values())
         while len(self._kept) > MAX_KEPT or entries > MAX_KEPT_ENTRIES:
             oldest = self._kept.pop(next(iter(self._kept)))
-            entries -= len(oldest[1].stats)
+            entries -= len(oldest.listing.stats)
 
     def rows(self, dir_rel: bytes, listing: Listing) -> list | None:
         """:func:`rows` of the kept ``listing``, remembered once every row holds attributes
         built for its current lstat: later opendirs reuse them. None if not kept."""
         entry = self._kept.get(dir_rel)
-        if entry is None or entry[1] is not listing or len(listing.stats) > EAGER_ROWS_MAX:
+        if entry is None or entry.listing is not listing or len(listing.stats) > EAGER_ROWS_MAX:
             return None
-        if entry[2] is None:
+        if entry.rows is None:
             built = rows(listing)
             if all(attrs is not None and attrs[0] is st for _, st, attrs in built):
-                entry[2] = built
+                entry.rows = built
             return built
-        return entry[2]
+        return entry.rows
 
     def rows_stale(self, dir_rel: bytes) -> None:
         """A row of ``dir_rel``'s kept listing named an inode no longer in use: build the
         rows again at the next opendir."""
         entry = self._kept.get(dir_rel)
         if entry is not None:
-            entry[2] = None
+            entry.rows = None
 
     # every change reaches the kept listings the way it reaches the snapshots
     def attrs_changed(self, *rels: bytes) -> None:
@@ -107,7 +116,7 @@ class ListingCache(DirSnapshots):
         directory, _, name = rel.rpartition(b"/")
         entry = self._kept.get(directory)
         if entry is not None:
-            entry[1].mark_unknown(name)
+            entry.listing.mark_unknown(name)
 
 
 def rows(listing: Listing) -> list[tuple]:
@@ -183,7 +192,13 @@ def _node_id_offsets() -> tuple[int, int] | None:
     return found[0], found[1]
 
 
-_OFFSETS = _node_id_offsets()
+#: The writes into pyfuse3's objects (here and in direntries.py): "all" (default); "names"
+#: (NameOnlyEntry only: no reply blocks); "off" (neither: entries carry attributes, one
+#: readdir_reply each). A switch for comparing (bench/listing.py --struct-writes) and for a
+#: pyfuse3 whose layout passes the probes yet misbehaves; tests/test_fs_cstructs.py fails on
+#: a probe that stops matching.
+STRUCT_WRITES = os.environ.get("JOURNALFS_STRUCT_WRITES", "all")
+_OFFSETS = _node_id_offsets() if STRUCT_WRITES in ("all", "names") else None
 
 
 class NameOnlyEntry:

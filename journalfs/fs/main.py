@@ -691,25 +691,11 @@ def assemble(config: MountConfig, meta: MetadataBackend, location: StoreLocation
 
     settings = RuntimeSettings(meta, timeout=config.timeout, readonly=config.ro,
                                cache_cap=SNAPSHOT_TTL)
-    ops = JournalFS(source, meta, location, timeout=config.timeout, options=config.summary())
+    ops = JournalFS(source, meta, location, timeout=config.timeout, options=config.summary(),
+                    settings=settings)
     ops.ownership.set_quota(config.quotas)
-    _follow_settings(ops, settings)
-    # (fs/views.py declares the attribute as None: its owner types it, #26)
-    ops.views.control = Control(settings, trace=lambda on: trace_requests(ops, on))  # type: ignore[assignment]
+    ops.views.control = Control(settings, trace=lambda on: trace_requests(ops, on))
     return ops
-
-
-def _follow_settings(ops: JournalFS, settings: RuntimeSettings) -> None:
-    """Keep the mount's per-request copies of the runtime settings current. A bridge: once
-    JournalFS and its views take ``settings`` and subscribe themselves (#26, fs/passthrough.py
-    and fs/views.py), this goes."""
-    def changed(settings: RuntimeSettings) -> None:
-        ops.timeout = settings.timeout  # entry/attr timeouts of every later reply
-        ops.stat_ttl = ops.snapshots.ttl = settings.cache_ttl
-        ops.readonly = settings.readonly
-        ops.views.options.update(settings.options())
-    changed(settings)
-    settings.subscribe(changed)
 
 
 def handles_file_for(source_fd: int) -> str | None:

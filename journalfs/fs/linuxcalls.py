@@ -1,0 +1,138 @@
+"""The Linux calls the mirror needs beyond ``os``: ``*at()`` variants with AT_EMPTY_PATH on
+O_PATH fds, renameat2, statx's inode flags, fstatfs's filesystem type, the fd limit.
+Each raises ``OSError`` with the call's errno."""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import resource
+
+libc = ctypes.CDLL(None, use_errno=True)
+AT_EMPTY_PATH = 0x1000
+AT_SYMLINK_NOFOLLOW = 0x100
+_AT_FDCWD = -100
+_AT_SYMLINK_FOLLOW = 0x400
+IS_ROOT = os.geteuid() == 0
+#: statfs f_type of local filesystems: syscalls there are cheaper inline than a thread hop,
+#: and close(2) flushes nothing (no deferred write errors): ext2/3/4, xfs, btrfs, tmpfs, f2fs.
+LOCAL_FS_TYPES = {0xEF53, 0x58465342, 0x9123683E, 0x01021994, 0xF2F52010}
+
+
+class _Statfs(ctypes.Structure):
+    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 112)]
+
+
+def fs_type(fd: int) -> int | None:
+    buf = _Statfs()
+    if libc.fstatfs(fd, ctypes.byref(buf)) != 0:
+        return None
+    return buf.f_type & 0xFFFFFFFF
+
+
+def check(result: int) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def renameat2(old_dir: int, old: bytes, new_dir: int, new: bytes, flags: int) -> None:
+    check(libc.renameat2(old_dir, old, new_dir, new, ctypes.c_uint(flags)))
+
+
+def chown_fd(fd: int, uid: int, gid: int) -> None:
+    """chown of the object an O_PATH fd stands for (a symlink itself, too)."""
+    check(libc.fchownat(fd, b"", uid, gid, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW))
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def utime_fd(fd: int, atime_ns: int, mtime_ns: int) -> None:
+    times = (_Timespec * 2)(_Timespec(*divmod(atime_ns, 10**9)),
+                            _Timespec(*divmod(mtime_ns, 10**9)))
+    check(libc.utimensat(fd, b"", times, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW))
+
+
+_STATX_FROZEN = 0x10 | 0x20
+
+
+def frozen(fd: int) -> bool:
+    """Whether the object of O_PATH ``fd`` is immutable or append-only (chattr +i/+a):
+    statx reports the inode flags without opening the file (no lease break, no FIFO wait)."""
+    buf = ctypes.create_string_buffer(256)
+    check(libc.statx(fd, b"", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW, 0, buf))
+    return bool(int.from_bytes(buf.raw[8:16], "little") & _STATX_FROZEN)
+
+
+def proc_path(fd: int) -> bytes:
+    """The kernel's link to exactly the object ``fd`` stands for (no path walk)."""
+    return b"/proc/self/fd/%d" % fd
+
+
+def link_fd(fd: int, dir_fd: int, name: bytes) -> None:
+    """A new name ``name`` in ``dir_fd`` for the object of O_PATH ``fd``."""
+    if IS_ROOT:  # linkat(AT_EMPTY_PATH) needs CAP_DAC_READ_SEARCH
+        check(libc.linkat(fd, b"", dir_fd, name, AT_EMPTY_PATH))
+    else:  # the proc link leads to the same object
+        check(libc.linkat(_AT_FDCWD, proc_path(fd), dir_fd, name, _AT_SYMLINK_FOLLOW))
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_SYS_OPENAT2 = 437  # the same number on x86_64 and aarch64
+#: openat2's RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH
+_RESOLVE_STRICT = 0x02 | 0x04 | 0x08
+_openat2 = [True]  # False once the kernel said ENOSYS
+
+
+def stat_beneath(dir_fd: int, rel: bytes) -> os.stat_result:
+    """lstat of ``rel`` below the directory ``dir_fd``, no symlink followed on the way
+    (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS: ELOOP where one is met, the last
+    component included): what the mirror's own lookups would reach by that path now."""
+    if _openat2[0]:
+        how = _OpenHow(os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, 0, _RESOLVE_STRICT)
+        fd = libc.syscall(_SYS_OPENAT2, dir_fd, rel, ctypes.byref(how), ctypes.sizeof(how))
+        if fd >= 0:
+            try:
+                return os.fstat(fd)
+            finally:
+                os.close(fd)
+        err = ctypes.get_errno()
+        if err != errno.ENOSYS:
+            raise OSError(err, os.strerror(err), rel)
+        _openat2[0] = False
+    parts = rel.split(b"/")  # before Linux 5.6: one component at a time
+    fd = dir_fd
+    try:
+        for part in parts[:-1]:
+            next_fd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC,
+                              dir_fd=fd)
+            if fd != dir_fd:
+                os.close(fd)
+            fd = next_fd
+        return os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+    finally:
+        if fd != dir_fd:
+            os.close(fd)
+
+
+def raise_fd_limit() -> None:
+    """One O_PATH fd per inode the kernel holds: allow as many as the system does."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard
+    if IS_ROOT:
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                want = max(hard, int(f.read()))
+        except (OSError, ValueError):
+            pass
+    for limit in ((want, want), (hard, hard)):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, limit)
+            return
+        except (ValueError, OSError):
+            continue

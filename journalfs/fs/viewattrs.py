@@ -1,0 +1,219 @@
+"""Attributes and lookups of the views: modes and owners from the SOURCE objects, sizes of
+record files and records.jsonl, names resolved to view inodes."""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+import pyfuse3
+
+from .dirlist import DIR_BLKSIZE
+from .jsonlview import JsonlLayout
+from .viewindex import SMALL_JOURNAL_BYTES, SMALL_JOURNAL_RECORDS, ViewIndexes
+from .viewnodes import (JOURNAL, JSONL, JSONL_NAME, LIVE, METADATA, RECORD, RECORDS_DIR, ROOT,
+    ROOT_MODE, STATE, STATUS, JournalInfo, VNode, record_content, record_file_name, seq_of)
+
+
+class ViewAttrs(ViewIndexes):
+    """Attributes of view inodes and lookups of names in view directories."""
+
+    def _attrs(self, node: VNode, mode: int, size: int = 0, mtime_ns: int | None = None,
+               timeout: float | None = None, owner: tuple[int, int] | None = None,
+               ) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = node.ino
+        a.entry_timeout = a.attr_timeout = self.ctx.timeout() if timeout is None else timeout
+        a.st_mode = mode
+        a.st_nlink = 2 if stat.S_ISDIR(mode) else 1
+        a.st_uid, a.st_gid = owner or self.owner
+        a.st_size = size
+        # directories: big READDIRPLUS replies, as for mirrored ones (dirlist.DIR_BLKSIZE)
+        a.st_blksize = DIR_BLKSIZE if stat.S_ISDIR(mode) else 4096
+        a.st_blocks = (size + 511) // 512
+        t = self.started_ns if mtime_ns is None else mtime_ns
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = t
+        return a
+
+    def _journal_perms(self, rel: bytes, info: JournalInfo) -> tuple[tuple[int, int], int, int]:
+        """(owner, dir mode, file mode) of a journal's view: the journal's read bits."""
+        if rel == LIVE:
+            return self.owner, stat.S_IFDIR | 0o700, stat.S_IFREG | 0o600
+        readable = info.mode & 0o444
+        return ((info.uid, info.gid), stat.S_IFDIR | readable | (readable >> 2),
+                stat.S_IFREG | readable)
+
+    def _dir_attrs(self, node: VNode, st: os.stat_result) -> pyfuse3.EntryAttributes:
+        """A records/ directory: its SOURCE directory's owner and mode, never writable. Its
+        name is never cached by the kernel: whether it is there depends on who asks."""
+        a = self._attrs(node, stat.S_IFDIR | (st.st_mode & 0o555), 0, st.st_mtime_ns,
+                        owner=(st.st_uid, st.st_gid))
+        a.entry_timeout = 0
+        return a
+
+    def _journal_attrs(self, node: VNode, info: JournalInfo) -> pyfuse3.EntryAttributes:
+        owner, dir_mode, _ = self._journal_perms(node.rel, info)
+        timeout = 0 if node.rel == LIVE else None
+        a = self._attrs(node, dir_mode, 0, info.ident[3], timeout, owner)
+        a.entry_timeout = 0  # shown only to those who may read it (ACLs too): never shared
+        return a
+
+    def _record_attrs(self, node: VNode, rec: dict, info: JournalInfo) -> pyfuse3.EntryAttributes:
+        owner, _, file_mode = self._journal_perms(node.rel, info)
+        timeout = 0 if node.rel == LIVE else None
+        return self._attrs(node, file_mode, len(record_content(rec)), info.ident[3], timeout,
+                           owner)
+
+    def _jsonl_attrs(self, node: VNode, info: JournalInfo,
+                     layout: JsonlLayout | None) -> pyfuse3.EntryAttributes:
+        """records.jsonl: its exact size once known; before that size 0, never cached (it is
+        read with direct I/O, so the provisional size never cuts a read short, as in /proc)."""
+        owner, _, file_mode = self._journal_perms(node.rel, info)
+        if layout is None or layout.size is None:
+            return self._attrs(node, file_mode, 0, info.ident[3], 0, owner)
+        # never cached either: it grows with its journal, and pollers (tail -f) go by the
+        # size they stat
+        return self._attrs(node, file_mode, layout.size, info.ident[3], 0, owner)
+
+    def _info_or_enoent(self, rel: bytes) -> JournalInfo:
+        info = self._journal_info(rel)
+        if info is None:
+            raise FileNotFoundError(errno.ENOENT, "no longer a journal")
+        return info
+
+    async def _compute_attrs(self, node: VNode) -> pyfuse3.EntryAttributes:
+        """Attributes of any view node but status.json."""
+        if node.kind == ROOT:
+            return self._attrs(node, ROOT_MODE)
+        if node.kind == METADATA:
+            return self._attrs(node, stat.S_IFDIR | 0o700)
+        if node.kind == RECORDS_DIR:
+            st = await self._on_file(node.rel, self._records_dir_stat, node.rel)
+            return self._dir_attrs(node, st)
+        if node.kind == JOURNAL:  # no decoding: the file's lstat, still a journal
+            info = await self._on_file(node.rel, self._info_or_enoent, node.rel)
+            return self._journal_attrs(node, info)
+        if node.kind == JSONL:
+            return await self._jsonl_getattr(node)
+        if node.kind == STATE:  # the tops need no walk of SOURCE for their attributes
+            entry = await self._state_entry(node) if b"/" in node.rel else None
+            return self._state_attrs(node, entry)
+        idx = await self._index(node.rel, node.seq)
+        rec = await self._on_file(node.rel, self._record, node.rel, node.seq, idx)
+        info = self.catalog.get(("journal", node.rel)) or \
+            await self._on_file(node.rel, self._info_or_enoent, node.rel)
+        return self._record_attrs(node, rec, info)
+
+    async def _state_entry(self, node: VNode):
+        try:
+            entry = await self._on_file(node.rel, self.state_tree.resolve, node.rel)
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        if entry is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return entry
+
+    def _state_attrs(self, node: VNode, entry) -> pyfuse3.EntryAttributes:
+        """A state path: never cached (the state follows its journals)."""
+        if entry is None:  # queues/, persistence/, transactions/ themselves
+            st = self.source.lstat(b"")
+            return self._attrs(node, stat.S_IFDIR | (st.st_mode & 0o555), 0, st.st_mtime_ns,
+                               0, (st.st_uid, st.st_gid))
+        return self._attrs(node, entry.mode, len(entry.content), entry.mtime_ns, 0, entry.owner)
+
+    def _records_dir_stat(self, rel: bytes) -> os.stat_result:
+        if not rel:
+            return self.source.lstat(b"")
+        entry = self._records_entry(rel)
+        if entry is None or entry[0] != RECORDS_DIR:
+            raise FileNotFoundError(errno.ENOENT, "gone")
+        return entry[1]
+
+    async def _jsonl_getattr(self, node: VNode) -> pyfuse3.EntryAttributes:
+        info = await self._on_file(node.rel, self._info_or_enoent, node.rel)
+        layout = self._known_layout(info)
+        # measured before it grew: the index and the layout are extended by the growth only
+        grown = info.layout is not None and info.layout.size is not None
+        if layout is None and (info.ident[2] <= SMALL_JOURNAL_BYTES or node.rel == LIVE
+                               or grown):
+            idx = await self._index(node.rel)
+            if idx.count <= SMALL_JOURNAL_RECORDS:
+                layout = await self._on_file(node.rel, self._full_layout, node.rel, idx)
+            info = self.catalog.get(("journal", node.rel)) or info
+            layout = layout or self._known_layout(info)
+        if layout is None:  # a big journal: size 0 until measured, which starts now
+            self._measure_soon(node.rel)
+        return self._jsonl_attrs(node, info, layout)
+
+    async def getattr(self, ino: int) -> pyfuse3.EntryAttributes:
+        node = self._get(ino)
+        if node.kind == STATUS:  # size 0, as /proc files (fs/status.py)
+            return self._attrs(node, stat.S_IFREG | 0o600, 0, self.status_file.mtime_ns, 0)
+        if node.kind == RECORD:
+            cached = self._cached_record(node)
+            if cached is not None:  # answered from memory, inline
+                return self._record_attrs(node, *cached)
+        return await self._compute_attrs(node)
+
+    def lookup_root(self) -> pyfuse3.EntryAttributes:
+        self.root.lookups += 1
+        return self._attrs(self.root, ROOT_MODE)
+
+    async def lookup(self, parent_ino: int, name: bytes, ctx=None) -> pyfuse3.EntryAttributes:
+        parent = self._get(parent_ino)
+        node = dict(self._fixed_entries(parent)).get(name)
+        if node is None and parent.kind == JOURNAL:
+            node = self._cached_record_lookup(parent, name)
+        if node is None:
+            key = await self._child_key(parent, name, ctx)
+            if key is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            node = self._node(*key)
+        try:
+            attrs = await self.getattr(node.ino)
+        except BaseException:
+            self.forget(node.ino, 0)
+            raise
+        node.lookups += 1
+        return attrs
+
+    def _cached_record_lookup(self, parent: VNode, name: bytes) -> VNode | None:
+        """The record named ``name`` when memory alone can tell (no syscall, no decoding)."""
+        seq = seq_of(name)
+        if seq is None:
+            return None
+        node = self._node(RECORD, parent.rel, seq)
+        cached = self._cached_record(node)
+        return node if cached is not None and record_file_name(cached[0]) == name else None
+
+    def _fixed_entries(self, node: VNode) -> list[tuple[bytes, VNode]]:
+        if node.kind == ROOT:
+            return [(b"metadata", self.metadata), (b"records", self.records),
+                    (b"status.json", self.status), *self.state_tops]
+        if node.kind == METADATA:
+            return [(b"journal", self.live)]
+        return []
+
+    async def _child_key(self, parent: VNode, name: bytes, ctx=None) -> tuple | None:
+        """(kind, rel, seq) of ``name`` in a records dir or journal dir."""
+        if parent.kind == RECORDS_DIR and name not in (b".", b".."):
+            rel = parent.rel + b"/" + name if parent.rel else name
+            entry = await self._on_file_as(ctx, rel, self._records_entry, rel)
+            return None if entry is None else (entry[0], rel)
+        if parent.kind == STATE and name not in (b".", b".."):
+            rel = parent.rel + b"/" + name
+            entry = await self._on_file(rel, self.state_tree.resolve, rel)
+            return None if entry is None else (STATE, rel)
+        if parent.kind == JOURNAL:
+            if name == JSONL_NAME:
+                return (JSONL, parent.rel)
+            seq = seq_of(name)
+            if seq is None:
+                return None
+            try:
+                idx = await self._index(parent.rel, seq)
+                rec = await self._on_file(parent.rel, self._record, parent.rel, seq, idx)
+            except FileNotFoundError:
+                return None
+            return (RECORD, parent.rel, seq) if record_file_name(rec) == name else None
+        return None
