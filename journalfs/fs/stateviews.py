@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import state
-from ..formats import CODECS, FormatError
+from ..formats import FormatError
 from ..formats.akka import AkkaData, AkkaMeta
 from ..formats.gvfs_journal import GvfsJournal, tree_and_tag
 from ..formats.gvfs_tree import GvfsTree, TreeView, header_tag
