@@ -9,6 +9,7 @@ writes, through the codecs' own writers and with a fixed seed:
 - ``akka/orders/`` — an akka file journal (``meta`` + ``data``) of three persistence ids;
 - ``wallaby/`` — a Wallaby log and its index;
 - ``jrnl/db.jrnl`` — a JRNL journal with complete, redo and (last) rollback transactions;
+- ``sqlite/`` — a SQLite database in WAL mode (``shop.db``) and its log ``shop.db-wal``;
 - ``gvfs-metadata/`` — a gvfs metadata store (tree ``home`` + its journal) about the files above.
 
 The ``*_records`` / ``*_files`` generators are reused by bench/parse.py and the tests to make
@@ -219,6 +220,7 @@ def demo_files(seed: int = SEED) -> dict[str, bytes]:
     tagged = ["/docs/report.txt", "/docs/notes.md", "/photos/2023/cat.jpg", "/photos/2023/dog.jpg",
               "/queues", "/README.txt"]
     files.update({f"gvfs-metadata/{n}": d for n, d in gvfs_store_files(rng, tagged).items()})
+    files.update(CODECS["sqlite-wal"].demo_files(rng, tagged))
     return files
 
 
