@@ -20,6 +20,7 @@ from codec_helpers import (FAST, assert_columns_equal_read, assert_expected_reco
 from journalfs.formats import CODECS, FormatError, detect, record_to_json
 from journalfs.formats.sqlite_wal import (FRAME_HEADER, HEADER, SqliteWal, _weights, checksum,
                                           read_header)
+from journalfs.spark.testing import spark  # noqa: F401  (the session-wide fixture)
 from test_records_cli import run_cli
 
 WAL = CODECS["sqlite-wal"]
@@ -340,3 +341,29 @@ def test_views_show_every_frame_as_its_page(tmp_path, records_corpus):
 def subprocess_out(argv: list[str], text: bool = True):
     import subprocess
     return subprocess.run(argv, capture_output=True, check=True, text=text).stdout
+
+
+# -- the pipeline -----------------------------------------------------------------------------------
+
+@pytest.mark.spark
+def test_pipeline_rows_are_the_frames(spark, tmp_path, records_corpus):
+    """One row per frame in the records table: key = the database, id = the page, payload = the
+    page; a damaged log is one row of the damage table with its byte offset."""
+    import pyarrow.parquet as pq
+    from journalfs.spark.pipeline import run
+    src = tmp_path / "in"
+    src.mkdir()
+    shutil.copy(records_corpus / "sqlite0.db-wal", src / "shop.db-wal")
+    shutil.copy(records_corpus / "torn.db-wal", src / "torn.db-wal")
+    summary = run(spark, str(src), str(tmp_path / "out"))
+    rows = pq.read_table(tmp_path / "out" / "records").to_pylist()
+    want = read_all(WAL, (src / "shop.db-wal").read_bytes())[0] + \
+        read_all(WAL, (src / "torn.db-wal").read_bytes())[0]
+    got = sorted(rows, key=lambda r: (r["source"], r["seq"]))
+    assert [(r["key"], r["id"], r["kind"], r["offset"], bytes(r["payload"])) for r in got] == \
+        [(k, w["page"], w["kind"], w["offset"], w["payload"]) for k, w in
+         zip(["shop.db"] * 11 + ["torn.db"] * 6, want)]
+    assert all(r["format"] == "sqlite-wal" and r["time"] is None for r in rows)
+    assert dict(got[1]["attrs"])["db_size"] == "2"
+    (damage,) = pq.read_table(tmp_path / "out" / "_damage").to_pylist()
+    assert damage["offset"] == 3248 and summary.damaged_files == 1
