@@ -21,6 +21,7 @@ from journalfs.formats import CODECS, FormatError, detect, record_to_json
 from journalfs.formats.sqlite_wal import (FRAME_HEADER, HEADER, SqliteWal, _weights, checksum,
                                           read_header)
 from journalfs.spark.testing import spark  # noqa: F401  (the session-wide fixture)
+from test_codec_columns import assert_batches_equal_read, assert_same_as_read, mutate
 from test_records_cli import run_cli
 
 WAL = CODECS["sqlite-wal"]
@@ -146,6 +147,35 @@ def test_vectorised_checksum_is_sqlites_loop(page_size, big, frames, data):
                                      raw[:, 8:].copy().view(order))
     for i in range(frames):
         assert tuple(got[i]) == checksum(raw[i].tobytes(), big, *map(int, seeds[i]))
+
+
+# -- columns, batches, resumption: exactly what read gives -----------------------------------------
+
+wal_logs = st.builds(
+    lambda frames, page_size, big, salts: WAL.write(
+        [{"page": p, "db_size": d, "payload": body} for p, d, body in frames],
+        page_size=page_size, big_endian=big, salt1=salts[0], salt2=salts[1]),
+    st.lists(st.tuples(st.integers(1, 2**32 - 1), st.sampled_from([0, 0, 1, 7, 2**32 - 1]),
+                       st.binary(max_size=64)), max_size=12),
+    st.sampled_from([512, 1024]), st.booleans(),
+    st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)))
+
+
+@FAST
+@given(data=st.data())
+def test_columns_and_batches_are_exactly_read(data):
+    buf = data.draw(wal_logs)
+    if data.draw(st.booleans()):
+        buf = mutate(data, buf)
+    assert_same_as_read(WAL, buf)
+    assert_same_as_read(WAL, memoryview(buf))
+    assert_batches_equal_read(WAL, buf, data.draw(st.integers(1, 5)))
+    records, _error = read_all(WAL, buf)
+    if records:
+        rec = data.draw(st.sampled_from(records))
+        stop = data.draw(st.one_of(st.none(), st.sampled_from([r["offset"] for r in records])))
+        limit = data.draw(st.one_of(st.none(), st.integers(0, 6)))
+        assert_same_as_read(WAL, buf, rec["offset"], rec["seq"], stop, limit)
 
 
 # -- hostile input ----------------------------------------------------------------------------------
