@@ -322,19 +322,25 @@ class SqliteWal(Codec):
         4096), ``salt1``, ``salt2``, ``checkpoint``, ``big_endian``."""
         longest = max((len(r.get("payload") or b"") for r in records), default=0)
         page_size = header.get("page_size") or max(4096, 1 << max(0, longest - 1).bit_length())
+        if not MIN_PAGE <= page_size <= MAX_PAGE or page_size & (page_size - 1):
+            raise ValueError(f"page size {page_size} is not a power of two from {MIN_PAGE} "
+                             f"to {MAX_PAGE}")
         big_endian = bool(header.get("big_endian", False))
         salt1, salt2 = header.get("salt1", 0x5EED0001), header.get("salt2", 0x5EED0002)
         head = struct.pack(">6I", MAGIC_BE if big_endian else MAGIC_LE, VERSION, page_size,
                            header.get("checkpoint", 0), salt1, salt2)
         s = checksum(head, big_endian)
         parts = [head, struct.pack(">II", *s)]
+        weights, order = _weights(page_size), ">u4" if big_endian else "<u4"
         for rec in records:
             page = bytes(rec.get("payload") or b"")
             if len(page) > page_size:
                 raise ValueError(f"a page of {len(page)} bytes in a log of {page_size}-byte pages")
             page = page.ljust(page_size, b"\0")
             first = struct.pack(">II", rec["page"], rec.get("db_size", 0))
-            s = checksum(first + page, big_endian, *s)
+            s = tuple(int(v) for v in weights.frames(
+                np.array([s], np.uint64), np.frombuffer(first, order)[None],
+                np.frombuffer(page, order)[None])[0])
             parts.append(first + struct.pack(">4I", salt1, salt2, *s) + page)
         return b"".join(parts)
 
