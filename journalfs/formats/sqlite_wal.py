@@ -141,14 +141,12 @@ def _weights(page_size: int) -> _Weights:
 @dataclass
 class Frames:
     """The valid frames of one walk: offsets and (rows, 6) header fields (:data:`FIELDS`);
-    where a next walk resumes (None: done); the damage that ended it; ``stale``: it ended at
-    a frame of an earlier generation of the file (not damage)."""
+    where a next walk resumes (None: done) and the damage that ended it."""
 
     offsets: np.ndarray
     heads: np.ndarray
     next_offset: int | None
     error: FormatError | None
-    stale: int | None = None  # offset of the first leftover frame
 
     @property
     def rows(self) -> int:
@@ -185,8 +183,6 @@ def walk(buf: Buffer, source: str, hdr: WalHeader, pos: int, stop: int | None = 
     chunk = max(1, CHECK_BYTES // size)
     taken: list[np.ndarray] = []
     error: FormatError | None = None
-    stale: int | None = None
-    first_bad: int | None = None
     for lo in range(0, look, chunk):
         offsets = pos + np.arange(lo, min(look, lo + chunk), dtype=np.int64) * size
         frames = _frame_bytes(buf, int(offsets[0]), len(offsets), size)
@@ -205,49 +201,51 @@ def walk(buf: Buffer, source: str, hdr: WalHeader, pos: int, stop: int | None = 
         bad = np.flatnonzero(~good)
         cut = int(bad[0]) if len(bad) else len(offsets)
         taken.append(np.column_stack([offsets[:cut], heads[:cut].astype(np.int64)]))
-        if len(bad):
-            first_bad = lo + cut
-            at = int(offsets[cut])
-            if not salts_ok[cut] and not sums_ok[cut]:
-                stale = at
-            elif not salts_ok[cut]:
-                error = FormatError(source, at + 8, f"frame {_nth(at, hdr)}: salts "
-                                    f"0x{int(heads[cut, 2]):08x} 0x{int(heads[cut, 3]):08x} are not "
-                                    f"the header's 0x{hdr.salt1:08x} 0x{hdr.salt2:08x} but its "
-                                    "checksum continues the log (damaged salts)")
-            elif not sums_ok[cut]:
-                error = FormatError(source, at, f"frame {_nth(at, hdr)}: checksum mismatch "
-                                    "(a torn write or a damaged frame)")
-            else:
-                error = FormatError(source, at, f"frame {_nth(at, hdr)}: page number 0")
+        if len(bad):  # the end of the log, or damage
+            error = _refused(source, hdr, int(offsets[cut]), heads[cut], bool(salts_ok[cut]),
+                             bool(sums_ok[cut]))
             break
         seed = tuple(int(v) for v in heads[-1, 4:6])
+    else:  # every frame looked at is valid: what follows the last whole one
+        if look == whole and (stop is None or pos + whole * size < stop):
+            error = _tail(buf, source, hdr, pos + whole * size)
     table = np.concatenate(taken) if taken else np.zeros((0, 7), np.int64)
     rows = len(table) if limit is None else min(len(table), limit)
     next_offset = None
-    if rows < len(table):  # the limit: the frame after it is valid
-        next_offset = pos + rows * size
-    elif first_bad is None and look == whole and (stop is None or pos + whole * size < stop):
-        error, stale = _tail(buf, source, hdr, pos + whole * size)
-    if first_bad is not None and first_bad > rows:  # the damage lies past the limit
-        error, stale, next_offset = None, None, pos + rows * size
-    return Frames(table[:rows, 0], table[:rows, 1:].astype(np.uint32), next_offset,
-                  error, stale)
+    if rows < len(table):  # the limit, and the one more frame looked at is valid: resume there
+        next_offset, error = pos + rows * size, None
+    return Frames(table[:rows, 0], table[:rows, 1:].astype(np.uint32), next_offset, error)
 
 
-def _tail(buf: Buffer, source: str, hdr: WalHeader, at: int
-          ) -> tuple[FormatError | None, int | None]:
+def _refused(source: str, hdr: WalHeader, at: int, head: np.ndarray, salts_ok: bool,
+             sums_ok: bool) -> FormatError | None:
+    """Why SQLite stops at the frame at ``at``: None for a frame of an earlier generation
+    (its salts differ and its checksum does not continue the log: the log's quiet end), else
+    the damage. A checksum that continues the log proves the frame is this log's."""
+    n = _nth(at, hdr)
+    if not salts_ok and not sums_ok:
+        return None
+    if not salts_ok:
+        return FormatError(source, at + 8, f"frame {n}: salts 0x{int(head[2]):08x} "
+                           f"0x{int(head[3]):08x} are not the header's 0x{hdr.salt1:08x} "
+                           f"0x{hdr.salt2:08x} but its checksum continues the log "
+                           "(damaged salts)")
+    if not sums_ok:
+        return FormatError(source, at, f"frame {n}: checksum mismatch (a torn write or a "
+                                       "damaged frame)")
+    return FormatError(source, at, f"frame {n}: page number 0")
+
+
+def _tail(buf: Buffer, source: str, hdr: WalHeader, at: int) -> FormatError | None:
     """What the bytes after the last whole frame are: nothing, the cut-off head of a frame of
     an earlier generation (its salts differ: not damage), or a torn frame (damage)."""
     left = len(buf) - at
     if not left:
-        return None, None
-    if left >= 16:
-        salt1, salt2 = struct.unpack_from(">II", buf, at + 8)
-        if (salt1, salt2) != (hdr.salt1, hdr.salt2):
-            return None, at
+        return None
+    if left >= 16 and struct.unpack_from(">II", buf, at + 8) != (hdr.salt1, hdr.salt2):
+        return None
     return FormatError(source, at, f"frame {_nth(at, hdr)} truncated ({left} of "
-                                   f"{hdr.frame_size} bytes: a torn write)"), None
+                                   f"{hdr.frame_size} bytes: a torn write)")
 
 
 def _nth(at: int, hdr: WalHeader) -> int:
