@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from codec_helpers import (FAST, assert_columns_equal_read, assert_expected_records,
                            columns_in_batches, corpus_files, flip_bits, read_all,
-                           read_corpus_file, reads_back, truncations)
+                           read_corpus_file, reads_back, same_error, truncations)
 from journalfs.formats import CODECS, FormatError, detect, record_to_json
 from journalfs.formats.sqlite_wal import (FRAME_HEADER, HEADER, SqliteWal, _weights, checksum,
                                           read_header)
@@ -176,6 +176,11 @@ def test_columns_and_batches_are_exactly_read(data):
         stop = data.draw(st.one_of(st.none(), st.sampled_from([r["offset"] for r in records])))
         limit = data.draw(st.one_of(st.none(), st.integers(0, 6)))
         assert_same_as_read(WAL, buf, rec["offset"], rec["seq"], stop, limit)
+        cols = WAL.read_columns(buf, "f", rec["offset"], rec["seq"], stop, limit)
+        offsets, next_offset, error = WAL.record_offsets(buf, "f", rec["offset"], rec["seq"],
+                                                         stop, limit)
+        assert list(offsets) == list(cols.data["offset"]) and next_offset == cols.next_offset
+        assert same_error(error, cols.error)
 
 
 # -- hostile input ----------------------------------------------------------------------------------

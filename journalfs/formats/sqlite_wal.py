@@ -312,6 +312,18 @@ class SqliteWal(Codec):
         cols = frame_columns(self.name, buf, hdr.page_size if hdr else 0, frames, seq)
         return Columns(cols, frames.rows, frames.next_offset, seq + frames.rows, frames.error)
 
+    def record_offsets(self, buf: Buffer, source: str, start: int | None = None, seq: int = 0,
+                       stop: int | None = None, limit: int | None = None
+                       ) -> tuple[Sequence[int], int | None, FormatError | None]:
+        """The frames' offsets as :meth:`read_columns` finds them (every checksum checked),
+        without copying their pages."""
+        try:
+            frames = walk(buf, source, read_header(buf, source),
+                          HEADER if start is None else start, stop, limit)
+        except FormatError as exc:
+            return np.zeros(0, np.int64), None, exc.detached()
+        return frames.offsets, frames.next_offset, frames.error
+
     # -- writing ---------------------------------------------------------------------------
     def write(self, records: Sequence[Record], **header: Any) -> bytes:
         """A log SQLite would accept: ``records`` give each frame's ``page``, ``db_size`` and
