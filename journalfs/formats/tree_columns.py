@@ -30,6 +30,7 @@ decode, :func:`read_columns` takes over and the rows after those given follow.
 """
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -37,8 +38,13 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from .base import Codec, Columns, FormatError
-from .gvfs_tree import DIRENT_SIZE, LIST_FLAG, TreeView
 from .spans import paused_gc
+
+#: The tree's layout (specs/gvfs-metadata.md) as both walks need it: a dirent's size, and
+#: the flag of a metadata pair's keyword id that marks a list value. (This module is below
+#: :mod:`.gvfs_tree`, which hands it the :class:`~.gvfs_tree.TreeView` it walks.)
+LIST_FLAG = 0x80000000
+DIRENT_SIZE = 16
 
 #: 8-byte words looked at per string by numpy before the rest are found by bytes.find.
 NUL_STEPS = 4
@@ -903,7 +909,6 @@ class _NodeTexts:
         """Per keyword id k: at 3k its JSON key after ", ", at 3k+1 after "{", at 3k+2
         after "}{"; None when a keyword is not UTF-8 (json_line writes it as "b64:...")."""
         if not hasattr(self, "_keys"):
-            import json
             texts = []
             try:
                 if len(set(self.keywords)) < len(self.keywords):
@@ -976,15 +981,12 @@ def _placed_paths(texts: _NodeTexts, pieces: list) -> list[tuple[str, int]]:
     return out
 
 
-def read_columns(codec: Codec, buf, source: str, seq: int, limit: int | None) -> Columns:
-    """:meth:`GvfsTree.read_columns` (start and stop are ignored, as read() ignores them)."""
-    try:
-        tree = TreeView(buf, source)
-    except FormatError as exc:
-        return Columns({}, 0, None, seq, exc)
+def read_columns(codec: Codec, tree, seq: int, limit: int | None) -> Columns:
+    """:meth:`GvfsTree.read_columns` of the tree ``tree`` (a :class:`~.gvfs_tree.TreeView`;
+    start and stop are ignored, as read() ignores them)."""
+    buf = tree.buf
     data = buf if isinstance(buf, bytes) else bytes(buf)
-    if data is not buf:
-        tree = TreeView(data, source)
+    tree = tree.over(data)
     walk = _Walk(tree, data)
     try:
         with paused_gc():
@@ -1004,7 +1006,7 @@ def read_columns(codec: Codec, buf, source: str, seq: int, limit: int | None) ->
     return Columns(columns if rows else {}, rows, next_offset, seq + rows, None)
 
 
-def _handed_over(codec, tree: TreeView, walk: _Walk, seq: int, limit: int | None) -> Columns:
+def _handed_over(codec, tree, walk: _Walk, seq: int, limit: int | None) -> Columns:
     """The columns when the vectorised walk stopped in some chunk of nodes: read()'s loop
     check first (its damage comes before any record, a loop may end the walk early: then
     read() decodes the whole tree), the rows of the nodes before that chunk as the
@@ -1075,8 +1077,8 @@ class _Window(Sequence):
         return self._column.json_spelling(self._lo + lo, self._lo + hi)
 
 
-def column_batches(codec: Codec, buf, source: str, rows: int, pace=None) -> Iterator[Columns]:
-    """:meth:`GvfsTree.column_batches`: read_columns' rows and damage in batches of about
+def column_batches(codec: Codec, tree, rows: int, pace=None) -> Iterator[Columns]:
+    """:meth:`GvfsTree.scan` of ``tree`` (a :class:`~.gvfs_tree.TreeView`): read_columns' rows and damage in batches of about
     ``rows``, holding memory per batch and per directory of two levels, not per node.
 
     A plain tree (:meth:`_Walk.plain_structure`: then find_loop has nothing to report) is
@@ -1085,11 +1087,7 @@ def column_batches(codec: Codec, buf, source: str, rows: int, pace=None) -> Iter
     takes over -- read_columns, the file copied -- and its rows after those already given
     follow; a tree that is not plain is decoded that way from the start, unless its loop
     check already names damage before any record."""
-    try:
-        tree = TreeView(buf, source)
-    except FormatError as exc:
-        yield Columns({}, 0, None, 0, exc)
-        return
+    buf = tree.buf
     walk = _Walk(tree, buf, plain=True)
     store = walk.store = _Store()
 
@@ -1114,7 +1112,7 @@ def column_batches(codec: Codec, buf, source: str, rows: int, pace=None) -> Iter
     finally:
         store.close()
     del walk
-    whole = read_columns(codec, buf, source, 0, None)
+    whole = read_columns(codec, tree, 0, None)
     for lo in range(given, whole.rows, rows):
         hi = min(whole.rows, lo + rows)
         columns = {k: _Window(v, lo, hi) if isinstance(v, (_TextColumn, _Window)) else v[lo:hi]

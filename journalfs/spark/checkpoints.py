@@ -1,8 +1,8 @@
 """Record checkpoints for splitting one big journal of a splittable format across tasks.
 
 The driver finds record starts through the codec's cheapest exact way
-(:func:`journalfs.formats.record_offsets`: header walks that skip payloads where the codec
-has one) and keeps one ``(offset, seq)`` checkpoint per split, releasing the pages it passed.
+(:func:`journalfs.journals.scan` of record offsets: header walks that skip payloads where
+the codec has one) and keeps one ``(offset, seq)`` checkpoint per split, releasing the pages it passed.
 Executors then decode exact ranges with exact ``seq`` numbers. Checkpoints are cached per file
 identity; a journal that only grew (append-only) is walked from its last checkpoint on.
 """
@@ -14,8 +14,8 @@ import os
 
 import numpy as np
 
-from ..journals import mapped
-from ..pagecache import Releaser
+from ..formats import CODECS
+from ..journals import mapped, scan
 
 #: Record starts found per call while walking (bounds the walk's memory).
 WALK_BATCH = 1 << 18
@@ -26,21 +26,17 @@ def walk(path: str, fmt: str, every: int, resume: list[tuple[int, int]] | None =
     """``(offset, seq)`` of the first record and then of the first record at or after each
     further ``every`` bytes, continuing from ``resume`` (checkpoints of an older, shorter
     version of the same file). Ends at the end of the valid records."""
-    from ..formats import CODECS, record_offsets
     codec = CODECS[fmt]
     points: list[tuple[int, int]] = list(resume or ())
+    start, seq = points[-1] if points else (None, 0)
+    goal = points[-1][0] + every if points else None
+    skip_first = bool(points)  # the resumed-from record is a checkpoint already
     with mapped(path) as buf:
-        releaser = Releaser(buf)
-        start, seq = points[-1] if points else (None, 0)
-        goal = points[-1][0] + every if points else None
-        skip_first = bool(points)  # the resumed-from record is a checkpoint already
-        while True:
-            offsets, next_offset, error = record_offsets(codec, buf, path, start, seq, None,
-                                                         WALK_BATCH)
-            offsets = np.asarray(offsets, dtype=np.int64)
-            base = seq
+        for cols in scan(codec, buf, path, start, seq, rows=WALK_BATCH, form="offsets"):
+            offsets = np.asarray(cols.data.get("offset", ())[:cols.rows], dtype=np.int64)
+            base = cols.next_seq - cols.rows
             if skip_first and len(offsets):
-                offsets, base, skip_first = offsets[1:], seq + 1, False
+                offsets, base, skip_first = offsets[1:], base + 1, False
             if len(offsets):
                 if goal is None:
                     points.append((int(offsets[0]), base))
@@ -50,11 +46,7 @@ def walk(path: str, fmt: str, every: int, resume: list[tuple[int, int]] | None =
                     points.append((int(offsets[i]), base + i))
                     goal = int(offsets[i]) + every
                     i = int(np.searchsorted(offsets, goal))
-                releaser.passed(int(offsets[-1]))
-            seq = base + len(offsets)
-            if error is not None or next_offset is None or next_offset == start:
-                return points
-            start = next_offset
+    return points
 
 
 def _cache_file(cache_dir: str, path: str) -> str:
