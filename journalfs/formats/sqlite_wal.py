@@ -289,17 +289,10 @@ class SqliteWal(Codec):
 
     def read(self, buf: Buffer, source: str, start: int | None = None, seq: int = 0,
              stop: int | None = None) -> Iterator[Record]:
-        hdr = read_header(buf, source)
-        pos = HEADER if start is None else start
-        while True:
-            frames = walk(buf, source, hdr, pos, stop, READ_BATCH)
-            cols = frame_columns(self.name, buf, hdr.page_size, frames, seq)
-            yield from Columns(cols, frames.rows, None, seq).records()
-            if frames.error is not None:
-                raise frames.error
-            if frames.next_offset is None:
-                return
-            pos, seq = frames.next_offset, seq + frames.rows
+        for cols in self.scan(buf, source, start, seq, stop, rows=READ_BATCH, span=CHECK_BYTES):
+            yield from cols.records()
+            if cols.error is not None:
+                raise cols.error
 
     def read_columns(self, buf: Buffer, source: str, start: int | None = None, seq: int = 0,
                      stop: int | None = None, limit: int | None = None) -> Columns:
@@ -365,28 +358,24 @@ class SqliteWal(Codec):
     def validate(self, buf: Buffer, source: str, **context: Any) -> list[Finding]:
         """Frames after the last commit (SQLite ignores them: a transaction still being written,
         or lost at a crash), with reading's damage left to reading."""
-        pace = context.get("pace")
-        try:
-            hdr = read_header(buf, source)
-        except FormatError:  # reading reports it
-            return []
-        last_end, pos, frames_after = HEADER, HEADER, 0
-        while True:
-            frames = walk(buf, source, hdr, pos, None, READ_BATCH)
-            if frames.rows:
-                commits = np.flatnonzero(frames.heads[:, 1])
-                if len(commits):
-                    last_end = int(frames.offsets[commits[-1]]) + hdr.frame_size
-                frames_after = (int(frames.offsets[-1]) + hdr.frame_size - last_end) // hdr.frame_size
-            if pace is not None:
-                pace(int(frames.offsets[-1]) if frames.rows else pos)
-            if frames.next_offset is None:
-                break
-            pos = frames.next_offset
+        first_after, frames_after = None, 0  # the frames since the last commit
+        for cols in self.scan(buf, source, rows=READ_BATCH, span=CHECK_BYTES):
+            if not cols.rows:
+                continue
+            commits = np.flatnonzero(cols.data["db_size"])
+            if len(commits):
+                first_after, frames_after = None, cols.rows - 1 - int(commits[-1])
+                if frames_after:
+                    first_after = int(cols.data["offset"][commits[-1] + 1])
+            else:
+                frames_after += cols.rows
+            if first_after is None and frames_after:
+                first_after = int(cols.data["offset"][cols.rows - frames_after])
         if not frames_after:
             return []
-        return [Finding(last_end, f"{frames_after} frame(s) from byte {last_end} follow the last "
-                                  "commit: not committed, SQLite ignores them", "warning")]
+        return [Finding(first_after, f"{frames_after} frame(s) from byte {first_after} follow "
+                                     "the last commit: not committed, SQLite ignores them",
+                        "warning")]
 
     def repair(self, buf: Buffer, source: str, **context: Any) -> Repair | None:
         """SQLite's own reading, made durable: a frame whose salts alone are damaged (its
