@@ -18,8 +18,7 @@ from codec_helpers import (FAST, assert_columns_equal_read, assert_expected_reco
                            columns_in_batches, corpus_files, flip_bits, read_all,
                            read_corpus_file, reads_back, same_error, truncations)
 from journalfs.formats import CODECS, FormatError, detect, record_to_json
-from journalfs.formats.sqlite_wal import (FRAME_HEADER, HEADER, SqliteWal, _weights, checksum,
-                                          read_header)
+from journalfs.formats.sqlite_wal import FRAME_HEADER, HEADER, _weights, checksum, read_header
 from journalfs.spark.testing import spark  # noqa: F401  (the session-wide fixture)
 from test_codec_columns import assert_batches_equal_read, assert_same_as_read, mutate
 from test_records_cli import run_cli

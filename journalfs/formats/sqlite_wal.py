@@ -39,13 +39,13 @@ FRAME_HEADER = 24
 MIN_PAGE, MAX_PAGE = 512, 65536
 WAL_SUFFIX = "-wal"  # SQLite names the log after its database: ``<db>-wal``
 _HEADER = struct.Struct(">8I")
-_FRAME_HEADER = struct.Struct(">6I")
 _MAGICS = (struct.pack(">II", MAGIC_LE, VERSION), struct.pack(">II", MAGIC_BE, VERSION))
 #: The frame header's fields, in the order of the file and of a record's JSON.
 FIELDS = ("page", "db_size", "salt1", "salt2", "checksum1", "checksum2")
-#: Page bytes checked at once (bounds the temporary arrays of a batch, whatever the file size).
+#: Frame bytes checked at once, and about the bytes of each batch :meth:`SqliteWal.read` and
+#: :meth:`SqliteWal.validate` scan (bounds the temporary arrays whatever the file size).
 CHECK_BYTES = 1 << 23
-#: Frames decoded per batch by :meth:`SqliteWal.read` and the validation walk.
+#: The most frames in one such batch.
 READ_BATCH = 1024
 _MASK = np.uint64(0xFFFFFFFF)
 
@@ -177,7 +177,7 @@ def walk(buf: Buffer, source: str, hdr: WalHeader, pos: int, stop: int | None = 
     whole = (end - pos) // size
     span = whole if stop is None else min(whole, max(0, -(-(stop - pos) // size)))
     look = span if limit is None else min(span, limit + 1)  # one past the limit: next_offset
-    seed = (hdr.checksum1, hdr.checksum2) if pos == HEADER else None
+    seed: tuple[int, int] | None = (hdr.checksum1, hdr.checksum2) if pos == HEADER else None
     order = ">u4" if hdr.big_endian else "<u4"
     weights = _weights(hdr.page_size)
     chunk = max(1, CHECK_BYTES // size)
@@ -205,7 +205,7 @@ def walk(buf: Buffer, source: str, hdr: WalHeader, pos: int, stop: int | None = 
             error = _refused(source, hdr, int(offsets[cut]), heads[cut], bool(salts_ok[cut]),
                              bool(sums_ok[cut]))
             break
-        seed = tuple(int(v) for v in heads[-1, 4:6])
+        seed = (int(heads[-1, 4]), int(heads[-1, 5]))
     else:  # every frame looked at is valid: what follows the last whole one
         if look == whole and (stop is None or pos + whole * size < stop):
             error = _tail(buf, source, hdr, pos + whole * size)
@@ -341,9 +341,9 @@ class SqliteWal(Codec):
                 raise ValueError(f"a page of {len(page)} bytes in a log of {page_size}-byte pages")
             page = page.ljust(page_size, b"\0")
             first = struct.pack(">II", rec["page"], rec.get("db_size", 0))
-            s = tuple(int(v) for v in weights.frames(
-                np.array([s], np.uint64), np.frombuffer(first, order)[None],
-                np.frombuffer(page, order)[None])[0])
+            s0, s1 = weights.frames(np.array([s], np.uint64), np.frombuffer(first, order)[None],
+                                    np.frombuffer(page, order)[None])[0]
+            s = (int(s0), int(s1))
             parts.append(first + struct.pack(">4I", salt1, salt2, *s) + page)
         return b"".join(parts)
 
@@ -371,7 +371,7 @@ class SqliteWal(Codec):
                 frames_after += cols.rows
             if first_after is None and frames_after:
                 first_after = int(cols.data["offset"][cols.rows - frames_after])
-        if not frames_after:
+        if first_after is None:
             return []
         return [Finding(first_after, f"{frames_after} frame(s) from byte {first_after} follow "
                                      "the last commit: not committed, SQLite ignores them",
