@@ -270,6 +270,17 @@ def test_live_sqlite_log_and_rewritten_log(tmp_path):
     assert frames == first + 1 and got == [(0,)]
 
 
+def test_sample_frames_are_a_log_sqlite_takes_whole():
+    from journalfs.formats.sqlite_wal import sample_frames
+    for count in (1, 2, 7, 200):
+        frames = sample_frames(random.Random(count), count)
+        assert len(frames) == count and frames[-1]["db_size"] > 0
+        recs, error = read_all(WAL, WAL.write(frames, page_size=1024))
+        assert error is None and [(r["page"], r["db_size"]) for r in recs] == \
+            [(f["page"], f["db_size"]) for f in frames]
+        assert WAL.validate(WAL.write(frames, page_size=1024), "x") == []
+
+
 def test_demo_database_is_one_sqlite_reads(tmp_path):
     files = WAL.demo_files(random.Random(1))
     assert WAL.demo_files(random.Random(1)) == files  # the same on every run

@@ -537,3 +537,20 @@ def demo_log(rng, txs: list[list[tuple[int, bytes]]]) -> bytes:
         records[-1]["db_size"] = size
     return SqliteWal().write(records, page_size=DEMO_PAGE, salt1=rng.getrandbits(32),
                              salt2=rng.getrandbits(32))
+
+
+def sample_frames(rng, count: int) -> list[dict]:
+    """``count`` frames of a busy log of 1024-byte pages (the benchmarks' input): transactions
+    of one to four table leaf pages of order rows, each ending in its commit frame."""
+    pool = [_leaf([(n, (None, rng.randint(1, 500), rng.choice(_ITEMS), rng.randint(1, 20)))
+                   for n in range(first, first + rng.randint(8, 16))])
+            for first in range(1, 64 * 16, 16)]  # distinct pages, drawn again and again
+    frames: list[dict] = []
+    pages = 2
+    while len(frames) < count:
+        pages += rng.random() < 0.1  # the database grows now and then
+        touched = sorted(rng.sample(range(2, pages + 1), min(pages - 1, rng.randint(1, 4))))
+        frames += [{"page": page, "db_size": 0, "payload": rng.choice(pool)} for page in touched]
+        frames[-1]["db_size"] = pages
+    return frames[:count] if frames[count - 1]["db_size"] else frames[:count - 1] + [
+        {**frames[count - 1], "db_size": pages}]
