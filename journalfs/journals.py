@@ -19,8 +19,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from .formats import CODECS, SCAN_ROWS, SNIFF_BYTES, Codec, Columns, FormatError, detect
-from .formats.base import Finding, Record, rows_of_batches
+from .formats import CODECS, SCAN_ROWS, SNIFF_BYTES, Codec, FormatError, detect
+from .formats.base import Batches, Finding, Record, Records, Rows, rows_of_batches
 from .jsonlines import EMPTY, JsonChunk, json_chunk
 from .pagecache import DroppingPages, FileMapping, PagePacer, Releaser
 
@@ -254,8 +254,8 @@ Progress = Callable[[int, int], None]
 
 
 def scan(codec: Codec, buf, path: str, start: int | None = None, seq: int = 0,
-         stop: int | None = None, *, rows: int = SCAN_ROWS, span: int | None = None,
-         form: str = "columns", progress: Progress | None = None) -> Iterator[Columns]:
+         stop: int | None = None, *, rows: Rows = SCAN_ROWS, span: int | None = None,
+         form: str = "columns", progress: Progress | None = None) -> Batches:
     """The one streaming reader of a file's records: :meth:`Codec.scan`'s batches (see
     there for ``rows``, ``span``, ``form``; the damage is the last batch's ``error``), with
     the pages of a mapping ``buf`` dropped from this process as the reading passes them --
@@ -278,7 +278,7 @@ def scan(codec: Codec, buf, path: str, start: int | None = None, seq: int = 0,
 
 
 def read_records(codec: Codec, buf, path: str, progress: Progress | None = None
-                 ) -> Iterator[Record]:
+                 ) -> Records:
     """Every record of ``path`` (mapped as ``buf``) as :meth:`Codec.read` yields them, through
     :meth:`Codec.records` (bounded memory), the pages behind them dropped as in :func:`scan`;
     raises the damage after the valid records."""

@@ -36,6 +36,9 @@ SUMMARY_VALUE_CHARS = 40
 #: Columnar decoding: the most rows per batch, and the file bytes a batch aims to span (so
 #: that records with big payloads still make small batches).
 MAX_ROWS, BATCH_SPAN = 16384, 2 << 20
+#: The JSON a batch aims to write at most: records whose lines are long (jrnl transactions with
+#: many operations) make smaller batches, so the objects built for them stay few.
+OUTPUT_SPAN = 2 << 20
 
 
 def _selective(args) -> bool:
@@ -408,12 +411,16 @@ def json_chunks(codec: Codec, buf, path: str, progress: Progress | None = None
                     raise chunk.error
                 if chunk.rows < BATCH:
                     return
-    start = None
-    for cols in scan(codec, buf, path, rows=MAX_ROWS, span=BATCH_SPAN, progress=progress.update):
+    start, most = None, MAX_ROWS
+    for cols in scan(codec, buf, path, rows=lambda: most, span=BATCH_SPAN,
+                     progress=progress.update):
         if cols.rows:
             stop = cols.next_offset if cols.error is None else cols.error.offset
-            yield columns_chunk(codec, buf, path, cols, start, cols.next_seq - cols.rows,
-                                stop).data
+            data = columns_chunk(codec, buf, path, cols, start, cols.next_seq - cols.rows,
+                                 stop).data
+            most = min(MAX_ROWS, max(16, OUTPUT_SPAN * cols.rows // max(len(data), 1)))
+            yield data
+            del data  # the next batch is decoded and rendered without this one's text
         if cols.error is not None:
             raise cols.error
         start = cols.next_offset

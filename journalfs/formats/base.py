@@ -16,7 +16,7 @@ import json
 import mmap
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Generator, Iterator, Sequence, Union
 
 import numpy as np
 
@@ -187,7 +187,8 @@ class RecordLists(BuiltOnAccess):
                  groups: Callable[[], list[RecordGroup] | None]):
         super().__init__(rows, build)
         self.bounds = bounds
-        self._groups, self._made, self._asked = groups, None, False
+        self._groups, self._asked = groups, False
+        self._made: list[RecordGroup] | None = None
 
     def groups(self) -> list[RecordGroup] | None:
         """The nested records' columns; None when they cannot all be made exactly that way."""
@@ -232,6 +233,12 @@ FIRST_SCAN_ROWS = 16
 #: ``offset`` column (record starts, found without decoding where the codec can); every
 #: column with nested values as their JSON text (:meth:`Codec.read_text_columns`).
 SCAN_FORMS = ("columns", "offsets", "text")
+#: A stream of records or batches that its reader may close early (``contextlib.closing``).
+Records = Generator[Record, None, None]
+Batches = Generator["Columns", None, None]
+#: A scan's most rows per batch: a number, or a function asked before each batch (a consumer
+#: that sizes its batches by what it makes of them: JSON text, Arrow bytes).
+Rows = Union[int, Callable[[], int]]
 
 
 class Codec(abc.ABC):
@@ -316,7 +323,7 @@ class Codec(abc.ABC):
     # -- reading ---------------------------------------------------------------------------
     @abc.abstractmethod
     def read(self, buf: Buffer, source: str, start: int | None = None, seq: int = 0,
-             stop: int | None = None) -> Iterator[Record]:
+             stop: int | None = None) -> Records:
         """Yield records in file order from byte ``start`` (a record boundary; None = first).
 
         ``seq`` is the ordinal of the record at ``start``. Decoding stops before any record that
@@ -327,7 +334,7 @@ class Codec(abc.ABC):
         """
 
     def records(self, buf: Buffer, source: str, pace: Callable[[], None] | None = None
-                ) -> Iterator[Record]:
+                ) -> Records:
         """Every record of the file, as :meth:`read` yields them (and its damage), in bounded
         memory whatever the file's size; ``pace`` as for :meth:`scan`. This default is
         :meth:`read` itself; a codec whose :meth:`read` holds the whole file's structure
@@ -380,7 +387,7 @@ class Codec(abc.ABC):
 
     def record_offsets(self, buf: Buffer, source: str, start: int | None = None,
                        seq: int = 0, stop: int | None = None, limit: int | None = None
-                       ) -> tuple[Sequence[int], int | None, FormatError | None]:
+                       ) -> tuple[np.ndarray, int | None, FormatError | None]:
         """Where the records :meth:`read` yields start (up to ``limit``): (offsets, where a
         next call resumes or None, the damage that ended them). This default takes them
         from :meth:`read_columns` (or, without a column decoder of the codec's own, from
@@ -405,13 +412,13 @@ class Codec(abc.ABC):
         return np.asarray(found, dtype=np.int64), None, None
 
     def scan(self, buf: Buffer, source: str, start: int | None = None, seq: int = 0,
-             stop: int | None = None, *, rows: int = SCAN_ROWS, span: int | None = None,
+             stop: int | None = None, *, rows: Rows = SCAN_ROWS, span: int | None = None,
              form: str = "columns", pace: Callable[[], None] | None = None
-             ) -> Iterator[Columns]:
+             ) -> Batches:
         """The one way to stream a file: its records from ``start`` (record ``seq``; None =
         the first) up to ``stop``, as consecutive batches of columns of at most ``rows``
-        rows -- with ``span``, of about ``span`` bytes of the file each (a first small
-        batch measures the records' size). ``form`` (:data:`SCAN_FORMS`) says what the
+        rows (:data:`Rows`) -- with ``span``, of about ``span`` bytes of the file each (a
+        first small batch measures the records' size). ``form`` (:data:`SCAN_FORMS`) says what the
         batches must hold; they may hold more. The damage that ends the records is the
         ``error`` of the last batch (which may have no rows); nothing is raised.
 
@@ -427,22 +434,23 @@ class Codec(abc.ABC):
         if not self.resumable:
             if start is not None:
                 raise ValueError(f"{self.name} cannot resume mid-file")
-            yield from _sliced(self.read_columns(buf, source, None, seq, stop), rows)
+            yield from _sliced(self.read_columns(buf, source, None, seq, stop), most_rows(rows))
             return
         end = len(buf) if stop is None else min(stop, len(buf))
-        want = rows
+        want = most_rows(rows)
         if span is not None and end - (start or 0) > span:  # not surely one batch: measure
-            want = min(rows, FIRST_SCAN_ROWS)
+            want = min(want, FIRST_SCAN_ROWS)
         while True:
             cols = self._batch(buf, source, start, seq, stop, want, form)
             yield cols
             if cols.error is not None or cols.next_offset is None \
                     or (not cols.rows and cols.next_offset == start):
                 return
+            want = most_rows(rows)
             if span is not None and cols.rows:
                 first = int(cols.data["offset"][0])
                 per_row = max(1, (cols.next_offset - first) // cols.rows)
-                want = max(1, min(rows, span // per_row))
+                want = max(1, min(want, span // per_row))
             start, seq = cols.next_offset, cols.next_seq
 
     def _batch(self, buf: Buffer, source: str, start: int | None, seq: int,
@@ -486,6 +494,11 @@ class Codec(abc.ABC):
         tree's ordinary files (``/docs/report.txt``), for a format that keeps metadata
         about files. The registry's test checks that every format shows up in the demo."""
         return {}
+
+
+def most_rows(rows: Rows) -> int:
+    """The most rows the next batch of a scan may have (see :data:`Rows`)."""
+    return max(1, rows() if callable(rows) else rows)
 
 
 def _sliced(cols: Columns, rows: int) -> Iterator[Columns]:

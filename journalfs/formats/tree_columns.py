@@ -21,7 +21,7 @@ path length each), its nodes found a chunk at a time: memory per directory, not 
 Two ways out. :func:`read_columns` decodes the whole tree, its texts spans of a copy of the
 file's bytes (the caller's buffer may be an mmap it closes) made into ``str`` -- or straight
 into their JSON spelling, for ``records --json`` -- only when a column is read.
-:func:`column_batches` streams: after a check of the children blocks alone (in file order,
+:func:`column_batches` (:meth:`GvfsTree.scan`) streams: after a check of the children blocks alone (in file order,
 so nothing is remembered per block), each batch of rows is given as it is walked, its texts
 spans of the caller's buffer; the walk keeps the next level's children blocks and a chain of
 every directory's parent and name (paths are made from it per batch), past KEEP_BYTES in a
@@ -37,7 +37,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .base import Codec, Columns, FormatError
+from .base import Codec, Columns, FormatError, Rows, most_rows
 from .spans import paused_gc
 
 #: The tree's layout (specs/gvfs-metadata.md) as both walks need it: a dirent's size, and
@@ -636,8 +636,9 @@ class _Walk:
                 "offset": offsets, "kind": ["node"] * rows, "path": _PathColumn(texts),
                 "mtime": mtimes, "metadata": _MetadataColumn(texts)}, rows
 
-    def batches(self, name: str, rows: int, pace=None) -> Iterator[tuple[dict, int]]:
-        """The walk's rows as columns, about ``rows`` at a time and never across levels,
+    def batches(self, name: str, rows: Rows, pace=None) -> Iterator[tuple[dict, int]]:
+        """The walk's rows as columns, about ``rows`` (:data:`~.base.Rows`) at a time and
+        never across levels,
         keeping only the next level's children blocks and the :class:`_Chain` of
         directories the paths are made from. ``pace`` is called after each batch. Raises
         :class:`_Unplain` where the walk stops."""
@@ -647,7 +648,7 @@ class _Walk:
         self.store = self.store or _Store()
         for step in self.steps(keep_history=False):
             kept = sum(map(len, self.row_off))
-            if kept and (step != "chunk" or kept >= rows):
+            if kept and (step != "chunk" or kept >= most_rows(rows)):
                 columns, n = self.columns(name, chain, seq)
                 seq += n
                 yield columns, n
@@ -1077,7 +1078,7 @@ class _Window(Sequence):
         return self._column.json_spelling(self._lo + lo, self._lo + hi)
 
 
-def column_batches(codec: Codec, tree, rows: int, pace=None) -> Iterator[Columns]:
+def column_batches(codec: Codec, tree, rows: Rows, pace=None) -> Iterator[Columns]:
     """:meth:`GvfsTree.scan` of ``tree`` (a :class:`~.gvfs_tree.TreeView`): read_columns' rows and damage in batches of about
     ``rows``, holding memory per batch and per directory of two levels, not per node.
 
@@ -1113,12 +1114,14 @@ def column_batches(codec: Codec, tree, rows: int, pace=None) -> Iterator[Columns
         store.close()
     del walk
     whole = read_columns(codec, tree, 0, None)
-    for lo in range(given, whole.rows, rows):
-        hi = min(whole.rows, lo + rows)
+    lo = given
+    while lo < whole.rows:
+        hi = min(whole.rows, lo + most_rows(rows))
         columns = {k: _Window(v, lo, hi) if isinstance(v, (_TextColumn, _Window)) else v[lo:hi]
                    for k, v in whole.data.items()}
         yield Columns(columns, hi - lo, None, hi, whole.error if hi == whole.rows else None)
         if pace is not None:
             pace()
+        lo = hi
     if whole.error is not None and whole.rows <= given:
         yield Columns({}, 0, None, given, whole.error)

@@ -81,15 +81,19 @@ def read_buffer(buf, sl: FileSlice, include_damage: bool, kinds: set | None,
                 batch_rows: int) -> Iterator[pa.RecordBatch]:
     """Batches of the records of ``sl`` whose bytes are ``buf`` (the whole file), each of
     at most ``batch_rows`` rows and about :data:`BATCH_BYTES` bytes."""
+    max_rows = batch_rows
+    span = (len(buf) if sl.stop is None else min(sl.stop, len(buf))) - (sl.start or 0)
+    if span * ARROW_EXPANSION > BATCH_BYTES:  # not surely small: measure a few rows first
+        batch_rows = min(batch_rows, FIRST_BATCH_ROWS)
     codec = CODECS[sl.format]
     include_damage = include_damage and (kinds is None or DAMAGE_KIND in kinds)
     kind_set = None if kinds is None else pa.array(sorted(kinds), pa.string())
     file_key, batch_key = _keys_for(sl, buf)
     seq = sl.seq
-    # the one reader: batches of about BATCH_BYTES of Arrow (the first ones measure the
-    # records' size), a worker's RSS flat however big the slice
-    batches = scan(codec, buf, sl.path, sl.start, sl.seq, sl.stop, rows=batch_rows,
-                   span=BATCH_BYTES // ARROW_EXPANSION, form="text")
+    # the one reader (a worker's RSS flat however big the slice), its batches sized by the
+    # Arrow bytes of the ones before
+    batches = scan(codec, buf, sl.path, sl.start, sl.seq, sl.stop, rows=lambda: batch_rows,
+                   form="text")
     with contextlib.closing(batches):
         while True:
             try:
@@ -108,6 +112,8 @@ def read_buffer(buf, sl: FileSlice, include_damage: bool, kinds: set | None,
                     key = file_key
                 batch = to_batch(cols.data, cols.rows, sl.path, sl.format, first_seq=seq,
                                  key=key)
+                row_bytes = max(1, batch.nbytes // batch.num_rows)
+                batch_rows = max(1, min(max_rows, BATCH_BYTES // row_bytes))
                 if kind_set is not None:
                     batch = batch.filter(pc.is_in(batch.column("kind"), value_set=kind_set))
                 if batch.num_rows:
