@@ -26,11 +26,12 @@ from __future__ import annotations
 import functools
 import struct
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from .base import Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record, Repair, slice_payloads
+from .base import (Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record, Records,
+                   Repair, slice_payloads)
 
 MAGIC_LE, MAGIC_BE = 0x377F0682, 0x377F0683  # low bit: checksum words are big-endian
 VERSION = 3007000
@@ -288,7 +289,7 @@ class SqliteWal(Codec):
         return name[:-len(WAL_SUFFIX)] if name.endswith(WAL_SUFFIX) and len(name) > 4 else None
 
     def read(self, buf: Buffer, source: str, start: int | None = None, seq: int = 0,
-             stop: int | None = None) -> Iterator[Record]:
+             stop: int | None = None) -> Records:
         for cols in self.scan(buf, source, start, seq, stop, rows=READ_BATCH, span=CHECK_BYTES):
             yield from cols.records()
             if cols.error is not None:
@@ -307,7 +308,7 @@ class SqliteWal(Codec):
 
     def record_offsets(self, buf: Buffer, source: str, start: int | None = None, seq: int = 0,
                        stop: int | None = None, limit: int | None = None
-                       ) -> tuple[Sequence[int], int | None, FormatError | None]:
+                       ) -> tuple[np.ndarray, int | None, FormatError | None]:
         """The frames' offsets as :meth:`read_columns` finds them (every checksum checked),
         without copying their pages."""
         try:
