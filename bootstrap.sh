@@ -116,6 +116,7 @@ demo() {
   getfattr -d -m 'user\.record\.' "$mnt/.journalfs/records/queues/jobs.1700000000000/00000000.put"
   cat "$mnt/.journalfs/records/jrnl/db.jrnl/00000000.transaction"
   head -n 3 "$mnt/.journalfs/records/wallaby/events.log/records.jsonl"
+  ls "$mnt/.journalfs/records/sqlite/shop.db-wal" | head -n 4   # a frame per file: .page, .commit
   ls "$mnt/.journalfs/metadata/journal/"
   getfattr -d "$mnt/.journalfs"                           # the mount's runtime settings
   cat "$mnt/.journalfs/status.json"; echo

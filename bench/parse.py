@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/parse.py [--mb 100] [--formats a,b] [--repeat 3] [--cpu 0]
 
-For each of the nine formats a file of at least --mb MB is generated once with the codec's own
+For each format a file of at least --mb MB is generated once with the codec's own
 writer (payloads <= 100 bytes where the format has payloads) and cached in bench/out/parse/.
 On one pinned core, with the file in the page cache, the run times
 
@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO))
 from journalfs import demo  # noqa: E402
 from journalfs.formats import CODECS, Columns  # noqa: E402
 from journalfs.formats.akka import AkkaData  # noqa: E402
+from journalfs.formats.sqlite_wal import sample_frames  # noqa: E402
 from journalfs.formats.wallaby import build_index  # noqa: E402
 from journalfs.journals import RecordIndex, mapped  # noqa: E402
 
@@ -123,10 +124,15 @@ def _gvfs_tree(rng: random.Random, n: int) -> bytes:
     return CODECS["gvfs-tree"].write(nodes, tag=0x12345678)
 
 
+def _sqlite_wal(rng: random.Random, n: int) -> bytes:
+    return CODECS["sqlite-wal"].write(sample_frames(rng, n), page_size=1024)
+
+
 GENERATORS: dict[str, Callable[[random.Random, int], bytes]] = {
     "gvfs-tree": _gvfs_tree, "gvfs-journal": _gvfs_journal, "kestrel-writer": _kestrel_writer,
     "kestrel-reader": _kestrel_reader, "akka-meta": _akka_meta, "akka-data": _akka_data,
     "wallaby-log": _wallaby_log, "wallaby-index": _wallaby_index, "jrnl": _jrnl,
+    "sqlite-wal": _sqlite_wal,
 }
 
 

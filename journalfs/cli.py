@@ -19,10 +19,10 @@ every file and directory, as user.metadata.* extended attributes kept in a store
 gvfs reads and writes too; and a read-only view of every journal file inside
 (MOUNTPOINT/.journalfs/records/), one file per record.
 
-Nine journal formats are understood, found by their content: gvfs metadata tree and journal,
-Kestrel queue writer and reader files, akka-persistence file journals, Wallaby LOG and IDX, and
-JRNL transaction journals. The same decoding works without a mount (records, fsck) and on Apache
-Spark (pipeline).
+Ten journal formats are understood, found by their content: gvfs metadata tree and journal,
+Kestrel queue writer and reader files, akka-persistence file journals, Wallaby LOG and IDX,
+JRNL transaction journals and SQLite write-ahead logs. The same decoding works without a mount
+(records, fsck) and on Apache Spark (pipeline).
 
 Each system's state is one command or one path away: a queue's pending items per reader
 (queue), a persistence id's events in order (events), incomplete transactions

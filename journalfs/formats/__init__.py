@@ -8,12 +8,13 @@ from .gvfs_journal import GvfsJournal
 from .gvfs_tree import GvfsTree
 from .jrnl import Jrnl
 from .kestrel import KestrelReader, KestrelWriter
+from .sqlite_wal import SqliteWal
 from .wallaby import WallabyIndex, WallabyLog
 
 #: Every codec by its contract name, in the contract's order.
 CODECS: dict[str, Codec] = {c.name: c for c in (
     GvfsTree(), GvfsJournal(), KestrelWriter(), KestrelReader(), AkkaMeta(), AkkaData(),
-    WallabyLog(), WallabyIndex(), Jrnl(),
+    WallabyLog(), WallabyIndex(), Jrnl(), SqliteWal(),
 )}
 
 #: How many leading bytes :func:`detect` needs.
