@@ -94,6 +94,22 @@ def test_table_has_a_row_per_record_with_fixed_columns(demo_tree):
         assert f"id={rec['id']} " in fields and f"payload=<{len(rec['payload'])} B>" in fields
 
 
+def test_table_and_notices_carry_no_control_bytes_of_a_hostile_journal(tmp_path):
+    """A payload, a string field or a file name with ESC/NUL/BEL bytes reaches the terminal
+    escaped (\\x1b ...), never raw: a journal cannot send escape sequences to the reader."""
+    codec = CODECS["kestrel-writer"]
+    records = demo.kestrel_put_records(random.Random(3), 2)
+    records[0]["payload"] = b"\x1b[31mred\x07\x00"
+    path = tmp_path / "jobs\x1b[2J.1"
+    path.write_bytes(codec.write(records) + b"\x03\xff")  # damage after the records
+    proc = run_cli("records", str(path))
+    assert proc.returncode == 3
+    for text in (proc.stdout, proc.stderr):
+        assert not any(c in text for c in "\x1b\x07\x00"), text
+    assert "payload=<10 B>\\x1b[31mred\\a\\x00" in proc.stdout
+    assert "jobs\\x1b[2J.1" in proc.stderr
+
+
 def _torn_kestrel(tmp_path: Path) -> tuple[Path, list[dict], FormatError]:
     """A writer file whose 21st PUT is torn after 9 bytes; its prefix and the codec's error."""
     codec = CODECS["kestrel-writer"]

@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Iterable, Iterator, TextIO
 
+from ..escaping import escaped
 from ..formats import Codec, FormatError
 from ..formats.base import Record
 from ..fs.indexfiles import IndexDir, head_crc, matches, may_extend
@@ -54,7 +55,7 @@ def run(args) -> int:
     try:
         select = _selection(args)
     except ValueError as exc:
-        print(f"journalfs records: error: {exc}", file=sys.stderr)
+        print(f"journalfs records: error: {escaped(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     groups, sources = expand_sources(args.files)
     if not sources:
@@ -196,7 +197,7 @@ class Printer:
 
     def notice(self, path: str, text: str) -> None:
         self.flush()
-        print(f"journalfs: {path}: {text}", file=sys.stderr, flush=True)
+        print(f"journalfs: {escaped(str(path))}: {escaped(text)}", file=sys.stderr, flush=True)
 
 
 def _print_selection(args, select: RecordFilter, groups, sources: list[Source]) -> int:
@@ -263,7 +264,7 @@ def _select(args, select: RecordFilter, groups, sources: list[Source], printer: 
         printer.flush()
     damaged = [f.error for f in files if f.indexed and f.error is not None]
     for exc in damaged:
-        print(f"journalfs: {exc}", file=sys.stderr, flush=True)
+        print(f"journalfs: {escaped(str(exc))}", file=sys.stderr, flush=True)
     if not args.follow:
         return EXIT_DAMAGED if damaged else EXIT_OK
     return _follow(args, select, groups, files, printer, passes)
@@ -346,7 +347,7 @@ def _print_records(args, codec: Codec, path: str) -> int:
 
 def _damaged(exc: FormatError) -> int:
     sys.stdout.flush()
-    print(f"journalfs: {exc}", file=sys.stderr, flush=True)
+    print(f"journalfs: {escaped(str(exc))}", file=sys.stderr, flush=True)
     return EXIT_DAMAGED
 
 
@@ -479,19 +480,19 @@ def _payload_summary(value, mode: str = "auto") -> str:
     if value is None:
         return "payload=null"
     data = bytes(value)
-    if mode == "text":
-        text = data.decode("utf-8", "backslashreplace")
+    if mode == "text":  # bytes that are not UTF-8 come out as \xNN (escaped() below)
+        text = data.decode("utf-8", "surrogateescape")
     else:
         (name, text), = payload_fields(data, mode).items()
         if name == "payload_b64" and mode == "auto":
             text = "b64:" + text
-    text = text.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    text = escaped(text)  # no control byte of a hostile payload reaches the terminal
     if len(text) > SUMMARY_VALUE_CHARS:
         text = text[: SUMMARY_VALUE_CHARS - 1] + "…"
     return f"payload=<{len(data)} B>{text}"
 def _short(value) -> str:
     if isinstance(value, str):
-        text = repr(value) if (not value or " " in value) else value
+        text = repr(value) if (not value or " " in value) else escaped(value)
     elif isinstance(value, bool):
         text = "true" if value else "false"
     elif value is None:
