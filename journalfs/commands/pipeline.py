@@ -43,13 +43,14 @@ def run(args) -> int:
         output = check_paths(args.input, args.output, args.overwrite)
         unreadable: list[tuple[str, str]] = []
         files = list_input(args.input, unreadable)
-        conf = spark_conf(args, sum(f.size for f in files))
+        archive = class_archive(sum(f.size for f in files))
+        conf = spark_conf(args, sum(f.size for f in files), archive)
         if args.master and args.master.startswith("spark://"):
             check_master(args.master, args.master_timeout)
     except PipelineError as exc:
         print(f"journalfs: pipeline: {exc}", file=sys.stderr)
         return exc.code
-    return _run_spark(args, output, conf, (files, unreadable))
+    return _run_spark(args, output, conf, (files, unreadable), archive)
 
 
 def list_input(input_path: str, unreadable: list | None = None):
@@ -169,11 +170,21 @@ SMALL_INPUT_BYTES = 256 << 20
 QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
-def spark_conf(args, input_bytes: int = 0) -> dict[str, str]:
+def class_archive(input_bytes: int):
+    """The driver JVM's class-data archive for a short job (None for a long one, whose
+    start-up matters little, or when ``JOURNALFS_SPARK_CDS=0``)."""
+    if input_bytes >= SMALL_INPUT_BYTES or os.environ.get("JOURNALFS_SPARK_CDS", "1") == "0":
+        return None
+    from ..spark.session import ClassArchive
+    return ClassArchive(QUICK_JVM)
+
+
+def spark_conf(args, input_bytes: int = 0, archive=None) -> dict[str, str]:
     """Spark settings: journalfs's defaults for this input's size, then the user's."""
     conf = {"spark.driver.memory": args.driver_memory or default_driver_memory()}
     if input_bytes < SMALL_INPUT_BYTES:
-        conf.update({"spark.driver.extraJavaOptions": QUICK_JVM,
+        driver_jvm = f"{QUICK_JVM} {archive.java_options()}".strip() if archive else QUICK_JVM
+        conf.update({"spark.driver.extraJavaOptions": driver_jvm,
                      "spark.executor.extraJavaOptions": QUICK_JVM,
                      "spark.sql.codegen.wholeStage": "false",
                      "spark.sql.shuffle.partitions": "2"})
@@ -209,7 +220,7 @@ def check_master(url: str, timeout: float) -> None:
 
 # -- running ------------------------------------------------------------------------------------
 
-def _run_spark(args, output: str, conf: dict[str, str], listing=None) -> int:
+def _run_spark(args, output: str, conf: dict[str, str], listing=None, archive=None) -> int:
     """Run the job with Spark's console output in a log file and SIGINT handled: Ctrl-C
     cancels the jobs, stops Spark and exits 130; nothing half-written is left in OUTPUT."""
     fd, log_path = tempfile.mkstemp(prefix="journalfs-pipeline-", suffix=".log")
@@ -239,6 +250,8 @@ def _run_spark(args, output: str, conf: dict[str, str], listing=None) -> int:
             summary.unreadable = unreadable
             _stop(spark)
             spark = None
+            if archive is not None:  # a first run: its JVM writes the archive as it exits
+                archive.finish()
             if remote_output:
                 upload_tables(partial, output)
             else:

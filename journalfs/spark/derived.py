@@ -13,18 +13,27 @@ import json
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ..formats.akka import AkkaData, AkkaMeta
-from ..formats.gvfs_journal import JOURNAL_SUFFIX, GvfsJournal, tree_and_tag
-from ..formats.gvfs_tree import GvfsTree, MergedTree, header_tag
-from ..formats.jrnl import Jrnl
-from ..formats.kestrel import READER_SUFFIX, WRITER_SUFFIX, KestrelReader, KestrelWriter
+from ..formats import CODECS
+from ..formats.gvfs_journal import JOURNAL_SUFFIX, tree_and_tag
+from ..formats.gvfs_tree import MergedTree, header_tag
+from ..formats.kestrel import READER_SUFFIX, WRITER_SUFFIX
 
-WRITER, READER = KestrelWriter.name, KestrelReader.name
+
+def _format(name: str) -> str:
+    """A format of the registry by its contract name (a renamed format fails at import,
+    not as a table that silently stays empty)."""
+    return CODECS[name].name
+
+
+WRITER, READER = _format("kestrel-writer"), _format("kestrel-reader")
+AKKA_META, AKKA_DATA = _format("akka-meta"), _format("akka-data")
+GVFS_TREE, GVFS_JOURNAL = _format("gvfs-tree"), _format("gvfs-journal")
+JRNL = _format("jrnl")
 
 #: The derived tables (functions of this module, in output order) and the formats each reads;
 #: their columns are in DDLS (after the DDL strings below).
-TABLES = {"metadata": (GvfsTree.name, GvfsJournal.name), "queues": (WRITER, READER),
-          "persistence": (AkkaMeta.name, AkkaData.name), "transactions": (Jrnl.name,)}
+TABLES = {"metadata": (GVFS_TREE, GVFS_JOURNAL), "queues": (WRITER, READER),
+          "persistence": (AKKA_META, AKKA_DATA), "transactions": (JRNL,)}
 
 QUEUES_DDL = "queue string, reader string, head long, tail long, pending long"
 PERSISTENCE_DDL = "persistence_id string, messages long, highest_seq long, consistent boolean"
@@ -155,11 +164,11 @@ def persistence(records: DataFrame) -> DataFrame:
     is consistent when every ``next`` link lands on a block of the same id that links back and
     has a higher sequence number, it has exactly one tail, and the tail matches the meta
     block's ``last`` and ``highest_seq``."""
-    meta = records.where((F.col("format") == AkkaMeta.name) & (F.col("kind") == "meta")).select(
+    meta = records.where((F.col("format") == AKKA_META) & (F.col("kind") == "meta")).select(
         _dir().alias("dir"), F.col("key").alias("persistence_id"),
         _long_attr("first").alias("first"), _long_attr("last").alias("last"),
         _long_attr("highest_seq").alias("highest_seq"))
-    msgs = records.where((F.col("format") == AkkaData.name) & (F.col("kind") == "message")
+    msgs = records.where((F.col("format") == AKKA_DATA) & (F.col("kind") == "message")
                          & F.col("key").isNotNull()).select(
         _dir().alias("dir"), F.col("key").alias("persistence_id"), _long_attr("self").alias("self"),
         _long_attr("prev").alias("prev"), _long_attr("next").alias("next"),
@@ -191,7 +200,7 @@ def persistence(records: DataFrame) -> DataFrame:
 def transactions(records: DataFrame) -> DataFrame:
     """(source, offset, time, status, ops) per JRNL transaction; ops = the op names in order."""
     op_texts = F.from_json(F.col("attrs").getItem("ops"), "array<string>")
-    return records.where((F.col("format") == Jrnl.name) & (F.col("kind") == "transaction")).select(
+    return records.where((F.col("format") == JRNL) & (F.col("kind") == "transaction")).select(
         "source", "offset", "time", F.col("attrs").getItem("status").alias("status"),
         F.transform(op_texts, lambda x: F.coalesce(F.get_json_object(x, "$.op"), x)).alias("ops"))
 
@@ -202,8 +211,8 @@ def metadata(records: DataFrame) -> DataFrame:
     """(store, path, key, value, values): every store's tree + journal replayed to its current
     state. Replay is ordered and path-structured (copy/remove act on subtrees), so each store
     is one group replayed by :func:`replay_store` on an executor."""
-    gvfs = records.where(F.col("format").isin(GvfsTree.name, GvfsJournal.name)).select(
-        F.when(F.col("format") == GvfsTree.name, F.col("source"))
+    gvfs = records.where(F.col("format").isin(GVFS_TREE, GVFS_JOURNAL)).select(
+        F.when(F.col("format") == GVFS_TREE, F.col("source"))
         .otherwise(F.regexp_replace("source", JOURNAL_SUFFIX, "")).alias("store"),
         "source", "format", "seq", "kind", "key", "attrs")
     return gvfs.groupBy("store").applyInArrow(_replay_group, METADATA_DDL)
@@ -217,7 +226,7 @@ def _replay_group(table):
     import pyarrow as pa
     import pyarrow.compute as pc
     store = table.column("store")[0].as_py() if table.num_rows else None
-    is_tree = pc.equal(table.column("format"), GvfsTree.name)
+    is_tree = pc.equal(table.column("format"), GVFS_TREE)
     # a store whose journal has nothing to replay is its tree's rows as they are: no
     # MergedTree (a node object per path: GBs for a big tree), no dict per record
     if not _journal_entries(store, table.filter(pc.invert(is_tree)).to_pylist()):
@@ -299,7 +308,7 @@ def replay_store(store: str | None, rows: list[dict]) -> dict[str, dict]:
     as the store's own compaction applies them (:class:`MergedTree`)."""
     merged = MergedTree(None)
     for r in rows:
-        if r["format"] == GvfsTree.name:
+        if r["format"] == GVFS_TREE:
             attrs = _attrs(r)
             for key, value in json.loads(attrs.get("metadata") or "{}").items():
                 merged.set(r["key"], key, value, 0)
@@ -323,7 +332,7 @@ def _journal_entries(store: str | None, rows: list[dict]) -> list[tuple]:
     tag = _tree_tag(store) if store else None
     entries = []
     for r in rows:
-        if r["format"] != GvfsTree.name:
+        if r["format"] != GVFS_TREE:
             named = tree_and_tag(r["source"])
             if tag is None or (named and named[1] == tag):
                 entries.append((r["source"], r["seq"], r["kind"], r["key"], _attrs(r)))

@@ -135,9 +135,7 @@ def run(spark, input_path: str, output: str, console=None, files=None) -> Summar
     with StageProgress(spark, console, summary.files, summary.bytes) as progress:
         progress.step(f"reading journals ({summary.files:,} files, {summary.bytes / 1e6:,.0f} MB)"
                       " -> records")
-        df = spark.read.format("journal").option("includeDamage", "true") \
-            .option("parallelism", str(spark.sparkContext.defaultParallelism)) \
-            .options(**dict(storage)).load(input_path)
+        df = journal_frame(spark, listed, storage)
         routed = df.withColumn("format", F.when(F.col("kind") == DAMAGE_KIND, F.lit(DAMAGE_KIND))
                                .otherwise(F.col("format")))
         routed.write.mode("overwrite").partitionBy("format").parquet(records_dir)
@@ -173,6 +171,23 @@ def run(spark, input_path: str, output: str, console=None, files=None) -> Summar
     summary.damaged_files = summary.rows["_damage"]  # one damage row per damaged file
     summary.damage = damage_rows(os.path.join(output, "_damage"))
     return summary
+
+
+def journal_frame(spark, files, storage: tuple = ()):
+    """The records of ``files`` (damage rows included) as a DataFrame read by one
+    ``mapInArrow`` task per planned group. The same reading code as the ``journal`` data
+    source, planned here on the driver from the listing already made: the data source would
+    list again and start three Python processes of its own (look-up, schema, planning),
+    about 1.5 s each before the first task."""
+    import functools
+    from .checkpoints import default_cache_dir
+    from .plan import plan
+    from .schema import spark_schema
+    from .source import read_groups
+    groups = plan(files, spark.sparkContext.defaultParallelism, cache_dir=default_cache_dir(),
+                  storage=storage).groups
+    reader = functools.partial(read_groups, groups, True)
+    return spark.range(0, len(groups), 1, max(1, len(groups))).mapInArrow(reader, spark_schema())
 
 
 def _literal(path: str) -> str:
@@ -260,9 +275,12 @@ def spark_for(master: str | None, scratch: str | None = None, conf: dict | None 
     memory sizes and settings) comes last, so it wins."""
     from .session import build_session, package_zip
     master = master or "local[*]"
-    settings = {"spark.sql.shuffle.partitions": "8", "spark.ui.showConsoleProgress": "false"}
+    settings = {"spark.sql.shuffle.partitions": "8", "spark.ui.showConsoleProgress": "false",
+                # the read (mapInArrow) and the metadata replay (applyInArrow) would set
+                # different worker environments and so start two Python daemons
+                "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false"}
     settings.update(conf or {})
-    spark = build_session(master, "journalfs pipeline", settings)
+    spark = build_session(master, "journalfs pipeline", settings, journal_source=False)
     if not master.startswith("local"):
         spark.sparkContext.addPyFile(package_zip(scratch))
     return spark
