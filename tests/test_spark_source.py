@@ -198,22 +198,48 @@ def test_big_files_split_into_exact_slices(spark, big_journals):
             assert all(ids == list(range(1, len(ids) + 1)) for ids in by_pid.values())
 
 
-def test_checkpoint_cache_is_reused_and_extended(tmp_path):
+def test_split_points_come_from_the_shared_record_index(tmp_path, monkeypatch):
+    """The planner's split points come from the record index the CLI and the views use
+    (one file per journal in ``CACHE/indexes``): reused as is, extended when the journal
+    grew, and a hostile index file changes nothing but the time it takes."""
+    from journalfs.fs.indexfiles import IndexCache, IndexDir
     from journalfs.spark import checkpoints
     path = tmp_path / "q.1"
-    path.write_bytes(kestrel.build_writer_file([b"x" * 100] * 5000))
+    path.write_bytes(kestrel.build_writer_file([b"x" * 100] * 40_000))  # > SAVE_INDEX_BYTES
     cache = tmp_path / "cache"
-    first = checkpoints.checkpoints(str(path), "kestrel-writer", 50_000, str(cache))
+    first = checkpoints.checkpoints(str(path), "kestrel-writer", 400_000, str(cache))
     assert len(first) > 5 and first[0] == (4, 0)
     records = file_records(path)
     by_offset = {rec["offset"]: rec["seq"] for rec in records}
     assert all(by_offset[off] == seq for off, seq in first)
-    with open(path, "ab") as f:  # the journal grows: the walk resumes
-        f.write(b"".join(kestrel.encode_put(5001 + n, b"y" * 100) for n in range(2000)))
-    grown = checkpoints.checkpoints(str(path), "kestrel-writer", 50_000, str(cache))
+    st = path.stat()
+    saved = cache / "indexes" / IndexDir.name_of(st.st_dev, st.st_ino)
+    assert saved.is_file()
+    # the CLI's cache loads that very file: no re-indexing
+    from journalfs.journals import RecordIndex
+    with monkeypatch.context() as m:
+        m.setattr(RecordIndex, "build", classmethod(lambda *a, **k: pytest.fail("re-indexed")))
+        cli = IndexCache(str(cache))
+        index = cli.index(str(path), CODECS["kestrel-writer"])
+        cli.close()
+        assert checkpoints.checkpoints(str(path), "kestrel-writer", 400_000, str(cache)) == first
+    assert index.count == len(records)
+    with open(path, "ab") as f:  # the journal grows: indexing resumes
+        f.write(b"".join(kestrel.encode_put(40_001 + n, b"y" * 100) for n in range(20_000)))
+    grown = checkpoints.checkpoints(str(path), "kestrel-writer", 400_000, str(cache))
     by_offset = {rec["offset"]: rec["seq"] for rec in file_records(path)}
     assert len(grown) > len(first) and all(by_offset[off] == seq for off, seq in grown)
-    assert checkpoints.checkpoints(str(path), "kestrel-writer", 50_000, str(cache)) == grown
+    assert checkpoints.checkpoints(str(path), "kestrel-writer", 400_000, str(cache)) == grown
+    good = saved.read_bytes()
+    header_end = good.index(b"\n", 8)
+    header = json.loads(good[8:header_end])
+    lies = [b"garbage", good[:len(good) // 2],
+            good[:8] + json.dumps(dict(header, count=10**12)).encode() + good[header_end:],
+            good[:header_end + 1] + bytes(len(good) - header_end - 1)]  # offsets all zero
+    for hostile in lies:
+        saved.chmod(0o600)
+        saved.write_bytes(hostile)
+        assert checkpoints.checkpoints(str(path), "kestrel-writer", 400_000, str(cache)) == grown
 
 
 # -- damage ---------------------------------------------------------------------------------

@@ -180,11 +180,11 @@ def journal_frame(spark, files, storage: tuple = ()):
     list again and start three Python processes of its own (look-up, schema, planning),
     about 1.5 s each before the first task."""
     import functools
-    from .checkpoints import default_cache_dir
+    from ..fs.indexfiles import user_cache_dir
     from .plan import plan
     from .schema import spark_schema
     from .source import read_groups
-    groups = plan(files, spark.sparkContext.defaultParallelism, cache_dir=default_cache_dir(),
+    groups = plan(files, spark.sparkContext.defaultParallelism, cache_dir=user_cache_dir(),
                   storage=storage).groups
     reader = functools.partial(read_groups, groups, True)
     return spark.range(0, len(groups), 1, max(1, len(groups))).mapInArrow(reader, spark_schema())

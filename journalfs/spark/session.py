@@ -69,7 +69,8 @@ class ClassArchive:
     QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
     def __init__(self, java_options: str, cache_dir: str | None = None):
-        self.path = os.path.join(cache_dir or _cache_dir("spark-cds"),
+        from ..fs.indexfiles import user_cache_dir  # the user's cache directory, one place
+        self.path = os.path.join(cache_dir or os.path.join(user_cache_dir(), "spark-cds"),
                                  f"driver-{_jvm_key(java_options)}.jsa")
         self.making: str | None = None
 
@@ -105,11 +106,6 @@ class ClassArchive:
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(self.making)
-
-
-def _cache_dir(name: str) -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "journalfs", name)
 
 
 def _jvm_key(java_options: str) -> str:

@@ -10,7 +10,9 @@ open fails its task (Spark retries it, elsewhere on a cluster) and then the job.
 
 Options: ``formats`` (comma list), ``recursive`` (default true), ``pathGlobFilter``,
 ``includeDamage`` (default false), ``parallelism`` (tasks are sized for it; default: the
-driver's CPU count), ``maxSplitBytes``, ``checkpointCache`` (directory, or "" for none);
+driver's CPU count), ``maxSplitBytes``, ``checkpointCache`` (the directory whose ``indexes/``
+keeps big journals' record indexes, shared with the CLI; default ``~/.cache/journalfs``;
+"" for none);
 for ``s3://``/``s3a://`` paths ``endpoint`` and ``region`` (:mod:`journalfs.spark.storage`).
 """
 from __future__ import annotations
@@ -62,7 +64,7 @@ class JournalReader(DataSourceReader):
     # union of two filtered scans read the first filter's files twice. The ``formats``
     # option prunes files explicitly.
     def partitions(self):
-        from .checkpoints import default_cache_dir
+        from ..fs.indexfiles import user_cache_dir
         from .plan import list_journals, plan
         path = self.options.get("path")
         if not path:
@@ -77,7 +79,7 @@ class JournalReader(DataSourceReader):
         parallelism = int(self.options.get("parallelism") or os.cpu_count() or 1)
         max_split = int(self.options.get("maxsplitbytes") or 128 << 20)
         cache = self.options.get("checkpointcache")
-        cache = default_cache_dir() if cache is None else (cache or None)
+        cache = user_cache_dir() if cache is None else (cache or None)
         groups = plan(files, parallelism, max_split, cache, storage).groups
         return [JournalPartition(g) for g in groups]
 
