@@ -287,6 +287,7 @@ def run_measured(cmd: list[str], env: dict | None = None) -> dict:
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     cpu: dict[int, tuple[str, float]] = {}
+    peak: dict[str, int] = {}  # component -> largest RSS of one of its processes (kB)
     while proc.poll() is None:
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
@@ -308,6 +309,8 @@ def run_measured(cmd: list[str], env: dict | None = None) -> dict:
             else:
                 what = stat[stat.index("(") + 1:stat.rindex(")")]  # its command name
             cpu[int(pid)] = (what, (int(fields[11]) + int(fields[12])) / tick)
+            rss_kb = int(fields[21]) * os.sysconf("SC_PAGE_SIZE") // 1024
+            peak[what] = max(peak.get(what, 0), rss_kb)
         time.sleep(0.1)
     err = proc.stderr.read()
     seconds = time.perf_counter() - t
@@ -315,6 +318,7 @@ def run_measured(cmd: list[str], env: dict | None = None) -> dict:
     for what, c in cpu.values():
         by[what] = round(by.get(what, 0) + c, 1)
     return {"seconds": round(seconds, 2), "rc": proc.returncode, "cpu_s": by,
+            "peak_rss_mb": {k: round(v / 1024) for k, v in peak.items()},
             "error": err.strip().splitlines()[-1] if proc.returncode not in (0, 3) and err.strip() else None}
 
 
@@ -358,7 +362,6 @@ def pipeline_rows(root: Path, out: Path, masters: list[str], extra: list[str],
                   s3: bool = False) -> dict:
     """`journalfs pipeline` per master against :func:`single_parquet` on the same files
     (``s3``: then once more on local[2] with the input in a local S3 server)."""
-    import subprocess
     results = {}
     out.mkdir(parents=True, exist_ok=True)
     target = out / "single-parquet"
@@ -388,6 +391,9 @@ def pipeline_rows(root: Path, out: Path, masters: list[str], extra: list[str],
         ratio = r["seconds"] / base if base else 0
         print(f"{name:<28}{r['seconds']:>9.1f}{ratio:>10.2f}x  "
               + ", ".join(f"{k} {v}" for k, v in sorted(r["cpu_s"].items()))
+              + ("; largest RSS MB: " + ", ".join(f"{k} {v}" for k, v in
+                                                    sorted(r["peak_rss_mb"].items()))
+                 if r.get("peak_rss_mb") else "")
               + (f"  FAILED: {r['error']}" if r.get("error") else ""))
     print(f"{os.cpu_count()} cores, load avg {os.getloadavg()[0]:.1f}")
     return results
