@@ -389,19 +389,19 @@ def _queue_partial(kestrel):
     for group in pc.unique(keys).to_pylist():
         part = kestrel.filter(pc.equal(keys, group))
         source, fmt, queue = group.split("\0")
-        kinds = part.column("kind").to_numpy(zero_copy_only=False)
+        kind = part.column("kind")
         seqs = part.column("seq").to_numpy(zero_copy_only=False)
         ids = part.column("id").fill_null(0).to_numpy(zero_copy_only=False)
         row = {"source": source, "format": fmt, "queue": queue}
-        puts = np.flatnonzero(kinds == "put") if fmt == WRITER else np.array([], dtype=np.int64)
-        heads = np.flatnonzero(kinds == "read_head")
+        puts = _where(kind, "put") if fmt == WRITER else np.array([], dtype=np.int64)
+        heads = _where(kind, "read_head")
         for name, at in (("first", puts[np.argmin(seqs[puts])] if len(puts) else None),
                          ("last", puts[np.argmax(seqs[puts])] if len(puts) else None),
                          ("head", heads[np.argmax(seqs[heads])] if len(heads) else None)):
             row[f"{name}_seq"] = None if at is None else int(seqs[at])
             row[f"{name}_id"] = None if at is None else int(ids[at])
         done = []
-        dones = np.flatnonzero(kinds == "read_done")
+        dones = _where(kind, "read_done")
         if len(dones):
             texts = pc.map_lookup(part.column("attrs").take(pa.array(dones)), "ids", "first")
             for text in texts.to_pylist():
@@ -415,6 +415,14 @@ def _queue_partial(kestrel):
         row["run_lengths"] = (ends - starts).tolist()
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=_queue_schema())
+
+
+def _where(column, value: str):
+    """Row numbers where a string column equals ``value`` (no Python string per row)."""
+    import numpy as np
+    import pyarrow.compute as pc
+    return np.flatnonzero(pc.fill_null(pc.equal(column, value), False)
+                          .to_numpy(zero_copy_only=False))
 
 
 def _json_longs(text: str | None) -> list[int]:
