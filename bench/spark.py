@@ -304,8 +304,10 @@ def run_measured(cmd: list[str], env: dict | None = None) -> dict:
                 continue
             if b"java" in cmdline.split(b"\0")[0]:
                 what = "executor_jvm" if b"CoarseGrainedExecutorBackend" in cmdline else "driver_jvm"
+            elif b"pyspark.daemon" in cmdline or b"pyspark.worker" in cmdline:
+                what = "python_workers"  # the daemon and the workers it forks
             elif b"python" in cmdline:
-                what = "python"
+                what = "python_driver"
             else:
                 what = stat[stat.index("(") + 1:stat.rindex(")")]  # its command name
             cpu[int(pid)] = (what, (int(fields[11]) + int(fields[12])) / tick)

@@ -43,8 +43,9 @@ def run(args) -> int:
         output = check_paths(args.input, args.output, args.overwrite)
         unreadable: list[tuple[str, str]] = []
         files = list_input(args.input, unreadable)
-        archive = class_archive(sum(f.size for f in files))
-        conf = spark_conf(args, sum(f.size for f in files), archive)
+        jvm_bytes = jvm_input_bytes(files)
+        archive = class_archive(jvm_bytes)
+        conf = spark_conf(args, jvm_bytes, archive)
         if args.master and args.master.startswith("spark://"):
             check_master(args.master, args.master_timeout)
     except PipelineError as exc:
@@ -164,10 +165,22 @@ def default_driver_memory() -> str:
     return f"{max(1, min(DEFAULT_DRIVER_GIB, total // 4 >> 30))}g"
 
 
-#: Inputs below this are "short jobs": the JVMs' start-up and JIT warm-up cost more than the
-#: work, so only the C1 compiler and the serial GC, and few shuffle partitions.
+#: Inputs whose JVM-side journals (:func:`jvm_input_bytes`) are below this are "short jobs":
+#: the JVMs' start-up and JIT warm-up cost more than their work, so only the C1 compiler and
+#: the serial GC, and few shuffle partitions.
 SMALL_INPUT_BYTES = 256 << 20
 QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def jvm_input_bytes(files) -> int:
+    """The bytes of the journals whose records the JVM works on: those of the tables Spark
+    computes from the records' Parquet. The records themselves (and the tables of the same
+    pass) are decoded and written by Python workers and never become JVM rows, so a big
+    input of other formats is still a short job for the JVM."""
+    from ..spark import derived
+    formats = {fmt for name, fmts in derived.TABLES.items() if name not in derived.IN_PASS
+               for fmt in fmts}
+    return sum(f.size for f in files if f.format in formats)
 
 
 def class_archive(input_bytes: int):
