@@ -203,6 +203,23 @@ def test_tables_of_the_records_pass_equal_the_dataframe_functions(spark, tmp_pat
                                                           state["pending"])
 
 
+def test_records_keep_only_the_files_the_successful_attempts_wrote(spark, tmp_path,
+                                                                   records_corpus):
+    """Tasks write their own Parquet files; what a failed or repeated attempt left in the
+    table's directory (here: planted before the run) is removed, so no row is there twice."""
+    src = tmp_path / "in"
+    src.mkdir()
+    shutil.copy(records_corpus / "db0.jrnl", src)
+    out = tmp_path / "out"
+    stray = out / "records" / "format=jrnl" / "part-00000-7.snappy.parquet"
+    stray.parent.mkdir(parents=True)
+    shutil.copy(REPO / "tests" / "data" / "conformance" / "records" / "db0.jrnl", stray)
+    summary = run(spark, str(src), str(out))
+    assert not stray.exists()
+    assert summary.rows["records"] == len(table(out, "records")) == \
+        len(file_records(src / "db0.jrnl"))
+
+
 def records_of_bytes(fmt: str, data: bytes) -> list[dict]:
     return [{k: v for k, v in rec.items() if k not in ("format", "seq", "offset", "kind")}
             for rec in CODECS[fmt].read(data, fmt)]
