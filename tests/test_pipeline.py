@@ -233,12 +233,48 @@ FAST_JVM = ('--driver-java-options "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC" '
 
 
 def cli_env() -> dict:
-    return dict(os.environ, PYTHONPATH=str(REPO), PYSPARK_SUBMIT_ARGS=FAST_JVM)
+    # no class-archive builder left running after a test (test_class_archive_... has its own)
+    return dict(os.environ, PYTHONPATH=str(REPO), PYSPARK_SUBMIT_ARGS=FAST_JVM,
+                JOURNALFS_SPARK_CDS="0")
 
 
 def pipeline_cli(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "journalfs.cli", "pipeline", *argv],
                           capture_output=True, text=True, env=cli_env(), timeout=timeout)
+
+
+def test_class_archive_is_made_in_the_background_and_then_used(tmp_path, records_corpus):
+    """A short run that finds no class-data archive for its driver JVM starts one detached
+    low-priority builder (the pipeline over the demo's journals) and finishes without
+    waiting for it; the next run maps the archive."""
+    src = tmp_path / "in"
+    src.mkdir()
+    shutil.copy(records_corpus / "db0.jrnl", src)
+    env = dict(cli_env(), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env.pop("JOURNALFS_SPARK_CDS")
+    argv = [sys.executable, "-m", "journalfs.cli", "pipeline", str(src)]
+    first = subprocess.run([*argv, str(tmp_path / "out1")], capture_output=True, text=True,
+                           env=env, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    cds = tmp_path / "cache" / "journalfs" / "spark-cds"
+    (lock,) = cds.glob("*.lock")  # the builder runs on after the command
+    deadline = time.monotonic() + 600
+    while lock.exists() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not lock.exists(), "the builder did not finish"
+    (archive,) = cds.glob("*.jsa")
+    assert archive.stat().st_size > 10 << 20 and not list(cds.glob("*.tmp"))
+    from journalfs.commands.pipeline import QUICK_JVM
+    from journalfs.spark.classarchive import ClassArchive
+    options = ClassArchive(QUICK_JVM, str(cds)).java_options()  # what a short run adds
+    assert f"-XX:SharedArchiveFile={archive} " in options
+    # -Xshare:on: a JVM that cannot map the archive does not start (auto would ignore it)
+    second = subprocess.run([*argv, str(tmp_path / "out2"), "--conf",
+                             f"spark.driver.extraJavaOptions={QUICK_JVM} {options} -Xshare:on"],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert pq.read_table(tmp_path / "out2" / "records").num_rows == \
+        pq.read_table(tmp_path / "out1" / "records").num_rows > 0
 
 
 def test_cli_names_damage_skips_fsck_backups_and_refuses_to_overwrite(tmp_path, records_corpus):

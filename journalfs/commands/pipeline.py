@@ -192,7 +192,7 @@ def class_archive(input_bytes: int):
     start-up matters little, or when ``JOURNALFS_SPARK_CDS=0``)."""
     if input_bytes >= SMALL_INPUT_BYTES or os.environ.get("JOURNALFS_SPARK_CDS", "1") == "0":
         return None
-    from ..spark.session import ClassArchive
+    from ..spark.classarchive import ClassArchive
     return ClassArchive(QUICK_JVM)
 
 
@@ -268,8 +268,8 @@ def _run_spark(args, output: str, conf: dict[str, str], listing=None, archive=No
             summary.unreadable = unreadable
             _stop(spark)
             spark = None
-            if archive is not None:  # a first run: its JVM writes the archive as it exits
-                archive.finish()
+            if archive is not None:  # none yet: made in the background, for the next runs
+                archive.make_later()
             if remote_output:
                 upload_tables(partial, output)
             else:
