@@ -3,7 +3,7 @@
     .venv/bin/python bench/bigtree.py [--shapes files=1000,directories=500] [--repeat 1]
 
 A tree cannot resume mid-file (breadth-first, paths implicit), so the commands stream it with
-``GvfsTree.column_batches``. Two generated shapes, each made once with the codec's own writer
+``GvfsTree.scan``. Two generated shapes, each made once with the codec's own writer
 and cached (the writer builds the whole tree in memory: about 20 GB and 5 minutes for 1 GB):
 
 - ``files``: bench/parse.py's tree, 1000 files per directory (bench/out/parse/);
@@ -105,7 +105,7 @@ def measure(shape: str, path: Path, repeat: int) -> dict:
 def _count(path: Path) -> int:
     from journalfs.journals import mapped
     with mapped(str(path)) as buf:
-        return sum(cols.rows for cols in CODECS["gvfs-tree"].column_batches(buf, str(path)))
+        return sum(cols.rows for cols in CODECS["gvfs-tree"].scan(buf, str(path)))
 
 
 def print_table(rows: list[dict]) -> None:

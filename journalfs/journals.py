@@ -19,9 +19,10 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from .formats import CODECS, SNIFF_BYTES, Codec, FormatError, detect, record_offsets
-from .formats.base import Record, rows_of_batches
+from .formats import CODECS, SCAN_ROWS, SNIFF_BYTES, Codec, FormatError, detect
+from .formats.base import Batches, Finding, Record, Records, Rows, rows_of_batches
 from .jsonlines import EMPTY, JsonChunk, json_chunk
+from .pagecache import DroppingPages, FileMapping, PagePacer, Releaser
 
 #: A checkpoint is kept every this many records (bounded memory for huge journals).
 CHECKPOINT_EVERY = 1024
@@ -80,7 +81,7 @@ def mapped_fd(fd: int):
     if size == 0:
         yield b""
         return
-    m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    m = FileMapping(fd, 0, access=mmap.ACCESS_READ)
     try:
         yield m
     finally:
@@ -247,6 +248,64 @@ def _codec_of(path: str, codec: Codec | None) -> Codec:
     return codec
 
 
+# -- the one reader ----------------------------------------------------------------------------
+#: Called after each batch of a scan with (the offset of its last record, records so far).
+Progress = Callable[[int, int], None]
+
+
+def scan(codec: Codec, buf, path: str, start: int | None = None, seq: int = 0,
+         stop: int | None = None, *, rows: Rows = SCAN_ROWS, span: int | None = None,
+         form: str = "columns", progress: Progress | None = None) -> Batches:
+    """The one streaming reader of a file's records: :meth:`Codec.scan`'s batches (see
+    there for ``rows``, ``span``, ``form``; the damage is the last batch's ``error``), with
+    the pages of a mapping ``buf`` dropped from this process as the reading passes them --
+    behind each batch once the caller has it, and whenever a codec that walks the file
+    back and forth says so -- so a file of any size streams in a bounded resident set (the
+    pages stay in the page cache). Every consumer that streams a file (``records``,
+    ``fsck``, the record indexes, the Spark reader and its checkpoints) reads through it."""
+    releaser, pacer = Releaser(buf), PagePacer(buf)
+    count = 0
+    with contextlib.closing(codec.scan(buf, path, start, seq, stop, rows=rows, span=span,
+                                       form=form, pace=pacer)) as batches:
+        for cols in batches:
+            yield cols
+            if cols.rows:
+                last = int(cols.data["offset"][cols.rows - 1])
+                count += cols.rows
+                releaser.passed(last)
+                if progress is not None:
+                    progress(last, count)
+
+
+def read_records(codec: Codec, buf, path: str, progress: Progress | None = None
+                 ) -> Records:
+    """Every record of ``path`` (mapped as ``buf``) as :meth:`Codec.read` yields them, through
+    :meth:`Codec.records` (bounded memory), the pages behind them dropped as in :func:`scan`;
+    raises the damage after the valid records."""
+    releaser = Releaser(buf)
+    records = codec.records(buf, path, pace=PagePacer(buf))
+    try:
+        for n, rec in enumerate(records):
+            if not n & 1023:
+                releaser.passed(rec["offset"])
+                if progress is not None:
+                    progress(rec["offset"], n)
+            yield rec
+    finally:
+        records.close()
+
+
+def validate(codec: Codec, buf, path: str, context: dict) -> list[Finding]:
+    """:meth:`Codec.validate` of ``buf`` with the keyword ``context`` (partner files' buffers,
+    settings), holding only a bounded part of the mapped files in this process: for a codec
+    that :attr:`~Codec.paces_validation` the pages are dropped in step with its reading,
+    for the others by a timer while it runs."""
+    if codec.paces_validation:
+        return codec.validate(buf, path, pace=PagePacer(buf, *context.values()), **context)
+    with DroppingPages(buf, *context.values()):
+        return codec.validate(buf, path, **context)
+
+
 def read_file(path: str, codec: Codec | None = None) -> Iterator[Record]:
     """Every record of ``path`` in file order; raises :class:`FormatError` at damage."""
     codec = _codec_of(path, codec)
@@ -343,27 +402,13 @@ class RecordIndex:
                         if win is not None:
                             win.window(max(0, last - FINGERPRINT_BYTES), last)
                         self.fingerprint = _prefix_fingerprint(buf, last)
-            else:  # no resuming mid-file (a tree): the whole file; only the count is kept
+            else:  # no resuming mid-file: the whole file, counted a batch at a time
                 if win is not None:
                     win.window(0, len(buf))
-                if hasattr(codec, "column_batches"):
-                    # counted a batch at a time: no copy of the file, no columns of it all
-                    count = 0
-                    for cols in codec.column_batches(buf, path):
-                        count += cols.rows
-                        if cols.error is not None:
-                            self.count = count
-                            raise cols.error
-                    self.count = count
-                elif type(codec).read_columns is not Codec.read_columns:
-                    # its own column decoder counts the same records, without a dict each
-                    cols = codec.read_columns(buf, path)
-                    self.count = cols.rows
+                for cols in scan(codec, buf, path, form="offsets"):
+                    self.count += cols.rows
                     if cols.error is not None:
                         raise cols.error
-                else:
-                    for _ in codec.read(buf, path):
-                        self.count += 1
         except FormatError as exc:
             self.error = exc.detached()
 
@@ -399,14 +444,13 @@ class RecordIndex:
         last = self.count if count is None else min(self.count, first + count)
         if first >= last:
             return
-        if hasattr(self.codec, "column_batches"):  # a tree: it streams in batches only
+        if not self.codec.resumable:
             yield from self._batch_records(first, last)
             return
-        if self.codec.resumable and self.seqs:
+        seq, start = 0, None
+        if self.seqs:
             i = bisect.bisect_right(self.seqs, first) - 1
             seq, start = self.seqs[i], self.offsets[i]
-        else:
-            seq, start = 0, None
         with self._range(start, last) as (buf, stop):
             it = self.codec.read(buf, self.path, start, seq, stop)
             try:
@@ -422,10 +466,10 @@ class RecordIndex:
                 it.close()
 
     def _batch_records(self, first: int, last: int) -> Iterator[Record]:
-        """Records ``first .. last-1`` of a codec that streams only in batches of columns
-        (a gvfs tree): the batches before them counted, not made into records."""
+        """Records ``first .. last-1`` of a codec that cannot resume mid-file, from its
+        start: the batches before them counted, not made into records."""
         with self._range(None, last) as (buf, _), \
-                contextlib.closing(self.codec.column_batches(buf, self.path)) as batches:
+                contextlib.closing(scan(self.codec, buf, self.path)) as batches:
             # clipped at the damage, which is already recorded in self.error
             for cols, lo, hi in rows_of_batches(batches, first, last):
                 yield from itertools.islice(cols.records(), lo, hi)
@@ -513,29 +557,18 @@ def _offset_batches(codec: Codec, buf, path: str, start: int | None = None,
     ``buf``) from record ``seq`` at ``start`` on, in batches of bounded size; raises the same
     :class:`FormatError` after the valid prefix.
 
-    Uses the codec's cheapest exact path (:func:`journalfs.formats.record_offsets`: its own
-    ``record_offsets`` finding starts without decoding, else its ``read_columns``)."""
-    if win is None and not hasattr(codec, "record_offsets") \
-            and type(codec).read_columns is Codec.read_columns:
-        # the generic read_columns is only read() plus columns: use read() directly
-        batch: list[int] = []
-        try:
-            for rec in codec.read(buf, path, start, seq):
-                batch.append(rec["offset"])
-                if len(batch) == INDEX_BATCH_ROWS:
-                    yield batch
-                    batch = []
-        except FormatError:
-            if batch:
-                yield batch
-            raise
-        if batch:
-            yield batch
+    Through the codec's cheapest exact way to find record starts
+    (:meth:`Codec.record_offsets`): the mapped file by :func:`scan`; a file others may
+    change, held a window at a time (``win``), by :func:`_batched`."""
+    if win is None:
+        for cols in scan(codec, buf, path, start, seq, rows=INDEX_BATCH_ROWS,
+                         span=INDEX_BATCH_BYTES, form="offsets"):
+            if cols.rows:
+                yield cols.data["offset"]
+            if cols.error is not None:
+                raise cols.error
         return
-
-    def starts_of(buf, path, start, seq, stop, limit):
-        return record_offsets(codec, buf, path, start, seq, stop, limit)
-    yield from _batched(starts_of, buf, path, start, seq, win)
+    yield from _batched(codec.record_offsets, buf, path, start, seq, win)
 
 
 def _batched(starts_of, buf, path: str, start: int | None, seq: int,
@@ -696,6 +729,7 @@ def replace_atomically(path: str, data: bytes) -> None:
 
 
 __all__ = ["BACKUP_MARK", "CHECKPOINT_EVERY", "CODECS", "Opener", "RecordIndex", "fsync_dir",
-           "is_backup_name", "mapped", "mapped_fd", "open_path", "read_file",
+           "is_backup_name", "mapped", "mapped_fd", "open_path", "read_file", "read_records",
+           "scan", "validate",
            "directory_journals", "related_files", "replace_atomically", "sniff_file",
            "sniff_fd", "write_backup"]

@@ -121,21 +121,14 @@ class JsonChunk:
 EMPTY = JsonChunk(b"", 0, [], None)
 
 
-def has_columns(codec: Codec) -> bool:
-    """True when ``codec`` decodes columns its own (vectorised) way; the generic
-    ``read_columns`` is :meth:`Codec.read` plus a dict per record, and those records are
-    rendered straight from :meth:`Codec.read`."""
-    return type(codec).read_columns is not Codec.read_columns
-
-
 def json_chunk(codec: Codec, buf, path: str, start: int | None, seq: int, count: int,
                stop: int | None = None) -> JsonChunk:
     """The JSON lines of up to ``count`` records of ``buf`` from record ``seq`` at ``start``
     (decoding stops before ``stop``); stops silently at damage (callers learn of it from
     their index, or from :func:`columns_chunk`'s caller)."""
-    if hasattr(codec, "column_batches") and start is None:  # a tree: batches from its top
+    if not codec.resumable:  # from its start: the batches before record ``seq`` walked
         return _batches_chunk(codec, buf, path, seq, count)
-    if has_columns(codec):
+    if codec.columnar:
         cols = codec.read_columns(buf, path, start, seq, stop, count)
         if not cols.rows:
             return EMPTY
@@ -150,19 +143,16 @@ RENDER_ROWS = 16384
 
 
 def _batches_chunk(codec: Codec, buf, path: str, first: int, count: int) -> JsonChunk:
-    """The JSON lines of records ``first .. first+count-1`` of a codec that streams only in
-    batches of columns (a gvfs tree): the batches before them walked, not rendered; no
-    columns of the whole file held."""
+    """The JSON lines of records ``first .. first+count-1`` of a codec that cannot resume
+    mid-file, from its :meth:`~Codec.scan`: the batches before them walked, not rendered;
+    no columns of the whole file held."""
     parts: list[bytes] = []
     kinds: list[str] = []
-    with contextlib.closing(codec.column_batches(buf, path)) as batches:
+    with contextlib.closing(codec.scan(buf, path, rows=RENDER_ROWS)) as batches:
         for cols, lo, hi in rows_of_batches(batches, first, first + count):
-            order = list(cols.data)
-            for a in range(lo, hi, RENDER_ROWS):
-                b = min(hi, a + RENDER_ROWS)
-                parts.append(bytes(render_rows(cols, order, a, b)))
-                column = cols.data["kind"]
-                kinds += [column] * (b - a) if isinstance(column, str) else list(column[a:b])
+            parts.append(bytes(render_rows(cols, list(cols.data), lo, hi)))
+            column = cols.data["kind"]
+            kinds += [column] * (hi - lo) if isinstance(column, str) else list(column[lo:hi])
     return JsonChunk(b"".join(parts), len(kinds), kinds) if kinds else EMPTY
 
 
@@ -170,7 +160,12 @@ def columns_chunk(codec: Codec, buf, path: str, cols: Columns, start: int | None
                   stop: int | None) -> JsonChunk:
     """The JSON lines of the records ``cols`` holds (decoded from record ``seq`` at ``start``;
     the next record, if any, starts at ``stop``): rendered from the columns, or, when they
-    cannot be written exactly that way, decoded again one by one over the same bytes."""
+    cannot be written exactly that way, decoded again one by one over the same bytes. A
+    codec that cannot resume mid-file has its columns in its records' field order, and they
+    are rendered as they are."""
+    if not codec.resumable:
+        return JsonChunk(bytes(render_rows(cols, list(cols.data), 0, cols.rows)), cols.rows,
+                         columns=cols)
     first = _first_record(codec, buf, path, start, seq, stop)
     if first is not None:
         rendered = render_columns_measured(cols, list(first))
@@ -843,6 +838,6 @@ class _Base64(_Packed):
                 matrix[rows_hit, last[rows_hit] - k] = ord("=")
 
 
-__all__ = ["EMPTY", "PAYLOAD_MODES", "JsonChunk", "payload_fields", "record_line", "columns_chunk", "has_columns", "json_chunk", "json_line",
+__all__ = ["EMPTY", "PAYLOAD_MODES", "JsonChunk", "payload_fields", "record_line", "columns_chunk", "json_chunk", "json_line",
            "keep_freed_memory", "records_chunk", "render_columns", "render_columns_measured",
            "render_rows"]

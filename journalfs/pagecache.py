@@ -16,13 +16,23 @@ RELEASE_EVERY = 8 << 20
 DROP_EVERY_S = 0.02
 
 
+class FileMapping(mmap.mmap):
+    """A read-only mapping of a file (``journals.mapped_fd`` makes them). The helpers here
+    drop the pages of these only: a file's dropped page faults back in from the page cache,
+    while an anonymous mapping's (the views' pread buffers) would read as zeros."""
+
+
+def _droppable(buf) -> bool:
+    return isinstance(buf, FileMapping) and hasattr(buf, "madvise")
+
+
 class Releaser:
     """Drops the pages of a read-only mapping below a point the reader has passed, so that
     streaming through a file of any size keeps a bounded resident set. Re-reading a dropped
     page (a codec following a back link) only faults it in again from the page cache."""
 
     def __init__(self, buf):
-        self.buf = buf if isinstance(buf, mmap.mmap) and hasattr(buf, "madvise") else None
+        self.buf = buf if _droppable(buf) else None
         self.released = 0
 
     def passed(self, offset: int | None) -> None:
@@ -45,7 +55,7 @@ class PagePacer:
     cache (nothing is read from disk again)."""
 
     def __init__(self, *buffers):
-        self.maps = [b for b in buffers if isinstance(b, mmap.mmap) and hasattr(b, "madvise")]
+        self.maps = [b for b in buffers if _droppable(b)]
         self.calls = 0
 
     def __call__(self) -> None:
@@ -64,7 +74,7 @@ class DroppingPages:
     unaffected: a dropped page faults back in from the page cache."""
 
     def __init__(self, *buffers):
-        self.maps = [b for b in buffers if isinstance(b, mmap.mmap) and hasattr(b, "madvise")]
+        self.maps = [b for b in buffers if _droppable(b)]
         self._stop = threading.Event()
         self._thread = None
 

@@ -28,7 +28,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
-from .formats import Codec, FormatError, record_offsets
+from .formats import Codec, FormatError
 from .formats.base import Record
 from .journals import (FINGERPRINT_BYTES, RecordIndex, is_backup_name, open_path,
                        pread_buffer, related_files, sniff_fd, sniff_file)
@@ -399,8 +399,8 @@ class FileRecords:
             return start
         stop = self.index.offsets[i + 1] if i + 1 < len(self.index.offsets) else size
         with pread_buffer(fd, start, stop, size) as buf:
-            offsets, _next, _err = record_offsets(self.codec, buf, self.path, start, at, stop,
-                                                  seq - at + 1)
+            offsets, _next, _err = self.codec.record_offsets(buf, self.path, start, at, stop,
+                                                             seq - at + 1)
         if len(offsets) <= seq - at:
             raise FormatError(self.path, start, "the file changed since it was indexed")
         return int(offsets[seq - at])

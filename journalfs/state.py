@@ -20,7 +20,8 @@ from typing import Any
 from .formats import CODECS, FormatError
 from .formats.akka import AkkaData, AkkaMeta, follow_chain
 from .formats.base import Record
-from .formats.gvfs_journal import GvfsJournal
+from .formats.gvfs_journal import GvfsJournal, tree_and_tag
+from .formats.gvfs_tree import MergedTree, TreeView, header_tag
 from .formats.jrnl import Jrnl
 from .formats.kestrel import KestrelReader, KestrelWriter, queue_name, queue_state
 from .journals import is_backup_name, open_path, pread_buffer, sniff_file
@@ -298,7 +299,6 @@ def change_rows(records: list[Record], tree=None) -> list[dict[str, Any]]:
     source}``; ``before``/``after`` are the key's values (a string, a list, or null when
     unset) around a set, set-list or unset; a copy (``source`` to ``path``) and a remove act
     on a whole subtree and carry none."""
-    from .formats.gvfs_tree import MergedTree
     merged = MergedTree(tree)
     out = []
     for rec in records:
@@ -324,8 +324,6 @@ def _meta_value(merged, path: str, key):
 def metadata_changes(path: str) -> tuple[list[dict[str, Any]], FormatError | None]:
     """:func:`change_rows` of the gvfs metadata journal ``path``, on top of its tree (the
     file its name names, when that tree's tag is the journal's)."""
-    from .formats.gvfs_journal import tree_and_tag
-    from .formats.gvfs_tree import TreeView, header_tag
     records, error = read_records(path, CODECS[GvfsJournal.name])
     tree = None
     named = tree_and_tag(os.path.basename(path))

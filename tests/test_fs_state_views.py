@@ -163,7 +163,11 @@ def test_changes_paths(demo_mount):
     names = [f"{r['seq']:08d}.{r['change']}" for r in rows]
     assert sorted(os.listdir(d)) == sorted(["state.json"] + names)
     unset = json.loads((d / "00000002.unset").read_text())
-    assert (unset["before"], unset["after"]) == ("order #0", None)
+    home = demo_mount.source / "gvfs-metadata" / "home"
+    node = next(r for r in CODECS["gvfs-tree"].read(home.read_bytes(), str(home))
+                if r["path"] == unset["path"])
+    assert unset["before"].endswith(" #0")  # the demo's first file: annotated "<word> #0"
+    assert (unset["before"], unset["after"]) == (node["metadata"]["annotation"], None)
     assert json.loads((d / "state.json").read_text())["entries"] == len(rows)
 
 

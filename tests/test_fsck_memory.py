@@ -20,7 +20,7 @@ from journalfs.formats.base import Finding, FormatError
 from journalfs.formats.starts import RecordStarts
 from journalfs.formats.wallaby import (INDEX_DTYPE, IndexCheck, WallabyIndex, WallabyLog,
                                        _gather_u64, _within, index_file, write_log_and_index)
-from journalfs.pagecache import PagePacer
+from journalfs.pagecache import FileMapping, PagePacer
 
 MB = 1 << 20
 
@@ -347,8 +347,8 @@ def test_pacer_drops_the_pages_of_a_mapping(tmp_path):
     import mmap
     path = tmp_path / "mapped"
     path.write_bytes(os.urandom(8 * MB))
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
-        pacer = PagePacer(m, b"not a mapping")
+    with open(path, "rb") as f, FileMapping(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+        pacer = PagePacer(m, b"not a mapping", mmap.mmap(-1, 4096))  # only files' pages go
         total = sum(m[i] for i in range(0, len(m), mmap.PAGESIZE))  # touch every page
         assert _resident_kb(str(path)) >= 4 * 1024
         pacer()

@@ -87,6 +87,9 @@ class _SloppyCodec(Codec):
             _ = buf[pos + size]  # IndexError on a lying size: a defect
             pos, seq = pos + 1 + size, seq + 1
 
+    def write(self, records, **header):
+        return b"SLOP" + b"".join(bytes([len(r["payload"])]) + r["payload"] for r in records)
+
 
 def test_engine_reports_a_sloppy_codec(monkeypatch):
     monkeypatch.setitem(CODECS, "sloppy", _SloppyCodec())

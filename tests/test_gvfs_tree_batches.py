@@ -1,4 +1,4 @@
-"""A gvfs tree streamed in batches (``GvfsTree.column_batches``, what ``records`` and ``fsck``
+"""A gvfs tree streamed in batches (``GvfsTree.scan``, what ``records`` and ``fsck``
 read a tree with): the batches together are ``read()``'s rows and damage exactly -- on random
 valid, damaged and lying trees, with every chunk, batch and pacing size, where the streamed
 walk hands over to the whole-file decoder mid-file, and on the real gvfs corpora -- and the
@@ -40,7 +40,7 @@ def streamed(buf, rows: int, pace=None) -> tuple[list[dict], FormatError | None,
     """(every row of the batches as a record, the damage, the batches' row counts), having
     checked that only the last batch names damage and that ``seq`` runs on across them."""
     got, error, sizes = [], None, []
-    for cols in TREE.column_batches(buf, "f", rows, pace):
+    for cols in TREE.scan(buf, "f", rows=rows, pace=pace):
         assert error is None, "a batch after the damage"
         records = columns_as_records(cols)
         assert [r["seq"] for r in records] == list(range(len(got), len(got) + cols.rows))
@@ -162,7 +162,7 @@ def _streamed_peak(buf: bytes) -> tuple[int, int]:
     rows = 0
     tracemalloc.start()
     try:
-        for cols in TREE.column_batches(buf, "f", 2048):
+        for cols in TREE.scan(buf, "f", rows=2048):
             rows += cols.rows
             cols.data["path"].json_spelling(0, cols.rows)
             del cols

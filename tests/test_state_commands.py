@@ -67,10 +67,10 @@ def test_events_of_one_persistence_id_in_order(demo_tree):
     orders = demo_tree / "akka" / "orders"
     ids = _lines(run_cli("events", str(orders), "--json"))
     assert [(i["persistence_id"], i["messages"], i["highest_seq"], i["consistent"])
-            for i in ids] == [("order-17", 11, 11, True), ("order-18", 15, 15, True),
-                              ("użytkownik-3", 10, 10, True)]
+            for i in ids] == [("order-17", 12, 12, True), ("użytkownik-3", 15, 15, True),
+                              ("order-18", 9, 9, True)]  # the demo's, in its meta file's order
     events = _lines(run_cli("events", str(orders / "data"), "--id", "order-17", "--json"))
-    assert [e["seq_nr"] for e in events] == list(range(1, 12))
+    assert [e["seq_nr"] for e in events] == list(range(1, 13))
     blocks = {b["self"]: b for b in file_records(orders / "data")}
     assert all(e["payload"] == blocks[e["offset"]]["payload"].decode() for e in events)
     # the chain walked by hand: first from meta, then next links
@@ -233,7 +233,7 @@ def test_changes_of_the_demo_gvfs_journal(demo_tree):
         ("set", "/docs/report.txt", "rating", None, "5", None),
         ("set-list", "/docs/notes.md", "tags", None, ["draft", "q3"], None),
         # the tree had this value: the journal's own tree is the base of the replay
-        ("unset", "/docs/report.txt", "annotation", "order #0", None, None),
+        ("unset", "/docs/report.txt", "annotation", "sync #0", None, None),
         ("copy", "/docs/archive/old-notes.md", None, None, None, "/docs/old-notes.md"),
         ("remove", "/docs/old-notes.md", None, None, None, None),
     ]
@@ -244,4 +244,4 @@ def test_changes_of_the_demo_gvfs_journal(demo_tree):
     only = _lines(run_cli("changes", str(log), "--json", "--path", "/docs/old-notes.md"))
     assert [r["change"] for r in only] == ["copy", "remove"]
     table = run_cli("changes", str(log)).stdout
-    assert 'annotation: "order #0" -> (unset)' in table
+    assert 'annotation: "sync #0" -> (unset)' in table

@@ -18,12 +18,11 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ..formats import CODECS, Codec, Columns, Finding, FormatError
+from ..formats import CODECS, Codec, Finding, FormatError
 from ..formats.base import Record, record_to_json
 from ..journals import (directory_journals, mapped, related_files, replace_atomically,
-                        sniff_file, write_backup)
+                        scan, sniff_file, validate, write_backup)
 from ..metastore.fsck import check_store as metastore_check
-from ..pagecache import DroppingPages, PagePacer, Releaser
 from .progress import Progress
 
 from . import EXIT_DAMAGED, EXIT_ERROR, EXIT_OK  # defined once, for every command
@@ -174,26 +173,10 @@ def inspect(buf, path: str, codec: Codec, context: dict[str, Any],
     if progress is not None:
         progress.update(progress.base + len(buf), description=f"validating {os.path.basename(path)}")
     try:
-        if getattr(codec, "paces_validation", False):
-            # the codec calls the pacer after each step: pages are dropped in step with it
-            pacer = PagePacer(buf, *context.values())
-            findings.extend(codec.validate(buf, path, pace=pacer, **context))
-        else:
-            # a codec that reads on its own: its pages are dropped by a timer thread
-            with DroppingPages(buf, *context.values()):
-                findings.extend(codec.validate(buf, path, **context))
+        findings.extend(validate(codec, buf, path, context))
     except FormatError as exc:
         findings.append(Finding(exc.offset, exc.reason))
     return count, _unique(findings)
-
-
-def _starts(codec: Codec, buf, path: str, start: int | None, seq: int) -> Columns:
-    """The next batch of records from ``start``: only their offsets when the codec can find
-    them without decoding (``record_offsets``), else its columns."""
-    if hasattr(codec, "record_offsets"):
-        offsets, next_offset, error = codec.record_offsets(buf, path, start, seq, None, COUNT_BATCH)
-        return Columns({"offset": offsets}, len(offsets), next_offset, seq + len(offsets), error)
-    return codec.read_columns(buf, path, start, seq, None, COUNT_BATCH)
 
 
 class _Damage(Exception):
@@ -208,49 +191,19 @@ COUNT_BATCH = 1 << 14
 
 def count_records(buf, path: str, codec: Codec, progress: Progress | None = None) -> int:
     """How many records :meth:`Codec.read` yields for ``buf``; raises :class:`_Damage` (with
-    the count of the valid prefix) at damage. A codec with a vectorised ``read_columns`` is
-    counted in batches of columns (the same records, without a dict each)."""
-    releaser = Releaser(buf)
+    the count of the valid prefix) at damage. Counted in batches of record starts
+    (:meth:`Codec.record_offsets`: found without decoding where the codec can)."""
     base = progress.base if progress is not None else 0
     name = os.path.basename(path)
+
+    def moved(offset: int, count: int) -> None:
+        progress.update(base + offset, count, f"reading {name}")
     count = 0
-    if codec.resumable and type(codec).read_columns is not Codec.read_columns:
-        start, seq = None, 0
-        while True:
-            cols = _starts(codec, buf, path, start, seq)
-            count += cols.rows
-            if cols.rows:
-                last = int(cols.data["offset"][-1])
-                releaser.passed(last)
-                if progress is not None:
-                    progress.update(base + last, count, f"reading {name}")
-            if cols.error is not None:
-                raise _Damage(count, cols.error)
-            if cols.next_offset is None or (not cols.rows and cols.next_offset == start):
-                return count
-            start, seq = cols.next_offset, cols.next_seq
-    if hasattr(codec, "column_batches"):  # a gvfs tree: it streams only in batches
-        pacer = PagePacer(buf)
-        with contextlib.closing(codec.column_batches(buf, path, COUNT_BATCH, pacer)) as batches:
-            for cols in batches:
-                count += cols.rows
-                if cols.rows and progress is not None:
-                    progress.update(base + int(cols.data["offset"][-1]), count, f"reading {name}")
-                if cols.error is not None:
-                    raise _Damage(count, cols.error)
-        return count
-    records = codec.read(buf, path)
-    try:
-        for rec in records:
-            count += 1
-            if not count & 4095:
-                releaser.passed(rec["offset"])
-                if progress is not None:
-                    progress.update(base + rec["offset"], count, f"reading {name}")
-    except FormatError as exc:
-        raise _Damage(count, exc) from None
-    finally:
-        records.close()
+    for cols in scan(codec, buf, path, rows=COUNT_BATCH, form="offsets",
+                     progress=moved if progress is not None else None):
+        count += cols.rows
+        if cols.error is not None:
+            raise _Damage(count, cols.error)
     return count
 
 

@@ -18,13 +18,13 @@ import time
 from typing import Iterable, Iterator, TextIO
 
 from ..formats import Codec, FormatError
-from ..formats.base import Columns, Record
-from ..journals import mapped
-from ..jsonlines import (columns_chunk, has_columns, keep_freed_memory,
-                         payload_fields, record_line, records_chunk, render_rows)
+from ..formats.base import Record
+from ..fs.indexfiles import IndexCache
+from ..journals import mapped, read_records, scan
+from ..jsonlines import (columns_chunk, keep_freed_memory, payload_fields, record_line,
+                         records_chunk)
 from ..selection import (FileRecords, Follower, Keys, Notice, RecordFilter, Source,
                          expand_sources, format_time, parse_time, record_time_ns)
-from ..pagecache import PagePacer, Releaser
 from .progress import Progress
 
 from . import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE  # defined once, for every command
@@ -33,9 +33,9 @@ BATCH = 2048
 #: Fields every record has; the table shows them as fixed columns.
 FIXED = ("format", "seq", "offset", "kind")
 SUMMARY_VALUE_CHARS = 40
-#: Columnar decoding: rows of the first batch, the most rows per batch, and the file bytes a
-#: batch aims to span (so that records with big payloads still make small batches).
-FIRST_ROWS, MAX_ROWS, BATCH_SPAN = 1024, 16384, 2 << 20
+#: Columnar decoding: the most rows per batch, and the file bytes a batch aims to span (so
+#: that records with big payloads still make small batches).
+MAX_ROWS, BATCH_SPAN = 16384, 2 << 20
 #: The JSON a batch aims to write at most: records whose lines are long (jrnl transactions with
 #: many operations) make smaller batches, so the objects built for them stay few.
 OUTPUT_SPAN = 2 << 20
@@ -149,7 +149,6 @@ class Printer:
 def _print_selection(args, select: RecordFilter, groups, sources: list[Source]) -> int:
     several = len(sources) > 1 or any(g.kind != "file" for g in groups)
     printer = Printer(args, several)
-    from ..fs.indexfiles import IndexCache  # only for selections: `records FILE` needs none
     cache = IndexCache()
     try:
         return _select(args, select, groups, sources, printer, cache)
@@ -310,39 +309,8 @@ def _write(out: TextIO, chunk: bytes) -> None:
 
 
 def _record_stream(codec: Codec, buf, path: str, progress: Progress) -> Iterator[Record]:
-    """:meth:`Codec.read`'s records of ``path``; a codec that streams only in batches of
-    columns (a gvfs tree, which cannot resume mid-file) is read through them."""
-    if not hasattr(codec, "column_batches"):
-        return _released(codec.read(buf, path), buf, progress)
-    return (rec for cols in _column_batches(codec, buf, path, progress)
-            for rec in cols.records())
-
-
-def _column_batches(codec: Codec, buf, path: str, progress: Progress) -> Iterator[Columns]:
-    """``codec.column_batches`` of ``path``, the mapping's pages dropped after each batch and
-    the bar moved; raises the damage after the batches of the valid rows."""
-    count = 0
-    with contextlib.closing(codec.column_batches(buf, path, MAX_ROWS, PagePacer(buf))) as batches:
-        for cols in batches:
-            if cols.rows:
-                yield cols
-                count += cols.rows
-                progress.update(int(cols.data["offset"][-1]), count)
-            if cols.error is not None:
-                raise cols.error
-
-
-def _released(records: Iterator[Record], buf, progress: Progress) -> Iterator[Record]:
-    """``records`` as they come, dropping the mapping's pages behind them and moving the bar."""
-    releaser = Releaser(buf)
-    try:
-        for n, rec in enumerate(records):
-            if not n & 1023:
-                releaser.passed(rec["offset"])
-                progress.update(rec["offset"], n)
-            yield rec
-    finally:
-        records.close()
+    """:meth:`Codec.read`'s records of ``path`` through the one reader, the bar moved."""
+    return read_records(codec, buf, path, progress.update)
 
 
 def _write_batched(out: TextIO, lines: Iterable[str]) -> None:
@@ -374,19 +342,14 @@ def json_chunks(codec: Codec, buf, path: str, progress: Progress | None = None
     line exactly :func:`journalfs.jsonlines.json_line` of a record, in file order; raises the
     codec's :class:`FormatError` after the chunks of the valid prefix.
 
-    Codecs that decode columns are read in batches of about ``BATCH_SPAN`` bytes and rendered
-    by :func:`journalfs.jsonlines.columns_chunk`; one that cannot resume mid-file (a gvfs
-    tree) is rendered from its ``column_batches`` as they come; the others
-    stream :meth:`Codec.read`. Pages behind the reader are released."""
+    A codec with a column decoder of its own is read in batches of about ``BATCH_SPAN``
+    bytes (:func:`journalfs.journals.scan`) rendered by
+    :func:`journalfs.jsonlines.columns_chunk`; the others stream :meth:`Codec.read`. Pages
+    behind the reader are released."""
     progress = progress or Progress(0, "", enabled=False)
-    if hasattr(codec, "column_batches"):
-        for cols in _column_batches(codec, buf, path, progress):
-            order = list(cols.data)  # a record's fields: the columns are in their order
-            for lo in range(0, cols.rows, MAX_ROWS):
-                yield render_rows(cols, order, lo, min(cols.rows, lo + MAX_ROWS))
-        return
-    if not (codec.resumable and has_columns(codec)):
-        with contextlib.closing(_released(codec.read(buf, path), buf, progress)) as records:
+    if not codec.columnar:
+        records = read_records(codec, buf, path, progress.update)
+        with contextlib.closing(records):
             while True:
                 chunk = records_chunk(records, BATCH)
                 if chunk.rows:
@@ -395,30 +358,19 @@ def json_chunks(codec: Codec, buf, path: str, progress: Progress | None = None
                     raise chunk.error
                 if chunk.rows < BATCH:
                     return
-    releaser = Releaser(buf)
-    start, seq, rows, count = None, 0, FIRST_ROWS, 0
-    while True:
-        cols = codec.read_columns(buf, path, start, seq, None, rows)
+    start, most = None, MAX_ROWS
+    for cols in scan(codec, buf, path, rows=lambda: most, span=BATCH_SPAN,
+                     progress=progress.update):
         if cols.rows:
             stop = cols.next_offset if cols.error is None else cols.error.offset
-            data = columns_chunk(codec, buf, path, cols, start, seq, stop).data
+            data = columns_chunk(codec, buf, path, cols, start, cols.next_seq - cols.rows,
+                                 stop).data
+            most = min(MAX_ROWS, max(16, OUTPUT_SPAN * cols.rows // max(len(data), 1)))
             yield data
-            first, last = int(cols.data["offset"][0]), int(cols.data["offset"][-1])
-            rows = min(_next_rows(cols.rows, (stop if stop is not None else last + 1) - first),
-                       max(16, OUTPUT_SPAN * cols.rows // max(len(data), 1)))
-            count += cols.rows
-            releaser.passed(last)
-            progress.update(last, count)
+            del data  # the next batch is decoded and rendered without this one's text
         if cols.error is not None:
             raise cols.error
-        if cols.next_offset is None or (not cols.rows and cols.next_offset == start):
-            return
-        start, seq = cols.next_offset, cols.next_seq
-
-
-def _next_rows(rows: int, span: int) -> int:
-    per_record = max(1, span // max(rows, 1))
-    return int(min(MAX_ROWS, max(16, BATCH_SPAN // per_record)))
+        start = cols.next_offset
 
 
 # -- the readable table -------------------------------------------------------------------------

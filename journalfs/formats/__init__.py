@@ -1,12 +1,8 @@
 """Pure codecs, one module per format, behind the :class:`~journalfs.formats.base.Codec` interface."""
 from __future__ import annotations
 
-from typing import Sequence
-
-import numpy as np
-
-from .base import (ColumnMap, Codec, Columns, Finding, FormatError, Repair, json_safe,
-                   record_json_line, record_to_json)
+from .base import (SCAN_FORMS, SCAN_ROWS, ColumnMap, Codec, Columns, Finding, FormatError,
+                   Repair, json_safe, record_json_line, record_to_json)
 from .akka import AkkaData, AkkaMeta
 from .gvfs_journal import GvfsJournal
 from .gvfs_tree import GvfsTree
@@ -32,25 +28,11 @@ def detect(head: bytes) -> Codec | None:
     return None
 
 
-def record_offsets(codec: Codec, buf, source: str, start: int | None = None, seq: int = 0,
-                   stop: int | None = None, limit: int | None = None
-                   ) -> tuple[Sequence[int], int | None, FormatError | None]:
-    """Where the records :meth:`Codec.read` yields start (up to ``limit``): (offsets, where a
-    next call resumes or None, the damage that ended them). Through the codec's own
-    ``record_offsets`` when it finds starts without decoding, else its ``read_columns``."""
-    own = getattr(codec, "record_offsets", None)
-    if own is not None:
-        return own(buf, source, start, seq, stop, limit)
-    cols = codec.read_columns(buf, source, start, seq, stop, limit)
-    offsets = cols.data.get("offset", ())
-    return (np.asarray(offsets[:cols.rows], dtype=np.int64), cols.next_offset, cols.error)
-
-
 def splittable(codec: Codec) -> bool:
     """True when a big file of this format can be read as independent byte ranges."""
     return codec.resumable and (codec.in_file_order or codec.record_size is not None)
 
 
-__all__ = ["CODECS", "SNIFF_BYTES", "ColumnMap", "Codec", "Columns", "Finding", "FormatError",
-           "Repair", "detect", "json_safe", "record_json_line", "record_offsets",
+__all__ = ["CODECS", "SCAN_FORMS", "SCAN_ROWS", "SNIFF_BYTES", "ColumnMap", "Codec", "Columns",
+           "Finding", "FormatError", "Repair", "detect", "json_safe", "record_json_line",
            "record_to_json", "splittable"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import mmap
+import random
 import struct
 from typing import Any, Iterator, Sequence
 
@@ -17,6 +18,7 @@ import numpy as np
 from .starts import RecordStarts
 from .base import (Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record, Repair, field_at,
                    slice_payloads, start_offset)
+from . import samples
 from .spans import paused_gc, utf8_strings
 
 META_MAGICS = (b"APFM", b"AKFM")  # the seed's magic, the original code's magic
@@ -179,16 +181,12 @@ class AkkaMeta(_PairedFile, Codec):
         Streams: memory stays flat in both files' sizes (no list of records is kept).
         ``pace`` (optional): called every batch of blocks, to drop the pages read so far."""
         pace = context.get("pace")
-        start, seq = None, 0
-        while True:  # every block read() accepts, a batch of columns at a time
-            cols = self.read_columns(buf, source, start, seq, None, VALIDATE_BATCH)
+        # every block read() accepts, a batch of columns at a time
+        for cols in self.scan(buf, source, rows=VALIDATE_BATCH):
             if cols.error is not None:
                 return []  # the damage itself is what read() reports
             if pace is not None:
                 pace()
-            if cols.next_offset is None:
-                break
-            start, seq = cols.next_offset, cols.next_seq
         findings = _duplicate_ids(buf, source, pace)
         data = context.get("data")
         if data is not None:
@@ -206,6 +204,11 @@ class AkkaData(_PairedFile, Codec):
     magics = (DATA_MAGIC,)
     header_size = HEADER_SIZE
     paces_validation = True  # validate() calls its ``pace`` keyword after each step
+
+    def demo_files(self, rng, described):
+        """A journal of three persistence ids: its data and meta files."""
+        data, meta = self.build(sample_messages(rng, 36, ("order-17", "order-18", "użytkownik-3")))
+        return {"akka/orders/data": data, "akka/orders/meta": meta}
 
     def read(self, buf, source, start=None, seq=0, stop=None):
         blocks = _blocks(buf, source, start, stop, self.magics, "data", _DATA_BLOCK)
@@ -587,35 +590,24 @@ def _data_batches(data: Buffer, source: str) -> Iterator[tuple[dict[str, np.ndar
     """The link fields (offset = self, prev, next, seq_nr) of the data blocks
     :meth:`AkkaData.read` yields, in batches without payloads; the damage that ends them (if
     any) comes with the last batch."""
-    codec = AkkaData()
-    start, seq = None, 0
-    while True:
-        offsets, next_offset, error = codec.record_offsets(data, source, start, seq, None,
-                                                           VALIDATE_BATCH)
+    for cols in AkkaData().scan(data, source, rows=VALIDATE_BATCH, form="offsets"):
+        offsets = cols.data["offset"]
         yield {"offset": offsets, "self": offsets,
                "prev": field_at(data, offsets, 8, ">i4").astype(np.int64),
                "next": field_at(data, offsets, 12, ">i4").astype(np.int64),
-               "seq_nr": field_at(data, offsets, 16, ">i8")}, error
-        if error is not None or next_offset is None:
-            return
-        start, seq = next_offset, seq + len(offsets)
+               "seq_nr": field_at(data, offsets, 16, ">i8")}, cols.error
 
 
 def _block_starts(data: Buffer, source: str, pace=None) -> tuple[RecordStarts, FormatError | None]:
     """The starts of ``data``'s valid blocks (a :class:`RecordStarts`: memory does not grow
     with the file) and the damage that ends them (or None)."""
     starts, error = RecordStarts(data, ">i4"), None
-    codec = AkkaData()
-    start, seq = None, 0
-    while True:
-        offsets, next_offset, error = codec.record_offsets(data, source, start, seq, None,
-                                                           VALIDATE_BATCH)
-        starts.extend(offsets)
+    for cols in AkkaData().scan(data, source, rows=VALIDATE_BATCH, form="offsets"):
+        starts.extend(cols.data["offset"])
         if pace is not None:
             pace()
-        if error is not None or next_offset is None:
-            return starts, error
-        start, seq = next_offset, seq + len(offsets)
+        error = cols.error
+    return starts, error
 
 
 def _link_findings(buf: Buffer, starts: RecordStarts, data: dict[str, Any]) -> list[Finding]:
@@ -860,3 +852,17 @@ def _chain_blocks(first: int, data: Buffer, count: int) -> Iterator[int]:
     for _ in range(count):
         yield link
         link = _DATA_BLOCK.unpack_from(data, link)[3]
+
+
+# -- samples (the demo tree, tests and benches) ----------------------------------------------------
+
+def sample_messages(rng: random.Random, count: int, pids: tuple[str, ...],
+             payload: tuple[int, int] = (16, 100)) -> list[tuple[str, int, bytes]]:
+    """``count`` messages interleaved over ``pids``, sequence numbers from 1 per id."""
+    seq = dict.fromkeys(pids, 0)
+    out = []
+    for _ in range(count):
+        pid = rng.choice(pids)
+        seq[pid] += 1
+        out.append((pid, seq[pid], samples.text(rng, *payload)))
+    return out

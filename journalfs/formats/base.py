@@ -9,12 +9,14 @@ Records are plain dicts holding exactly the contract's JSON fields (``format``, 
 """
 from __future__ import annotations
 
+import abc
 import base64
 import gc
 import json
 import mmap
+import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Generator, Iterator, Sequence, Union
 
 import numpy as np
 
@@ -74,7 +76,7 @@ class Columns:
 def rows_of_batches(batches: Iterator[Columns], first: int, last: int
                     ) -> Iterator[tuple[Columns, int, int]]:
     """(batch, lo, hi) for rows ``first .. last-1`` counted across consecutive batches of
-    columns (a codec's ``column_batches``): the batches before them are passed over; stops
+    columns (a codec's :meth:`Codec.scan`): the batches before them are passed over; stops
     after the one holding the last row or the damage."""
     seen = 0
     for cols in batches:
@@ -185,7 +187,8 @@ class RecordLists(BuiltOnAccess):
                  groups: Callable[[], list[RecordGroup] | None]):
         super().__init__(rows, build)
         self.bounds = bounds
-        self._groups, self._made, self._asked = groups, None, False
+        self._groups, self._asked = groups, False
+        self._made: list[RecordGroup] | None = None
 
     def groups(self) -> list[RecordGroup] | None:
         """The nested records' columns; None when they cannot all be made exactly that way."""
@@ -221,14 +224,42 @@ class Repair:
     actions: list[str] = field(default_factory=list)
 
 
-class Codec:
-    """Base class; one subclass per format, registered in :mod:`journalfs.formats`."""
+#: Rows per batch of :meth:`Codec.scan` unless the caller asks otherwise.
+SCAN_ROWS = 16384
+#: The first batch of a scan that sizes its batches by bytes (``span``): rows before the
+#: file's bytes per record are known.
+FIRST_SCAN_ROWS = 16
+#: What a scan's batches hold (:meth:`Codec.scan`'s ``form``): every column; only the
+#: ``offset`` column (record starts, found without decoding where the codec can); every
+#: column with nested values as their JSON text (:meth:`Codec.read_text_columns`).
+SCAN_FORMS = ("columns", "offsets", "text")
+#: A stream of records or batches that its reader may close early (``contextlib.closing``).
+Records = Generator[Record, None, None]
+Batches = Generator["Columns", None, None]
+#: A scan's most rows per batch: a number, or a function asked before each batch (a consumer
+#: that sizes its batches by what it makes of them: JSON text, Arrow bytes).
+Rows = Union[int, Callable[[], int]]
+
+
+class Codec(abc.ABC):
+    """Base class; one subclass per format, registered in :mod:`journalfs.formats`.
+
+    This is the whole interface the rest of journalfs uses: nothing outside ``formats/``
+    asks a codec what it has (no ``hasattr``, no type checks). A format must provide
+    :meth:`read` and :meth:`write` (abstract) and its facts (the class attributes below);
+    every other method has a default built from those, which a format overrides where it
+    has a faster or bounded way (a vectorised column decoder, a header walk that finds
+    record starts without decoding payloads, a streaming walk of a file that cannot resume
+    mid-file). Callers stream a file through :meth:`scan` alone (``journals.scan`` adds
+    the page release); :meth:`read` is the row decoder every other path is held to.
+    """
 
     name: str = ""  # contract format name, e.g. "kestrel-writer"
     kinds: tuple[str, ...] = ()
     #: File magics the default :meth:`sniff` accepts (formats that need more override it).
     magics: tuple[bytes, ...] = ()
     #: True when :meth:`read` can resume at any record's ``offset`` (with its ``seq``).
+    #: A codec that cannot is streamed from its start only (:meth:`scan` with no ``start``).
     resumable: bool = True
     #: Fixed record width in bytes for fixed-width formats (random access without an index).
     record_size: int | None = None
@@ -249,6 +280,20 @@ class Codec:
     store_label: str | None = None
     #: The partner roles :meth:`key_resolver` reads (empty: the keys need no partner file).
     key_partners: tuple[str, ...] = ()
+    #: True when :meth:`validate` takes a ``pace`` keyword and calls it after each step of
+    #: reading (the caller drops the pages read so far there); False: the caller drops them
+    #: on a timer while it runs.
+    paces_validation: bool = False
+    #: True when :meth:`read_columns` is the codec's own (vectorised) decoder; False: it is
+    #: the default, :meth:`read` plus a dict per record, and callers that want records or
+    #: their JSON lines take them from :meth:`read` directly. Set for each subclass from
+    #: whether it overrides :meth:`read_columns` (a fact no format has to repeat).
+    columnar: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "columnar" not in cls.__dict__:
+            cls.columnar = cls.read_columns is not Codec.read_columns
 
     # -- facts about files -----------------------------------------------------------------
     def file_key(self, name: str) -> str | None:
@@ -271,22 +316,30 @@ class Codec:
 
     # -- detection -------------------------------------------------------------------------
     def sniff(self, head: bytes) -> bool:
-        """True when ``head`` (the file's first up-to-64 bytes) carries this format's magic."""
-        if not self.magics:
-            raise NotImplementedError
+        """True when ``head`` (the file's first up-to-64 bytes) carries this format's magic.
+        A format without ``magics`` must override it (the registry's test checks)."""
         return any(bytes(head[:len(magic)]) == magic for magic in self.magics)
 
     # -- reading ---------------------------------------------------------------------------
+    @abc.abstractmethod
     def read(self, buf: Buffer, source: str, start: int | None = None, seq: int = 0,
-             stop: int | None = None) -> Iterator[Record]:
+             stop: int | None = None) -> Records:
         """Yield records in file order from byte ``start`` (a record boundary; None = first).
 
         ``seq`` is the ordinal of the record at ``start``. Decoding stops before any record that
         begins at or after ``stop``. At the first damage, raise :class:`FormatError` after
         yielding every valid record before it. Every size or offset read from the buffer is
-        checked against ``len(buf)`` before use.
+        checked against ``len(buf)`` before use. The row decoder: every other way of
+        reading (columns, offsets, scans) gives exactly its records, offsets and damage.
         """
-        raise NotImplementedError
+
+    def records(self, buf: Buffer, source: str, pace: Callable[[], None] | None = None
+                ) -> Records:
+        """Every record of the file, as :meth:`read` yields them (and its damage), in bounded
+        memory whatever the file's size; ``pace`` as for :meth:`scan`. This default is
+        :meth:`read` itself; a codec whose :meth:`read` holds the whole file's structure
+        (a tree) overrides it with its :meth:`scan`."""
+        return self.read(buf, source)
 
     def read_columns(self, buf: Buffer, source: str, start: int | None = None, seq: int = 0,
                      stop: int | None = None, limit: int | None = None) -> Columns:
@@ -332,22 +385,136 @@ class Codec:
         :meth:`read_columns` (damage is always reported by that one)."""
         return None
 
+    def record_offsets(self, buf: Buffer, source: str, start: int | None = None,
+                       seq: int = 0, stop: int | None = None, limit: int | None = None
+                       ) -> tuple[np.ndarray, int | None, FormatError | None]:
+        """Where the records :meth:`read` yields start (up to ``limit``): (offsets, where a
+        next call resumes or None, the damage that ended them). This default takes them
+        from :meth:`read_columns` (or, without a column decoder of the codec's own, from
+        :meth:`read`); a format that can find record starts without decoding payloads
+        (a header walk) overrides it."""
+        if self.columnar:
+            cols = self.read_columns(buf, source, start, seq, stop, limit)
+            offsets = cols.data.get("offset", ())
+            return (np.asarray(offsets[:cols.rows], dtype=np.int64), cols.next_offset,
+                    cols.error)
+        found: list[int] = []
+        it = self.read(buf, source, start, seq, stop)
+        try:
+            for rec in it:
+                if len(found) == limit:
+                    return np.asarray(found, dtype=np.int64), rec["offset"], None
+                found.append(rec["offset"])
+        except FormatError as exc:
+            return np.asarray(found, dtype=np.int64), None, exc.detached()
+        finally:
+            it.close()
+        return np.asarray(found, dtype=np.int64), None, None
+
+    def scan(self, buf: Buffer, source: str, start: int | None = None, seq: int = 0,
+             stop: int | None = None, *, rows: Rows = SCAN_ROWS, span: int | None = None,
+             form: str = "columns", pace: Callable[[], None] | None = None
+             ) -> Batches:
+        """The one way to stream a file: its records from ``start`` (record ``seq``; None =
+        the first) up to ``stop``, as consecutive batches of columns of at most ``rows``
+        rows (:data:`Rows`) -- with ``span``, of about ``span`` bytes of the file each (a
+        first small batch measures the records' size). ``form`` (:data:`SCAN_FORMS`) says what the
+        batches must hold; they may hold more. The damage that ends the records is the
+        ``error`` of the last batch (which may have no rows); nothing is raised.
+
+        ``pace`` is called whenever the pages read so far are not needed again, by a codec
+        whose walk does not go forward through the file (a tree read level by level); a
+        forward reader leaves that to its caller, which drops the pages behind each batch's
+        last offset. This default drives :meth:`read_columns` (or :meth:`record_offsets`,
+        :meth:`read_text_columns`) from record to record; a codec that cannot resume
+        mid-file is decoded whole and given in slices -- it overrides this to stream in
+        bounded memory."""
+        if form not in SCAN_FORMS:
+            raise ValueError(f"unknown scan form {form!r}")
+        if not self.resumable:
+            if start is not None:
+                raise ValueError(f"{self.name} cannot resume mid-file")
+            yield from _sliced(self.read_columns(buf, source, None, seq, stop), most_rows(rows))
+            return
+        end = len(buf) if stop is None else min(stop, len(buf))
+        want = most_rows(rows)
+        if span is not None and end - (start or 0) > span:  # not surely one batch: measure
+            want = min(want, FIRST_SCAN_ROWS)
+        while True:
+            cols = self._batch(buf, source, start, seq, stop, want, form)
+            yield cols
+            if cols.error is not None or cols.next_offset is None \
+                    or (not cols.rows and cols.next_offset == start):
+                return
+            want = most_rows(rows)
+            if span is not None and cols.rows:
+                first = int(cols.data["offset"][0])
+                per_row = max(1, (cols.next_offset - first) // cols.rows)
+                want = max(1, min(want, span // per_row))
+            start, seq = cols.next_offset, cols.next_seq
+
+    def _batch(self, buf: Buffer, source: str, start: int | None, seq: int,
+               stop: int | None, limit: int, form: str) -> Columns:
+        """One batch of :meth:`scan` in ``form``."""
+        if form == "offsets":
+            offsets, next_offset, error = self.record_offsets(buf, source, start, seq, stop,
+                                                              limit)
+            return Columns({"offset": offsets}, len(offsets), next_offset,
+                           seq + len(offsets), error)
+        if form == "text":
+            cols = self.read_text_columns(buf, source, start, seq, stop, limit)
+            if cols is not None:
+                return cols
+        return self.read_columns(buf, source, start, seq, stop, limit)
+
     # -- writing ---------------------------------------------------------------------------
+    @abc.abstractmethod
     def write(self, records: Sequence[Record], **header: Any) -> bytes:
         """Encode ``records`` (dicts as :meth:`read` yields; ``seq``/``offset`` ignored) into a
         complete file. ``header`` carries format-level settings (e.g. TTL, flags, tag)."""
-        raise NotImplementedError
 
     # -- validation and recovery -----------------------------------------------------------
     def validate(self, buf: Buffer, source: str, **context: Any) -> list[Finding]:
         """Format-specific consistency checks beyond decoding (links, indexes, status).
-        ``context`` may carry related files' bytes (e.g. ``log=`` for a Wallaby index)."""
+        ``context`` may carry related files' bytes (e.g. ``log=`` for a Wallaby index) and,
+        for a codec that :attr:`paces_validation`, ``pace``."""
         return []
 
     def repair(self, buf: Buffer, source: str, **context: Any) -> Repair | None:
         """Apply the format's own recovery rule; None when nothing needs repair. Never drops a
         record that :meth:`read` returns as valid."""
         return None
+
+    # -- the demo tree ---------------------------------------------------------------------
+    def demo_files(self, rng: random.Random, described: Sequence[str]) -> dict[str, bytes]:
+        """Files of a small, realistic sample of this format for ``journalfs.demo``'s tree,
+        by path relative to it, made with :meth:`write` from ``rng`` alone. A family of
+        formats whose files only make sense together (a queue's writer and reader files)
+        gives them from one of its codecs; the others give none. ``described``: the demo
+        tree's ordinary files (``/docs/report.txt``), for a format that keeps metadata
+        about files. The registry's test checks that every format shows up in the demo."""
+        return {}
+
+
+def most_rows(rows: Rows) -> int:
+    """The most rows the next batch of a scan may have (see :data:`Rows`)."""
+    return max(1, rows() if callable(rows) else rows)
+
+
+def _sliced(cols: Columns, rows: int) -> Iterator[Columns]:
+    """``cols`` (a whole file's columns) as batches of at most ``rows`` rows; the damage
+    with the last."""
+    if cols.rows <= rows:
+        yield cols
+        return
+    seq0 = cols.next_seq - cols.rows
+    offsets = cols.data["offset"]
+    for lo in range(0, cols.rows, rows):
+        hi = min(cols.rows, lo + rows)
+        data = {k: v if isinstance(v, str) else v[lo:hi] for k, v in cols.data.items()}
+        last = hi == cols.rows
+        yield Columns(data, hi - lo, cols.next_offset if last else int(offsets[hi]),
+                      seq0 + hi, cols.error if last else None)
 
 
 def payload_b64(data: bytes | None) -> str | None:

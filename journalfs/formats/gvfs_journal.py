@@ -16,7 +16,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .base import Codec, ColumnMap, Columns, FormatError, Record, field_at
+from .base import Codec, ColumnMap, Columns, Finding, FormatError, Record, field_at
 
 try:  # the same CRC-32 as zlib's, 2.7x faster on entries of ~80 bytes (SIMD folding)
     from zlib_ng.zlib_ng import crc32 as _entry_crc32
@@ -327,7 +327,6 @@ class GvfsJournal(Codec):
         return bytes(journal_image(entries, tag, file_size))
 
     def validate(self, buf, source, **context):
-        from .base import Finding
         findings = []
         try:
             header = parse_header(buf, source, exact_size=False)
@@ -337,17 +336,12 @@ class GvfsJournal(Codec):
         if tree_tag is not None and tree_tag != header.tag:
             findings.append(Finding(8, f"journal tag {header.tag:08x} != tree tag {tree_tag:08x}"))
         pace = context.get("pace")
-        start, seq = None, 0
-        while True:  # every entry read() accepts, a batch of columns at a time
-            cols = self.read_columns(buf, source, start, seq, None, VALIDATE_BATCH)
+        # every entry read() accepts, a batch of columns at a time
+        for cols in self.scan(buf, source, rows=VALIDATE_BATCH):
             if pace is not None:
                 pace()
             if cols.error is not None:
                 findings.append(Finding(cols.error.offset, cols.error.reason))
-                break
-            if cols.next_offset is None:
-                break
-            start, seq = cols.next_offset, cols.next_seq
         return findings
 
 

@@ -14,27 +14,29 @@ Byte layout: specs/gvfs-metadata.md. Three pieces:
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import mmap
 import operator
+import random
 import struct
 from array import array
 from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
 
-from .base import Codec, ColumnMap, Columns, Finding, FormatError, Record
-from .gvfs_journal import decode_str
+from .base import SCAN_ROWS, Codec, ColumnMap, Columns, Finding, FormatError, Record
+from . import tree_columns
+from . import samples
+from .gvfs_journal import GvfsJournal, decode_str, journal_name
+from .tree_columns import DIRENT_SIZE, LIST_FLAG  # the layout facts both walks share
 
 MAGIC = b"\xda\x1ameta"
 HEADER_SIZE = 32
 ROTATED_OFFSET = 8
-LIST_FLAG = 0x80000000
-DIRENT_SIZE = 16
 MAX_RAW_TIME = 0xFFFFFFFF
 DIR_CACHE_NAMES = 1_500_000  # at most this many cached child names per tree view
-BATCH_ROWS = 16384          # rows per batch of column_batches
 MAX_REGION = 16 << 20       # bulk string reads of larger regions go one string at a time
 PATH_TEXT_FACTOR = 64       # a walk yields at most this many bytes of path text per byte of tree
 
@@ -108,6 +110,10 @@ class TreeView:
         self._dir_paths: dict[str, dict[str, int]] = {}
         self._cached_names = 0
         self._find = getattr(buf, "find", None)  # mmap/bytes: C-level NUL search
+
+    def over(self, buf) -> "TreeView":
+        """The same tree read from ``buf`` (a private copy of this one's bytes)."""
+        return self if buf is self.buf else TreeView(buf, self.source)
 
     # -- primitives ------------------------------------------------------------------------
     @property
@@ -1162,6 +1168,10 @@ class GvfsTree(Codec):
     magics = (MAGIC,)
     header_size = HEADER_SIZE
 
+    def demo_files(self, rng, described):
+        """A store ``home`` (tree and journal) about the demo's ordinary files."""
+        return {f"gvfs-metadata/{n}": d for n, d in store_demo_files(rng, described).items()}
+
     def read(self, buf, source, start=None, seq=0, stop=None) -> Iterator[Record]:
         tree = TreeView(buf, source)
         yield from self._records(tree, tree.walk(), 0)
@@ -1169,8 +1179,11 @@ class GvfsTree(Codec):
     def read_columns(self, buf, source, start=None, seq=0, stop=None, limit=None):
         """A level of the tree at a time with numpy (see :mod:`.tree_columns`): exactly the
         generic default's columns, rows and damage."""
-        from .tree_columns import read_columns  # it builds on this module
-        return read_columns(self, buf, source, seq, limit)
+        try:
+            tree = TreeView(buf, source)
+        except FormatError as exc:
+            return Columns({}, 0, None, seq, exc)
+        return tree_columns.read_columns(self, tree, seq, limit)
 
     def _records(self, tree: TreeView, walk: Iterator[tuple[str, int]], seq: int
                  ) -> Iterator[Record]:
@@ -1194,22 +1207,69 @@ class GvfsTree(Codec):
                 merged._note_time(node.mtime)
         return tree_bytes(merged, tag)
 
-    def column_batches(self, buf, source, rows: int = BATCH_ROWS, pace=None
-                       ) -> Iterator[Columns]:
+    def scan(self, buf, source, start=None, seq=0, stop=None, *, rows=SCAN_ROWS, span=None,
+             form="columns", pace=None) -> Iterator[Columns]:
         """:meth:`read_columns`' rows and damage in batches of about ``rows`` rows, in memory
         bounded per batch (and per directory of two adjacent levels), whatever the tree's
-        size: a tree cannot resume mid-file, so this is how it streams. Each batch's texts
-        may be read from ``buf`` only while it stays open; ``pace`` is called between
-        batches (the pages read so far are not needed again)."""
-        from .tree_columns import column_batches  # it builds on this module
-        return column_batches(self, buf, source, rows, pace)
+        size: a tree cannot resume mid-file, so this is how it streams (``start`` must be
+        None; ``span`` and ``form`` change nothing: every batch has every column). Each
+        batch's texts may be read from ``buf`` only while it stays open; ``pace`` is called
+        between batches and steps (the pages read so far are not needed again)."""
+        if start is not None:
+            raise ValueError(f"{self.name} cannot resume mid-file")
+        try:
+            tree = TreeView(buf, source)
+        except FormatError as exc:
+            yield Columns({}, 0, None, 0, exc)
+            return
+        yield from tree_columns.column_batches(self, tree, rows, pace)
+
+    def records(self, buf, source, pace=None) -> Iterator[Record]:
+        """read()'s records, made from :meth:`scan`'s batches: bounded memory, and no Python
+        step per node that carries no metadata."""
+        with contextlib.closing(self.scan(buf, source, pace=pace)) as batches:
+            for cols in batches:
+                yield from cols.records()
+                if cols.error is not None:
+                    raise cols.error
 
     paces_validation = True  # validate() calls its ``pace`` keyword after each batch
 
     def validate(self, buf, source, pace=None, **context) -> list[Finding]:
         """read()'s damage, without its dicts, in bounded memory."""
-        for cols in self.column_batches(buf, source, pace=pace):
+        for cols in self.scan(buf, source, pace=pace):
             if cols.error is not None:
                 return [Finding(cols.error.offset, cols.error.reason)]
         return []
 
+
+# -- samples (the demo tree) -----------------------------------------------------------------------
+
+#: The demo store's tag (its journal's name carries it).
+DEMO_TAG = 0x5EEDFACE
+
+
+def store_demo_files(rng: random.Random, paths: Sequence[str]) -> dict[str, bytes]:
+    """A tree holding emblems/annotations for ``paths`` (at least two) and a journal of later
+    changes (a set, a list set, an unset, a move = copy + remove), tied by one tag."""
+    nodes = []
+    for n, path in enumerate(paths):
+        meta: dict = {"annotation": f"{rng.choice(samples.WORDS)} #{n}"}
+        if n % 2 == 0:
+            meta["emblems"] = sorted(rng.sample(["important", "urgent", "shared", "favorite"], 2))
+        nodes.append({"path": path, "mtime": samples.BASE_S + 60 * n, "metadata": meta})
+    later = samples.BASE_S + 86_400
+    entries = [
+        {"kind": "set", "mtime": later, "path": paths[0], "key": "rating", "value": "5"},
+        {"kind": "setv", "mtime": later + 1, "path": paths[1], "key": "tags",
+         "value": ["draft", "q3"]},
+        {"kind": "unset", "mtime": later + 2, "path": paths[0], "key": "annotation"},
+        {"kind": "copy", "mtime": later + 3, "path": "/docs/archive/old-notes.md",
+         "source": "/docs/old-notes.md"},
+        {"kind": "remove", "mtime": later + 3, "path": "/docs/old-notes.md"},
+    ]
+    old = {"path": "/docs/old-notes.md", "mtime": samples.BASE_S, "metadata": {"x": "1"}}
+    return {
+        "home": GvfsTree().write(nodes + [old], tag=DEMO_TAG),
+        journal_name("home", DEMO_TAG): GvfsJournal().write(entries, tag=DEMO_TAG),
+    }

@@ -9,6 +9,7 @@ All integers are little-endian.
 from __future__ import annotations
 
 import base64
+import random
 import struct
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -17,6 +18,7 @@ import numpy as np
 
 from .base import (Base64Bytes, Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record,
                    RecordGroup, RecordLists, Repair, field_at, payload_b64, slice_payloads)
+from . import samples
 from .spans import paused_gc
 
 MAGIC = b"JRNL"
@@ -214,6 +216,10 @@ class Jrnl(Codec):
     name = "jrnl"
     columns = ColumnMap(time="time")
 
+    def demo_files(self, rng, described):
+        """Seven transactions: complete ones, redos, and a rollback last."""
+        return {"jrnl/db.jrnl": self.write(sample_transactions(rng, 7))}
+
     def read_text_columns(self, buf, source, start=None, seq=0, stop=None, limit=None):
         return _text_columns(buf, source, start, seq, stop, limit)
     kinds = ("transaction",)
@@ -372,19 +378,15 @@ def _chain_ends(buf: Buffer, source: str, last: int
     """Offsets of the chain's last transaction but one, its last, and the first at the
     header's ``last`` offset (None where there is none), walked a batch of columns at a time,
     and the damage :func:`walk` would raise after them (or None)."""
-    codec = Jrnl()
-    before_tail = tail = at_last = None
-    start, seq = None, 0
-    while True:
-        cols = codec.read_columns(buf, source, start, seq, None, VALIDATE_BATCH)
+    before_tail = tail = at_last = error = None
+    for cols in Jrnl().scan(buf, source, rows=VALIDATE_BATCH, form="offsets"):
         offsets = cols.data["offset"][:cols.rows].tolist() if cols.rows else []
         if offsets:
             before_tail, tail = (offsets[-2] if len(offsets) > 1 else tail), offsets[-1]
             if at_last is None and last in offsets:
                 at_last = last
-        if cols.error is not None or cols.next_offset is None:
-            return before_tail, tail, at_last, cols.error
-        start, seq = cols.next_offset, cols.next_seq
+        error = cols.error
+    return before_tail, tail, at_last, error
 
 
 def _scan(buf: Buffer, source: str) -> _Scan:
@@ -785,3 +787,37 @@ def _op_groups(codes: np.ndarray, starts: np.ndarray, sizes: np.ndarray, blob: b
                     "data_b64": Base64Bytes(slice_payloads(blob, at, at + sizes[places]))}
         groups.append(RecordGroup(list(data), data, places))
     return groups
+
+
+# -- samples (the demo tree, tests and benches) ----------------------------------------------------
+
+def _sample_ops(rng: random.Random, ending: str | None) -> list[dict]:
+    ops = []
+    for _ in range(rng.randint(1, 4)):
+        page = 65536 * rng.randint(1, 64)
+        kind = rng.choice(("alloc", "modify", "modify", "remove"))
+        if kind == "alloc":
+            ops.append({"op": "alloc", "page": page, "free_before": page + 65536, "free_after": 0})
+        elif kind == "remove":
+            ops.append({"op": "remove", "page": page, "free_before": 0})
+        else:
+            size = rng.randint(4, 48)
+            before, after = rng.randbytes(size), rng.randbytes(size)
+            ops.append({"op": "modify", "page": page, "data_offset": rng.randrange(65536 - size),
+                        "size": size, "before_b64": payload_b64(before),
+                        "after_b64": payload_b64(after)})
+    if ending:
+        ops.append({"op": ending, "data_b64": ""})
+    return ops
+
+
+def sample_transactions(rng: random.Random, count: int, last: str = "rollback") -> list[dict]:
+    """``count`` transactions: complete ones with every fifth from the third on a redo (0xFF
+    op, flag clear); the last one is ``last`` ("complete", "redo" or "rollback" = no 0xFF op)."""
+    records, now = [], samples.BASE_S
+    for n in range(count):
+        now += rng.randint(1, 600)
+        status = last if n == count - 1 else ("redo" if n % 5 == 2 else "complete")
+        records.append({"kind": "transaction", "time": now, "complete": status == "complete",
+                        "ops": _sample_ops(rng, None if status == "rollback" else "complete")})
+    return records

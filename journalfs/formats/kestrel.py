@@ -8,6 +8,7 @@ where a command is expected is the clean end of data (writers pre-allocate zero-
 from __future__ import annotations
 
 import mmap
+import random
 import re
 import struct
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
@@ -16,6 +17,7 @@ import numpy as np
 
 from .base import (Buffer, Codec, ColumnMap, Columns, Finding, FormatError, IntLists, Record, Repair,
                    field_at, slice_payloads, start_offset)
+from . import samples
 from .spans import paused_gc
 
 WRITER_MAGIC = bytes.fromhex("27642603")
@@ -186,6 +188,10 @@ class KestrelWriter(_QueueFile, Codec):
     kinds = ("put",)
     magics = (WRITER_MAGIC,)
     header_size = MAGIC_SIZE
+
+    def demo_files(self, rng, described):
+        """A queue ``jobs`` (see :func:`queue_demo_files`), writer and reader files both."""
+        return {f"queues/{n}": d for n, d in queue_demo_files(rng).items()}
 
     def read(self, buf, source, start=None, seq=0, stop=None):
         check_magic(buf, source, WRITER_MAGIC, "writer")
@@ -383,9 +389,7 @@ class KestrelReader(_QueueFile, Codec):
         findings: list[Finding] = []
         head, last = None, None
         pace = context.get("pace")
-        start, seq = None, 0
-        while True:
-            cols = self.read_columns(buf, source, start, seq, None, VALIDATE_BATCH)
+        for cols in self.scan(buf, source, rows=VALIDATE_BATCH):
             if pace is not None:
                 pace()
             if cols.error is not None:
@@ -393,9 +397,6 @@ class KestrelReader(_QueueFile, Codec):
             head = _reader_findings(cols, head, findings)
             if cols.rows:
                 last = int(cols.data["offset"][-1])
-            if cols.next_offset is None:
-                break
-            start, seq = cols.next_offset, cols.next_seq
         findings += _check_zero_tail(buf, source, last)
         return findings
 
@@ -529,14 +530,8 @@ def _offset_batches(codec: Codec, buf: Buffer, source: str
                     ) -> Iterator[tuple[np.ndarray, FormatError | None]]:
     """The record starts :meth:`Codec.read` would yield, a batch at a time; the damage that
     ends them (if any) comes with the last batch."""
-    start, seq = None, 0
-    while True:
-        offsets, next_offset, error = codec.record_offsets(buf, source, start, seq, None,
-                                                           VALIDATE_BATCH)
-        yield offsets, error
-        if error is not None or next_offset is None:
-            return
-        start, seq = next_offset, seq + len(offsets)
+    for cols in codec.scan(buf, source, rows=VALIDATE_BATCH, form="offsets"):
+        yield cols.data["offset"], cols.error
 
 
 def _reader_findings(cols: Columns, head: int | None, findings: list[Finding]) -> int | None:
@@ -793,3 +788,37 @@ def garbage_files(writer_files: list[tuple[str, list[Record]]], heads: list[int]
     ordered = sorted(writer_files, key=lambda pair: _writer_order(pair[0]))
     consumed = [name for name, records in ordered if all(rec["id"] <= low for rec in records)]
     return consumed[:-1]
+
+
+# -- samples (the demo tree, tests and benches) ----------------------------------------------------
+
+def sample_puts(rng: random.Random, count: int, first_id: int = 1,
+                start_ms: int = samples.BASE_MS, payload: tuple[int, int] = (20, 120)
+                ) -> list[dict]:
+    """``count`` put records (ids from ``first_id``, times from ``start_ms``), a third of
+    them expiring, with realistic JSON payloads of ``payload`` bytes."""
+    records, now = [], start_ms
+    for n in range(count):
+        now += rng.randint(1, 900)
+        expiry = now + rng.choice((60_000, 3_600_000)) if rng.random() < 0.3 else None
+        records.append({"kind": "put", "id": first_id + n, "add_time": now, "expire_time": expiry,
+                        "error_count": rng.choice((0, 0, 0, 1, 2)),
+                        "payload": samples.text(rng, *payload)})
+    return records
+
+
+def queue_demo_files(rng: random.Random, name: str = "jobs") -> dict[str, bytes]:
+    """Two writer segments (ids 1..40, 41..64) and two readers: the default reader consumed up
+    to 45 plus two items out of order; ``mailer`` has read everything up to 12."""
+    writer, reader = KestrelWriter(), KestrelReader()
+    base = samples.BASE_MS
+    old = sample_puts(rng, 40, 1, base)
+    new = sample_puts(rng, 24, 41, base + 60_000)
+    return {
+        f"{name}.{base}": writer.write(old),
+        f"{name}.{base + 60_000}": writer.write(new),
+        f"{name}.read.": reader.write([{"kind": "read_head", "id": 45},
+                                       {"kind": "read_done", "ids": [47, 50]}]),
+        f"{name}.read.mailer": reader.write([{"kind": "read_head", "id": 12},
+                                             {"kind": "read_done", "ids": []}]),
+    }

@@ -21,7 +21,7 @@ path length each), its nodes found a chunk at a time: memory per directory, not 
 Two ways out. :func:`read_columns` decodes the whole tree, its texts spans of a copy of the
 file's bytes (the caller's buffer may be an mmap it closes) made into ``str`` -- or straight
 into their JSON spelling, for ``records --json`` -- only when a column is read.
-:func:`column_batches` streams: after a check of the children blocks alone (in file order,
+:func:`column_batches` (:meth:`GvfsTree.scan`) streams: after a check of the children blocks alone (in file order,
 so nothing is remembered per block), each batch of rows is given as it is walked, its texts
 spans of the caller's buffer; the walk keeps the next level's children blocks and a chain of
 every directory's parent and name (paths are made from it per batch), past KEEP_BYTES in a
@@ -30,15 +30,21 @@ decode, :func:`read_columns` takes over and the rows after those given follow.
 """
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .base import Codec, Columns, FormatError
-from .gvfs_tree import DIRENT_SIZE, LIST_FLAG, TreeView
+from .base import Codec, Columns, FormatError, Rows, most_rows
 from .spans import paused_gc
+
+#: The tree's layout (specs/gvfs-metadata.md) as both walks need it: a dirent's size, and
+#: the flag of a metadata pair's keyword id that marks a list value. (This module is below
+#: :mod:`.gvfs_tree`, which hands it the :class:`~.gvfs_tree.TreeView` it walks.)
+LIST_FLAG = 0x80000000
+DIRENT_SIZE = 16
 
 #: 8-byte words looked at per string by numpy before the rest are found by bytes.find.
 NUL_STEPS = 4
@@ -630,8 +636,9 @@ class _Walk:
                 "offset": offsets, "kind": ["node"] * rows, "path": _PathColumn(texts),
                 "mtime": mtimes, "metadata": _MetadataColumn(texts)}, rows
 
-    def batches(self, name: str, rows: int, pace=None) -> Iterator[tuple[dict, int]]:
-        """The walk's rows as columns, about ``rows`` at a time and never across levels,
+    def batches(self, name: str, rows: Rows, pace=None) -> Iterator[tuple[dict, int]]:
+        """The walk's rows as columns, about ``rows`` (:data:`~.base.Rows`) at a time and
+        never across levels,
         keeping only the next level's children blocks and the :class:`_Chain` of
         directories the paths are made from. ``pace`` is called after each batch. Raises
         :class:`_Unplain` where the walk stops."""
@@ -641,7 +648,7 @@ class _Walk:
         self.store = self.store or _Store()
         for step in self.steps(keep_history=False):
             kept = sum(map(len, self.row_off))
-            if kept and (step != "chunk" or kept >= rows):
+            if kept and (step != "chunk" or kept >= most_rows(rows)):
                 columns, n = self.columns(name, chain, seq)
                 seq += n
                 yield columns, n
@@ -903,7 +910,6 @@ class _NodeTexts:
         """Per keyword id k: at 3k its JSON key after ", ", at 3k+1 after "{", at 3k+2
         after "}{"; None when a keyword is not UTF-8 (json_line writes it as "b64:...")."""
         if not hasattr(self, "_keys"):
-            import json
             texts = []
             try:
                 if len(set(self.keywords)) < len(self.keywords):
@@ -976,15 +982,12 @@ def _placed_paths(texts: _NodeTexts, pieces: list) -> list[tuple[str, int]]:
     return out
 
 
-def read_columns(codec: Codec, buf, source: str, seq: int, limit: int | None) -> Columns:
-    """:meth:`GvfsTree.read_columns` (start and stop are ignored, as read() ignores them)."""
-    try:
-        tree = TreeView(buf, source)
-    except FormatError as exc:
-        return Columns({}, 0, None, seq, exc)
+def read_columns(codec: Codec, tree, seq: int, limit: int | None) -> Columns:
+    """:meth:`GvfsTree.read_columns` of the tree ``tree`` (a :class:`~.gvfs_tree.TreeView`;
+    start and stop are ignored, as read() ignores them)."""
+    buf = tree.buf
     data = buf if isinstance(buf, bytes) else bytes(buf)
-    if data is not buf:
-        tree = TreeView(data, source)
+    tree = tree.over(data)
     walk = _Walk(tree, data)
     try:
         with paused_gc():
@@ -1004,7 +1007,7 @@ def read_columns(codec: Codec, buf, source: str, seq: int, limit: int | None) ->
     return Columns(columns if rows else {}, rows, next_offset, seq + rows, None)
 
 
-def _handed_over(codec, tree: TreeView, walk: _Walk, seq: int, limit: int | None) -> Columns:
+def _handed_over(codec, tree, walk: _Walk, seq: int, limit: int | None) -> Columns:
     """The columns when the vectorised walk stopped in some chunk of nodes: read()'s loop
     check first (its damage comes before any record, a loop may end the walk early: then
     read() decodes the whole tree), the rows of the nodes before that chunk as the
@@ -1075,8 +1078,8 @@ class _Window(Sequence):
         return self._column.json_spelling(self._lo + lo, self._lo + hi)
 
 
-def column_batches(codec: Codec, buf, source: str, rows: int, pace=None) -> Iterator[Columns]:
-    """:meth:`GvfsTree.column_batches`: read_columns' rows and damage in batches of about
+def column_batches(codec: Codec, tree, rows: Rows, pace=None) -> Iterator[Columns]:
+    """:meth:`GvfsTree.scan` of ``tree`` (a :class:`~.gvfs_tree.TreeView`): read_columns' rows and damage in batches of about
     ``rows``, holding memory per batch and per directory of two levels, not per node.
 
     A plain tree (:meth:`_Walk.plain_structure`: then find_loop has nothing to report) is
@@ -1085,11 +1088,7 @@ def column_batches(codec: Codec, buf, source: str, rows: int, pace=None) -> Iter
     takes over -- read_columns, the file copied -- and its rows after those already given
     follow; a tree that is not plain is decoded that way from the start, unless its loop
     check already names damage before any record."""
-    try:
-        tree = TreeView(buf, source)
-    except FormatError as exc:
-        yield Columns({}, 0, None, 0, exc)
-        return
+    buf = tree.buf
     walk = _Walk(tree, buf, plain=True)
     store = walk.store = _Store()
 
@@ -1114,13 +1113,15 @@ def column_batches(codec: Codec, buf, source: str, rows: int, pace=None) -> Iter
     finally:
         store.close()
     del walk
-    whole = read_columns(codec, buf, source, 0, None)
-    for lo in range(given, whole.rows, rows):
-        hi = min(whole.rows, lo + rows)
+    whole = read_columns(codec, tree, 0, None)
+    lo = given
+    while lo < whole.rows:
+        hi = min(whole.rows, lo + most_rows(rows))
         columns = {k: _Window(v, lo, hi) if isinstance(v, (_TextColumn, _Window)) else v[lo:hi]
                    for k, v in whole.data.items()}
         yield Columns(columns, hi - lo, None, hi, whole.error if hi == whole.rows else None)
         if pace is not None:
             pace()
+        lo = hi
     if whole.error is not None and whole.rows <= given:
         yield Columns({}, 0, None, given, whole.error)

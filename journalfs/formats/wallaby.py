@@ -10,6 +10,7 @@ All integers are little-endian.
 from __future__ import annotations
 
 import mmap
+import random
 import struct
 import time as _time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from .base import Buffer, Codec, ColumnMap, Columns, Finding, FormatError, Record, Repair, slice_payloads
+from . import samples
 from .starts import RecordStarts
 
 LOG_MAGIC = b"LOG"
@@ -80,6 +82,11 @@ class WallabyLog(Codec):
     in_file_order = True
     paces_validation = True  # validate() calls its ``pace`` keyword after each step
     columns = ColumnMap(time="time", time_unit="ns", id="seq")
+
+    def demo_files(self, rng, described):
+        """A log of 48 records and its index."""
+        log, index = write_log_and_index(sample_items(rng, 48), flags=0, ttl_ns=0)
+        return {"wallaby/events.log": log, "wallaby/events.log" + INDEX_SUFFIX: index}
 
     def partners(self, name, siblings):
         index = name + INDEX_SUFFIX
@@ -621,13 +628,12 @@ def _index_vs_log(index: Buffer, log: Buffer, source: str, from_log: bool,
     check = IndexCheck()
     starts, log_error = log_starts if log_starts is not None else _log_starts(log, pace)
     codec = WallabyIndex()
-    rows, start, last_at = 0, None, -1
+    rows, last_at = 0, -1
     idx_error = None
     bad_count, bad_first = 0, None       # (entry, its offset, its log offset)
     gap_first = None                     # (entry, its offset, its number)
     renumbered_first = None              # (entry, its offset, its log offset)
-    while True:
-        cols = codec.read_columns(index, "index", start, rows, None, INDEX_CHUNK)
+    for cols in codec.scan(index, "index", rows=INDEX_CHUNK):
         idx_error = cols.error
         if cols.rows:
             entry_offs, numbers = cols.data["offset"], cols.data["index"]
@@ -655,9 +661,6 @@ def _index_vs_log(index: Buffer, log: Buffer, source: str, from_log: bool,
             rows += cols.rows
         if pace is not None:
             pace()
-        if cols.next_offset is None:
-            break
-        start = cols.next_offset
     if idx_error is not None:
         check.problem(idx_error.offset if not from_log else 0,
                       f"index damaged: {idx_error.reason}")
@@ -731,3 +734,24 @@ def write_log_and_index(items: Iterable[tuple[int, bytes]], flags: int = 0,
     records = [{"time": t, "payload": p} for t, p in items]
     log = WallabyLog().write(records, flags=flags, ttl_ns=ttl_ns)
     return log, build_index(WallabyLog().read_columns(log, "log"), flags=flags, ttl_ns=ttl_ns)
+
+
+# -- samples (the demo tree, tests and benches) ----------------------------------------------------
+
+def sample_items(rng: random.Random, count: int, payload: tuple[int, int] = (16, 100)
+          ) -> Iterator[tuple[int, bytes]]:
+    """``count`` (time in ns, payload) items, seconds apart, realistic JSON payloads."""
+    now = samples.BASE_NS
+    for _ in range(count):
+        now += rng.randint(1, 5_000_000_000)
+        yield now, samples.text(rng, *payload)
+
+
+def big_index(count: int) -> bytes:
+    """A valid Wallaby index of ``count`` records (for a log of 40-byte records), built in one
+    numpy pass: the big views of the tests and benches."""
+    table = np.zeros(count, INDEX_DTYPE)
+    table["time"] = 1_700_000_000_000_000_000 + np.arange(count, dtype=np.int64) * 1000
+    table["index"] = np.arange(count, dtype=np.uint64)
+    table["log_offset"] = 16 + np.arange(count, dtype=np.int64) * 40
+    return index_file(table)

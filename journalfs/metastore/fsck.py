@@ -18,8 +18,7 @@ import numpy as np
 from ..formats.base import Finding, FormatError
 from ..formats.gvfs_journal import FIRST_ENTRY, MIN_ENTRY, GvfsJournal, decode_entry, parse_header
 from ..formats.gvfs_tree import GvfsTree
-from ..journals import mapped, write_backup
-from ..pagecache import PagePacer
+from ..journals import mapped, validate, write_backup
 from .store import MetaStore, journal_path_for
 
 _U32 = struct.Struct(">I")
@@ -158,8 +157,8 @@ def journal_findings(scan: JournalScan) -> list[Finding]:
 
 def _tree_findings(tree_path: str) -> tuple[list[Finding], int | None]:
     with mapped(tree_path) as buf:
-        # the pacer drops the pages read: a tree of any size is checked in bounded memory
-        findings = GvfsTree().validate(buf, tree_path, pace=PagePacer(buf))
+        # the pages read are dropped in step: a tree of any size is checked in bounded memory
+        findings = validate(GvfsTree(), buf, tree_path, {})
         tag = int.from_bytes(bytes(buf[12:16]), "big") if len(buf) >= 32 else None
     return findings, tag
 
@@ -176,7 +175,7 @@ def check_store(tree_path: str, repair: bool = False) -> StoreCheck:
     scan = None
     if journal and os.path.exists(journal):
         with mapped(journal) as buf:
-            findings += GvfsJournal().validate(buf, journal, tree_tag=tag, pace=PagePacer(buf))
+            findings += validate(GvfsJournal(), buf, journal, {"tree_tag": tag})
             try:
                 if parse_header(buf, journal, exact_size=False).tag == tag:
                     scan = scan_journal(buf, journal)
@@ -198,6 +197,7 @@ def _repair(tree_path: str, journal: str | None, scan: JournalScan | None, check
     if any(f.severity == "error" for f in _tree_findings(tree_path)[0]):
         check.actions.append("tree itself is damaged: not repaired (restore from backup)")
         return
+    # trio and jeepney (D-Bus): only a repair asks who else writes the store
     from .gvfs_service import StoreRefused, gvfsd_metadata_processes
     writers = gvfsd_metadata_processes(os.path.dirname(os.path.abspath(tree_path)))
     if writers:  # it would go on appending to the journal we replace

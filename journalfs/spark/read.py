@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..formats import CODECS, FormatError
-from ..journals import HEAD_BYTES, mapped
-from ..pagecache import DroppingPages, PagePacer, Releaser
+from ..journals import HEAD_BYTES, mapped, scan
+from ..pagecache import DroppingPages
 from .convert import damage_batch, to_batch
 from .plan import FileSlice
 from .schema import DAMAGE_KIND
@@ -34,13 +34,6 @@ def _keys_for(sl: FileSlice, buf):
             except OSError:  # vanished or unreadable since planning: no keys from it
                 pass
         return None, codec.key_resolver(buf, partners)
-
-
-def _read_columns(codec, buf, sl: FileSlice, start, seq, batch_rows: int):
-    """The codec's columns, through its JSON-text fast path when it has one for this batch."""
-    cols = codec.read_text_columns(buf, sl.path, start, seq, sl.stop, batch_rows)
-    return cols if cols is not None else codec.read_columns(buf, sl.path, start, seq, sl.stop,
-                                                            batch_rows)
 
 
 class UnreadableSlice(OSError):
@@ -95,42 +88,40 @@ def read_buffer(buf, sl: FileSlice, include_damage: bool, kinds: set | None,
     codec = CODECS[sl.format]
     include_damage = include_damage and (kinds is None or DAMAGE_KIND in kinds)
     kind_set = None if kinds is None else pa.array(sorted(kinds), pa.string())
-    start, seq = sl.start, sl.seq
     file_key, batch_key = _keys_for(sl, buf)
-    releaser = Releaser(buf)  # a worker's RSS stays flat however big the slice
-    # a codec that cannot resume mid-file (a gvfs tree, never split) streams its own batches
-    stream = codec.column_batches(buf, sl.path, max_rows, PagePacer(buf)) \
-        if hasattr(codec, "column_batches") else None
-    while True:
-        try:
-            cols = next(stream, None) if stream is not None else \
-                _read_columns(codec, buf, sl, start, seq, batch_rows)
-            error = cols.error if cols is not None else None
-        except FormatError as exc:  # a codec may raise instead of reporting
-            cols, error = None, exc.detached()
-        except Exception as exc:  # a decoder bug on hostile bytes must not kill the job
-            cols, error = None, FormatError(sl.path, start or 0, f"decoder failed: {exc!r}")
-        if cols is not None and cols.rows:
-            if batch_key:  # may follow back links through the whole file before the slice:
-                with DroppingPages(buf):  # keep those pages out of the worker's RSS
-                    key = batch_key(cols.data)
-            else:
-                key = file_key
-            batch = to_batch(cols.data, cols.rows, sl.path, sl.format, first_seq=seq, key=key)
-            row_bytes = max(1, batch.nbytes // batch.num_rows)
-            batch_rows = max(1, min(max_rows, BATCH_BYTES // row_bytes))
-            if kind_set is not None:
-                batch = batch.filter(pc.is_in(batch.column("kind"), value_set=kind_set))
-            if batch.num_rows:
-                yield batch
-            seq = cols.next_seq
-            releaser.passed(int(cols.data["offset"][cols.rows - 1]))
-        if error is not None:
-            if include_damage:
-                yield damage_batch(sl.path, sl.format, seq, error.offset, error.reason)
-            return
-        if stream is not None and cols is not None:
-            continue
-        if cols is None or cols.next_offset is None or (not cols.rows and cols.next_offset == start):
-            return
-        start = cols.next_offset
+    seq = sl.seq
+    # the one reader (a worker's RSS flat however big the slice), its batches sized by the
+    # Arrow bytes of the ones before
+    batches = scan(codec, buf, sl.path, sl.start, sl.seq, sl.stop, rows=lambda: batch_rows,
+                   form="text")
+    with contextlib.closing(batches):
+        while True:
+            try:
+                cols = next(batches, None)
+                error = cols.error if cols is not None else None
+            except FormatError as exc:  # a codec may raise instead of reporting
+                cols, error = None, exc.detached()
+            except Exception as exc:  # a decoder bug on hostile bytes must not kill the job
+                cols, error = None, FormatError(sl.path, sl.start or 0,
+                                                f"decoder failed: {exc!r}")
+            if cols is not None and cols.rows:
+                if batch_key:  # may follow back links through the whole file before the slice:
+                    with DroppingPages(buf):  # keep those pages out of the worker's RSS
+                        key = batch_key(cols.data)
+                else:
+                    key = file_key
+                batch = to_batch(cols.data, cols.rows, sl.path, sl.format, first_seq=seq,
+                                 key=key)
+                row_bytes = max(1, batch.nbytes // batch.num_rows)
+                batch_rows = max(1, min(max_rows, BATCH_BYTES // row_bytes))
+                if kind_set is not None:
+                    batch = batch.filter(pc.is_in(batch.column("kind"), value_set=kind_set))
+                if batch.num_rows:
+                    yield batch
+                seq = cols.next_seq
+            if error is not None:
+                if include_damage:
+                    yield damage_batch(sl.path, sl.format, seq, error.offset, error.reason)
+                return
+            if cols is None:
+                return
