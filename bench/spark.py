@@ -204,7 +204,7 @@ def single_process(root: Path) -> int:
     rows = 0
     for group in plan(list_journals(str(root)), 1, cache_dir=None).groups:
         for sl in group:
-            for batch in read_slice(sl, False, None, BATCH_ROWS):
+            for batch in read_slice(sl, False, BATCH_ROWS):
                 rows += batch.num_rows
     return rows
 
@@ -241,7 +241,7 @@ def _decode_binary_files(batches):
                 continue
             local = path.removeprefix("file:")
             partners = key_partners(JournalFile(local, codec.name, len(content)), [])
-            yield from read_buffer(content, FileSlice(local, codec.name, partners=partners), False, None,
+            yield from read_buffer(content, FileSlice(local, codec.name, partners=partners), False,
                                    BATCH_ROWS)
 
 
@@ -263,7 +263,7 @@ def single_parquet(root: Path, out: Path) -> int:
     try:
         for group in plan(list_journals(str(root)), 1, cache_dir=None).groups:
             for sl in group:
-                for batch in read_slice(sl, False, None, BATCH_ROWS):
+                for batch in read_slice(sl, False, BATCH_ROWS):
                     fmt = sl.format
                     if fmt not in writers:
                         d = out / "records" / f"format={fmt}"

@@ -380,7 +380,7 @@ def _slice_rows(path: str, fmt: str, fast: bool, monkeypatch, batch_rows: int) -
     with monkeypatch.context() as m:
         if not fast:
             m.setattr(type(CODECS[fmt]), "read_text_columns", lambda self, *a, **k: None)
-        return [row for batch in spark_read.read_slice(FileSlice(path, fmt), True, None, batch_rows)
+        return [row for batch in spark_read.read_slice(FileSlice(path, fmt), True, batch_rows)
                 for row in batch.to_pylist()]
 
 
@@ -427,7 +427,7 @@ def test_batches_adapt_to_record_size(tmp_path):
     payloads = [bytes([n % 251]) * 300_000 for n in range(400)]  # 120 MB of records
     path = tmp_path / "big.1"
     path.write_bytes(kestrel.build_writer_file(payloads, first_id=1))
-    batches = list(spark_read.read_slice(FileSlice(str(path), "kestrel-writer"), False, None, 65536))
+    batches = list(spark_read.read_slice(FileSlice(str(path), "kestrel-writer"), False, 65536))
     assert sum(b.num_rows for b in batches) == 400
     assert len(batches) >= 3
     assert max(b.nbytes for b in batches) <= 2 * spark_read.BATCH_BYTES
@@ -459,7 +459,7 @@ def test_a_tree_bigger_than_a_batch_is_read_once_in_order(tmp_path, damaged):
     else:
         error = None
     batches = list(itertools.islice(  # bounded: a tree read again from its top never ends
-        spark_read.read_slice(FileSlice(str(path), "gvfs-tree"), True, None, 4096), 1000))
+        spark_read.read_slice(FileSlice(str(path), "gvfs-tree"), True, 4096), 1000))
     rows = [r for b in batches for r in b.to_pylist()]
     damage = [r for r in rows if r["kind"] == DAMAGE_KIND]
     rows = [r for r in rows if r["kind"] != DAMAGE_KIND]

@@ -85,9 +85,10 @@ def make(path: str, java_options: str, lock: str) -> None:
                 journal_source=False)
             run(spark, os.path.join(work, "in"), os.path.join(work, "out"))
             spark.stop()
-            proc = SparkContext._gateway.proc  # the JVM writes the archive as it exits
-            proc.stdin.close()
-            proc.wait(600)
+            gateway = SparkContext._gateway
+            if gateway is not None:  # the JVM writes the archive as it exits
+                gateway.proc.stdin.close()
+                gateway.proc.wait(600)
         if os.path.getsize(making) > 0:
             os.replace(making, path)
     finally:

@@ -198,7 +198,7 @@ def write_damage(damage: list[tuple[str, int, str]], path: str) -> None:
     records' tasks reported: a few rows, written with pyarrow (no Spark job)."""
     import pyarrow as pa
     schema = pa.schema([("path", pa.string()), ("offset", pa.int64()), ("reason", pa.string())])
-    columns = list(zip(*sorted(damage))) if damage else [[], [], []]
+    columns: list = list(zip(*sorted(damage))) if damage else [[], [], []]
     write_arrow(pa.table([pa.array(c, f.type) for c, f in zip(columns, schema)], schema=schema),
                 path)
 

@@ -95,7 +95,7 @@ def read_group(slices, include_damage: bool) -> Iterator:
     """The record batches of one task's slices (small files' batches merged)."""
     from .read import read_slice
     return coalesce((batch for s in slices
-                     for batch in read_slice(s, include_damage, None, BATCH_ROWS)), BATCH_ROWS)
+                     for batch in read_slice(s, include_damage, BATCH_ROWS)), BATCH_ROWS)
 
 
 def read_groups(groups, include_damage: bool, ids: Iterator) -> Iterator:

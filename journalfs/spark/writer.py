@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 #: What each task reports: a file it wrote (path, format, rows), a damaged journal
 #: (path, offset, reason), or the partial rows of a table computed in this pass
@@ -65,12 +65,15 @@ def write_records(spark, groups: list, records_dir: str) -> Written:
 
 
 def _remove_others(records_dir: str, keep: dict[str, int]) -> None:
-    """What failed or repeated task attempts left behind."""
-    for d, _dirs, names in os.walk(records_dir):
+    """What failed or repeated task attempts left behind (and a format's directory that
+    only they wrote into)."""
+    for d, _dirs, names in os.walk(records_dir, topdown=False):
         for name in names:
             path = os.path.join(d, name)
             if name.endswith(PARQUET_SUFFIX) and path not in keep:
                 os.unlink(path)
+        if d != records_dir and not os.listdir(d):
+            os.rmdir(d)
 
 
 def write_groups(groups: list, records_dir: str, ids: Iterator) -> Iterator:
@@ -105,7 +108,8 @@ def write_groups(groups: list, records_dir: str, ids: Iterator) -> Iterator:
                         parts.setdefault(table, []).append(part)
     finally:
         files.close()
-    rows = [(path, fmt, n, None, None, None, None) for path, (fmt, n) in files.written.items()]
+    rows: list[tuple] = [(path, fmt, n, None, None, None, None)
+                         for path, (fmt, n) in files.written.items()]
     rows += [(path, None, None, offset, reason, None, None) for path, offset, reason in damage]
     for table, tables in parts.items():
         sink = pa.BufferOutputStream()
@@ -113,7 +117,7 @@ def write_groups(groups: list, records_dir: str, ids: Iterator) -> Iterator:
         with pa.ipc.new_stream(sink, combined.schema) as stream:
             stream.write_table(combined)
         rows.append((None, None, None, None, None, table, sink.getvalue().to_pybytes()))
-    columns = list(zip(*rows)) if rows else [[]] * len(RESULT_NAMES)
+    columns: list = list(zip(*rows)) if rows else [[]] * len(RESULT_NAMES)
     types = (pa.string(), pa.string(), pa.int64(), pa.int64(), pa.string(), pa.string(),
              pa.binary())
     yield pa.record_batch([pa.array(c, t) for c, t in zip(columns, types)], names=RESULT_NAMES)
@@ -124,7 +128,7 @@ class _FormatFiles:
 
     def __init__(self, records_dir: str, name: str):
         self.records_dir, self.name = records_dir, name
-        self.writers: dict[str, object] = {}
+        self.writers: dict[str, Any] = {}
         self.written: dict[str, tuple[str, int]] = {}  # path -> (format, rows)
 
     def write(self, batch) -> None:
