@@ -223,6 +223,18 @@ def test_records_keep_only_the_files_the_successful_attempts_wrote(spark, tmp_pa
         len(file_records(src / "db0.jrnl"))
 
 
+def test_files_the_driver_cannot_see_fail_the_run(spark, tmp_path, records_corpus, monkeypatch):
+    """On a cluster whose executors write to disks of their own, the driver does not see the
+    records files they report: the run fails saying so, rather than writing empty tables."""
+    from journalfs.spark import writer
+    src = tmp_path / "in"
+    src.mkdir()
+    shutil.copy(records_corpus / "db0.jrnl", src)
+    monkeypatch.setattr(writer, "_seen", lambda path: False)
+    with pytest.raises(OSError, match="where the driver does not see them"):
+        run(spark, str(src), str(tmp_path / "out"))
+
+
 def records_of_bytes(fmt: str, data: bytes) -> list[dict]:
     return [{k: v for k, v in rec.items() if k not in ("format", "seq", "offset", "kind")}
             for rec in CODECS[fmt].read(data, fmt)]

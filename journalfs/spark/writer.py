@@ -58,10 +58,20 @@ def write_records(spark, groups: list, records_dir: str) -> Written:
         else:
             written.files[r["path"]] = r["rows"]
     written.damage.sort()
+    missing = [path for path in written.files if not _seen(path)]
+    if missing:  # executors on other machines wrote to their own disks
+        raise OSError(f"the executors wrote {missing[0]} (and {len(missing) - 1} more files) "
+                      "where the driver does not see them: on a cluster, the output must be "
+                      "on a file system the driver shares with every executor")
     written.tables = {name: derived.finish(name, p) for name, p in parts.items()}
     _remove_others(records_dir, written.files)
     open(os.path.join(records_dir, "_SUCCESS"), "wb").close()
     return written
+
+
+def _seen(path: str) -> bool:
+    """A file a task reports is on the driver's file system too."""
+    return os.path.isfile(path)
 
 
 def _remove_others(records_dir: str, keep: dict[str, int]) -> None:
