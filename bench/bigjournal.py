@@ -538,7 +538,7 @@ def single_process(path: Path) -> dict:
     rows = 0
     for group in plan(list_journals(str(path)), 1, cache_dir=None).groups:
         for sl in group:
-            rows += sum(b.num_rows for b in read_slice(sl, False, None, BATCH_ROWS))
+            rows += sum(b.num_rows for b in read_slice(sl, False, BATCH_ROWS))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {"rows": rows, "seconds": wall, "cpu_seconds": cpu, "rows_per_cpu_s": rows / cpu}
 

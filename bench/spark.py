@@ -204,7 +204,7 @@ def single_process(root: Path) -> int:
     rows = 0
     for group in plan(list_journals(str(root)), 1, cache_dir=None).groups:
         for sl in group:
-            for batch in read_slice(sl, False, None, BATCH_ROWS):
+            for batch in read_slice(sl, False, BATCH_ROWS):
                 rows += batch.num_rows
     return rows
 
@@ -241,7 +241,7 @@ def _decode_binary_files(batches):
                 continue
             local = path.removeprefix("file:")
             partners = key_partners(JournalFile(local, codec.name, len(content)), [])
-            yield from read_buffer(content, FileSlice(local, codec.name, partners=partners), False, None,
+            yield from read_buffer(content, FileSlice(local, codec.name, partners=partners), False,
                                    BATCH_ROWS)
 
 
@@ -263,7 +263,7 @@ def single_parquet(root: Path, out: Path) -> int:
     try:
         for group in plan(list_journals(str(root)), 1, cache_dir=None).groups:
             for sl in group:
-                for batch in read_slice(sl, False, None, BATCH_ROWS):
+                for batch in read_slice(sl, False, BATCH_ROWS):
                     fmt = sl.format
                     if fmt not in writers:
                         d = out / "records" / f"format={fmt}"
@@ -287,6 +287,7 @@ def run_measured(cmd: list[str], env: dict | None = None) -> dict:
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     cpu: dict[int, tuple[str, float]] = {}
+    peak: dict[str, int] = {}  # component -> largest RSS of one of its processes (kB)
     while proc.poll() is None:
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
@@ -303,11 +304,15 @@ def run_measured(cmd: list[str], env: dict | None = None) -> dict:
                 continue
             if b"java" in cmdline.split(b"\0")[0]:
                 what = "executor_jvm" if b"CoarseGrainedExecutorBackend" in cmdline else "driver_jvm"
+            elif b"pyspark.daemon" in cmdline or b"pyspark.worker" in cmdline:
+                what = "python_workers"  # the daemon and the workers it forks
             elif b"python" in cmdline:
-                what = "python"
+                what = "python_driver"
             else:
                 what = stat[stat.index("(") + 1:stat.rindex(")")]  # its command name
             cpu[int(pid)] = (what, (int(fields[11]) + int(fields[12])) / tick)
+            rss_kb = int(fields[21]) * os.sysconf("SC_PAGE_SIZE") // 1024
+            peak[what] = max(peak.get(what, 0), rss_kb)
         time.sleep(0.1)
     err = proc.stderr.read()
     seconds = time.perf_counter() - t
@@ -315,6 +320,7 @@ def run_measured(cmd: list[str], env: dict | None = None) -> dict:
     for what, c in cpu.values():
         by[what] = round(by.get(what, 0) + c, 1)
     return {"seconds": round(seconds, 2), "rc": proc.returncode, "cpu_s": by,
+            "peak_rss_mb": {k: round(v / 1024) for k, v in peak.items()},
             "error": err.strip().splitlines()[-1] if proc.returncode not in (0, 3) and err.strip() else None}
 
 
@@ -358,7 +364,6 @@ def pipeline_rows(root: Path, out: Path, masters: list[str], extra: list[str],
                   s3: bool = False) -> dict:
     """`journalfs pipeline` per master against :func:`single_parquet` on the same files
     (``s3``: then once more on local[2] with the input in a local S3 server)."""
-    import subprocess
     results = {}
     out.mkdir(parents=True, exist_ok=True)
     target = out / "single-parquet"
@@ -388,6 +393,9 @@ def pipeline_rows(root: Path, out: Path, masters: list[str], extra: list[str],
         ratio = r["seconds"] / base if base else 0
         print(f"{name:<28}{r['seconds']:>9.1f}{ratio:>10.2f}x  "
               + ", ".join(f"{k} {v}" for k, v in sorted(r["cpu_s"].items()))
+              + ("; largest RSS MB: " + ", ".join(f"{k} {v}" for k, v in
+                                                    sorted(r["peak_rss_mb"].items()))
+                 if r.get("peak_rss_mb") else "")
               + (f"  FAILED: {r['error']}" if r.get("error") else ""))
     print(f"{os.cpu_count()} cores, load avg {os.getloadavg()[0]:.1f}")
     return results

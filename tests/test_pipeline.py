@@ -166,6 +166,75 @@ def test_crafted_queues_and_persistence(spark, tmp_path):
     assert summary.damaged_files == 0 and summary.rows["transactions"] == 0
 
 
+def test_tables_of_the_records_pass_equal_the_dataframe_functions(spark, tmp_path, records_corpus):
+    """``queues`` and ``transactions`` are computed as the records are written (partials per
+    batch, merged on the driver): the same answers as derived's DataFrame functions on the
+    records table, also for a Kestrel file split across tasks whose ids have gaps, repeat
+    and go backwards."""
+    from journalfs.spark import derived
+    src = tmp_path / "in"
+    src.mkdir()
+    ids = list(range(1, 20_000)) + [30_000, 30_001, 5, 5, 40_000] + list(range(50_000, 70_000))
+    with open(src / "Big.1", "wb") as f:  # ~3 MB: split into several tasks' slices
+        f.write(kestrel.WRITER_MAGIC)
+        f.write(b"".join(kestrel.encode_put(i, b"p" * 60) for i in ids))
+    (src / "Big.2").write_bytes(kestrel.build_writer_file([b"q"] * 10, first_id=70_000))
+    (src / "Big.read.r").write_bytes(kestrel.build_checkpoint(15_000, [15_002, 30_001, 5, 69_999]))
+    (src / "Big.read.s").write_bytes(kestrel.build_checkpoint(10**9))
+    for n in range(4):
+        shutil.copy(records_corpus / f"db{n}.jrnl", src)
+    out = tmp_path / "out"
+    run(spark, str(src), str(out))
+    from journalfs.spark.plan import list_journals, plan
+    assert max(len([s for g in plan(list_journals(str(src)), 2).groups for s in g
+                    if s.path.endswith("Big.1")]), 0) >= 2
+    records = spark.read.parquet(str(out / "records"))
+    for name in derived.IN_PASS:
+        expected = [tuple(r) for r in getattr(derived, name)(records).collect()]
+        got = [tuple(r.values()) for r in table(out, name)]
+        if name == "transactions":  # Spark's naive local time, pyarrow's aware UTC
+            expected = [(s, o, t.timestamp(), st, ops) for s, o, t, st, ops in expected]
+            got = [(s, o, t.timestamp(), st, ops) for s, o, t, st, ops in got]
+        assert got and sorted(got) == sorted(expected), name
+    state = kestrel.queue_state([(p.name, file_records(p)) for p in sorted(src.glob("Big.[0-9]"))],
+                                file_records(src / "Big.read.r"))
+    (row,) = [r for r in table(out, "queues") if r["reader"] == "r"]
+    assert (row["head"], row["tail"], row["pending"]) == (state["head"], state["tail"],
+                                                          state["pending"])
+
+
+def test_records_keep_only_the_files_the_successful_attempts_wrote(spark, tmp_path,
+                                                                   records_corpus):
+    """Tasks write their own Parquet files; what a failed or repeated attempt left in the
+    table's directory (here: planted before the run) is removed, so no row is there twice."""
+    src = tmp_path / "in"
+    src.mkdir()
+    shutil.copy(records_corpus / "db0.jrnl", src)
+    out = tmp_path / "out"
+    stray = out / "records" / "format=jrnl" / "part-00000-7.snappy.parquet"
+    stray.parent.mkdir(parents=True)
+    shutil.copy(REPO / "tests" / "data" / "conformance" / "records" / "db0.jrnl", stray)
+    (out / "records" / "format=akka-data").mkdir()  # a format only a failed attempt met
+    (out / "records" / "format=akka-data" / "part-00001-0.snappy.parquet").write_bytes(b"x")
+    summary = run(spark, str(src), str(out))
+    assert not stray.exists()
+    assert sorted(p.name for p in (out / "records").iterdir()) == ["_SUCCESS", "format=jrnl"]
+    assert summary.rows["records"] == len(table(out, "records")) == \
+        len(file_records(src / "db0.jrnl"))
+
+
+def test_files_the_driver_cannot_see_fail_the_run(spark, tmp_path, records_corpus, monkeypatch):
+    """On a cluster whose executors write to disks of their own, the driver does not see the
+    records files they report: the run fails saying so, rather than writing empty tables."""
+    from journalfs.spark import writer
+    src = tmp_path / "in"
+    src.mkdir()
+    shutil.copy(records_corpus / "db0.jrnl", src)
+    monkeypatch.setattr(writer, "_seen", lambda path: False)
+    with pytest.raises(OSError, match="where the driver does not see them"):
+        run(spark, str(src), str(tmp_path / "out"))
+
+
 def records_of_bytes(fmt: str, data: bytes) -> list[dict]:
     return [{k: v for k, v in rec.items() if k not in ("format", "seq", "offset", "kind")}
             for rec in CODECS[fmt].read(data, fmt)]
@@ -179,12 +248,48 @@ FAST_JVM = ('--driver-java-options "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC" '
 
 
 def cli_env() -> dict:
-    return dict(os.environ, PYTHONPATH=str(REPO), PYSPARK_SUBMIT_ARGS=FAST_JVM)
+    # no class-archive builder left running after a test (test_class_archive_... has its own)
+    return dict(os.environ, PYTHONPATH=str(REPO), PYSPARK_SUBMIT_ARGS=FAST_JVM,
+                JOURNALFS_SPARK_CDS="0")
 
 
 def pipeline_cli(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "journalfs.cli", "pipeline", *argv],
                           capture_output=True, text=True, env=cli_env(), timeout=timeout)
+
+
+def test_class_archive_is_made_in_the_background_and_then_used(tmp_path, records_corpus):
+    """A short run that finds no class-data archive for its driver JVM starts one detached
+    low-priority builder (the pipeline over the demo's journals) and finishes without
+    waiting for it; the next run maps the archive."""
+    src = tmp_path / "in"
+    src.mkdir()
+    shutil.copy(records_corpus / "db0.jrnl", src)
+    env = dict(cli_env(), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env.pop("JOURNALFS_SPARK_CDS")
+    argv = [sys.executable, "-m", "journalfs.cli", "pipeline", str(src)]
+    first = subprocess.run([*argv, str(tmp_path / "out1")], capture_output=True, text=True,
+                           env=env, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    cds = tmp_path / "cache" / "journalfs" / "spark-cds"
+    (lock,) = cds.glob("*.lock")  # the builder runs on after the command
+    deadline = time.monotonic() + 600
+    while lock.exists() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not lock.exists(), "the builder did not finish"
+    (archive,) = cds.glob("*.jsa")
+    assert archive.stat().st_size > 10 << 20 and not list(cds.glob("*.tmp"))
+    from journalfs.commands.pipeline import QUICK_JVM
+    from journalfs.spark.classarchive import ClassArchive
+    options = ClassArchive(QUICK_JVM, str(cds)).java_options()  # what a short run adds
+    assert f"-XX:SharedArchiveFile={archive} " in options
+    # -Xshare:on: a JVM that cannot map the archive does not start (auto would ignore it)
+    second = subprocess.run([*argv, str(tmp_path / "out2"), "--conf",
+                             f"spark.driver.extraJavaOptions={QUICK_JVM} {options} -Xshare:on"],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert pq.read_table(tmp_path / "out2" / "records").num_rows == \
+        pq.read_table(tmp_path / "out1" / "records").num_rows > 0
 
 
 def test_cli_names_damage_skips_fsck_backups_and_refuses_to_overwrite(tmp_path, records_corpus):
@@ -202,7 +307,7 @@ def test_cli_names_damage_skips_fsck_backups_and_refuses_to_overwrite(tmp_path, 
     assert "damaged files" in proc.stderr and "Traceback" not in proc.stderr
     assert "journalfs pipeline: reading journals (3 files, " in proc.stderr  # a line per stage
     # the derived tables of the formats found, side by side
-    assert "journalfs pipeline: writing queues, transactions\n" in proc.stderr
+    assert " MB) -> records, queues, transactions\n" in proc.stderr  # computed in one pass
     assert f"damaged: {src / 'torn.1800000000000'}: at byte {damaged.value.offset}: " \
            f"{damaged.value.reason}" in proc.stderr.replace("\n", "")
     assert len(table(out, "_damage")) == 1

@@ -94,7 +94,8 @@ def test_pipeline_on_a_standalone_cluster(cluster, tmp_path, conformance_dir):
     out = tmp_path / "out"
     # a tiny input: JVM start-up and warm-up dominate, so C1-only JIT and serial GC
     quick_jvm = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-    env = dict(os.environ, PYTHONPATH=str(REPO), SPARK_LOCAL_IP="127.0.0.1", PYSPARK_SUBMIT_ARGS=(
+    env = dict(os.environ, PYTHONPATH=str(REPO), SPARK_LOCAL_IP="127.0.0.1", JOURNALFS_SPARK_CDS="0",
+               PYSPARK_SUBMIT_ARGS=(
         f'--driver-java-options "{quick_jvm}" --conf "spark.executor.extraJavaOptions={quick_jvm}" '
         "pyspark-shell"))
     proc = subprocess.run([sys.executable, "-m", "journalfs.cli", "pipeline", str(src), str(out),
@@ -141,7 +142,8 @@ def test_workers_that_cannot_see_the_input_fail_loudly(tmp_path, records_corpus)
     data = tmp_path / "data"
     shutil.copytree(records_corpus, data / "in")
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHONPATH=str(REPO), SPARK_LOCAL_IP="127.0.0.1", PYSPARK_SUBMIT_ARGS=(
+    env = dict(os.environ, PYTHONPATH=str(REPO), SPARK_LOCAL_IP="127.0.0.1", JOURNALFS_SPARK_CDS="0",
+               PYSPARK_SUBMIT_ARGS=(
         f'--driver-java-options "{QUICK_JVM}" pyspark-shell'))
     with standalone_cluster(tmp_path / "spark", workers=1, hide=data) as master_url:
         proc = subprocess.run([sys.executable, "-m", "journalfs.cli", "pipeline", str(data / "in"),

@@ -38,7 +38,7 @@ def s3(tmp_path_factory):
     env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
                AWS_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true",
                AWS_ENDPOINT_URL=endpoint, PYTHONPATH=str(REPO), SPARK_LOCAL_IP="127.0.0.1",
-               PYSPARK_SUBMIT_ARGS=QUICK_JVM)
+               PYSPARK_SUBMIT_ARGS=QUICK_JVM, JOURNALFS_SPARK_CDS="0")
     try:
         deadline = time.monotonic() + 60
         while True:

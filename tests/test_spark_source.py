@@ -134,16 +134,26 @@ def test_formats_option_glob_and_pushdown(spark, records_corpus, records_expecte
     assert df.where(df.source == source).count() == len(records_expected["db1.jrnl"]["records"])
 
 
-def test_push_filters_prune_the_plan(records_corpus):
-    from pyspark.sql.datasource import EqualTo, GreaterThan, In
-    from journalfs.spark.source import JournalReader
-    reader = JournalReader({"path": str(records_corpus), "checkpointCache": ""})
-    seq_filter = GreaterThan(("seq",), 3)
-    left = list(reader.pushFilters([EqualTo(("format",), "jrnl"), In(("kind",), ("transaction",)),
-                                    seq_filter]))
-    assert left == [seq_filter]
-    files = {s.path for p in reader.partitions() for s in p.slices}
-    assert files == {str(records_corpus / f"db{i}.jrnl") for i in range(4)}
+def test_a_frame_scanned_twice_in_one_plan_reads_each_scan_whole(spark, records_corpus):
+    """Two filtered scans of one DataFrame in one plan (a union; the persistence table's
+    self-join and join with the meta rows) each see their own rows. Spark plans a Python
+    data source's reader once per relation, so filters pushed by one scan used to prune the
+    others: ``derived.persistence`` of a loaded frame gave null highest_seq and repeated ids
+    where the pipeline (reading Parquet) was right. Held to the same tables computed from
+    the same rows in memory (no data source)."""
+    from journalfs.spark import derived
+    df = load(spark, records_corpus)
+    rows = df.collect()
+    union = df.where("format = 'akka-meta'").unionByName(df.where("format = 'jrnl'"))
+    counts = {r["format"]: r["count"] for r in union.groupBy("format").count().collect()}
+    assert counts == {f: sum(1 for r in rows if r["format"] == f) for f in ("akka-meta", "jrnl")}
+    in_memory = spark.createDataFrame(rows, df.schema)
+    for table in (derived.persistence, derived.queues, derived.transactions):
+        got = sorted(map(tuple, table(df).collect()))
+        assert got == sorted(map(tuple, table(in_memory).collect())), table.__name__
+    persistence = derived.persistence(df).collect()
+    assert persistence and all(r["highest_seq"] is not None for r in persistence)
+    assert len({r["persistence_id"] for r in persistence}) == len(persistence)
 
 
 # -- big files are split across tasks -------------------------------------------------------
@@ -188,22 +198,48 @@ def test_big_files_split_into_exact_slices(spark, big_journals):
             assert all(ids == list(range(1, len(ids) + 1)) for ids in by_pid.values())
 
 
-def test_checkpoint_cache_is_reused_and_extended(tmp_path):
+def test_split_points_come_from_the_shared_record_index(tmp_path, monkeypatch):
+    """The planner's split points come from the record index the CLI and the views use
+    (one file per journal in ``CACHE/indexes``): reused as is, extended when the journal
+    grew, and a hostile index file changes nothing but the time it takes."""
+    from journalfs.fs.indexfiles import IndexCache, IndexDir
     from journalfs.spark import checkpoints
     path = tmp_path / "q.1"
-    path.write_bytes(kestrel.build_writer_file([b"x" * 100] * 5000))
+    path.write_bytes(kestrel.build_writer_file([b"x" * 100] * 40_000))  # > SAVE_INDEX_BYTES
     cache = tmp_path / "cache"
-    first = checkpoints.checkpoints(str(path), "kestrel-writer", 50_000, str(cache))
+    first = checkpoints.checkpoints(str(path), "kestrel-writer", 400_000, str(cache))
     assert len(first) > 5 and first[0] == (4, 0)
     records = file_records(path)
     by_offset = {rec["offset"]: rec["seq"] for rec in records}
     assert all(by_offset[off] == seq for off, seq in first)
-    with open(path, "ab") as f:  # the journal grows: the walk resumes
-        f.write(b"".join(kestrel.encode_put(5001 + n, b"y" * 100) for n in range(2000)))
-    grown = checkpoints.checkpoints(str(path), "kestrel-writer", 50_000, str(cache))
+    st = path.stat()
+    saved = cache / "indexes" / IndexDir.name_of(st.st_dev, st.st_ino)
+    assert saved.is_file()
+    # the CLI's cache loads that very file: no re-indexing
+    from journalfs.journals import RecordIndex
+    with monkeypatch.context() as m:
+        m.setattr(RecordIndex, "build", classmethod(lambda *a, **k: pytest.fail("re-indexed")))
+        cli = IndexCache(str(cache))
+        index = cli.index(str(path), CODECS["kestrel-writer"])
+        cli.close()
+        assert checkpoints.checkpoints(str(path), "kestrel-writer", 400_000, str(cache)) == first
+    assert index.count == len(records)
+    with open(path, "ab") as f:  # the journal grows: indexing resumes
+        f.write(b"".join(kestrel.encode_put(40_001 + n, b"y" * 100) for n in range(20_000)))
+    grown = checkpoints.checkpoints(str(path), "kestrel-writer", 400_000, str(cache))
     by_offset = {rec["offset"]: rec["seq"] for rec in file_records(path)}
     assert len(grown) > len(first) and all(by_offset[off] == seq for off, seq in grown)
-    assert checkpoints.checkpoints(str(path), "kestrel-writer", 50_000, str(cache)) == grown
+    assert checkpoints.checkpoints(str(path), "kestrel-writer", 400_000, str(cache)) == grown
+    good = saved.read_bytes()
+    header_end = good.index(b"\n", 8)
+    header = json.loads(good[8:header_end])
+    lies = [b"garbage", good[:len(good) // 2],
+            good[:8] + json.dumps(dict(header, count=10**12)).encode() + good[header_end:],
+            good[:header_end + 1] + bytes(len(good) - header_end - 1)]  # offsets all zero
+    for hostile in lies:
+        saved.chmod(0o600)
+        saved.write_bytes(hostile)
+        assert checkpoints.checkpoints(str(path), "kestrel-writer", 400_000, str(cache)) == grown
 
 
 # -- damage ---------------------------------------------------------------------------------
@@ -344,7 +380,7 @@ def _slice_rows(path: str, fmt: str, fast: bool, monkeypatch, batch_rows: int) -
     with monkeypatch.context() as m:
         if not fast:
             m.setattr(type(CODECS[fmt]), "read_text_columns", lambda self, *a, **k: None)
-        return [row for batch in spark_read.read_slice(FileSlice(path, fmt), True, None, batch_rows)
+        return [row for batch in spark_read.read_slice(FileSlice(path, fmt), True, batch_rows)
                 for row in batch.to_pylist()]
 
 
@@ -391,7 +427,7 @@ def test_batches_adapt_to_record_size(tmp_path):
     payloads = [bytes([n % 251]) * 300_000 for n in range(400)]  # 120 MB of records
     path = tmp_path / "big.1"
     path.write_bytes(kestrel.build_writer_file(payloads, first_id=1))
-    batches = list(spark_read.read_slice(FileSlice(str(path), "kestrel-writer"), False, None, 65536))
+    batches = list(spark_read.read_slice(FileSlice(str(path), "kestrel-writer"), False, 65536))
     assert sum(b.num_rows for b in batches) == 400
     assert len(batches) >= 3
     assert max(b.nbytes for b in batches) <= 2 * spark_read.BATCH_BYTES
@@ -423,7 +459,7 @@ def test_a_tree_bigger_than_a_batch_is_read_once_in_order(tmp_path, damaged):
     else:
         error = None
     batches = list(itertools.islice(  # bounded: a tree read again from its top never ends
-        spark_read.read_slice(FileSlice(str(path), "gvfs-tree"), True, None, 4096), 1000))
+        spark_read.read_slice(FileSlice(str(path), "gvfs-tree"), True, 4096), 1000))
     rows = [r for b in batches for r in b.to_pylist()]
     damage = [r for r in rows if r["kind"] == DAMAGE_KIND]
     rows = [r for r in rows if r["kind"] != DAMAGE_KIND]

@@ -20,8 +20,8 @@ from typing import Iterable, Iterator, TextIO
 from ..escaping import escaped
 from ..formats import Codec, FormatError
 from ..formats.base import Record
-from ..fs.indexfiles import IndexDir, head_crc, matches, may_extend
-from ..journals import RecordIndex, mapped, open_path, read_records, scan
+from ..fs.indexfiles import IndexCache
+from ..journals import mapped, read_records, scan
 from ..jsonlines import (columns_chunk, keep_freed_memory, payload_fields, record_line,
                          records_chunk)
 from ..selection import (FileRecords, Follower, Keys, Notice, RecordFilter, Source,
@@ -96,61 +96,8 @@ def _selection(args) -> RecordFilter:
 
 # -- selections and following ---------------------------------------------------------------------
 
-#: Files at least this big keep their record index on disk (the user's cache directory).
-SAVE_INDEX_BYTES = 4 << 20
 #: How often a follower looks at its files (new records show within twice this).
 FOLLOW_POLL = 0.05
-
-
-def _index_dir():
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    top = os.path.join(base, "journalfs")
-    try:
-        os.makedirs(top, mode=0o700, exist_ok=True)
-        st = os.stat(top)
-        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            return None
-    except OSError:
-        return None
-    cache = IndexDir(top)
-    return cache if cache.usable else None
-
-
-class IndexCache:
-    """Record indexes of the CLI's files: loaded from the user's cache directory when they
-    still describe the file, extended when it only grew, else built (and saved when big)."""
-
-    def __init__(self):
-        self._dir = _index_dir() if os.environ.get("JOURNALFS_NO_INDEX_CACHE") is None else None
-
-    def __call__(self, source: Source) -> RecordIndex:
-        path, codec = source.path, source.codec
-
-        def opener():
-            return open_path(path)
-        previous = None
-        fd = opener()
-        try:
-            st = os.fstat(fd)
-            head = head_crc(os.pread(fd, 4096, 0))
-        finally:
-            os.close(fd)
-        loaded = self._dir.load(st.st_dev, st.st_ino, path) if self._dir else None
-        if loaded is not None:
-            index, header, _layout = loaded
-            if matches(header, codec.name, st.st_size, st.st_mtime_ns, head):
-                index.opener, index.complete = opener, True
-                return index
-            if may_extend(header, codec.name, st.st_size, head):
-                previous = index
-        index = RecordIndex.build(path, codec, previous=previous, opener=opener)
-        if self._dir is not None and st.st_size >= SAVE_INDEX_BYTES:
-            self._dir.save(index, head)
-        return index
-
-    def close(self) -> None:
-        if self._dir is not None:
-            self._dir.close()
 
 
 class Printer:
@@ -211,7 +158,7 @@ def _print_selection(args, select: RecordFilter, groups, sources: list[Source]) 
 
 
 def _select(args, select: RecordFilter, groups, sources: list[Source], printer: "Printer",
-            cache: "IndexCache") -> int:
+            cache) -> int:
     several = printer.several
     # indexed when first reached: -n on a directory of many journals touches the last ones
     files = [FileRecords(src, lambda src=src: cache(src)) for src in sources]

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..formats import CODECS
 from ..formats.base import FormatError
-from ..journals import FINGERPRINT_BYTES, RecordIndex
+from ..journals import FINGERPRINT_BYTES, RecordIndex, open_path
 
 log = logging.getLogger("journalfs.fs.indexfiles")
 
@@ -320,4 +320,73 @@ def may_extend(header: dict, codec: str, size: int, head: int) -> bool:
     return header["codec"] == codec and header["size"] <= size and header["head_crc"] == head
 
 
-__all__ = ["IndexDir", "head_crc", "matches", "may_extend"]
+#: Files at least this big keep their record index in the user's cache directory.
+SAVE_INDEX_BYTES = 4 << 20
+
+
+def user_cache_dir() -> str:
+    """``$XDG_CACHE_HOME/journalfs`` (``~/.cache/journalfs``): the indexes of the CLI and the
+    pipeline, in its ``indexes/``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "journalfs")
+
+
+class IndexCache:
+    """Record indexes of the user's own journals, kept in ``TOP/indexes`` (default: the
+    user's cache directory; the CLI's selections and the pipeline's splits share them):
+    loaded when they still describe the file (dev, inode, size, mtime, CRC of its head),
+    extended when it only grew, else built, and saved when the file is big. ``top`` None
+    with ``JOURNALFS_NO_INDEX_CACHE`` set, or "" : in memory only."""
+
+    def __init__(self, top: str | None = None, save_bytes: int = SAVE_INDEX_BYTES):
+        if top is None and os.environ.get("JOURNALFS_NO_INDEX_CACHE") is None:
+            top = user_cache_dir()
+        self.save_bytes = save_bytes
+        self._dir = self._open(top) if top else None
+
+    @staticmethod
+    def _open(top: str) -> IndexDir | None:
+        try:
+            os.makedirs(top, mode=0o700, exist_ok=True)
+            st = os.stat(top)
+            if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+                return None  # not private to this user: not trusted with indexes
+        except OSError:
+            return None
+        cache = IndexDir(top)
+        return cache if cache.usable else None
+
+    def __call__(self, source) -> RecordIndex:
+        """The index of a ``selection.Source`` (its path and codec)."""
+        return self.index(source.path, source.codec)
+
+    def index(self, path: str, codec) -> RecordIndex:
+        def opener():
+            return open_path(path)
+        previous = None
+        fd = opener()
+        try:
+            st = os.fstat(fd)
+            head = head_crc(os.pread(fd, FINGERPRINT_BYTES, 0))
+        finally:
+            os.close(fd)
+        loaded = self._dir.load(st.st_dev, st.st_ino, path) if self._dir else None
+        if loaded is not None:
+            index, header, _layout = loaded
+            if matches(header, codec.name, st.st_size, st.st_mtime_ns, head):
+                index.opener, index.complete = opener, True
+                return index
+            if may_extend(header, codec.name, st.st_size, head):
+                previous = index
+        index = RecordIndex.build(path, codec, previous=previous, opener=opener)
+        if self._dir is not None and st.st_size >= self.save_bytes:
+            self._dir.save(index, head)
+        return index
+
+    def close(self) -> None:
+        if self._dir is not None:
+            self._dir.close()
+            self._dir = None
+
+
+__all__ = ["IndexCache", "IndexDir", "head_crc", "matches", "may_extend", "user_cache_dir"]

@@ -1,92 +1,43 @@
-"""Record checkpoints for splitting one big journal of a splittable format across tasks.
+"""Split points of one big journal of a splittable format, from its record index.
 
-The driver finds record starts through the codec's cheapest exact way
-(:func:`journalfs.journals.scan` of record offsets: header walks that skip payloads where
-the codec has one) and keeps one ``(offset, seq)`` checkpoint per split, releasing the pages it passed.
-Executors then decode exact ranges with exact ``seq`` numbers. Checkpoints are cached per file
-identity; a journal that only grew (append-only) is walked from its last checkpoint on.
+The driver takes the same record index as the views and the CLI
+(:class:`journalfs.journals.RecordIndex`: one streaming pass through the codec's cheapest
+exact way to find record starts, a checkpoint every ``CHECKPOINT_EVERY`` records), kept on
+disk by :class:`journalfs.fs.indexfiles.IndexCache`: used only while the journal's dev,
+inode, size, mtime and the CRC of its head are those it was taken of, extended when the
+journal only grew, and parsed as hostile input. One ``(offset, seq)`` checkpoint is picked
+per split, so executors decode exact ranges with exact ``seq`` numbers.
 """
 from __future__ import annotations
-
-import hashlib
-import json
-import os
 
 import numpy as np
 
 from ..formats import CODECS
-from ..journals import mapped, scan
-
-#: Record starts found per call while walking (bounds the walk's memory).
-WALK_BATCH = 1 << 18
+from ..fs.indexfiles import IndexCache
 
 
-def walk(path: str, fmt: str, every: int, resume: list[tuple[int, int]] | None = None
-         ) -> list[tuple[int, int]]:
-    """``(offset, seq)`` of the first record and then of the first record at or after each
-    further ``every`` bytes, continuing from ``resume`` (checkpoints of an older, shorter
-    version of the same file). Ends at the end of the valid records."""
-    codec = CODECS[fmt]
-    points: list[tuple[int, int]] = list(resume or ())
-    start, seq = points[-1] if points else (None, 0)
-    goal = points[-1][0] + every if points else None
-    skip_first = bool(points)  # the resumed-from record is a checkpoint already
-    with mapped(path) as buf:
-        for cols in scan(codec, buf, path, start, seq, rows=WALK_BATCH, form="offsets"):
-            offsets = np.asarray(cols.data.get("offset", ())[:cols.rows], dtype=np.int64)
-            base = cols.next_seq - cols.rows
-            if skip_first and len(offsets):
-                offsets, base, skip_first = offsets[1:], base + 1, False
-            if len(offsets):
-                if goal is None:
-                    points.append((int(offsets[0]), base))
-                    goal = int(offsets[0]) + every
-                i = int(np.searchsorted(offsets, goal))
-                while i < len(offsets):
-                    points.append((int(offsets[i]), base + i))
-                    goal = int(offsets[i]) + every
-                    i = int(np.searchsorted(offsets, goal))
+def checkpoints(path: str, fmt: str, every: int, cache: IndexCache | str | None = None
+                ) -> list[tuple[int, int]]:
+    """``(offset, seq)`` of the first record and then of the first checkpoint at or after
+    each further ``every`` bytes. ``cache``: an :class:`IndexCache`, the directory of one
+    (``indexes/`` in it), or None for an index in memory only."""
+    own = not isinstance(cache, IndexCache)
+    indexes = IndexCache(cache or "") if own else cache
+    try:
+        index = indexes.index(path, CODECS[fmt])
+    finally:
+        if own:
+            indexes.close()
+    n = min(len(index.seqs), len(index.offsets))
+    return split_points(np.asarray(index.offsets[:n], dtype=np.int64),
+                        np.asarray(index.seqs[:n], dtype=np.int64), every)
+
+
+def split_points(offsets: np.ndarray, seqs: np.ndarray, every: int) -> list[tuple[int, int]]:
+    """The first checkpoint, then the first at or after each further ``every`` bytes."""
+    points: list[tuple[int, int]] = []
+    i = 0
+    while i < len(offsets):
+        points.append((int(offsets[i]), int(seqs[i])))
+        i = int(np.searchsorted(offsets, offsets[i] + every))
     return points
-
-
-def _cache_file(cache_dir: str, path: str) -> str:
-    digest = hashlib.sha1(os.path.realpath(path).encode("utf-8", "surrogateescape")).hexdigest()
-    return os.path.join(cache_dir, digest + ".json")
-
-
-def checkpoints(path: str, fmt: str, every: int, cache_dir: str | None) -> list[tuple[int, int]]:
-    """Cached :func:`walk`: reuse exact matches, extend grown append-only files."""
-    st = os.stat(path)
-    identity = {"ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                "every": every, "format": fmt}
-    cached = None
-    cache = _cache_file(cache_dir, path) if cache_dir else None
-    if cache:
-        try:
-            with open(cache) as f:
-                cached = json.load(f)
-        except (OSError, ValueError):
-            cached = None
-    resume = None
-    if cached and all(cached.get(k) == identity[k] for k in ("ino", "every", "format")):
-        points = [tuple(p) for p in cached.get("points", [])]
-        if cached.get("size") == st.st_size and cached.get("mtime_ns") == st.st_mtime_ns:
-            return points
-        if cached.get("size", 0) < st.st_size and len(points) > 1:
-            resume = points[:-1]  # the last point may have sat at the old end of valid data
-    points = walk(path, fmt, every, resume)
-    if cache:
-        try:
-            os.makedirs(cache_dir, exist_ok=True)
-            tmp = f"{cache}.{os.getpid()}"
-            with open(tmp, "w") as f:
-                json.dump({**identity, "points": points}, f)
-            os.replace(tmp, cache)
-        except OSError:
-            pass  # a cache that cannot be written only costs a re-walk next time
-    return points
-
-
-def default_cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "journalfs", "checkpoints")

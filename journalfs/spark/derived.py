@@ -13,18 +13,27 @@ import json
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ..formats.akka import AkkaData, AkkaMeta
-from ..formats.gvfs_journal import JOURNAL_SUFFIX, GvfsJournal, tree_and_tag
-from ..formats.gvfs_tree import GvfsTree, MergedTree, header_tag
-from ..formats.jrnl import Jrnl
-from ..formats.kestrel import READER_SUFFIX, WRITER_SUFFIX, KestrelReader, KestrelWriter
+from ..formats import CODECS
+from ..formats.gvfs_journal import JOURNAL_SUFFIX, tree_and_tag
+from ..formats.gvfs_tree import MergedTree, header_tag
+from ..formats.kestrel import READER_SUFFIX, WRITER_SUFFIX
 
-WRITER, READER = KestrelWriter.name, KestrelReader.name
+
+def _format(name: str) -> str:
+    """A format of the registry by its contract name (a renamed format fails at import,
+    not as a table that silently stays empty)."""
+    return CODECS[name].name
+
+
+WRITER, READER = _format("kestrel-writer"), _format("kestrel-reader")
+AKKA_META, AKKA_DATA = _format("akka-meta"), _format("akka-data")
+GVFS_TREE, GVFS_JOURNAL = _format("gvfs-tree"), _format("gvfs-journal")
+JRNL = _format("jrnl")
 
 #: The derived tables (functions of this module, in output order) and the formats each reads;
 #: their columns are in DDLS (after the DDL strings below).
-TABLES = {"metadata": (GvfsTree.name, GvfsJournal.name), "queues": (WRITER, READER),
-          "persistence": (AkkaMeta.name, AkkaData.name), "transactions": (Jrnl.name,)}
+TABLES = {"metadata": (GVFS_TREE, GVFS_JOURNAL), "queues": (WRITER, READER),
+          "persistence": (AKKA_META, AKKA_DATA), "transactions": (JRNL,)}
 
 QUEUES_DDL = "queue string, reader string, head long, tail long, pending long"
 PERSISTENCE_DDL = "persistence_id string, messages long, highest_seq long, consistent boolean"
@@ -155,11 +164,11 @@ def persistence(records: DataFrame) -> DataFrame:
     is consistent when every ``next`` link lands on a block of the same id that links back and
     has a higher sequence number, it has exactly one tail, and the tail matches the meta
     block's ``last`` and ``highest_seq``."""
-    meta = records.where((F.col("format") == AkkaMeta.name) & (F.col("kind") == "meta")).select(
+    meta = records.where((F.col("format") == AKKA_META) & (F.col("kind") == "meta")).select(
         _dir().alias("dir"), F.col("key").alias("persistence_id"),
         _long_attr("first").alias("first"), _long_attr("last").alias("last"),
         _long_attr("highest_seq").alias("highest_seq"))
-    msgs = records.where((F.col("format") == AkkaData.name) & (F.col("kind") == "message")
+    msgs = records.where((F.col("format") == AKKA_DATA) & (F.col("kind") == "message")
                          & F.col("key").isNotNull()).select(
         _dir().alias("dir"), F.col("key").alias("persistence_id"), _long_attr("self").alias("self"),
         _long_attr("prev").alias("prev"), _long_attr("next").alias("next"),
@@ -191,7 +200,7 @@ def persistence(records: DataFrame) -> DataFrame:
 def transactions(records: DataFrame) -> DataFrame:
     """(source, offset, time, status, ops) per JRNL transaction; ops = the op names in order."""
     op_texts = F.from_json(F.col("attrs").getItem("ops"), "array<string>")
-    return records.where((F.col("format") == Jrnl.name) & (F.col("kind") == "transaction")).select(
+    return records.where((F.col("format") == JRNL) & (F.col("kind") == "transaction")).select(
         "source", "offset", "time", F.col("attrs").getItem("status").alias("status"),
         F.transform(op_texts, lambda x: F.coalesce(F.get_json_object(x, "$.op"), x)).alias("ops"))
 
@@ -202,8 +211,8 @@ def metadata(records: DataFrame) -> DataFrame:
     """(store, path, key, value, values): every store's tree + journal replayed to its current
     state. Replay is ordered and path-structured (copy/remove act on subtrees), so each store
     is one group replayed by :func:`replay_store` on an executor."""
-    gvfs = records.where(F.col("format").isin(GvfsTree.name, GvfsJournal.name)).select(
-        F.when(F.col("format") == GvfsTree.name, F.col("source"))
+    gvfs = records.where(F.col("format").isin(GVFS_TREE, GVFS_JOURNAL)).select(
+        F.when(F.col("format") == GVFS_TREE, F.col("source"))
         .otherwise(F.regexp_replace("source", JOURNAL_SUFFIX, "")).alias("store"),
         "source", "format", "seq", "kind", "key", "attrs")
     return gvfs.groupBy("store").applyInArrow(_replay_group, METADATA_DDL)
@@ -217,7 +226,7 @@ def _replay_group(table):
     import pyarrow as pa
     import pyarrow.compute as pc
     store = table.column("store")[0].as_py() if table.num_rows else None
-    is_tree = pc.equal(table.column("format"), GvfsTree.name)
+    is_tree = pc.equal(table.column("format"), GVFS_TREE)
     # a store whose journal has nothing to replay is its tree's rows as they are: no
     # MergedTree (a node object per path: GBs for a big tree), no dict per record
     if not _journal_entries(store, table.filter(pc.invert(is_tree)).to_pylist()):
@@ -299,7 +308,7 @@ def replay_store(store: str | None, rows: list[dict]) -> dict[str, dict]:
     as the store's own compaction applies them (:class:`MergedTree`)."""
     merged = MergedTree(None)
     for r in rows:
-        if r["format"] == GvfsTree.name:
+        if r["format"] == GVFS_TREE:
             attrs = _attrs(r)
             for key, value in json.loads(attrs.get("metadata") or "{}").items():
                 merged.set(r["key"], key, value, 0)
@@ -323,8 +332,192 @@ def _journal_entries(store: str | None, rows: list[dict]) -> list[tuple]:
     tag = _tree_tag(store) if store else None
     entries = []
     for r in rows:
-        if r["format"] != GvfsTree.name:
+        if r["format"] != GVFS_TREE:
             named = tree_and_tag(r["source"])
             if tag is None or (named and named[1] == tag):
                 entries.append((r["source"], r["seq"], r["kind"], r["key"], _attrs(r)))
     return sorted(entries, key=lambda e: (e[0], e[1]))
+
+
+# -- tables computed in the records' pass ------------------------------------------------------
+# The pipeline's tasks hand every batch they write to :func:`partials`; the driver merges what
+# the tasks send back (a few rows per file) with :func:`finish`. These tables cost no Spark job
+# and no second read of the records. The DataFrame functions above stay for the data source's
+# users and hold these to the same answers (tests/test_pipeline.py).
+
+#: The tables computed in the records' pass.
+IN_PASS = ("queues", "transactions")
+
+
+def partials(batch) -> dict:
+    """{table: partial Arrow table} of one batch of record rows (the data source's schema)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    out = {}
+    formats = batch.column("format")
+    kestrel = batch.filter(pc.and_(pc.is_in(formats, value_set=pa.array([WRITER, READER])),
+                                   pc.is_valid(batch.column("key"))))
+    if kestrel.num_rows:
+        out["queues"] = _queue_partial(kestrel)
+    jrnl = batch.filter(pc.and_(pc.equal(formats, JRNL),
+                                pc.equal(batch.column("kind"), "transaction")))
+    if jrnl.num_rows:
+        out["transactions"] = _transaction_rows(jrnl)
+    return out
+
+
+def _queue_schema():
+    import pyarrow as pa
+    longs = pa.list_(pa.int64())
+    return pa.schema([("source", pa.string()), ("format", pa.string()), ("queue", pa.string()),
+                      ("first_seq", pa.int64()), ("first_id", pa.int64()),
+                      ("last_seq", pa.int64()), ("last_id", pa.int64()),
+                      ("head_seq", pa.int64()), ("head_id", pa.int64()),
+                      ("done", longs), ("run_starts", longs), ("run_lengths", longs)])
+
+
+def _queue_partial(kestrel):
+    """Per (file, queue) of the batch: the first and last PUT and the last READ_HEAD (by
+    seq), the READ_DONE ids, and the PUT ids as runs of consecutive ids (a queue file's
+    ids are mostly one run, so a file's PUTs travel as a few numbers)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    rows = []
+    keys = pc.binary_join_element_wise(kestrel.column("source"), kestrel.column("format"),
+                                       kestrel.column("key"), "\0")
+    for group in pc.unique(keys).to_pylist():
+        part = kestrel.filter(pc.equal(keys, group))
+        source, fmt, queue = group.split("\0")
+        kind = part.column("kind")
+        seqs = part.column("seq").to_numpy(zero_copy_only=False)
+        ids = part.column("id").fill_null(0).to_numpy(zero_copy_only=False)
+        row = {"source": source, "format": fmt, "queue": queue}
+        puts = _where(kind, "put") if fmt == WRITER else np.array([], dtype=np.int64)
+        heads = _where(kind, "read_head")
+        for name, at in (("first", puts[np.argmin(seqs[puts])] if len(puts) else None),
+                         ("last", puts[np.argmax(seqs[puts])] if len(puts) else None),
+                         ("head", heads[np.argmax(seqs[heads])] if len(heads) else None)):
+            row[f"{name}_seq"] = None if at is None else int(seqs[at])
+            row[f"{name}_id"] = None if at is None else int(ids[at])
+        done = []
+        dones = _where(kind, "read_done")
+        if len(dones):
+            texts = pc.map_lookup(part.column("attrs").take(pa.array(dones)), "ids", "first")
+            for text in texts.to_pylist():
+                done.extend(_json_longs(text))
+        row["done"] = done
+        put_ids = ids[puts[np.argsort(seqs[puts], kind="stable")]]
+        breaks = np.flatnonzero(np.diff(put_ids) != 1) + 1
+        starts = np.concatenate(([0], breaks)) if len(put_ids) else breaks
+        ends = np.concatenate((breaks, [len(put_ids)])) if len(put_ids) else breaks
+        row["run_starts"] = put_ids[starts].tolist()
+        row["run_lengths"] = (ends - starts).tolist()
+        rows.append(row)
+    return pa.Table.from_pylist(rows, schema=_queue_schema())
+
+
+def _where(column, value: str):
+    """Row numbers where a string column equals ``value`` (no Python string per row)."""
+    import numpy as np
+    import pyarrow.compute as pc
+    return np.flatnonzero(pc.fill_null(pc.equal(column, value), False)
+                          .to_numpy(zero_copy_only=False))
+
+
+def _json_longs(text: str | None) -> list[int]:
+    """``from_json(text, "array<long>")``: the integers of a JSON list (nothing else)."""
+    try:
+        values = json.loads(text) if text else None
+    except ValueError:
+        return []
+    if not isinstance(values, list):
+        return []
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)
+            and -(1 << 63) <= v < (1 << 63)]
+
+
+def _transaction_schema():
+    import pyarrow as pa
+    return pa.schema([("source", pa.string()), ("offset", pa.int64()),
+                      ("time", pa.timestamp("us", tz="UTC")), ("status", pa.string()),
+                      ("ops", pa.list_(pa.string()))])
+
+
+def _transaction_rows(jrnl):
+    """:func:`transactions`'s rows of a batch of JRNL transaction rows."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    attrs = jrnl.column("attrs")
+    ops = [_op_names(text) for text in pc.map_lookup(attrs, "ops", "first").to_pylist()]
+    return pa.table([jrnl.column("source"), jrnl.column("offset"), jrnl.column("time"),
+                     pc.map_lookup(attrs, "status", "first"),
+                     pa.array(ops, pa.list_(pa.string()))], schema=_transaction_schema())
+
+
+def _op_names(text: str | None) -> list | None:
+    """Each op's ``op`` field, else the op itself as text (what ``transactions`` computes
+    with ``from_json`` and ``get_json_object``)."""
+    try:
+        values = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    if not isinstance(values, list):
+        return None
+    return [_json_text(v.get("op")) if isinstance(v, dict) and v.get("op") is not None
+            else _json_text(v) for v in values]
+
+
+def _json_text(value) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def finish(table: str, parts: list):
+    """The Arrow table ``table`` from the partial tables of every task."""
+    import pyarrow as pa
+    if table == "transactions":
+        return pa.concat_tables([p.cast(_transaction_schema()) for p in parts]) if parts else \
+            _transaction_schema().empty_table()
+    return _queues_table(pa.concat_tables(parts) if parts else _queue_schema().empty_table())
+
+
+def _queues_table(parts):
+    """:func:`queues` from the per-batch partials: merged per file, then
+    :func:`queue_heads`, then the PUTs past each reader's head counted from the runs."""
+    import bisect
+    import pyarrow as pa
+    merged: dict[tuple, dict] = {}
+    for p in parts.to_pylist():
+        f = merged.setdefault((p["source"], p["format"], p["queue"]), {
+            "source": p["source"], "format": p["format"], "queue": p["queue"],
+            "first": None, "last": None, "head": None, "done": [], "runs": []})
+        for name, pick in (("first", min), ("last", max), ("head", max)):
+            if p[f"{name}_seq"] is not None:
+                here = (p[f"{name}_seq"], p[f"{name}_id"])
+                f[name] = here if f[name] is None else pick(f[name], here)
+        f["done"].extend(p["done"] or ())
+        f["runs"].extend(zip(p["run_starts"] or (), p["run_lengths"] or ()))
+    files = [{"source": f["source"], "format": f["format"], "queue": f["queue"],
+              "first_id": f["first"][1] if f["first"] else None,
+              "last_id": f["last"][1] if f["last"] else None,
+              "raw_head": f["head"][1] if f["head"] else None, "done": f["done"]}
+             for f in merged.values()]
+    state = queue_heads(files)
+    runs = {f["source"]: f["runs"] for f in merged.values() if f["format"] == WRITER}
+    rows = []
+    for (d, q, reader), (head, tail, done) in sorted(state.items()):
+        done_ids = sorted(done)
+        pending = 0
+        for source in _writers_with_puts(files, d, q):
+            for start, length in runs.get(source, ()):
+                lo, hi = max(start, head + 1), start + length - 1
+                if hi >= lo:
+                    pending += hi - lo + 1 - (bisect.bisect_right(done_ids, hi)
+                                              - bisect.bisect_left(done_ids, lo))
+        rows.append((q, reader, head, tail, pending))
+    schema = pa.schema([("queue", pa.string()), ("reader", pa.string()), ("head", pa.int64()),
+                        ("tail", pa.int64()), ("pending", pa.int64())])
+    columns = list(zip(*rows)) if rows else [[]] * 5
+    return pa.table([pa.array(c, f.type) for c, f in zip(columns, schema)], schema=schema)

@@ -1,20 +1,20 @@
 """`journalfs pipeline INPUT OUTPUT`: journals -> Parquet tables, on local Spark or a cluster.
 
-One pass over the journals writes ``records/`` (partitioned by format); the derived tables
-are then computed from that Parquet (columnar, pruned) with DataFrame operations:
-``metadata/``, ``queues/``, ``persistence/``, ``transactions/``; damage goes to ``_damage/``.
+One Spark job reads the journals and writes ``records/`` (partitioned by format): each task
+decodes its planned slices and writes their Arrow batches with pyarrow
+(:mod:`journalfs.spark.writer`), computing as it goes the partial rows of ``queues/`` and
+``transactions/``, which the driver merges and writes; damage goes to ``_damage/``. The
+tables that need the records of several files side by side, ``metadata/`` and
+``persistence/``, are then computed from that Parquet (columnar, pruned) with DataFrame
+operations, side by side, and only when their formats were found.
 """
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from .schema import DAMAGE_KIND
-
-DAMAGE_PARTITION = "format=" + DAMAGE_KIND
 #: Unreadable paths of INPUT named in the summary (the rest are counted).
 UNREADABLE_SHOWN = 20
 
@@ -66,7 +66,7 @@ class StageProgress:
         if self.live:
             self.progress.update(self.task, description=label, completed=0, total=None, detail="")
         else:
-            self.console.print(f"journalfs pipeline: {label}", highlight=False)
+            self.console.print(f"journalfs pipeline: {label}", highlight=False, soft_wrap=True)
 
     def _stage_ids(self) -> set[int]:
         try:
@@ -115,13 +115,12 @@ def run(spark, input_path: str, output: str, console=None, files=None) -> Summar
     """Write the tables of the journals under ``input_path`` (``files``: its listing, when
     the caller made it already). An input holding no journal raises
     :class:`~journalfs.spark.plan.NoJournalError`."""
-    from pyspark.sql import functions as F
     from . import derived
     from .plan import list_journals, local_path
+    from .writer import write_records
     console = console or _console()
     output = os.path.abspath(output)
     records_dir = os.path.join(output, "records")
-    damage_raw = os.path.join(output, "_damage_raw")
     summary = Summary(output=output)
     from .storage import is_remote, s3_options
     remote = is_remote(input_path)
@@ -133,24 +132,17 @@ def run(spark, input_path: str, output: str, console=None, files=None) -> Summar
     listed = files
     summary.files, summary.bytes = len(listed), sum(f.size for f in listed)
     with StageProgress(spark, console, summary.files, summary.bytes) as progress:
+        present = {f.format for f in listed}
+        in_pass = [name for name in derived.IN_PASS if present & set(derived.TABLES[name])]
         progress.step(f"reading journals ({summary.files:,} files, {summary.bytes / 1e6:,.0f} MB)"
-                      " -> records")
-        df = spark.read.format("journal").option("includeDamage", "true") \
-            .option("parallelism", str(spark.sparkContext.defaultParallelism)) \
-            .options(**dict(storage)).load(input_path)
-        routed = df.withColumn("format", F.when(F.col("kind") == DAMAGE_KIND, F.lit(DAMAGE_KIND))
-                               .otherwise(F.col("format")))
-        routed.write.mode("overwrite").partitionBy("format").parquet(records_dir)
-        shutil.rmtree(damage_raw, ignore_errors=True)
-        if os.path.isdir(os.path.join(records_dir, DAMAGE_PARTITION)):
-            os.rename(os.path.join(records_dir, DAMAGE_PARTITION), damage_raw)
-
-        write_damage(damage_raw, os.path.join(output, "_damage"))
-        shutil.rmtree(damage_raw, ignore_errors=True)
+                      " -> " + ", ".join(["records", *in_pass]))
+        written = write_records(spark, plan_groups(spark, listed, storage), records_dir)
+        write_damage(written.damage, os.path.join(output, "_damage"))
+        for name, table in written.tables.items():
+            write_arrow(table, os.path.join(output, name))
 
         records = spark.read.schema(_records_schema()).parquet(_literal(records_dir))
-        present = {f.format for f in listed}
-        tables = list(derived.TABLES)
+        tables = [name for name in derived.TABLES if name not in derived.IN_PASS]
         busy = [name for name in tables if present & set(derived.TABLES[name])]
         progress.step("writing " + (", ".join(busy) or "empty tables"))
         # small inputs: each job is mostly fixed driver-side latency (planning, codegen,
@@ -168,11 +160,21 @@ def run(spark, input_path: str, output: str, console=None, files=None) -> Summar
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    for name in ("records", *tables, "_damage"):
+    for name in ("records", *derived.TABLES, "_damage"):
         summary.rows[name] = parquet_rows(os.path.join(output, name))
     summary.damaged_files = summary.rows["_damage"]  # one damage row per damaged file
     summary.damage = damage_rows(os.path.join(output, "_damage"))
     return summary
+
+
+def plan_groups(spark, files, storage: tuple = ()) -> list:
+    """The task groups of ``files``: planned here on the driver from the listing already
+    made (the ``journal`` data source would list again and start three Python processes of
+    its own: look-up, schema, planning, about 1.5 s each before the first task)."""
+    from ..fs.indexfiles import user_cache_dir
+    from .plan import plan
+    return plan(files, spark.sparkContext.defaultParallelism, cache_dir=user_cache_dir(),
+                storage=storage).groups
 
 
 def _literal(path: str) -> str:
@@ -191,22 +193,21 @@ def _write_table(spark, records, name: str, path: str, has_input: bool) -> None:
     table.write.mode("overwrite").parquet(path)
 
 
-def write_damage(damage_raw: str, path: str) -> None:
-    """The ``_damage`` table (path, offset, reason; one row per damaged file) from the damage
-    rows the records' pass set aside: a few rows, written with pyarrow (no Spark job)."""
+def write_damage(damage: list[tuple[str, int, str]], path: str) -> None:
+    """The ``_damage`` table (path, offset, reason; one row per damaged file) from what the
+    records' tasks reported: a few rows, written with pyarrow (no Spark job)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
     schema = pa.schema([("path", pa.string()), ("offset", pa.int64()), ("reason", pa.string())])
-    if os.path.isdir(damage_raw):
-        raw = pq.read_table(damage_raw, columns=["source", "offset", "attrs"])
-        table = pa.table([raw.column("source"), raw.column("offset"),
-                          pc.map_lookup(raw.column("attrs"), "reason", "first")], schema=schema)
-        table = table.sort_by([("path", "ascending"), ("offset", "ascending")])
-    else:
-        table = schema.empty_table()
+    columns: list = list(zip(*sorted(damage))) if damage else [[], [], []]
+    write_arrow(pa.table([pa.array(c, f.type) for c, f in zip(columns, schema)], schema=schema),
+                path)
+
+
+def write_arrow(table, path: str) -> None:
+    """A table the driver holds, as a Parquet dataset of one file (with ``_SUCCESS``)."""
+    import pyarrow.parquet as pq
     os.makedirs(path, exist_ok=True)
-    pq.write_table(table, os.path.join(path, "part-00000.parquet"))
+    pq.write_table(table, os.path.join(path, "part-00000.snappy.parquet"), compression="snappy")
     open(os.path.join(path, "_SUCCESS"), "wb").close()
 
 
@@ -260,9 +261,12 @@ def spark_for(master: str | None, scratch: str | None = None, conf: dict | None 
     memory sizes and settings) comes last, so it wins."""
     from .session import build_session, package_zip
     master = master or "local[*]"
-    settings = {"spark.sql.shuffle.partitions": "8", "spark.ui.showConsoleProgress": "false"}
+    settings = {"spark.sql.shuffle.partitions": "8", "spark.ui.showConsoleProgress": "false",
+                # the read (mapInArrow) and the metadata replay (applyInArrow) would set
+                # different worker environments and so start two Python daemons
+                "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false"}
     settings.update(conf or {})
-    spark = build_session(master, "journalfs pipeline", settings)
+    spark = build_session(master, "journalfs pipeline", settings, journal_source=False)
     if not master.startswith("local"):
         spark.sparkContext.addPyFile(package_zip(scratch))
     return spark

@@ -6,6 +6,7 @@ formats by arithmetic, variable-width formats at cached header-walk checkpoints
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fnmatch
 import os
@@ -246,10 +247,10 @@ def _fixed_slices(f: JournalFile, record_size: int, header: int, target: int) ->
     return slices or [FileSlice(f.path, f.format)]
 
 
-def _checkpoint_slices(f: JournalFile, target: int, cache_dir: str | None,
+def _checkpoint_slices(f: JournalFile, target: int, indexes,
                        partners: tuple[tuple[str, str], ...]) -> list[FileSlice]:
-    from .checkpoints import checkpoints
-    points = checkpoints(f.path, f.format, target, cache_dir)
+    from .checkpoints import checkpoints  # numpy and the index files: only for big files
+    points = checkpoints(f.path, f.format, target, indexes)
     if len(points) < 2:
         return [FileSlice(f.path, f.format, partners=partners)]
     ends = [p[0] for p in points[1:]] + [None]
@@ -258,7 +259,7 @@ def _checkpoint_slices(f: JournalFile, target: int, cache_dir: str | None,
 
 
 def slices_for(f: JournalFile, target: int, files: list[JournalFile],
-               cache_dir: str | None = None,
+               indexes=None,
                by_dir: dict[str, list[tuple[str, str]]] | None = None,
                storage: tuple = ()) -> list[FileSlice]:
     from dataclasses import replace
@@ -275,15 +276,24 @@ def slices_for(f: JournalFile, target: int, files: list[JournalFile],
     if codec.record_size:
         return [replace(s, storage=storage)
                 for s in _fixed_slices(f, codec.record_size, codec.header_size, target)]
-    return _checkpoint_slices(f, target, cache_dir, partners)
+    return _checkpoint_slices(f, target, indexes, partners)
 
 
 def plan(files: list[JournalFile], parallelism: int, max_split: int = 128 * MiB,
          cache_dir: str | None = None, storage: tuple = ()) -> Plan:
-    """Group small files into tasks of about ``split_target`` work; split big files.
+    """Group small files into tasks of about ``split_target`` work; split big files (at
+    checkpoints of their record indexes, kept in ``cache_dir``'s ``indexes/``: the user's
+    cache directory is the CLI's; None: in memory only).
 
     Groups come out costliest first: Spark starts tasks in partition order, so the long ones
     start early and the short ones fill the cores at the end."""
+    from ..fs.indexfiles import IndexCache  # the index files: only when planning
+    with contextlib.closing(IndexCache(cache_dir or "")) as indexes:
+        return _plan(files, parallelism, max_split, indexes, storage)
+
+
+def _plan(files: list[JournalFile], parallelism: int, max_split: int, indexes,
+          storage: tuple) -> Plan:
     target = split_target(sum(cost(f) for f in files), parallelism, max_split)
     by_dir = siblings_by_dir(files)
     weighted: list[tuple[int, list[FileSlice]]] = []
@@ -291,11 +301,11 @@ def plan(files: list[JournalFile], parallelism: int, max_split: int = 128 * MiB,
     group_cost = 0
     for f in files:
         if f.size > target:
-            slices = slices_for(f, target, files, cache_dir, by_dir, storage)
+            slices = slices_for(f, target, files, indexes, by_dir, storage)
             each = cost(f) // len(slices)
             weighted.extend((each, [s]) for s in slices)
             continue
-        group.extend(slices_for(f, target, files, cache_dir, by_dir, storage))
+        group.extend(slices_for(f, target, files, indexes, by_dir, storage))
         group_cost += cost(f)
         if group_cost >= target:
             weighted.append((group_cost, group))

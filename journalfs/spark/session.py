@@ -9,8 +9,11 @@ import zipfile
 LOOPBACK = "127.0.0.1"
 
 
-def build_session(master: str = "local[*]", app_name: str = "journalfs", conf: dict | None = None):
-    """A session bound to loopback, UI off, whose Python workers run this interpreter."""
+def build_session(master: str = "local[*]", app_name: str = "journalfs", conf: dict | None = None,
+                  journal_source: bool = True):
+    """A session bound to loopback, UI off, whose Python workers run this interpreter, with
+    the ``journal`` data source registered (``journal_source``: registering it makes Spark
+    start a Python process to look up data sources, which the pipeline does not need)."""
     os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -21,14 +24,14 @@ def build_session(master: str = "local[*]", app_name: str = "journalfs", conf: d
                .config("spark.driver.bindAddress", LOOPBACK)
                .config("spark.pyspark.python", sys.executable)
                .config("spark.pyspark.driver.python", sys.executable)
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.python.filterPushdown.enabled", "true"))
+               .config("spark.sql.session.timeZone", "UTC"))
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    from . import register
-    register(spark)
+    if journal_source:
+        from . import register
+        register(spark)
     return spark
 
 

@@ -10,7 +10,9 @@ open fails its task (Spark retries it, elsewhere on a cluster) and then the job.
 
 Options: ``formats`` (comma list), ``recursive`` (default true), ``pathGlobFilter``,
 ``includeDamage`` (default false), ``parallelism`` (tasks are sized for it; default: the
-driver's CPU count), ``maxSplitBytes``, ``checkpointCache`` (directory, or "" for none);
+driver's CPU count), ``maxSplitBytes``, ``checkpointCache`` (the directory whose ``indexes/``
+keeps big journals' record indexes, shared with the CLI; default ``~/.cache/journalfs``;
+"" for none);
 for ``s3://``/``s3a://`` paths ``endpoint`` and ``region`` (:mod:`journalfs.spark.storage`).
 """
 from __future__ import annotations
@@ -18,15 +20,13 @@ from __future__ import annotations
 import os
 from typing import Iterator
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, EqualTo, In, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from .schema import DAMAGE_KIND, DDL
+from .schema import DDL
 
 #: Rows per decoded batch, and the size small files' batches are merged up to before they go
 #: to the JVM (every batch costs an Arrow IPC message and JVM-side set-up).
 BATCH_ROWS = 65536
-#: Push-down needs this conf on (Spark refuses readers with pushFilters otherwise).
-PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
 
 def _true(value: str | None, default: bool) -> bool:
@@ -52,27 +52,19 @@ class JournalDataSource(DataSource):
 
 
 class JournalReader(DataSourceReader):
-    #: column -> pushed-down allowed values (ANDed across filters)
     def __init__(self, options: dict):
         self.options = {k.lower(): v for k, v in options.items()}
-        self.allowed: dict[str, set] = {}
-        formats = self.options.get("formats")
-        if formats:
-            self.allowed["format"] = {f.strip() for f in formats.split(",") if f.strip()}
+        formats = self.options.get("formats") or ""
+        self.formats = {f.strip() for f in formats.split(",") if f.strip()}
 
     # -- planning (driver) -----------------------------------------------------------------
-    def pushFilters(self, filters):
-        for flt in filters:
-            column = flt.attribute[0] if len(flt.attribute) == 1 else None
-            if column in ("format", "kind", "source") and isinstance(flt, (EqualTo, In)):
-                values = {flt.value} if isinstance(flt, EqualTo) else set(flt.value)
-                current = self.allowed.get(column)
-                self.allowed[column] = values if current is None else current & values
-            else:
-                yield flt
-
+    # No pushFilters: Spark (4.1) plans a Python data source's reader once per relation, so
+    # filters pushed by one scan of a DataFrame pruned the others too; a self-join (the
+    # persistence table's links) then read akka data rows in place of meta rows, and a
+    # union of two filtered scans read the first filter's files twice. The ``formats``
+    # option prunes files explicitly.
     def partitions(self):
-        from .checkpoints import default_cache_dir
+        from ..fs.indexfiles import user_cache_dir
         from .plan import list_journals, plan
         path = self.options.get("path")
         if not path:
@@ -82,32 +74,36 @@ class JournalReader(DataSourceReader):
         # a wrong path, an unsupported scheme or no journal at all raise: never a silent 0 rows
         files = list_journals(path, _true(self.options.get("recursive"), True),
                               self.options.get("pathglobfilter"), required=True, storage=storage)
-        if "format" in self.allowed:
-            files = [f for f in files if f.format in self.allowed["format"]]
-        if "source" in self.allowed:
-            files = [f for f in files if f.path in self.allowed["source"]]
-        if "kind" in self.allowed:
-            from ..formats import CODECS
-            kinds = self.allowed["kind"]
-            if not (kinds & {DAMAGE_KIND}):
-                files = [f for f in files if not CODECS[f.format].kinds
-                         or set(CODECS[f.format].kinds) & kinds]
+        if self.formats:
+            files = [f for f in files if f.format in self.formats]
         parallelism = int(self.options.get("parallelism") or os.cpu_count() or 1)
         max_split = int(self.options.get("maxsplitbytes") or 128 << 20)
         cache = self.options.get("checkpointcache")
-        cache = default_cache_dir() if cache is None else (cache or None)
+        cache = user_cache_dir() if cache is None else (cache or None)
         groups = plan(files, parallelism, max_split, cache, storage).groups
         return [JournalPartition(g) for g in groups]
 
     # -- reading (executors) ---------------------------------------------------------------
     def read(self, partition) -> Iterator:
-        from .read import read_slice
         if partition is None or getattr(partition, "slices", None) is None:
             return iter(())
         include_damage = _true(self.options.get("includedamage"), False)
-        kinds = self.allowed.get("kind")
-        return coalesce((batch for s in partition.slices
-                         for batch in read_slice(s, include_damage, kinds, BATCH_ROWS)), BATCH_ROWS)
+        return read_group(partition.slices, include_damage)
+
+
+def read_group(slices, include_damage: bool) -> Iterator:
+    """The record batches of one task's slices (small files' batches merged)."""
+    from .read import read_slice
+    return coalesce((batch for s in slices
+                     for batch in read_slice(s, include_damage, BATCH_ROWS)), BATCH_ROWS)
+
+
+def read_groups(groups, include_damage: bool, ids: Iterator) -> Iterator:
+    """``mapInArrow`` function of the pipeline: ``ids`` are batches of a ``range`` column
+    (one task per group), each the index of a group of ``groups`` to read."""
+    for batch in ids:
+        for i in batch.column(0).to_pylist():
+            yield from read_group(groups[i], include_damage)
 
 
 def coalesce(batches: Iterator, rows: int, max_bytes: int | None = None) -> Iterator:
@@ -134,5 +130,4 @@ def coalesce(batches: Iterator, rows: int, max_bytes: int | None = None) -> Iter
 
 def register(spark) -> None:
     """Make ``spark.read.format("journal")`` available in this session."""
-    spark.conf.set(PUSHDOWN_CONF, "true")
     spark.dataSource.register(JournalDataSource)

@@ -1,0 +1,174 @@
+"""The ``records`` table written by the tasks that read the journals, in one Spark job.
+
+Each task reads its planned group of slices (:func:`journalfs.spark.source.read_group`, the
+data source's own code) and writes the Arrow batches straight to Parquet with pyarrow, one
+file per format it met (``records/format=F/part-<task>-<attempt>.snappy.parquet``, the
+layout Spark's ``partitionBy("format")`` writes). No row crosses into the JVM: Spark's own
+writer would turn every Arrow row into a JVM row and encode it again (most of the JVM's CPU
+on big inputs, and on small ones a planned write with a commit protocol of its own). What
+the tasks send back are a few rows: the files they wrote, with their row counts, and the
+damage they met. The driver keeps exactly the files the successful attempts name (a failed
+or retried attempt's files are removed), so the table is complete or the job failed.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+#: What each task reports: a file it wrote (path, format, rows), a damaged journal
+#: (path, offset, reason), or the partial rows of a table computed in this pass
+#: (table, Arrow IPC stream: :data:`journalfs.spark.derived.IN_PASS`).
+RESULT_DDL = ("path string, format string, rows long, offset long, reason string, "
+              "table string, partial binary")
+RESULT_NAMES = ("path", "format", "rows", "offset", "reason", "table", "partial")
+PARQUET_SUFFIX = ".snappy.parquet"
+
+
+@dataclass
+class Written:
+    files: dict[str, int] = field(default_factory=dict)  # Parquet file -> rows
+    #: (journal, byte offset, reason) of every damaged journal, sorted
+    damage: list[tuple[str, int, str]] = field(default_factory=list)
+    #: the tables computed in this pass: name -> Arrow table
+    tables: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return sum(self.files.values())
+
+
+def write_records(spark, groups: list, records_dir: str) -> Written:
+    """Read ``groups`` (a plan's task groups) and write the ``records`` table to
+    ``records_dir``, in one job of one task per group."""
+    os.makedirs(records_dir, exist_ok=True)
+    task = functools.partial(write_groups, groups, records_dir)
+    results = spark.range(0, len(groups), 1, max(1, len(groups))) \
+        .mapInArrow(task, RESULT_DDL).collect()
+    import pyarrow as pa
+    from . import derived
+    written = Written()
+    parts: dict[str, list] = {name: [] for name in derived.IN_PASS}
+    for r in results:
+        if r["table"] is not None:
+            parts[r["table"]].append(pa.ipc.open_stream(bytes(r["partial"])).read_all())
+        elif r["reason"] is not None:
+            written.damage.append((r["path"], r["offset"], r["reason"]))
+        else:
+            written.files[r["path"]] = r["rows"]
+    written.damage.sort()
+    missing = [path for path in written.files if not _seen(path)]
+    if missing:  # executors on other machines wrote to their own disks
+        raise OSError(f"the executors wrote {missing[0]} (and {len(missing) - 1} more files) "
+                      "where the driver does not see them: on a cluster, the output must be "
+                      "on a file system the driver shares with every executor")
+    written.tables = {name: derived.finish(name, p) for name, p in parts.items()}
+    _remove_others(records_dir, written.files)
+    open(os.path.join(records_dir, "_SUCCESS"), "wb").close()
+    return written
+
+
+def _seen(path: str) -> bool:
+    """A file a task reports is on the driver's file system too."""
+    return os.path.isfile(path)
+
+
+def _remove_others(records_dir: str, keep: dict[str, int]) -> None:
+    """What failed or repeated task attempts left behind (and a format's directory that
+    only they wrote into)."""
+    for d, _dirs, names in os.walk(records_dir, topdown=False):
+        for name in names:
+            path = os.path.join(d, name)
+            if name.endswith(PARQUET_SUFFIX) and path not in keep:
+                os.unlink(path)
+        if d != records_dir and not os.listdir(d):
+            os.rmdir(d)
+
+
+def write_groups(groups: list, records_dir: str, ids: Iterator) -> Iterator:
+    """``mapInArrow`` function: ``ids`` hold the indexes of the groups this task reads
+    (one, from a ``range``); yields one batch of :data:`RESULT_DDL` rows at the end."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyspark import TaskContext
+    from . import derived
+    from .schema import DAMAGE_KIND
+    from .source import read_group
+    ctx = TaskContext.get()
+    name = f"part-{ctx.partitionId():05d}-{ctx.attemptNumber()}{PARQUET_SUFFIX}" if ctx \
+        else f"part-{os.getpid()}{PARQUET_SUFFIX}"
+    files = _FormatFiles(records_dir, name)
+    damage: list[tuple[str, int, str]] = []
+    parts: dict[str, list] = {}
+    try:
+        for ids_batch in ids:
+            for i in ids_batch.column(0).to_pylist():
+                for batch in read_group(groups[i], True):
+                    is_damage = pc.equal(batch.column("kind"), DAMAGE_KIND)
+                    if pc.any(is_damage).as_py():
+                        bad = batch.filter(is_damage)
+                        reasons = pc.map_lookup(bad.column("attrs"), "reason", "first")
+                        damage.extend(zip(bad.column("source").to_pylist(),
+                                          bad.column("offset").to_pylist(),
+                                          reasons.to_pylist()))
+                        batch = batch.filter(pc.invert(is_damage))
+                    files.write(batch)
+                    for table, part in derived.partials(batch).items():
+                        parts.setdefault(table, []).append(part)
+    finally:
+        files.close()
+    rows: list[tuple] = [(path, fmt, n, None, None, None, None)
+                         for path, (fmt, n) in files.written.items()]
+    rows += [(path, None, None, offset, reason, None, None) for path, offset, reason in damage]
+    for table, tables in parts.items():
+        sink = pa.BufferOutputStream()
+        combined = pa.concat_tables(tables)
+        with pa.ipc.new_stream(sink, combined.schema) as stream:
+            stream.write_table(combined)
+        rows.append((None, None, None, None, None, table, sink.getvalue().to_pybytes()))
+    columns: list = list(zip(*rows)) if rows else [[]] * len(RESULT_NAMES)
+    types = (pa.string(), pa.string(), pa.int64(), pa.int64(), pa.string(), pa.string(),
+             pa.binary())
+    yield pa.record_batch([pa.array(c, t) for c, t in zip(columns, types)], names=RESULT_NAMES)
+
+
+class _FormatFiles:
+    """One Parquet writer per format met, opened on its first rows."""
+
+    def __init__(self, records_dir: str, name: str):
+        self.records_dir, self.name = records_dir, name
+        self.writers: dict[str, Any] = {}
+        self.written: dict[str, tuple[str, int]] = {}  # path -> (format, rows)
+
+    def write(self, batch) -> None:
+        import pyarrow.compute as pc
+        if not batch.num_rows:
+            return
+        formats = batch.column("format")
+        for fmt in pc.unique(formats).to_pylist():
+            part = batch if len(formats.unique()) == 1 else \
+                batch.filter(pc.equal(formats, fmt))
+            self._writer(fmt).write_batch(part.drop_columns(["format"]))
+            path = self._path(fmt)
+            self.written[path] = (fmt, self.written.get(path, (fmt, 0))[1] + part.num_rows)
+
+    def _path(self, fmt: str) -> str:
+        return os.path.join(self.records_dir, f"format={fmt}", self.name)
+
+    def _writer(self, fmt: str):
+        import pyarrow.parquet as pq
+        from .schema import arrow_schema
+        writer = self.writers.get(fmt)
+        if writer is None:
+            schema = arrow_schema()
+            os.makedirs(os.path.dirname(self._path(fmt)), exist_ok=True)
+            writer = self.writers[fmt] = pq.ParquetWriter(
+                self._path(fmt), schema.remove(schema.get_field_index("format")),
+                compression="snappy")
+        return writer
+
+    def close(self) -> None:
+        for writer in self.writers.values():
+            writer.close()
+        self.writers.clear()
