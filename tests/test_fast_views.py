@@ -35,7 +35,7 @@ DEMO_JOURNALS = {
     "akka/orders/data", "akka/orders/meta", "gvfs-metadata/home",
     "gvfs-metadata/home-5eedface.log", "jrnl/db.jrnl", "queues/jobs.1700000000000",
     "queues/jobs.1700000060000", "queues/jobs.read.", "queues/jobs.read.mailer",
-    "wallaby/events.log", "wallaby/events.log.idx"}
+    "sqlite/shop.db-wal", "wallaby/events.log", "wallaby/events.log.idx"}
 
 
 @pytest.fixture
@@ -126,7 +126,7 @@ def test_records_tree_lists_every_journal_and_nothing_else(source, cli):
     async def hidden(ops):
         records = await lookup_path(ops, ".journalfs/records")
         top = set(await listdir(ops, records.st_ino))
-        assert top == {"akka", "gvfs-metadata", "jrnl", "queues", "wallaby"}  # no docs, photos
+        assert top == {"akka", "gvfs-metadata", "jrnl", "queues", "sqlite", "wallaby"}  # no docs, photos
         for missing in ("docs", "photos", "README.txt", "docs/notes.md", "wallaby/nothing"):
             assert await error_of(lookup_path(ops, f".journalfs/records/{missing}")) == \
                 errno.ENOENT, missing

@@ -69,6 +69,9 @@ def test_every_conformance_file_has_the_cli_records(spark, records_corpus, recor
     got = rows_by_source(df)
     for name, expected in records_expected.items():
         rows = got.pop(str(records_corpus / name), [])
+        if not expected["records"]:  # damaged before its first record (a WAL's header)
+            assert not rows, name
+            continue
         assert rows, f"{name} missing from the DataFrame"
         assert {r["format"] for r in rows} == {expected["format"]}
         assert_same_records(rows, expected["records"])
