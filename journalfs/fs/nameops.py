@@ -118,16 +118,16 @@ class NamespaceOps(StoreCalls):
         if flags & pyfuse3.RENAME_EXCHANGE:
             self.table.renamed([(old, new), (new, old)], dirs)
             tmp = self.store_path(b".journalfs-exchange-%d" % next(self._exchange_tmp))
-            await self._meta_restructure_after(old, "move", self.store_path(old), tmp)
-            await self._meta_restructure_after(old, "move", self.store_path(new),
+            await self._meta_restructure_after(old, self.meta.move, self.store_path(old), tmp)
+            await self._meta_restructure_after(old, self.meta.move, self.store_path(new),
                                                self.store_path(old))
-            await self._meta_restructure_after(old, "move", tmp, self.store_path(new))
+            await self._meta_restructure_after(old, self.meta.move, tmp, self.store_path(new))
             return
         if replaced:
             self.table.unlinked(new)
-            await self._meta_restructure_after(new, "remove", self.store_path(new))
+            await self._meta_restructure_after(new, self.meta.remove, self.store_path(new))
         self.table.renamed([(old, new)], dirs)
-        await self._meta_restructure_after(old, "move", self.store_path(old),
+        await self._meta_restructure_after(old, self.meta.move, self.store_path(old),
                                            self.store_path(new))
 
     def _forget_stat_node(self, node: Inode) -> None:
@@ -188,7 +188,7 @@ class NamespaceOps(StoreCalls):
         self.snapshots.attrs_changed(*self.table.names_of(linked))
         if rel is not None and sources:
             # metadata belongs to the file: the new name shows what the others show
-            await self._meta_restructure("copy", self.store_path(sources[-1]),
+            await self._meta_restructure(self.meta.copy, self.store_path(sources[-1]),
                                          self.store_path(rel))
         return attrs
 
