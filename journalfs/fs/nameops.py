@@ -92,7 +92,8 @@ class NamespaceOps(StoreCalls):
             self.snapshots.attrs_changed(*self.table.names_of(node))
 
     @guarded
-    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
+                     name_new: bytes, flags: int, ctx: pyfuse3.RequestContext) -> None:
         old_parent, old = self._dir(parent_inode_old, name_old)
         new_parent, new = self._dir(parent_inode_new, name_new)
         self._pin(new_parent, new, name_new)  # a replaced file may still be open
@@ -171,7 +172,8 @@ class NamespaceOps(StoreCalls):
         os.symlink(target, name, dir_fd=dir_fd)
 
     @guarded
-    async def link(self, inode, new_parent_inode, new_name, ctx):
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes,
+                   ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         if self.readonly or self.views.owns(inode):
             raise pyfuse3.FUSEError(errno.EROFS)
         node = self.table.get(inode)

@@ -37,15 +37,33 @@ import logging
 import os
 import random
 import struct
-from typing import Awaitable, Callable, ParamSpec
+from typing import Any, Awaitable, Callable, ParamSpec, Protocol
 
 import pyfuse3
 import trio
 
+from ..metastore.backend import MetadataBackend
 from ..metastore.ledger import file_identity, metadata_bytes
-from .inodes import source_handle
+from ..metastore.location import StoreLocation
+from .inodes import InodeTable, source_handle
 
 P = ParamSpec("P")
+
+
+class Mount(Protocol):
+    """What the rules use of the mount: its store calls (``fs.storecalls.StoreCalls``,
+    which this module must not import: the mount's core imports it), typed so the checker
+    sees each call of the store."""
+    meta: MetadataBackend
+    table: InodeTable
+    location: StoreLocation
+
+    def store_path(self, rel: bytes) -> str: ...
+    async def _meta_values(self, store_path: str) -> dict: ...
+    async def _meta_set(self, store_path: str, key: str, value: Any) -> None: ...
+    async def _meta_unset(self, store_path: str, key: str) -> None: ...
+    async def _meta_restructure(self, fn: Callable[P, Awaitable[object]], *args: P.args,
+                                **kwargs: P.kwargs) -> None: ...
 
 log = logging.getLogger("journalfs.fs")
 
@@ -111,8 +129,8 @@ class InodeProbe:
 
 
 class Ownership:
-    def __init__(self, fs, ledger):
-        self.fs = fs
+    def __init__(self, fs: Any, ledger):
+        self.fs: Mount = fs  # the mount's core, built on StoreCalls (see Mount)
         self.ledger = ledger  # None: a store this mount does not own (gvfsd): no binding
 
     # -- identities ------------------------------------------------------------------------
@@ -135,6 +153,11 @@ class Ownership:
             store_path = store_path[len(prefix):]
         return os.fsencode(store_path.lstrip("/"))
 
+    def _root_fd(self) -> int:
+        fd = self.fs.table.root.fd
+        assert fd is not None  # SOURCE's root is held open for as long as the mount runs
+        return fd
+
     def identity_at(self, store_path: str) -> tuple | None:
         """The identity of what SOURCE holds at ``store_path`` now (None: nothing)."""
         if _parked(store_path):
@@ -143,7 +166,7 @@ class Ownership:
         if rel is None:
             return None
         try:
-            return file_identity(self.fs.table.root.fd, rel)[0]
+            return file_identity(self._root_fd(), rel)[0]
         except OSError:
             return None
 
@@ -325,7 +348,7 @@ class Ownership:
         if self.ledger is None:
             return
         self.expiry = self.ledger.expiry  # status.json: service.ledger.expiry
-        probe = await trio.to_thread.run_sync(InodeProbe, self.fs.table.root.fd)
+        probe = await trio.to_thread.run_sync(InodeProbe, self._root_fd())
         try:
             if not probe.usable:
                 self.expiry["state"] = f"off: {probe.reason}"
