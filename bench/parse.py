@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/parse.py [--mb 100] [--formats a,b] [--repeat 3] [--cpu 0]
 
-For each format a file of at least --mb MB is generated once with the codec's own
-writer (payloads <= 100 bytes where the format has payloads) and cached in bench/out/parse/.
+For each format a file of at least --mb MB is generated once by the codec itself
+(``Codec.sample_file``: its own writer, payloads <= 100 bytes where the format has payloads)
+and cached in bench/out/parse/.
 On one pinned core, with the file in the page cache, the run times
 
 - ``cat FILE > /dev/null`` (the physical limit: reading the bytes, nothing else),
@@ -36,105 +37,21 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from journalfs import demo  # noqa: E402
 from journalfs.formats import CODECS, Columns  # noqa: E402
-from journalfs.formats.akka import AkkaData  # noqa: E402
-from journalfs.formats.sqlite_wal import sample_frames  # noqa: E402
-from journalfs.formats.wallaby import build_index  # noqa: E402
 from journalfs.journals import RecordIndex, mapped  # noqa: E402
 
 OUT = REPO / "bench" / "out" / "parse"
 BATCH_ROWS = 1 << 16
-PAYLOAD = (16, 100)
 #: Formats whose records are variable-length with payloads <= 100 B: the 1 M records/s target.
 VARIABLE_WITH_PAYLOAD = ("kestrel-writer", "akka-data", "wallaby-log")
 RECORDS_TARGET = 1_000_000
 CAT_RATIO_TARGET = {"wallaby-index": 0.5}
 
 
-# -- generating inputs (each returns file bytes holding about ``n`` records) ----------------------
-
-def _kestrel_writer(rng: random.Random, n: int) -> bytes:
-    return CODECS["kestrel-writer"].write(demo.kestrel_put_records(rng, n, payload=PAYLOAD))
-
-
-def _kestrel_reader(rng: random.Random, n: int) -> bytes:
-    records, head = [], 0
-    for _ in range(n // 2):
-        head += rng.randint(1, 50)
-        records.append({"kind": "read_head", "id": head})
-        records.append({"kind": "read_done", "ids": sorted(rng.sample(range(head + 1, head + 200), 8))})
-    return CODECS["kestrel-reader"].write(records)
-
-
-def _akka_data(rng: random.Random, n: int) -> bytes:
-    pids = tuple(f"order-{i}" for i in range(1000))
-    data, _meta = AkkaData.build(demo.akka_messages(rng, n, pids, payload=PAYLOAD))
-    return data
-
-
-def _akka_meta(rng: random.Random, n: int) -> bytes:
-    records = []
-    for i in range(n):
-        first = 8 + 100 * rng.randrange(10**6)
-        records.append({"persistence_id": f"user-{i:08d}", "first": first,
-                        "last": first + 100 * rng.randrange(1000), "highest_seq": rng.randint(1, 10**6)})
-    return CODECS["akka-meta"].write(records)
-
-
-def _wallaby_log(rng: random.Random, n: int) -> bytes:
-    records = [{"time": t, "payload": p} for t, p in demo.wallaby_items(rng, n, payload=PAYLOAD)]
-    return CODECS["wallaby-log"].write(records)
-
-
-def _wallaby_index(rng: random.Random, n: int) -> bytes:
-    times = demo.BASE_NS + np.cumsum(np.random.default_rng(rng.randrange(2**32)).integers(
-        1, 5_000_000_000, n, dtype=np.int64))
-    offsets = 16 + np.cumsum(np.full(n, 16 + 58, dtype=np.int64)) - (16 + 58)
-    return build_index(Columns({"time": times, "offset": offsets}, n, None, n))
-
-
-def _jrnl(rng: random.Random, n: int) -> bytes:
-    return CODECS["jrnl"].write(demo.jrnl_records(rng, n, last="complete"))
-
-
-def _gvfs_journal(rng: random.Random, n: int) -> bytes:
-    entries = []
-    for i in range(n):
-        path = f"/home/user/docs/d{i % 997}/file-{i}.txt"
-        if i % 4 == 3:
-            entries.append({"kind": "setv", "mtime": demo.BASE_S + i, "path": path,
-                            "key": "emblems", "value": ["urgent", "shared"]})
-        else:
-            entries.append({"kind": "set", "mtime": demo.BASE_S + i, "path": path,
-                            "key": "annotation", "value": f"note {rng.randrange(10**6)}"})
-    return CODECS["gvfs-journal"].write(entries, tag=0x12345678)
-
-
-def _gvfs_tree(rng: random.Random, n: int) -> bytes:
-    nodes = [{"path": f"/home/user/d{i // 1000}/file-{i}.txt", "mtime": demo.BASE_S + i,
-              "metadata": {"annotation": f"note {rng.randrange(10**6)}",
-                           **({"emblems": ["urgent", "shared"]} if i % 4 == 3 else {})}}
-             for i in range(n)]
-    return CODECS["gvfs-tree"].write(nodes, tag=0x12345678)
-
-
-def _sqlite_wal(rng: random.Random, n: int) -> bytes:
-    return CODECS["sqlite-wal"].write(sample_frames(rng, n), page_size=1024)
-
-
-GENERATORS: dict[str, Callable[[random.Random, int], bytes]] = {
-    "gvfs-tree": _gvfs_tree, "gvfs-journal": _gvfs_journal, "kestrel-writer": _kestrel_writer,
-    "kestrel-reader": _kestrel_reader, "akka-meta": _akka_meta, "akka-data": _akka_data,
-    "wallaby-log": _wallaby_log, "wallaby-index": _wallaby_index, "jrnl": _jrnl,
-    "sqlite-wal": _sqlite_wal,
-}
-
+# -- inputs: each codec's own sample file (Codec.sample_file); a new format needs no edit here
 
 def input_file(fmt: str, megabytes: int) -> Path:
     """The cached benchmark file for ``fmt`` (made when missing or too small)."""
@@ -142,7 +59,7 @@ def input_file(fmt: str, megabytes: int) -> Path:
     target = megabytes * 1_000_000
     if path.exists() and path.stat().st_size >= target:
         return path
-    generate = GENERATORS[fmt]
+    generate = CODECS[fmt].sample_file
     probe = 2000
     per_record = len(generate(random.Random(1), probe)) / probe
     n = int(target / per_record * 1.03) + 1

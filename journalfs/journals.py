@@ -523,16 +523,32 @@ class RecordIndex:
         last = min(self.count, first + count)
         if first >= last:
             return EMPTY
-        start = None
+        start = self._checkpoint_offset(first)
+        with self._range(start, last) as (buf, stop):
+            return json_chunk(self.codec, buf, self.path, start, first, last - first, stop)
+
+    def column_batches(self, first: int, last: int) -> Batches:
+        """Records ``first .. last-1`` as :func:`scan`'s column batches (the last batch may
+        run past ``last``; a damaged file's last one carries the error), read by the index's
+        own reader of a record range (views: a bounded pread, never a mapping). ``first``
+        must be a checkpointed record (or 0): decoding starts right there. Close the
+        iterator (or run it out) before the file may go: it holds the range open."""
+        start = self._checkpoint_offset(first)
+        with self._range(start, last) as (buf, stop), \
+                contextlib.closing(scan(self.codec, buf, self.path, start, first, stop,
+                                        rows=last - first)) as batches:
+            yield from batches
+
+    def _checkpoint_offset(self, first: int) -> int | None:
+        """Where checkpointed record ``first`` starts (None: record 0, the file's start)."""
         if self.codec.resumable and self.seqs and first:
             i = bisect.bisect_right(self.seqs, first) - 1
             if self.seqs[i] != first:
                 raise ValueError(f"record {first} is not at a checkpoint")
-            start = self.offsets[i]
-        elif first:
-            raise ValueError("only checkpointed records can start JSON lines")
-        with self._range(start, last) as (buf, stop):
-            return json_chunk(self.codec, buf, self.path, start, first, last - first, stop)
+            return self.offsets[i]
+        if first:
+            raise ValueError(f"record {first} is not at a checkpoint (none recorded)")
+        return None
 
 
 #: Records per batch while indexing, and the bytes a batch aims to span: together they bound

@@ -9,7 +9,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "journalfs"
@@ -19,12 +18,6 @@ DOC = REPO / "ARCHITECTURE.md"
 #: modules of one cycle. Delete an entry once its cycle is gone.
 KNOWN_CYCLES = [
 ]
-#: Modules whose imports inside functions are not all commented yet (other owners' files,
-#: #26 item 7). Delete an entry once its module is clean.
-UNCOMMENTED_LATE_IMPORTS = {
-    "journalfs.fs.inodes", "journalfs.commands.pipeline",
-}
-UNCOMMENTED_PACKAGES = ("journalfs.spark",)
 
 
 @dataclass(frozen=True)
@@ -194,23 +187,13 @@ def _commented(lines: list[str], line: int) -> bool:
 def test_an_import_inside_a_function_says_why():
     unexplained = []
     for i in IMPORTS:
-        if not i.late or i.source in UNCOMMENTED_LATE_IMPORTS or \
-                i.source.startswith(UNCOMMENTED_PACKAGES):
+        if not i.late:
             continue
         lines = MODULES[i.source].read_text().splitlines()
         if not _commented(lines, i.line):
             unexplained.append(f"{MODULES[i.source].relative_to(REPO)}:{i.line} imports {i.target}")
     assert not unexplained, ("imports inside functions without a comment saying why (start-up "
                              "or an optional dependency):\n" + "\n".join(sorted(set(unexplained))))
-
-
-@pytest.mark.parametrize("module", sorted(UNCOMMENTED_LATE_IMPORTS))
-def test_the_exemptions_are_still_needed(module):
-    """An exempted module still has an import inside a function without a comment (else
-    drop its entry: the check then holds it too)."""
-    lines = MODULES[module].read_text().splitlines()
-    assert any(i.late and i.source == module and not _commented(lines, i.line) for i in IMPORTS), \
-        f"{module}'s imports inside functions all say why now: remove it from the exemptions"
 
 
 def test_the_bottom_layer_imports_nothing_of_journalfs():

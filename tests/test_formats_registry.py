@@ -3,13 +3,14 @@ those facts agree with what the codec decodes (issue 13: each format's facts liv
 from __future__ import annotations
 
 import ast
+import random
 import re
 from pathlib import Path
 
 import pytest
 
 from journalfs import demo, formats
-from journalfs.formats import CODECS, ColumnMap, Codec, FormatError, splittable
+from journalfs.formats import CODECS, SNIFF_BYTES, ColumnMap, Codec, FormatError, splittable
 from journalfs.journals import related_files, sniff_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,6 +75,20 @@ def test_partner_rule_is_the_codecs(fmt, demo_files):
         assert {dict(siblings)[name] for name in partners.values()} <= set(codec.partner_formats)
         named = {role: str(path.parent / name) for role, name in partners.items()}
         assert named == related_files(str(path), codec), path
+
+
+@pytest.mark.parametrize("fmt", sorted(CODECS))
+def test_every_format_gives_a_sample_file_of_the_size_asked(fmt):
+    """bench/parse.py takes its inputs from Codec.sample_file alone (no table of its own):
+    a valid file of about the records asked, the same for the same seed, growing with them."""
+    codec = CODECS[fmt]
+    data = codec.sample_file(random.Random(fmt), 300)
+    assert data == codec.sample_file(random.Random(fmt), 300)
+    assert codec.sniff(data[:SNIFF_BYTES])
+    offsets, next_offset, error = codec.record_offsets(data, fmt)
+    assert error is None and next_offset is None
+    assert 250 <= len(offsets) <= 350, len(offsets)
+    assert len(codec.sample_file(random.Random(fmt), 600)) > len(data)
 
 
 def test_kestrel_queue_names_come_from_the_codec():

@@ -8,6 +8,7 @@ as a whole: the tables appear there only when every one of them is complete.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -17,9 +18,13 @@ import sys
 import tempfile
 import time
 
-from . import EXIT_DAMAGED, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
+from pyarrow import fs
+from rich.console import Console
 
 from ..options import DEFAULT_DRIVER_GIB
+from ..spark.plan import NoJournalError, list_journals, local_path
+from ..spark.storage import is_remote, s3_filesystem, s3_options, split_s3
+from . import EXIT_DAMAGED, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
 
 
 class Terminated(BaseException):
@@ -58,8 +63,6 @@ def list_input(input_path: str, unreadable: list | None = None):
     """The journals of INPUT, listed (by content) before Spark starts: an input holding none
     is refused in one line rather than turned into empty tables. ``unreadable`` collects
     the paths that could not be read (named in the summary)."""
-    from ..spark.plan import NoJournalError, list_journals
-    from ..spark.storage import is_remote, s3_options
     try:
         return list_journals(input_path, required=True, unreadable=unreadable,
                              storage=s3_options() if is_remote(input_path) else ())
@@ -79,8 +82,6 @@ def _reason(exc: Exception) -> str:
 
 def check_paths(input_path: str, output: str, overwrite: bool) -> str:
     """The absolute OUTPUT, after refusing what would fail later or lose data."""
-    from ..spark.plan import local_path
-    from ..spark.storage import is_remote
     remote = is_remote(input_path)
     try:
         input_path = input_path if remote else local_path(input_path)
@@ -110,8 +111,6 @@ def check_paths(input_path: str, output: str, overwrite: bool) -> str:
 
 def check_remote_output(output: str, overwrite: bool) -> str:
     """An s3:// OUTPUT: its bucket must exist; a prefix that holds objects needs --overwrite."""
-    from pyarrow import fs
-    from ..spark.storage import s3_filesystem, s3_options, split_s3
     try:
         _scheme, bucket, key = split_s3(output)
         if not key:
@@ -137,8 +136,6 @@ def upload_tables(local: str, output: str) -> None:
     """The finished tables (written locally by Spark) to an s3:// OUTPUT with pyarrow's
     multi-threaded uploads, after removing what --overwrite allowed to replace. pyspark
     ships no hadoop-aws, so Spark cannot write there itself."""
-    from pyarrow import fs
-    from ..spark.storage import s3_filesystem, s3_options, split_s3
     _scheme, bucket, key = split_s3(output)
     remote = s3_filesystem(s3_options())
     if remote.get_file_info(f"{bucket}/{key}").type == fs.FileType.Directory:
@@ -181,6 +178,8 @@ def jvm_input_bytes(files) -> int:
     computes from the records' Parquet. The records themselves (and the tables of the same
     pass) are decoded and written by Python workers and never become JVM rows, so a big
     input of other formats is still a short job for the JVM."""
+    # pyspark (optional: the spark extra) is loaded once the input passed the checks above
+    # (a wrong path is refused without it); spark.derived, .classarchive, .pipeline use it
     from ..spark import derived
     formats = {fmt for name, fmts in derived.TABLES.items() if name not in derived.IN_PASS
                for fmt in fmts}
@@ -192,7 +191,7 @@ def class_archive(input_bytes: int):
     start-up matters little, or when ``JOURNALFS_SPARK_CDS=0``)."""
     if input_bytes >= SMALL_INPUT_BYTES or os.environ.get("JOURNALFS_SPARK_CDS", "1") == "0":
         return None
-    from ..spark.classarchive import ClassArchive
+    from ..spark.classarchive import ClassArchive  # pyspark, as in jvm_input_bytes
     return ClassArchive(QUICK_JVM)
 
 
@@ -242,7 +241,6 @@ def _run_spark(args, output: str, conf: dict[str, str], listing=None, archive=No
     """Run the job with Spark's console output in a log file and SIGINT handled: Ctrl-C
     cancels the jobs, stops Spark and exits 130; nothing half-written is left in OUTPUT."""
     fd, log_path = tempfile.mkstemp(prefix="journalfs-pipeline-", suffix=".log")
-    from ..spark.storage import is_remote
     remote_output = is_remote(output)
     if remote_output:  # written here, uploaded when complete
         partial = os.path.join(tempfile.gettempdir(), f"journalfs-pipeline-output-{os.getpid()}")
@@ -254,6 +252,7 @@ def _run_spark(args, output: str, conf: dict[str, str], listing=None, archive=No
     with _stderr_to(fd) as console, \
             tempfile.TemporaryDirectory(prefix="journalfs-pipeline-") as scratch:
         try:
+            # pyspark, as in jvm_input_bytes
             from ..spark.pipeline import print_summary, run as run_pipeline, spark_for
             spark = spark_for(args.master, scratch, conf)
             # PySpark's own handler calls into the JVM from inside the signal handler (a
@@ -356,8 +355,6 @@ def _first_line(exc: BaseException) -> str:
 def _stderr_to(log_fd: int):
     """Point file descriptor 2 (inherited by the JVM and Python workers) at the log, and give
     back a rich console on the real stderr for our own progress and summary."""
-    import logging
-    from rich.console import Console
     sys.stderr.flush()
     saved = os.dup(2)
     ours = os.fdopen(os.dup(saved), "w", buffering=1, errors="backslashreplace")

@@ -106,6 +106,16 @@ class AkkaMeta(_PairedFile, Codec):
     header_size = HEADER_SIZE
     paces_validation = True  # validate() calls its ``pace`` keyword after each step
 
+    def sample_file(self, rng: random.Random, count: int) -> bytes:
+        """One entry per persistence id, pointing into a (not written) data file."""
+        records = []
+        for i in range(count):
+            first = 8 + 100 * rng.randrange(10**6)
+            records.append({"persistence_id": f"user-{i:08d}", "first": first,
+                            "last": first + 100 * rng.randrange(1000),
+                            "highest_seq": rng.randint(1, 10**6)})
+        return self.write(records)
+
     def read(self, buf, source, start=None, seq=0, stop=None):
         blocks = _blocks(buf, source, start, stop, self.magics, "meta", _META_BLOCK)
         for pos, (size, first, last, highest) in blocks:
@@ -204,6 +214,12 @@ class AkkaData(_PairedFile, Codec):
     magics = (DATA_MAGIC,)
     header_size = HEADER_SIZE
     paces_validation = True  # validate() calls its ``pace`` keyword after each step
+
+    def sample_file(self, rng: random.Random, count: int) -> bytes:
+        pids = tuple(f"order-{i}" for i in range(1000))
+        data, _meta = AkkaData.build(sample_messages(rng, count, pids,
+                                                     payload=samples.SAMPLE_PAYLOAD))
+        return data
 
     def demo_files(self, rng, described):
         """A journal of three persistence ids: its data and meta files."""

@@ -495,6 +495,15 @@ class Codec(abc.ABC):
         about files. The registry's test checks that every format shows up in the demo."""
         return {}
 
+    def sample_file(self, rng: random.Random, count: int) -> bytes:
+        """A valid file of this format holding about ``count`` records (payloads of
+        :data:`samples.SAMPLE_PAYLOAD` bytes where the format has payloads), made with
+        :meth:`write` from ``rng`` alone: the parse benchmark's input (``bench/parse.py``
+        scales ``count`` to the file size it wants), so a new format needs no edit there.
+        There is no default a format could do without (the records are the format's own);
+        the registry's test checks that every registered format gives one."""
+        raise NotImplementedError(f"{self.name} gives no sample file")
+
 
 def most_rows(rows: Rows) -> int:
     """The most rows the next batch of a scan may have (see :data:`Rows`)."""

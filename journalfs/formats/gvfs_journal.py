@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import mmap
+import random
 import re
 import struct
 import zlib
@@ -22,6 +23,7 @@ try:  # the same CRC-32 as zlib's, 2.7x faster on entries of ~80 bytes (SIMD fol
     from zlib_ng.zlib_ng import crc32 as _entry_crc32
 except ImportError:  # pragma: no cover - zlib-ng is pinned in pyproject.toml
     _entry_crc32 = zlib.crc32
+from . import samples
 from .spans import paused_gc
 
 MAGIC = b"\xda\x1ajour"
@@ -266,6 +268,19 @@ class GvfsJournal(Codec):
     header_size = HEADER_SIZE
 
     partner_formats = ("gvfs-tree",)  # a journal belongs to the tree its name carries
+
+    def sample_file(self, rng: random.Random, count: int) -> bytes:
+        """Sets of an annotation, every fourth one a list of emblems."""
+        entries: list[Record] = []
+        for i in range(count):
+            path = f"/home/user/docs/d{i % 997}/file-{i}.txt"
+            if i % 4 == 3:
+                entries.append({"kind": "setv", "mtime": samples.BASE_S + i, "path": path,
+                                "key": "emblems", "value": ["urgent", "shared"]})
+            else:
+                entries.append({"kind": "set", "mtime": samples.BASE_S + i, "path": path,
+                                "key": "annotation", "value": f"note {rng.randrange(10**6)}"})
+        return self.write(entries, tag=0x12345678)
 
     def partners(self, name, siblings):
         named = tree_and_tag(name)

@@ -1168,6 +1168,15 @@ class GvfsTree(Codec):
     magics = (MAGIC,)
     header_size = HEADER_SIZE
 
+    def sample_file(self, rng: random.Random, count: int) -> bytes:
+        """Files a thousand to a directory, each with an annotation, every fourth with
+        emblems too."""
+        nodes = [{"path": f"/home/user/d{i // 1000}/file-{i}.txt", "mtime": samples.BASE_S + i,
+                  "metadata": {"annotation": f"note {rng.randrange(10**6)}",
+                               **({"emblems": ["urgent", "shared"]} if i % 4 == 3 else {})}}
+                 for i in range(count)]
+        return self.write(nodes, tag=0x12345678)
+
     def demo_files(self, rng, described):
         """A store ``home`` (tree and journal) about the demo's ordinary files."""
         return {f"gvfs-metadata/{n}": d for n, d in store_demo_files(rng, described).items()}

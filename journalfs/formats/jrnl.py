@@ -216,6 +216,9 @@ class Jrnl(Codec):
     name = "jrnl"
     columns = ColumnMap(time="time")
 
+    def sample_file(self, rng: random.Random, count: int) -> bytes:
+        return self.write(sample_transactions(rng, count, last="complete"))
+
     def demo_files(self, rng, described):
         """Seven transactions: complete ones, redos, and a rollback last."""
         return {"jrnl/db.jrnl": self.write(sample_transactions(rng, 7))}

@@ -189,6 +189,9 @@ class KestrelWriter(_QueueFile, Codec):
     magics = (WRITER_MAGIC,)
     header_size = MAGIC_SIZE
 
+    def sample_file(self, rng: random.Random, count: int) -> bytes:
+        return self.write(sample_puts(rng, count, payload=samples.SAMPLE_PAYLOAD))
+
     def demo_files(self, rng, described):
         """A queue ``jobs`` (see :func:`queue_demo_files`), writer and reader files both."""
         return {f"queues/{n}": d for n, d in queue_demo_files(rng).items()}
@@ -326,6 +329,17 @@ class KestrelReader(_QueueFile, Codec):
     kinds = ("read_head", "read_done")
     magics = (READER_MAGIC,)
     header_size = MAGIC_SIZE
+
+    def sample_file(self, rng: random.Random, count: int) -> bytes:
+        """A reader's checkpoints: the head moving on, a few ids read ahead of it."""
+        records: list[dict] = []
+        head = 0
+        for _ in range(count // 2):
+            head += rng.randint(1, 50)
+            records.append({"kind": "read_head", "id": head})
+            records.append({"kind": "read_done",
+                            "ids": sorted(rng.sample(range(head + 1, head + 200), 8))})
+        return self.write(records)
 
     def read(self, buf, source, start=None, seq=0, stop=None):
         for frame in reader_frames(buf, source, start, stop):

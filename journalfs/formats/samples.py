@@ -9,6 +9,10 @@ BASE_MS = 1_700_000_000_000
 BASE_S = BASE_MS // 1000
 BASE_NS = BASE_MS * 1_000_000
 
+#: Payload sizes (bytes) of :meth:`Codec.sample_file`'s records, where a format has payloads:
+#: small records, the parse benchmark's hard case.
+SAMPLE_PAYLOAD = (16, 100)
+
 WORDS = ("invoice", "resize", "thumbnail", "email", "backup", "index", "report", "sync",
          "upload", "audit", "ledger", "order", "refund", "ship", "notify")
 

@@ -349,6 +349,9 @@ class SqliteWal(Codec):
         return b"".join(parts)
 
     # -- the demo tree -----------------------------------------------------------------------
+    def sample_file(self, rng, count: int) -> bytes:
+        return self.write(sample_frames(rng, count), page_size=1024)
+
     def demo_files(self, rng, described: Sequence[str] = ()) -> dict[str, bytes]:
         """A shop's database (``sqlite/shop.db``, as WAL mode leaves a new one) and its log of
         nine transactions, which the real SQLite reads (the tests open it)."""

@@ -83,6 +83,10 @@ class WallabyLog(Codec):
     paces_validation = True  # validate() calls its ``pace`` keyword after each step
     columns = ColumnMap(time="time", time_unit="ns", id="seq")
 
+    def sample_file(self, rng: random.Random, count: int) -> bytes:
+        return self.write([{"time": t, "payload": p}
+                           for t, p in sample_items(rng, count, payload=samples.SAMPLE_PAYLOAD)])
+
     def demo_files(self, rng, described):
         """A log of 48 records and its index."""
         log, index = write_log_and_index(sample_items(rng, 48), flags=0, ttl_ns=0)
@@ -471,6 +475,13 @@ class WallabyIndex(Codec):
     paces_validation = True  # validate() calls its ``pace`` keyword after each step
     derived = True
     columns = ColumnMap(time="time", time_unit="ns", id="index")
+
+    def sample_file(self, rng: random.Random, count: int) -> bytes:
+        """The index of a log of 58-byte items, seconds apart."""
+        times = samples.BASE_NS + np.cumsum(np.random.default_rng(rng.randrange(2**32)).integers(
+            1, 5_000_000_000, count, dtype=np.int64))
+        offsets = 16 + np.arange(count, dtype=np.int64) * (16 + 58)
+        return build_index(Columns({"time": times, "offset": offsets}, count, None, count))
 
     def partners(self, name, siblings):
         log = name[:-len(INDEX_SUFFIX)] if name.endswith(INDEX_SUFFIX) else None

@@ -38,6 +38,7 @@ import ctypes
 import errno
 import itertools
 import os
+import resource
 import stat
 import struct
 from collections import OrderedDict
@@ -182,7 +183,6 @@ class InodeTable:
         # fds kept between requests, at most ``max_fds`` (3/4 of the process's limit: open
         # files and the store need theirs); beyond that, fds are opened per request.
         if max_fds is None:
-            import resource
             max_fds = resource.getrlimit(resource.RLIMIT_NOFILE)[0] * 3 // 4
         self.max_fds = max_fds
         self.kept_fds = 0

@@ -92,7 +92,8 @@ class NamespaceOps(StoreCalls):
             self.snapshots.attrs_changed(*self.table.names_of(node))
 
     @guarded
-    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
+                     name_new: bytes, flags: int, ctx: pyfuse3.RequestContext) -> None:
         old_parent, old = self._dir(parent_inode_old, name_old)
         new_parent, new = self._dir(parent_inode_new, name_new)
         self._pin(new_parent, new, name_new)  # a replaced file may still be open
@@ -118,16 +119,16 @@ class NamespaceOps(StoreCalls):
         if flags & pyfuse3.RENAME_EXCHANGE:
             self.table.renamed([(old, new), (new, old)], dirs)
             tmp = self.store_path(b".journalfs-exchange-%d" % next(self._exchange_tmp))
-            await self._meta_restructure_after(old, "move", self.store_path(old), tmp)
-            await self._meta_restructure_after(old, "move", self.store_path(new),
+            await self._meta_restructure_after(old, self.meta.move, self.store_path(old), tmp)
+            await self._meta_restructure_after(old, self.meta.move, self.store_path(new),
                                                self.store_path(old))
-            await self._meta_restructure_after(old, "move", tmp, self.store_path(new))
+            await self._meta_restructure_after(old, self.meta.move, tmp, self.store_path(new))
             return
         if replaced:
             self.table.unlinked(new)
-            await self._meta_restructure_after(new, "remove", self.store_path(new))
+            await self._meta_restructure_after(new, self.meta.remove, self.store_path(new))
         self.table.renamed([(old, new)], dirs)
-        await self._meta_restructure_after(old, "move", self.store_path(old),
+        await self._meta_restructure_after(old, self.meta.move, self.store_path(old),
                                            self.store_path(new))
 
     def _forget_stat_node(self, node: Inode) -> None:
@@ -171,7 +172,8 @@ class NamespaceOps(StoreCalls):
         os.symlink(target, name, dir_fd=dir_fd)
 
     @guarded
-    async def link(self, inode, new_parent_inode, new_name, ctx):
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes,
+                   ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         if self.readonly or self.views.owns(inode):
             raise pyfuse3.FUSEError(errno.EROFS)
         node = self.table.get(inode)
@@ -188,7 +190,7 @@ class NamespaceOps(StoreCalls):
         self.snapshots.attrs_changed(*self.table.names_of(linked))
         if rel is not None and sources:
             # metadata belongs to the file: the new name shows what the others show
-            await self._meta_restructure("copy", self.store_path(sources[-1]),
+            await self._meta_restructure(self.meta.copy, self.store_path(sources[-1]),
                                          self.store_path(rel))
         return attrs
 

@@ -37,12 +37,33 @@ import logging
 import os
 import random
 import struct
+from typing import Any, Awaitable, Callable, ParamSpec, Protocol
 
 import pyfuse3
 import trio
 
+from ..metastore.backend import MetadataBackend
 from ..metastore.ledger import file_identity, metadata_bytes
-from .inodes import source_handle
+from ..metastore.location import StoreLocation
+from .inodes import InodeTable, source_handle
+
+P = ParamSpec("P")
+
+
+class Mount(Protocol):
+    """What the rules use of the mount: its store calls (``fs.storecalls.StoreCalls``,
+    which this module must not import: the mount's core imports it), typed so the checker
+    sees each call of the store."""
+    meta: MetadataBackend
+    table: InodeTable
+    location: StoreLocation
+
+    def store_path(self, rel: bytes) -> str: ...
+    async def _meta_values(self, store_path: str) -> dict: ...
+    async def _meta_set(self, store_path: str, key: str, value: Any) -> None: ...
+    async def _meta_unset(self, store_path: str, key: str) -> None: ...
+    async def _meta_restructure(self, fn: Callable[P, Awaitable[object]], *args: P.args,
+                                **kwargs: P.kwargs) -> None: ...
 
 log = logging.getLogger("journalfs.fs")
 
@@ -108,8 +129,8 @@ class InodeProbe:
 
 
 class Ownership:
-    def __init__(self, fs, ledger):
-        self.fs = fs
+    def __init__(self, fs: Any, ledger):
+        self.fs: Mount = fs  # the mount's core, built on StoreCalls (see Mount)
         self.ledger = ledger  # None: a store this mount does not own (gvfsd): no binding
 
     # -- identities ------------------------------------------------------------------------
@@ -132,6 +153,11 @@ class Ownership:
             store_path = store_path[len(prefix):]
         return os.fsencode(store_path.lstrip("/"))
 
+    def _root_fd(self) -> int:
+        fd = self.fs.table.root.fd
+        assert fd is not None  # SOURCE's root is held open for as long as the mount runs
+        return fd
+
     def identity_at(self, store_path: str) -> tuple | None:
         """The identity of what SOURCE holds at ``store_path`` now (None: nothing)."""
         if _parked(store_path):
@@ -140,7 +166,7 @@ class Ownership:
         if rel is None:
             return None
         try:
-            return file_identity(self.fs.table.root.fd, rel)[0]
+            return file_identity(self._root_fd(), rel)[0]
         except OSError:
             return None
 
@@ -187,9 +213,10 @@ class Ownership:
     async def _detach(self, sp: str, owner: tuple) -> None:
         """The entries at ``sp`` belong to the file ``owner``, which is not there any more."""
         if any(p != sp and self.identity_at(p) == owner for p in self.ledger.paths_of(owner)):
-            await self.fs._meta_restructure("remove", sp)  # another name keeps its own copy
+            # another name keeps its own copy
+            await self.fs._meta_restructure(self.fs.meta.remove, sp)
             return
-        await self.fs._meta_restructure("move", sp, f"{PARK}/{owner[0]}-{owner[1]}")
+        await self.fs._meta_restructure(self.fs.meta.move, sp, f"{PARK}/{owner[0]}-{owner[1]}")
 
     async def _adopt(self, sp: str, ident: tuple, uid: int) -> None:
         """``sp`` has no owner: take the file's metadata recorded elsewhere, or adopt what
@@ -197,12 +224,12 @@ class Ownership:
         others = [p for p in self.ledger.paths_of(ident) if p != sp and not p.startswith(sp + "/")]
         for p in others:
             if self.identity_at(p) == ident:  # a hard link: names of one file share metadata
-                await self.fs._meta_restructure("copy", p, sp)
+                await self.fs._meta_restructure(self.fs.meta.copy, p, sp)
                 return
         if others:  # renamed or parked: the metadata follows the file
-            await self.fs._meta_restructure("move", others[0], sp)
+            await self.fs._meta_restructure(self.fs.meta.move, others[0], sp)
             for p in others[1:]:
-                await self.fs._meta_restructure("remove", p)
+                await self.fs._meta_restructure(self.fs.meta.remove, p)
             return
         values = await self.fs._meta_values(sp)
         if values:
@@ -213,7 +240,7 @@ class Ownership:
         """Set ``key`` on every name of ``node``, within the quota."""
         if self.ledger is None:
             for rel in names:
-                await self.fs._meta_write("set", self.fs.store_path(rel), key, value)
+                await self.fs._meta_set(self.fs.store_path(rel), key, value)
             return
         ident, uid = self.identity(node)
         plans = []
@@ -228,13 +255,13 @@ class Ownership:
             self.ledger.check(sp, uid, size)
             plans.append((sp, size))
         for sp, size in plans:
-            await self.fs._meta_write("set", sp, key, value)
+            await self.fs._meta_set(sp, key, value)
             self.ledger.record(sp, ident, uid, size)
 
     async def unset(self, node, names: list[bytes], key: str) -> None:
         for rel in names:
             sp = self.fs.store_path(rel)
-            await self.fs._meta_write("unset", sp, key)
+            await self.fs._meta_unset(sp, key)
             if self.ledger is not None:
                 entry = self.ledger.owner(sp)
                 if entry is not None:
@@ -246,7 +273,7 @@ class Ownership:
         """SOURCE renamed ``old`` to ``new`` (paths relative to SOURCE) behind the mount."""
         if self.ledger is None:
             return
-        await self._quietly("move", self.fs.store_path(old), self.fs.store_path(new))
+        await self._quietly(self.fs.meta.move, self.fs.store_path(old), self.fs.store_path(new))
 
     async def deleted(self, rel: bytes) -> None:
         """SOURCE deleted the name ``rel`` behind the mount."""
@@ -259,18 +286,19 @@ class Ownership:
         Never raises: the unlink has happened whatever becomes of its metadata."""
         sp = self.fs.store_path(rel)
         if self.ledger is None:
-            await self._quietly("remove", sp)
+            await self._quietly(self.fs.meta.remove, sp)
             return
         entry = self.ledger.owner(sp)
         if entry is None and not self.ledger.paths_below(sp):
-            await self._quietly("remove", sp)  # nothing recorded: whatever gvfs wrote there
+            # nothing recorded: whatever gvfs wrote there
+            await self._quietly(self.fs.meta.remove, sp)
             return
         if entry is not None and victim is not None and self._still_linked(victim) and \
                 not any(p != sp and self.identity_at(p) == entry[0]
                         for p in self.ledger.paths_of(entry[0])):
-            await self._quietly("move", sp, f"{PARK}/{entry[0][0]}-{entry[0][1]}")
+            await self._quietly(self.fs.meta.move, sp, f"{PARK}/{entry[0][0]}-{entry[0][1]}")
             return
-        await self._quietly("remove", sp)
+        await self._quietly(self.fs.meta.remove, sp)
 
     def _still_linked(self, node) -> bool:
         if node.fd is None:
@@ -294,11 +322,13 @@ class Ownership:
         except (OSError, pyfuse3.FUSEError) as exc:
             log.warning("metadata of %r not detached from a changed name: %s", sp, exc)
 
-    async def _quietly(self, method: str, *paths: str) -> None:
+    async def _quietly(self, fn: Callable[P, Awaitable[object]], *paths: P.args,
+                       **kwargs: P.kwargs) -> None:
         try:
-            await self.fs._meta_restructure(method, *paths)
+            await self.fs._meta_restructure(fn, *paths, **kwargs)
         except (OSError, pyfuse3.FUSEError) as exc:
-            log.warning("metadata %s of %r after a change in SOURCE failed: %s", method, paths, exc)
+            log.warning("metadata %s of %r after a change in SOURCE failed: %s", fn.__name__,
+                        paths, exc)
 
     # -- quota -----------------------------------------------------------------------------
     def set_quota(self, quotas: dict[str, int]) -> None:
@@ -318,7 +348,7 @@ class Ownership:
         if self.ledger is None:
             return
         self.expiry = self.ledger.expiry  # status.json: service.ledger.expiry
-        probe = await trio.to_thread.run_sync(InodeProbe, self.fs.table.root.fd)
+        probe = await trio.to_thread.run_sync(InodeProbe, self._root_fd())
         try:
             if not probe.usable:
                 self.expiry["state"] = f"off: {probe.reason}"
@@ -358,7 +388,7 @@ class Ownership:
         if entry is None or entry[0] != ident:
             return  # changed meanwhile: bound to another file now
         for key in list(await self.fs._meta_values(sp)):
-            await self.fs._meta_write("unset", sp, key)
+            await self.fs._meta_unset(sp, key)
         self.ledger.record(sp, ident, entry[1], 0)
         self.expiry["expired"] += 1
         self.expiry["bytes"] += entry[2]

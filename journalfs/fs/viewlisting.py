@@ -3,6 +3,7 @@ paths, and a journal's records, listed three ways (see :class:`JournalListing`).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import errno
 import os
 import stat
@@ -11,7 +12,7 @@ from typing import Any, Iterable
 import numpy as np
 import pyfuse3
 
-from ..journals import CHECKPOINT_EVERY, RecordIndex, is_backup_name, scan
+from ..journals import CHECKPOINT_EVERY, RecordIndex, is_backup_name
 from . import direntries
 from .dirlist import NameOnlyEntry
 from .jsonlview import READ_CHUNK_RECORDS
@@ -282,13 +283,10 @@ class ViewListing(ViewAttrs):
                 if names:
                     out.append((len(names), [name.partition(b".")[2] for name in names]))
                 return out
-            start = idx.offsets[i] if seq else None
             read = 0  # records of seq .. last-1 read so far
-            # the index's own reader of a record range (bounded pread, never a mapping),
-            # streamed by the one reader (journals.scan; the generator is closed when the
-            # loop lets go of it, before the range is)
-            with idx._range(start, last) as (buf, stop):
-                for cols in scan(idx.codec, buf, idx.path, start, seq, stop, rows=last - seq):
+            # the index's own reader of a record range (bounded pread, never a mapping)
+            with contextlib.closing(idx.column_batches(seq, last)) as batches:
+                for cols in batches:
                     at, take = seq + read, min(cols.rows, last - seq - read)
                     skip = min(take, max(0, first - at))
                     if take > skip:

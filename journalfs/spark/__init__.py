@@ -9,7 +9,7 @@ from .schema import COLUMNS, DAMAGE_KIND, DDL
 
 def register(spark) -> None:
     """Register the ``journal`` data source with ``spark`` (and enable its filter push-down)."""
-    from .source import register as _register
+    from .source import register as _register  # pyspark: the package loads without it
     _register(spark)
 
 

@@ -18,10 +18,22 @@ cannot use ignores it (``-Xshare:auto``, the default). ``JOURNALFS_SPARK_CDS=0``
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+
+import pyspark
+from pyspark import SparkContext
+
+from ..demo import write_demo
+from ..fs.indexfiles import user_cache_dir
+from .pipeline import run
+from .session import build_session
 
 #: CDS's own warnings (classes it skips) would go to the JVM's stdout.
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
@@ -31,7 +43,6 @@ STALE_LOCK_S = 900
 
 class ClassArchive:
     def __init__(self, java_options: str, cache_dir: str | None = None):
-        from ..fs.indexfiles import user_cache_dir
         self.java = java_options
         self.path = os.path.join(cache_dir or os.path.join(user_cache_dir(), "spark-cds"),
                                  f"driver-{_jvm_key(java_options)}.jsa")
@@ -67,12 +78,6 @@ def _lowest_priority() -> None:
 def make(path: str, java_options: str, lock: str) -> None:
     """Run the pipeline over the demo's journals with a JVM that writes its classes to
     ``path`` as it exits, and wait for it to."""
-    import tempfile
-    from pathlib import Path
-    from pyspark import SparkContext
-    from ..demo import write_demo
-    from .pipeline import run
-    from .session import build_session
     making = f"{path}.{os.getpid()}.tmp"
     try:
         with tempfile.TemporaryDirectory(prefix="journalfs-class-archive-") as work:
@@ -100,9 +105,6 @@ def make(path: str, java_options: str, lock: str) -> None:
 
 def _jvm_key(java_options: str) -> str:
     """What an archive depends on: pyspark and its jars, the java binary, the options."""
-    import hashlib
-    import shutil
-    import pyspark
     jars = os.path.join(os.path.dirname(os.path.abspath(pyspark.__file__)), "jars")
     java_home = os.environ.get("JAVA_HOME")
     java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java") or ""

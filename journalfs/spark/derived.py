@@ -8,8 +8,13 @@ Each function takes the records DataFrame (the data source's schema, e.g. read b
 """
 from __future__ import annotations
 
+import bisect
 import json
+import re
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -17,6 +22,7 @@ from ..formats import CODECS
 from ..formats.gvfs_journal import JOURNAL_SUFFIX, tree_and_tag
 from ..formats.gvfs_tree import MergedTree, header_tag
 from ..formats.kestrel import READER_SUFFIX, WRITER_SUFFIX
+from .storage import is_remote, read_head, s3_options
 
 
 def _format(name: str) -> str:
@@ -110,7 +116,6 @@ def _writers_with_puts(files, d: str, q: str) -> list[str]:
 def queue_heads(files) -> dict[tuple[str, str, str], tuple[int, int, set[int]]]:
     """{(dir, queue, reader): (head, tail, done ids within (head, tail])} from one row per
     Kestrel file (source, format, queue, last_id, first_id, raw_head, done)."""
-    import re
     bounds: dict[tuple[str, str], tuple] = {}  # (dir, queue) -> (tail, floor)
     newest: dict[tuple[str, str], tuple] = {}
     oldest: dict[tuple[str, str], tuple] = {}
@@ -223,8 +228,6 @@ TREE_ROWS_AT_ONCE = 65536
 
 
 def _replay_group(table):
-    import pyarrow as pa
-    import pyarrow.compute as pc
     store = table.column("store")[0].as_py() if table.num_rows else None
     is_tree = pc.equal(table.column("format"), GVFS_TREE)
     # a store whose journal has nothing to replay is its tree's rows as they are: no
@@ -242,7 +245,6 @@ def _replay_group(table):
 
 
 def _metadata_schema():
-    import pyarrow as pa
     return pa.schema([("store", pa.string()), ("path", pa.string()), ("key", pa.string()),
                       ("value", pa.string()), ("values", pa.list_(pa.string()))])
 
@@ -264,8 +266,6 @@ def _tree_state(store: str | None, tree):
     table) a batch at a time, sorted by path and key as :func:`replay_store`'s; None when a
     path is not canonical ("/a/b": no empty component, no trailing "/") or occurs twice,
     which MergedTree would merge."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
     paths = tree.column("key")
     if paths.null_count or len(pc.unique(paths)) != len(paths):
         return None
@@ -290,7 +290,6 @@ def _tree_state(store: str | None, tree):
 
 def _tree_tag(tree_path: str) -> str | None:
     """The tree header's random_tag as the 8 hex digits journal names carry."""
-    from .storage import is_remote, read_head, s3_options
     try:
         if is_remote(tree_path):  # the settings of this process's environment
             tag = header_tag(read_head(tree_path, 16, s3_options()))
@@ -351,8 +350,6 @@ IN_PASS = ("queues", "transactions")
 
 def partials(batch) -> dict:
     """{table: partial Arrow table} of one batch of record rows (the data source's schema)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
     out = {}
     formats = batch.column("format")
     kestrel = batch.filter(pc.and_(pc.is_in(formats, value_set=pa.array([WRITER, READER])),
@@ -367,7 +364,6 @@ def partials(batch) -> dict:
 
 
 def _queue_schema():
-    import pyarrow as pa
     longs = pa.list_(pa.int64())
     return pa.schema([("source", pa.string()), ("format", pa.string()), ("queue", pa.string()),
                       ("first_seq", pa.int64()), ("first_id", pa.int64()),
@@ -380,9 +376,6 @@ def _queue_partial(kestrel):
     """Per (file, queue) of the batch: the first and last PUT and the last READ_HEAD (by
     seq), the READ_DONE ids, and the PUT ids as runs of consecutive ids (a queue file's
     ids are mostly one run, so a file's PUTs travel as a few numbers)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
     rows = []
     keys = pc.binary_join_element_wise(kestrel.column("source"), kestrel.column("format"),
                                        kestrel.column("key"), "\0")
@@ -419,8 +412,6 @@ def _queue_partial(kestrel):
 
 def _where(column, value: str):
     """Row numbers where a string column equals ``value`` (no Python string per row)."""
-    import numpy as np
-    import pyarrow.compute as pc
     return np.flatnonzero(pc.fill_null(pc.equal(column, value), False)
                           .to_numpy(zero_copy_only=False))
 
@@ -438,7 +429,6 @@ def _json_longs(text: str | None) -> list[int]:
 
 
 def _transaction_schema():
-    import pyarrow as pa
     return pa.schema([("source", pa.string()), ("offset", pa.int64()),
                       ("time", pa.timestamp("us", tz="UTC")), ("status", pa.string()),
                       ("ops", pa.list_(pa.string()))])
@@ -446,8 +436,6 @@ def _transaction_schema():
 
 def _transaction_rows(jrnl):
     """:func:`transactions`'s rows of a batch of JRNL transaction rows."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
     attrs = jrnl.column("attrs")
     ops = [_op_names(text) for text in pc.map_lookup(attrs, "ops", "first").to_pylist()]
     return pa.table([jrnl.column("source"), jrnl.column("offset"), jrnl.column("time"),
@@ -476,7 +464,6 @@ def _json_text(value) -> str | None:
 
 def finish(table: str, parts: list):
     """The Arrow table ``table`` from the partial tables of every task."""
-    import pyarrow as pa
     if table == "transactions":
         return pa.concat_tables([p.cast(_transaction_schema()) for p in parts]) if parts else \
             _transaction_schema().empty_table()
@@ -486,8 +473,6 @@ def finish(table: str, parts: list):
 def _queues_table(parts):
     """:func:`queues` from the per-batch partials: merged per file, then
     :func:`queue_heads`, then the PUTs past each reader's head counted from the runs."""
-    import bisect
-    import pyarrow as pa
     merged: dict[tuple, dict] = {}
     for p in parts.to_pylist():
         f = merged.setdefault((p["source"], p["format"], p["queue"]), {

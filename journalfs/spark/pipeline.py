@@ -11,9 +11,26 @@ operations, side by side, and only when their formats were found.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql.types import StringType, StructField, StructType
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..fs.indexfiles import user_cache_dir
+from . import derived
+from .plan import list_journals, local_path, plan
+from .schema import spark_schema
+from .session import build_session, package_zip
+from .storage import is_remote, s3_options
+from .writer import write_records
 
 #: Unreadable paths of INPUT named in the summary (the rest are counted).
 UNREADABLE_SHOWN = 20
@@ -50,7 +67,6 @@ class StageProgress:
     def __enter__(self):
         if not self.live:
             return self
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
                                  TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
                                  console=self.console, transient=True)
@@ -105,8 +121,6 @@ class StageProgress:
 
 
 def _records_schema():
-    from pyspark.sql.types import StringType, StructField, StructType
-    from .schema import spark_schema
     fields = [f for f in spark_schema().fields if f.name != "format"]
     return StructType(fields + [StructField("format", StringType(), True)])
 
@@ -115,14 +129,10 @@ def run(spark, input_path: str, output: str, console=None, files=None) -> Summar
     """Write the tables of the journals under ``input_path`` (``files``: its listing, when
     the caller made it already). An input holding no journal raises
     :class:`~journalfs.spark.plan.NoJournalError`."""
-    from . import derived
-    from .plan import list_journals, local_path
-    from .writer import write_records
     console = console or _console()
     output = os.path.abspath(output)
     records_dir = os.path.join(output, "records")
     summary = Summary(output=output)
-    from .storage import is_remote, s3_options
     remote = is_remote(input_path)
     storage = s3_options() if remote else ()
     input_path = input_path if remote else local_path(input_path)
@@ -171,8 +181,6 @@ def plan_groups(spark, files, storage: tuple = ()) -> list:
     """The task groups of ``files``: planned here on the driver from the listing already
     made (the ``journal`` data source would list again and start three Python processes of
     its own: look-up, schema, planning, about 1.5 s each before the first task)."""
-    from ..fs.indexfiles import user_cache_dir
-    from .plan import plan
     return plan(files, spark.sparkContext.defaultParallelism, cache_dir=user_cache_dir(),
                 storage=storage).groups
 
@@ -180,14 +188,12 @@ def plan_groups(spark, files, storage: tuple = ()) -> list:
 def _literal(path: str) -> str:
     """``path`` with Hadoop's glob characters escaped: Spark globs the paths it reads
     (an OUTPUT named ``out[2]`` would match nothing)."""
-    import re
     return re.sub(r"([\[\]{}*?\\])", r"\\\1", path)
 
 
 def _write_table(spark, records, name: str, path: str, has_input: bool) -> None:
     """Derived table ``name`` from ``records``; written empty (its columns, no scan) when
     none of its formats was found."""
-    from . import derived
     table = getattr(derived, name)(records) if has_input else \
         spark.createDataFrame([], derived.DDLS[name])
     table.write.mode("overwrite").parquet(path)
@@ -196,7 +202,6 @@ def _write_table(spark, records, name: str, path: str, has_input: bool) -> None:
 def write_damage(damage: list[tuple[str, int, str]], path: str) -> None:
     """The ``_damage`` table (path, offset, reason; one row per damaged file) from what the
     records' tasks reported: a few rows, written with pyarrow (no Spark job)."""
-    import pyarrow as pa
     schema = pa.schema([("path", pa.string()), ("offset", pa.int64()), ("reason", pa.string())])
     columns: list = list(zip(*sorted(damage))) if damage else [[], [], []]
     write_arrow(pa.table([pa.array(c, f.type) for c, f in zip(columns, schema)], schema=schema),
@@ -205,7 +210,6 @@ def write_damage(damage: list[tuple[str, int, str]], path: str) -> None:
 
 def write_arrow(table, path: str) -> None:
     """A table the driver holds, as a Parquet dataset of one file (with ``_SUCCESS``)."""
-    import pyarrow.parquet as pq
     os.makedirs(path, exist_ok=True)
     pq.write_table(table, os.path.join(path, "part-00000.snappy.parquet"), compression="snappy")
     open(os.path.join(path, "_SUCCESS"), "wb").close()
@@ -213,7 +217,6 @@ def write_arrow(table, path: str) -> None:
 
 def damage_rows(path: str) -> list[tuple[str, int, str]]:
     """(path, offset, reason) of every row of the ``_damage`` table (one per damaged file)."""
-    import pyarrow.parquet as pq
     if not os.path.isdir(path):
         return []
     rows = pq.read_table(path, columns=["path", "offset", "reason"]).to_pylist()
@@ -222,7 +225,6 @@ def damage_rows(path: str) -> list[tuple[str, int, str]]:
 
 def parquet_rows(path: str) -> int:
     """Rows of a Parquet dataset from its footers only (no Spark job, no data read)."""
-    import pyarrow.parquet as pq
     total = 0
     for d, _dirs, files in os.walk(path):
         total += sum(pq.read_metadata(os.path.join(d, f)).num_rows for f in files if f.endswith(".parquet"))
@@ -230,13 +232,10 @@ def parquet_rows(path: str) -> int:
 
 
 def _console():
-    from rich.console import Console
     return Console(stderr=True)
 
 
 def print_summary(summary: Summary, console=None) -> None:
-    from rich.markup import escape
-    from rich.table import Table
     console = console or _console()
     table = Table(title=f"journalfs pipeline -> {summary.output}")
     table.add_column("table")
@@ -259,7 +258,6 @@ def spark_for(master: str | None, scratch: str | None = None, conf: dict | None 
     """The session for a pipeline run; off-machine executors get journalfs as a zip built
     in ``scratch`` (which the caller removes after ``spark.stop()``). ``conf`` (the user's
     memory sizes and settings) comes last, so it wins."""
-    from .session import build_session, package_zip
     master = master or "local[*]"
     settings = {"spark.sql.shuffle.partitions": "8", "spark.ui.showConsoleProgress": "false",
                 # the read (mapInArrow) and the metadata replay (applyInArrow) would set

@@ -11,9 +11,15 @@ import errno
 import fnmatch
 import os
 import re
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from urllib.parse import unquote, urlsplit
 
+from ..formats import CODECS, SNIFF_BYTES, detect, splittable
+from ..fs.indexfiles import IndexCache
 from ..journals import is_backup_name, open_path, sniff_fd
+from .checkpoints import checkpoints
+from .storage import is_remote, list_objects, read_head
 
 MiB = 1 << 20
 
@@ -70,7 +76,6 @@ def local_path(location: str) -> str:
         if scheme not in LOCAL_SCHEMES:
             raise ValueError(f"{location}: unsupported URI scheme {scheme!r} (journalfs reads "
                              "local paths, file:// URIs and s3:// or s3a:// objects)")
-        from urllib.parse import unquote, urlsplit
         parts = urlsplit(location)
         if parts.netloc not in ("", "localhost"):
             raise ValueError(f"{location}: a file:// URI names a host ({parts.netloc}); "
@@ -92,7 +97,6 @@ def list_journals(root: str, recursive: bool = True, glob: str | None = None, *,
     by content, sorted. ``required``: raise :class:`NoJournalError` (naming what was looked
     at) rather than return nothing. ``unreadable`` collects (path, reason) of the local
     files and directories that could not be read (permissions, I/O errors)."""
-    from .storage import is_remote
     if is_remote(root):
         return _list_objects(root, recursive, glob, required, storage)
     root = local_path(root)
@@ -142,9 +146,6 @@ def _list_objects(root: str, recursive: bool, glob: str | None, required: bool,
                   storage: tuple) -> list[JournalFile]:
     """:func:`list_journals` of object storage: one listing, then each candidate's first
     bytes by a ranged read (several at once)."""
-    from concurrent.futures import ThreadPoolExecutor
-    from ..formats import SNIFF_BYTES, detect
-    from .storage import list_objects, read_head
     objects = list_objects(root, recursive, storage)
     candidates = [(uri, size) for uri, size in objects
                   if not is_backup_name(uri) and not (glob and not fnmatch.fnmatch(
@@ -164,7 +165,6 @@ def _list_objects(root: str, recursive: bool, glob: str | None, required: bool,
 
 def no_journal_message(root: str, candidates: list[str], glob: str | None,
                        local: bool = True) -> str:
-    from ..formats import CODECS
     formats = ", ".join(sorted(CODECS))
     if candidates == [root]:
         if local and not os.access(root, os.R_OK):
@@ -183,7 +183,6 @@ def partner_files(f: JournalFile, files: list[JournalFile],
     """The partner files of ``f`` (by role, e.g. an akka data file's ``meta``) by its codec's
     rule, among the journals of its directory. ``by_dir`` (from :func:`siblings_by_dir`) saves
     a pass over ``files`` per call."""
-    from ..formats import CODECS
     d, name = os.path.split(f.path)
     if by_dir is None:
         by_dir = siblings_by_dir(files)
@@ -199,7 +198,6 @@ def key_partners(f: JournalFile, files: list[JournalFile],
                  by_dir: dict[str, list[tuple[str, str]]] | None = None, storage: tuple = ()
                  ) -> tuple[tuple[str, str], ...]:
     """(role, path) of the partner files the codec of ``f`` reads its records' keys from."""
-    from ..formats import CODECS
     roles = CODECS[f.format].key_partners
     if not roles:
         return ()
@@ -231,7 +229,6 @@ def split_target(total_bytes: int, parallelism: int, max_bytes: int = 128 * MiB)
 
 def cost(f: JournalFile) -> int:
     """Estimated work of reading ``f`` whole, in byte-equivalents."""
-    from ..formats import CODECS, splittable
     return f.size * (1 if splittable(CODECS[f.format]) else UNSPLITTABLE_COST_PER_BYTE) + FILE_COST
 
 
@@ -249,7 +246,6 @@ def _fixed_slices(f: JournalFile, record_size: int, header: int, target: int) ->
 
 def _checkpoint_slices(f: JournalFile, target: int, indexes,
                        partners: tuple[tuple[str, str], ...]) -> list[FileSlice]:
-    from .checkpoints import checkpoints  # numpy and the index files: only for big files
     points = checkpoints(f.path, f.format, target, indexes)
     if len(points) < 2:
         return [FileSlice(f.path, f.format, partners=partners)]
@@ -262,9 +258,6 @@ def slices_for(f: JournalFile, target: int, files: list[JournalFile],
                indexes=None,
                by_dir: dict[str, list[tuple[str, str]]] | None = None,
                storage: tuple = ()) -> list[FileSlice]:
-    from dataclasses import replace
-    from ..formats import CODECS, splittable
-    from .storage import is_remote
     codec = CODECS[f.format]
     remote = is_remote(f.path)
     storage = storage if remote else ()
@@ -287,7 +280,6 @@ def plan(files: list[JournalFile], parallelism: int, max_split: int = 128 * MiB,
 
     Groups come out costliest first: Spark starts tasks in partition order, so the long ones
     start early and the short ones fill the cores at the end."""
-    from ..fs.indexfiles import IndexCache  # the index files: only when planning
     with contextlib.closing(IndexCache(cache_dir or "")) as indexes:
         return _plan(files, parallelism, max_split, indexes, storage)
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from typing import Iterator
 
 import pyarrow as pa
@@ -49,7 +50,6 @@ def read_slice(sl: FileSlice, include_damage: bool, batch_rows: int
             cm = mapped(sl.path)
         buf = cm.__enter__()
     except OSError as exc:
-        import socket
         raise UnreadableSlice(exc.errno, f"journalfs: cannot read {sl.path} on "
                               f"{socket.gethostname()} (pid {os.getpid()}): "
                               f"{exc.strerror or exc}; every executor must see the input at "

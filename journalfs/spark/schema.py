@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import functools
 
+import pyarrow as pa
+
 #: Column order and types of ``spark.read.format("journal")`` (CONTRACT.md, "The Spark pipeline").
 DDL = ("source string, format string, seq long, offset long, kind string, time timestamp, "
        "key string, id long, payload binary, attrs map<string,string>")
@@ -13,6 +15,8 @@ DAMAGE_KIND = "_damage"
 
 
 def spark_schema():
+    # pyspark (optional: the spark extra): this module loads with the package, whose
+    # planning (the pipeline's checks before Spark starts) runs without it
     from pyspark.sql.types import (BinaryType, LongType, MapType, StringType, StructField,
                                    StructType, TimestampType)
     types = {"string": StringType(), "long": LongType(), "timestamp": TimestampType(),
@@ -29,7 +33,6 @@ def arrow_schema():
     """Exactly the Arrow schema Spark checks yielded batches against (what
     ``pyspark.sql.pandas.types.to_arrow_schema(spark_schema(), timezone="UTC")`` gives; built
     here with pyarrow alone so executors need not import pandas)."""
-    import pyarrow as pa
     entries = pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.string())])
     attrs = pa.map_(entries.field(0), entries.field(1))
     return pa.schema([("source", pa.string()), ("format", pa.string()), ("seq", pa.int64()),

@@ -6,6 +6,11 @@ import sys
 import tempfile
 import zipfile
 
+from pyspark.sql import SparkSession
+
+import journalfs
+from . import register
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -17,7 +22,6 @@ def build_session(master: str = "local[*]", app_name: str = "journalfs", conf: d
     os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
     builder = (SparkSession.builder.master(master).appName(app_name)
                .config("spark.ui.enabled", "false")
                .config("spark.driver.host", LOOPBACK)
@@ -30,14 +34,12 @@ def build_session(master: str = "local[*]", app_name: str = "journalfs", conf: d
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     if journal_source:
-        from . import register
         register(spark)
     return spark
 
 
 def package_zip(dest_dir: str | None = None) -> str:
     """journalfs as a zip for executors that do not have it installed (cluster mode)."""
-    import journalfs
     pkg_dir = os.path.dirname(os.path.abspath(journalfs.__file__))
     root = os.path.dirname(pkg_dir)
     fd, path = tempfile.mkstemp(prefix="journalfs-", suffix=".zip", dir=dest_dir)

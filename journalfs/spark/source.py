@@ -20,9 +20,14 @@ from __future__ import annotations
 import os
 from typing import Iterator
 
+import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from ..fs.indexfiles import user_cache_dir
+from .plan import list_journals, plan
+from .read import BATCH_BYTES, read_slice
 from .schema import DDL
+from .storage import is_remote, s3_options
 
 #: Rows per decoded batch, and the size small files' batches are merged up to before they go
 #: to the JVM (every batch costs an Arrow IPC message and JVM-side set-up).
@@ -64,12 +69,9 @@ class JournalReader(DataSourceReader):
     # union of two filtered scans read the first filter's files twice. The ``formats``
     # option prunes files explicitly.
     def partitions(self):
-        from ..fs.indexfiles import user_cache_dir
-        from .plan import list_journals, plan
         path = self.options.get("path")
         if not path:
             raise ValueError("journal data source: load(PATH) needs a path")
-        from .storage import is_remote, s3_options
         storage = s3_options(self.options) if is_remote(path) else ()
         # a wrong path, an unsupported scheme or no journal at all raise: never a silent 0 rows
         files = list_journals(path, _true(self.options.get("recursive"), True),
@@ -93,7 +95,6 @@ class JournalReader(DataSourceReader):
 
 def read_group(slices, include_damage: bool) -> Iterator:
     """The record batches of one task's slices (small files' batches merged)."""
-    from .read import read_slice
     return coalesce((batch for s in slices
                      for batch in read_slice(s, include_damage, BATCH_ROWS)), BATCH_ROWS)
 
@@ -109,8 +110,6 @@ def read_groups(groups, include_damage: bool, ids: Iterator) -> Iterator:
 def coalesce(batches: Iterator, rows: int, max_bytes: int | None = None) -> Iterator:
     """Merge runs of small batches (one per small file) into batches of about ``rows`` rows
     (or ``max_bytes`` bytes, whichever comes first)."""
-    import pyarrow as pa
-    from .read import BATCH_BYTES
     max_bytes = max_bytes or BATCH_BYTES
     pending: list = []
     pending_rows = pending_bytes = 0

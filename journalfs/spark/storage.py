@@ -14,10 +14,15 @@ Endpoint and region: the data source options ``endpoint`` (``http://127.0.0.1:90
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import re
 import tempfile
+
+from pyarrow import fs
+
+from ..journals import mapped_fd
 
 #: URI schemes read as S3 objects (``s3a`` is Hadoop's name for the same thing).
 S3_SCHEMES = ("s3", "s3a")
@@ -54,7 +59,6 @@ def s3_options(options: dict | None = None) -> tuple[tuple[str, str], ...]:
 def s3_filesystem(settings: tuple[tuple[str, str], ...] = ()):
     """A pyarrow S3 file system for :func:`s3_options`' settings (one per process and
     settings: it holds the connection pool)."""
-    from pyarrow import fs
     settings = dict(settings)
     kwargs = {}
     endpoint = settings.get("endpoint")
@@ -77,7 +81,6 @@ def _fs_path(location: str) -> str:
 def list_objects(location: str, recursive: bool, settings) -> list[tuple[str, int]]:
     """(URI, size) of every object at or under ``location``, sorted; FileNotFoundError when
     there is none."""
-    from pyarrow import fs
     scheme, bucket, key = split_s3(location)
     s3 = s3_filesystem(settings)
     path = _fs_path(location)
@@ -85,7 +88,6 @@ def list_objects(location: str, recursive: bool, settings) -> list[tuple[str, in
     if info.type == fs.FileType.File:
         return [(location, info.size)]
     if info.type == fs.FileType.NotFound:
-        import errno
         raise FileNotFoundError(errno.ENOENT, f"{location}: no such object or prefix")
     selector = fs.FileSelector(path, recursive=recursive)
     out = [(f"{scheme}://{i.path}", i.size) for i in s3.get_file_info(selector)
@@ -106,7 +108,6 @@ def object_mapped(location: str, ranges: list[tuple[int, int]], settings):
     ``$TMPDIR``, then mapped, so that the readers treat it as a local file: the pages they
     pass are dropped from the process and fault back in from that file (a worker's memory
     stays as flat as for a local journal; the disk holds the ranges read)."""
-    from ..journals import mapped_fd
     fd = _unlinked_file()
     try:
         with s3_filesystem(settings).open_input_file(_fs_path(location)) as f:

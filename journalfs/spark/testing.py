@@ -23,7 +23,7 @@ TEST_CONF = {
 @pytest.fixture(scope="session")
 def spark():
     pytest.importorskip("pyspark")
-    from .session import build_session
+    from .session import build_session  # pyspark is optional: without it the tests skip
     session = build_session("local[2]", "journalfs-tests", TEST_CONF)
     yield session
     session.stop()

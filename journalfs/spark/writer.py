@@ -17,6 +17,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark import TaskContext
+
+from . import derived
+from .schema import DAMAGE_KIND, arrow_schema
+from .source import read_group
+
 #: What each task reports: a file it wrote (path, format, rows), a damaged journal
 #: (path, offset, reason), or the partial rows of a table computed in this pass
 #: (table, Arrow IPC stream: :data:`journalfs.spark.derived.IN_PASS`).
@@ -46,8 +55,6 @@ def write_records(spark, groups: list, records_dir: str) -> Written:
     task = functools.partial(write_groups, groups, records_dir)
     results = spark.range(0, len(groups), 1, max(1, len(groups))) \
         .mapInArrow(task, RESULT_DDL).collect()
-    import pyarrow as pa
-    from . import derived
     written = Written()
     parts: dict[str, list] = {name: [] for name in derived.IN_PASS}
     for r in results:
@@ -89,12 +96,6 @@ def _remove_others(records_dir: str, keep: dict[str, int]) -> None:
 def write_groups(groups: list, records_dir: str, ids: Iterator) -> Iterator:
     """``mapInArrow`` function: ``ids`` hold the indexes of the groups this task reads
     (one, from a ``range``); yields one batch of :data:`RESULT_DDL` rows at the end."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    from pyspark import TaskContext
-    from . import derived
-    from .schema import DAMAGE_KIND
-    from .source import read_group
     ctx = TaskContext.get()
     name = f"part-{ctx.partitionId():05d}-{ctx.attemptNumber()}{PARQUET_SUFFIX}" if ctx \
         else f"part-{os.getpid()}{PARQUET_SUFFIX}"
@@ -142,7 +143,6 @@ class _FormatFiles:
         self.written: dict[str, tuple[str, int]] = {}  # path -> (format, rows)
 
     def write(self, batch) -> None:
-        import pyarrow.compute as pc
         if not batch.num_rows:
             return
         formats = batch.column("format")
@@ -157,8 +157,6 @@ class _FormatFiles:
         return os.path.join(self.records_dir, f"format={fmt}", self.name)
 
     def _writer(self, fmt: str):
-        import pyarrow.parquet as pq
-        from .schema import arrow_schema
         writer = self.writers.get(fmt)
         if writer is None:
             schema = arrow_schema()
