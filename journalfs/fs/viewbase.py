@@ -170,12 +170,10 @@ class ViewsBase:
                 NOTIFIER.invalidate_entry(parent.ino, name)
             path = parent_rel
         # records/ dir of rel itself too: its mode or ACL (kernel-cached per inode) changed
-        for kind in (RECORDS_DIR, JOURNAL, JSONL):
-            node = self.by_key.get((kind, rel, -1))
-            if node is None:
-                continue
-            # may block on page-cache writeback: never on the trio thread
-            await trio.to_thread.run_sync(NOTIFIER.invalidate_inodes, [(node.ino, False)])
+        stale = [(node.ino, False) for kind in (RECORDS_DIR, JOURNAL, JSONL)
+                 if (node := self.by_key.get((kind, rel, -1))) is not None]
+        if stale:  # may block on page-cache writeback: never on the trio thread, one hop
+            await trio.to_thread.run_sync(NOTIFIER.invalidate_inodes, stale)
 
     def _sweep_indexes(self) -> None:
         def still_there(rel: str, dev: int, ino: int) -> bool:
