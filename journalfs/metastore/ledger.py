@@ -58,17 +58,27 @@ class QuotaExceeded(OSError):
     pass
 
 
+def _value_bytes(key: str, value) -> int:
+    """What one key and its value cost (see the module doc)."""
+    total = len(key.encode("utf-8", "surrogateescape")) + ENTRY_OVERHEAD
+    if isinstance(value, (list, tuple)):
+        return total + sum(len(str(v).encode("utf-8", "surrogateescape")) + 1 for v in value)
+    return total + len(str(value).encode("utf-8", "surrogateescape"))
+
+
 def metadata_bytes(values: dict) -> int:
     """What the quota charges for one path's values (0: none)."""
     if not values:
         return 0
-    total = PATH_OVERHEAD
-    for key, value in values.items():
-        total += len(key.encode("utf-8", "surrogateescape")) + ENTRY_OVERHEAD
-        if isinstance(value, (list, tuple)):
-            total += sum(len(str(v).encode("utf-8", "surrogateescape")) + 1 for v in value)
-        else:
-            total += len(str(value).encode("utf-8", "surrogateescape"))
+    return PATH_OVERHEAD + sum(_value_bytes(k, v) for k, v in values.items())
+
+
+def metadata_bytes_with(values: dict, key: str, value) -> int:
+    """:func:`metadata_bytes` of ``values`` once ``key`` is set to ``value`` (no copy)."""
+    total = PATH_OVERHEAD + _value_bytes(key, value)
+    for k, v in values.items():
+        if k != key:
+            total += _value_bytes(k, v)
     return total
 
 

@@ -677,6 +677,9 @@ class MetaStore:
 
     @staticmethod
     def _grows(entries) -> int:
+        if len(entries) == 1:  # (no generator for the common write)
+            _, rec, size = entries[0]
+            return size if rec["kind"] in ("set", "setv") else 0
         return sum(size for _, rec, size in entries if rec["kind"] in ("set", "setv"))
 
     def _room(self, total: int) -> bool:
@@ -705,18 +708,32 @@ class MetaStore:
         """Append one write only if that costs no wait for the store lock (a rotation may
         hold it), no rotation and no fsync: returns (ticket, journal fill) -- or None, and the
         caller queues the write instead. A bad write raises. This lets an event loop apply
-        ``batch`` and ``none`` writes inline: a pwrite into the preallocated journal."""
+        ``batch`` and ``none`` writes inline: memory copies into the mapped, preallocated
+        journal (see _map_journal)."""
         if self.sync == "always":
             return None
+        return self._try_append_ops(self._ops(op))
+
+    def try_set(self, path: str, key: str, value: Value) -> tuple[int, float] | None:
+        """``try_append(SetOp(path, key, value))`` (the mount's setxattr), minus the op."""
+        if self.sync == "always":
+            return None
+        return self._try_append_ops(self._set_ops(path, key, value))
+
+    def _try_append_ops(self, ops: tuple) -> tuple[int, float] | None:
         self._check_writable()
-        entries = self._encode(self._ops(op), int(time.time()))
+        entries = self._encode(ops, int(time.time()))
         if not self._lock.acquire(blocking=False):
             return None
         try:
+            if len(entries) == 1:
+                total = entries[0][2]
+            else:
+                total = sum(size for _, _, size in entries)
             grow = self._grows(entries)
             if grow:
                 self._check_space(grow)
-            if not self._room(sum(size for _, _, size in entries)):
+            if not self._room(total):
                 return None
             ticket = self._write_entries(entries, fsync=False)
             return ticket, self.fill()
@@ -794,11 +811,7 @@ class MetaStore:
         """The journal ops (kind, path, key, value, source) of one write, validated, paths
         canonical."""
         if type(op) is SetOp:
-            self._check_key(op.key)
-            value = op.value
-            if isinstance(value, (list, tuple)):
-                return (("setv", canonical(op.path), op.key, [str(v) for v in value], None),)
-            return (("set", canonical(op.path), op.key, str(value), None),)
+            return self._set_ops(op.path, op.key, op.value)
         if type(op) is UnsetOp:
             self._check_key(op.key)
             return (("unset", canonical(op.path), op.key, None, None),)
@@ -810,6 +823,13 @@ class MetaStore:
             src, dst = canonical(op.src), canonical(op.dst)
             return ("copy", dst, None, None, src), ("remove", src, None, None, None)
         raise TypeError(f"not a metadata write: {op!r}")
+
+    def _set_ops(self, path: str, key: str, value: Value) -> tuple[tuple, ...]:
+        """:meth:`_ops` of ``SetOp(path, key, value)``."""
+        self._check_key(key)
+        if isinstance(value, (list, tuple)):
+            return (("setv", canonical(path), key, [str(v) for v in value], None),)
+        return (("set", canonical(path), key, str(value), None),)
 
     def _write_entries(self, entries: list, fsync: bool = True) -> int:
         """Entry bytes first, then the count that covers them (gvfs readers stop at the
