@@ -62,6 +62,7 @@ class Mount(Protocol):
     async def _meta_values(self, store_path: str) -> dict: ...
     async def _meta_set(self, store_path: str, key: str, value: Any) -> None: ...
     def _meta_set_now(self, store_path: str, key: str, value: Any) -> bool: ...
+    def _meta_values_cached(self, store_path: str) -> dict | None: ...
     async def _meta_unset(self, store_path: str, key: str) -> None: ...
     async def _meta_restructure(self, fn: Callable[P, Awaitable[object]], *args: P.args,
                                 **kwargs: P.kwargs) -> None: ...
@@ -262,7 +263,10 @@ class Ownership:
                 await self.bind(node, sp, strict=True, identity=identity)
             if made is None and node.paths and rel is node.paths[-1]:
                 node.meta_path = made = (rel, sp)  # bound: what store_path() would note
-            size = metadata_bytes_with(await self.fs._meta_values(sp), key, value)
+            values = self.fs._meta_values_cached(sp)  # (no coroutine when cached)
+            if values is None:
+                values = await self.fs._meta_values(sp)
+            size = metadata_bytes_with(values, key, value)
             ledger.check(sp, uid, size)
             plans.append((sp, size))
         for sp, size in plans:
