@@ -4,12 +4,13 @@ group commit, background flush and rotation.
 Writes (typed ops, :mod:`.backend`):
 
 * ``batch`` (default) and ``none``: a write that finds the store lock free and the journal
-  roomy is appended inline on the trio thread (``MetaStore.try_append``: one pwrite into the
-  preallocated journal, i.e. into the kernel) and acknowledged at once; kill -9 of the daemon
-  cannot lose it. Under ``batch`` a background flusher fdatasyncs the journal within
+  roomy is appended inline on the trio thread (``MetaStore.try_append``, ``set_now``: the
+  entry, then the count, copied into the writer's shared mapping of the preallocated
+  journal, i.e. into the kernel's page cache) and acknowledged at once; kill -9 of the
+  daemon cannot lose it. Under ``batch`` a background flusher fdatasyncs the journal within
   ``flush_delay`` (+ the fdatasync itself, well under 1 s) of the first unflushed write.
 * ``always``: writes are queued and applied by one commit task, everything queued while the
-  previous commit ran in ONE worker-thread call (``MetaStore.write_many``: one pwrite, one
+  previous commit ran in ONE worker-thread call (``MetaStore.write_many``: one append, one
   fdatasync), every writer of that commit woken by one event.
 * :meth:`MetaService.sync` makes every earlier acknowledged write durable (fsync, fsyncdir,
   syncfs); shutdown does too.

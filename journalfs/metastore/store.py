@@ -5,7 +5,8 @@ consults an in-memory index of the live journal (only when the journal holds som
 path or any REMOVE/COPY; spec "Lookup semantics") and then the mapped tree, whose directories'
 child names are decoded once into dicts (TreeView) and whose decoded node metadata is cached
 per path by get_all (bounded; valid until the tree file is replaced). Writes append one CRC'd entry per
-operation (``write_many``: many operations, one pwrite); rotation (compaction) streams the old
+operation, entry bytes then the count that covers them, as memory copies into the journal
+mapped shared (``_map_journal``; ``write_many``: many operations, one copy); rotation (compaction) streams the old
 tree + journal into a new tree file with gvfs's exact steps.
 """
 from __future__ import annotations
@@ -45,7 +46,7 @@ ROTATION_BACKOFF = 1.0
 ROTATION_BACKOFF_MAX = 60.0
 #: Appends are memory copies into the mapped journal only where CPUs show other CPUs one
 #: CPU's stores in program order (x86's TSO), so a gvfs reader mapping the journal never
-#: sees the entry count before the entry it covers; elsewhere two pwrites order them.
+#: sees the entry count before the entry it covers; elsewhere appends are two pwrites.
 MAPPED_APPENDS = platform.machine() in ("x86_64", "AMD64", "i386", "i686")
 #: _check_space asks the filesystem for its free space at least this often, and on every
 #: write once the room left above a rotation's needs is below the margin.
@@ -744,7 +745,7 @@ class MetaStore:
         """Many writes as few journal appends; returns per write its ticket or the exception
         it raised (a bad write fails alone; when the journal is full and cannot be rotated --
         a full disk -- that OSError is the answer of every write not yet appended, and those
-        appended keep their tickets). Writes are appended in order, as many per pwrite as fit;
+        appended keep their tickets). Writes are appended in order, as many per append as fit;
         ``durable`` fdatasyncs once at the end."""
         self._check_writable()
         mtime = int(time.time())
