@@ -125,11 +125,10 @@ class XattrOps(StoreCalls):
         (``Ownership.identity``) from the same statx: three syscalls where the general way
         takes six. None: that way must decide (the name now means something else or
         nothing, is too long for one call, or the kernel lacks openat2)."""
-        if node is self.table.root:
+        paths = node.paths  # (table.names_of's answer when no hard link was seen)
+        if len(paths) != 1 or node is self.table.root or node.key in self.table.links:
             return None
-        names = self.table.names_of(node)
-        if len(names) != 1:
-            return None
+        names = [paths[0]]
         root_fd = self.table.root.fd
         assert root_fd is not None  # the root's fd is held for the mount's life
         try:

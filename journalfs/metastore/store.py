@@ -637,7 +637,7 @@ class MetaStore:
             if source is not None:
                 rec["source"] = source
             entries.append((entry, rec, len(entry)))
-        total = sum(size for _, _, size in entries)
+        total = entries[0][2] if len(entries) == 1 else sum(size for _, _, size in entries)
         if total > self.journal_size - HEADER_SIZE:
             raise EntryTooLarge(f"metadata entry of {total} bytes can never fit a journal of "
                                 f"{self.journal_size} bytes")
@@ -737,7 +737,7 @@ class MetaStore:
             if not self._room(total):
                 return None
             ticket = self._write_entries(entries, fsync=False)
-            return ticket, self.fill()
+            return ticket, self._fill_locked()
         finally:
             self._lock.release()
 
@@ -902,9 +902,12 @@ class MetaStore:
     # ----------------------------------------------------------------------------- rotation
     def fill(self) -> float:
         with self._lock:
-            if not self._journal_ok or not self._journal_file_size:
-                return 1.0 if not self.readonly else 0.0
-            return (self._index.next_offset - HEADER_SIZE) / (self._journal_file_size - HEADER_SIZE)
+            return self._fill_locked()
+
+    def _fill_locked(self) -> float:
+        if not self._journal_ok or not self._journal_file_size:
+            return 1.0 if not self.readonly else 0.0
+        return (self._index.next_offset - HEADER_SIZE) / (self._journal_file_size - HEADER_SIZE)
 
     def needs_rotation(self, threshold: float = 0.75) -> bool:
         with self._lock:
