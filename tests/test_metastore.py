@@ -472,6 +472,23 @@ def test_a_journal_with_holes_is_made_whole_before_appends(tmp_path):
         assert reader.dump() == {"/a": {"k": "1"}, "/b": {"k": "2"}}
 
 
+@pytest.mark.skipif(not MAPPED_APPENDS, reason="appends take pwrite on this CPU")
+def test_batch_appends_make_no_syscall_and_always_appends_use_pwrite(tmp_path, monkeypatch):
+    """batch/none: an append is memory copies into the mapped journal (no write call);
+    always: pwrite, whose pages cost the fdatasync that follows no ext4 journal commit."""
+    written = []
+    real = store_module.write_all
+    monkeypatch.setattr(store_module, "write_all", lambda *a: (written.append(a), real(*a)))
+    with MetaStore.open(str(tmp_path / "home"), sync="batch") as store:
+        del written[:]  # (creating the store writes its files)
+        store.set("/a", "k", "1")
+        assert store.try_set("/b", "k", "2") is not None and written == []
+        store.sync = "always"
+        store.set("/c", "k", "3")
+        assert len(written) == 2  # the entry, then the count
+        assert store.dump() == {"/a": {"k": "1"}, "/b": {"k": "2"}, "/c": {"k": "3"}}
+
+
 def test_free_space_is_asked_again_near_the_line_and_refused_below_it(tmp_path, monkeypatch):
     """A set is refused (ENOSPC) when it would leave less than a rotation's room free. The
     filesystem is asked on every set once the room left is within SPACE_RECHECK_MARGIN of
