@@ -452,7 +452,7 @@ SYSTEM_PYTHON = "/usr/bin/python3"  # the venv's interpreter lives under /root, 
 
 # Runs as the test user: performs each [name, op, path] and prints {name: result | ERRNAME}.
 _USER_SCRIPT = r"""
-import errno, json, os, sys
+import errno, json, os, sys, time
 def run(op, path):
     if op == "list":
         return sorted(os.listdir(path))
@@ -461,6 +461,17 @@ def run(op, path):
             return len(f.read())
     if op == "stat":
         return oct(os.stat(path).st_mode)
+    if op.startswith("chmod-"):
+        return os.chmod(path, int(op[6:], 8))
+    if op == "stat_within_5s":  # a change seen by the mount's watcher
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                return oct(os.stat(path).st_mode)
+            except FileNotFoundError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
     raise ValueError(op)
 out = {}
 for name, op, path in json.load(sys.stdin):
@@ -577,6 +588,30 @@ def test_views_carry_source_permissions(shared_base, records_corpus):
         time.sleep(1.5)
         assert isinstance(as_view_user(user, [("s", "read", rec / "secret.jrnl" / first)])["s"],
                           int)
+
+
+def test_view_lookups_kept_per_caller(shared_base, records_corpus):
+    """`ls -l` of a view walks its journal directory (entry timeout 0: who sees it depends on
+    who asks) once per entry, so lookups under records/ are answered from memory for a
+    moment: per caller, never one caller's answer for another, and a change to SOURCE seen
+    by the mount is seen through the views."""
+    user = view_user()
+    src, mnt = journals_source(shared_base, records_corpus / "db0.jrnl", {"mine.jrnl": 0o200})
+    os.chown(src / "mine.jrnl", user.pw_uid, user.pw_gid)  # its owner may not read it yet
+    with mounted(src, mnt, "--store", str(shared_base / "store"), "-o", "allow_other,timeout=1"):
+        view = mnt / ".journalfs" / "records" / "mine.jrnl"
+        for _ in range(3):
+            assert stat.S_ISDIR(os.stat(view).st_mode)  # root sees it, and keeps the answer
+        seen = as_view_user(user, [
+            ("hidden", "stat", view), ("hidden_again", "stat", view),
+            ("chmod", "chmod-0600", mnt / "mine.jrnl"),   # through the mount
+            ("shown", "stat_within_5s", view), ("shown_again", "stat", view),
+            ("unchmod", "chmod-0200", mnt / "mine.jrnl")])
+        assert seen == {"hidden": "ENOENT", "hidden_again": "ENOENT", "chmod": None,
+                        "shown": oct(stat.S_IFDIR | 0o500), "shown_again": oct(stat.S_IFDIR | 0o500),
+                        "unchmod": None}
+        assert stat.S_ISDIR(os.stat(view).st_mode)  # root still sees it
+        assert "mine.jrnl" not in as_view_user(user, [("records", "list", view.parent)])["records"]
 
 
 def test_views_carry_source_acls(shared_base, records_corpus):
