@@ -3,6 +3,7 @@ passthrough, the baseline for "what FUSE costs") and on journalfs, in one interl
 
     sudo .venv/bin/python bench/fuse.py [--rounds 3] [--files 10000] [--big-mib 1024]
                                         [--workdir DIR] [--only native,bindfs,journalfs,floor]
+                                        [--view-records 200000] [--view-ls-l-records 20000]
                                         [--json FILE]
 
 Every round measures every target once, in a rotating order, so slow phases of a busy
@@ -20,11 +21,19 @@ load on a shared machine; CPU per request does not.
 `floor` is a minimal pyfuse3 filesystem (this file, --serve-floor) answering lookup, getattr,
 readdir and the xattr calls from dicts, and serving file data, creation and renames outside
 its dicts as a bare passthrough (one syscall per request, no checks): pyfuse3's own cost per
-request (its `cat` rows read the plain files that hold the record files' bytes). It runs every
-row but the staleness row, and the CPU rows,
-which journalfs also runs with
-`-o timeout=0` (so every stat is a request). Its rate beside bindfs's (`floor/bindfs`) is
-the bound pyfuse3 itself puts on a row.
+request (its `cat` rows read the plain files that hold the record files' bytes, its view rows
+list the same-size directory bindfs lists). It runs every row but the staleness row and the
+first listing of a view (the output says which and why). The CPU rows, which journalfs also
+runs with `-o timeout=0` (so every stat is a request), it runs too. Its rate beside bindfs's
+(`floor/bindfs`) is the bound pyfuse3 itself puts on a row; `jfs/floor` (rate) and
+`jfs/floor CPU` (daemon CPU per request) are what journalfs adds on top of it.
+
+View rows (`--view-records N`, 0 for none; `--view-ls-l-records M`; `--view-rows-only`):
+`ls -U`, `ls -f` (N) and `ls -l` (M) of the view of a Wallaby index journal of N (M)
+records, `.journalfs/records/view-N.idx` (its records and records.jsonl), on journalfs;
+of a real directory of as many empty files named like the records on the others. "cold" is
+the first listing after a fresh mount with dropped caches, "warm" the same again; the first
+listing of all (the journal indexed into the new store) is its own row.
 
 `--cpu-rows-only` runs just the CPU rows (plus fsetxattr) on the FUSE targets, and
 `--tree NAME=DIR` adds journalfs from another checkout as target `journalfs-NAME`, so two
