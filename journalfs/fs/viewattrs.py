@@ -76,8 +76,21 @@ class ViewAttrs(ViewIndexes):
         owner, dir_mode, _ = self._journal_perms(node.rel, info)
         timeout = 0 if node.rel == LIVE else None
         a = self._attrs(node, dir_mode, 0, info.ident[3], timeout, owner)
-        a.entry_timeout = 0  # shown only to those who may read it (ACLs too): never shared
+        if not self._shown_to_all(node.rel, info):
+            a.entry_timeout = 0  # shown only to those who may read it (ACLs too): never shared
         return a
+
+    def _shown_to_all(self, rel: bytes, info: JournalInfo) -> bool:
+        """Whether every caller who can reach ``rel``'s view sees it, as found by the lookup
+        that is answering now (:meth:`_child_key`): r for owner, group and others and no
+        ACL, so that reading it needs nothing but the search permission on its directories
+        a caller showed by getting here (each records/ directory is looked up per caller).
+        Then the kernel may keep its name: `ls -l` of the view walks it once per entry, and
+        each walk was a LOOKUP. A change seen by the mount drops the name (source_changed)."""
+        if rel == LIVE or info.mode & 0o444 != 0o444:
+            return False
+        recent = self._recent(("to-all", rel))
+        return recent is not None and recent[0]
 
     def _record_attrs(self, node: VNode, rec: dict, info: JournalInfo) -> pyfuse3.EntryAttributes:
         owner, _, file_mode = self._journal_perms(node.rel, info)
@@ -223,6 +236,19 @@ class ViewAttrs(ViewIndexes):
             return [(b"journal", self.live)]
         return []
 
+    def _shown_entry(self, rel: bytes, caller=None) -> tuple[str | None, bool]:
+        """(RECORDS_DIR, JOURNAL or None: what the caller sees at records/``rel``, whether
+        a journal there is readable by all: see :meth:`_shown_to_all`). Thread only."""
+        entry = self._records_entry(rel, caller)
+        if entry is None:
+            return None, False
+        try:
+            to_all = entry[0] == JOURNAL and entry[1].mode & 0o444 == 0o444 \
+                and self.source.access_acl(rel) is None
+        except OSError:  # gone meanwhile, or no ACLs to be read: not known to be for all
+            to_all = False
+        return entry[0], to_all
+
     async def _child_key(self, parent: VNode, name: bytes, ctx=None) -> tuple | None:
         """(kind, rel, seq) of ``name`` in a records dir or journal dir."""
         if parent.kind == RECORDS_DIR and name not in (b".", b".."):
@@ -232,9 +258,9 @@ class ViewAttrs(ViewIndexes):
             recent = self._recent(key)
             if recent is None:
                 generation = self._scan_generation
-                entry = await self._on_file_as(ctx, rel, self._records_entry, rel)
-                kind = None if entry is None else entry[0]
+                kind, to_all = await self._on_file_as(ctx, rel, self._shown_entry, rel)
                 self._remember(key, generation, kind)
+                self._remember(("to-all", rel), generation, to_all)
             else:
                 kind = recent[0]
             return None if kind is None else (kind, rel)
