@@ -19,7 +19,7 @@ pytestmark = pytest.mark.fuse
 
 DIR_BLKSIZE = 1 << 20
 BIG = 20_000
-VIEW_RECORDS = 120_000  # above the views' name-only threshold (10,000 records), 8 batches
+VIEW_RECORDS = 120_000  # above the views' name-only threshold (100,000 records)
 
 
 @pytest.fixture(scope="module")
@@ -364,21 +364,3 @@ def test_entry_blocks_equal_entries_replied_one_by_one(records_corpus):
             assert len(block) == len(names)
         checked += 1
     assert checked >= 9
-
-
-def test_views_from_ten_thousand_records_are_listed_by_name_only():
-    """From 10,000 records a view's entries carry no attributes (no kernel inode per
-    record: `ls -U` of a 20k-record view 112k -> 870k entries/s); below, exact sizes."""
-    from types import SimpleNamespace
-
-    from journalfs.fs import direntries
-    from journalfs.fs.dirlist import NameOnlyEntry
-    from journalfs.fs.viewlisting import ViewListing
-    from journalfs.fs.viewnodes import BLOCKS, FULL, JournalListing
-
-    assert NameOnlyEntry.available and direntries.available  # else test_fs_cstructs fails too
-    mode = stat.S_IFREG | 0o444
-    assert ViewListing._listing_way(JournalListing(None), SimpleNamespace(count=9_999),
-                                    mode) == FULL
-    assert ViewListing._listing_way(JournalListing(None), SimpleNamespace(count=10_000),
-                                    mode) == BLOCKS

@@ -22,11 +22,8 @@ from .viewnodes import (JOURNAL, JOURNAL_ID_MAX, JSONL, JSONL_NAME, LIVE, RECORD
     NAMES, EntryBlock, JournalListing, ViewDirHandle, VNode)
 
 
-#: Journals with at least this many records are listed by name only (see _readdir_journal):
-#: a kernel inode made per listed entry costs the lister 5-8 µs, so `ls -U` of a 20k-record
-#: view went 112k -> 870k entries/s; a first `ls -l` then looks each record up (one request
-#: more per entry, beside the 5 it asks anyway).
-NAMES_ONLY_RECORDS = 10_000
+#: Journals with at least this many records are listed by name only (see _readdir_journal).
+NAMES_ONLY_RECORDS = 100_000
 #: Records decoded per directory-listing batch (kept per open directory handle).
 LIST_BATCH = 16 * 1024
 
