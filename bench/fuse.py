@@ -237,7 +237,9 @@ class Target:
         # a PYTHONPATH given to the bench comes first: it can measure another tree's journalfs
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             filter(None, [self.tree and str(self.tree), os.environ.get("PYTHONPATH"), str(REPO)])))
-        self.proc = subprocess.Popen(self.command(sync, timeout), env=env,
+        # cwd "/": `python -m` puts its working directory first on sys.path, which from a
+        # checkout would run that checkout's journalfs for every --tree target
+        self.proc = subprocess.Popen(self.command(sync, timeout), env=env, cwd="/",
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 30
         while not os.path.ismount(self.mnt):
