@@ -71,3 +71,20 @@ def test_view_rows_count_what_ls_lists(tmp_path):
         assert bench_fuse.list_view(command, tmp_path, 3) > 0
     with pytest.raises(RuntimeError, match="listed 3 of 4"):
         bench_fuse.list_view(["ls", "-U"], tmp_path, 4)
+
+
+def test_a_tree_target_runs_that_trees_journalfs(tmp_path, monkeypatch):
+    """--tree NAME=DIR: the daemon imports journalfs from DIR, even when the bench runs in
+    another checkout (python -m puts its working directory first on sys.path)."""
+    tree = tmp_path / "tree"
+    (tree / "journalfs").mkdir(parents=True)
+    (tree / "journalfs" / "__init__.py").write_text("")
+    seen = tmp_path / "imported-from"
+    (tree / "journalfs" / "cli.py").write_text(
+        f"open({str(seen)!r}, 'w').write(__file__)\n")  # then exits: no mount
+    monkeypatch.chdir(bench_fuse.REPO)
+    target = bench_fuse.Target("journalfs-other", tmp_path / "src", tmp_path / "mnt",
+                               tmp_path / "store", tree=tree)
+    with pytest.raises(RuntimeError, match="did not mount"):
+        target.mount(cold=False)
+    assert seen.read_text() == str(tree / "journalfs" / "cli.py")
