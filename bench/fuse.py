@@ -539,8 +539,10 @@ class Recorder:
                 row.cpu_us.setdefault(t.name, []).append((after[0] - before[0]) / requests / 1e3)
             if readdir_entries:
                 calls = after[2] - before[2]
-                if calls:
-                    row.note[t.name] = f"{readdir_entries / calls:.0f} entries per READDIR(PLUS) reply"
+                if calls:  # and every request per listed entry (ls -l: stats, getxattrs)
+                    row.note[t.name] = (f"{readdir_entries / calls:.0f} entries per "
+                                        f"READDIR(PLUS) reply, {requests / readdir_entries:.2f} "
+                                        f"requests per entry")
         print(f"  {t.name:10s} {workload:34s} {fmt(value):>10s} {unit}"
               + (f"  ({requests} req)" if t.fuse else ""), file=sys.stderr, flush=True)
         return value
