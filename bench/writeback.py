@@ -109,6 +109,8 @@ def rows(t: fb.Target, tarball: Path, args) -> list[tuple[str, object, int | Non
 def measure(t: fb.Target, tarball: Path, args, results: dict) -> None:
     t.mount(cold=False)
     for name, fn, ops in rows(t, tarball, args):
+        if args.rows and not any(part in name for part in args.rows.split(",")):
+            continue
         before = t.sample()
         counted: dict = {}
         try:
@@ -163,6 +165,8 @@ def main() -> int:
     parser.add_argument("--fio-seconds", type=int, default=3)
     parser.add_argument("--only", default="journalfs,journalfs-wb,floor")
     parser.add_argument("--tree", action="append", default=[], metavar="NAME=DIR")
+    parser.add_argument("--rows", default="", help="only rows whose name contains one of "
+                        "these comma-separated words")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     work = args.workdir.resolve()

@@ -187,24 +187,18 @@ class FileOps(StoreCalls):
         handle = self._handle(fh)
         handle.written = True
         node = handle.node
-        changes, st = node.changes, None
         uid, gid = handle.writer
         try:
             handle.own_writes += 1
             # as the writer: root's reserved blocks and quotas apply to them as on SOURCE
             if self.local:
-                written, st = self.caller.as_user(uid, gid, self._write, handle.fd, buf, off)
-            else:
-                written, st = await self._handle_call(
-                    handle, lambda fd: self.caller.as_user(uid, gid, self._write, fd, buf, off))
-            return written
+                return self.caller.as_user(uid, gid, os.pwrite, handle.fd, buf, off)
+            return await self._handle_call(
+                handle, lambda fd: self.caller.as_user(uid, gid, os.pwrite, fd, buf, off))
         finally:
-            self._attrs_changed(node, st, changes)
-
-    @staticmethod
-    def _write(fd: int, buf: bytes, off: int) -> tuple[int, os.stat_result]:
-        """pwrite, and the attributes the kernel will ask for next (it drops its own)."""
-        return os.pwrite(fd, buf, off), os.fstat(fd)
+            # the kernel drops its attributes of the file; they are fstat-ed when it asks
+            # (a stream of writes asks for none in between)
+            self._attrs_changed(node)
 
     @guarded
     async def flush(self, fh):
