@@ -5,6 +5,7 @@ import ctypes
 import errno
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -574,3 +575,32 @@ def test_writeback_cache_option(tmp_path):
             assert _wait_for(lambda: os.stat(mnt / "grown.txt").st_size == 11)
             assert (mnt / "grown.txt").read_bytes() == b"hello world"
             assert m.process.poll() is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="acts as another user: needs root")
+def test_posix_acls_are_enforced_by_the_kernel(tmp_path):
+    """enable_acl: the kernel checks SOURCE's POSIX ACLs (not only the mode bits) for every
+    user, with the same outcome as on SOURCE itself: an ACL entry grants a read the mode
+    alone denies, and denies one the mode alone grants."""
+    if not shutil.which("setfacl"):
+        pytest.skip("setfacl not installed (acl)")
+    from users import ensure_user, reachable_dir
+    user = ensure_user("jfs-test")
+    with reachable_dir("jfs-acl-") as base:
+        src, mnt = base / "src", base / "mnt"
+        src.mkdir(mode=0o755)
+        for name, mode, acl in (("granted", 0o600, "r"), ("denied", 0o644, "-")):
+            (src / name).write_text(name)
+            (src / name).chmod(mode)
+            subprocess.run(["setfacl", "-m", f"u:{user.pw_name}:{acl}", str(src / name)],
+                           check=True)
+        script = ("import sys\nfor p in sys.argv[1:]:\n    try:\n        open(p).read()\n"
+                  "        print('ok')\n    except PermissionError:\n        print('EACCES')\n")
+        with mounted(src, mnt, "--store", str(base / "store"), "-o", "allow_other"):
+            done = subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}",
+                                   "--init-groups", "--reset-env", "/usr/bin/python3", "-c",
+                                   script, *(str(d / n) for d in (src, mnt)
+                                             for n in ("granted", "denied"))],
+                                  capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["ok", "EACCES", "ok", "EACCES"]
