@@ -53,7 +53,7 @@ class FileOps(StoreCalls):
         node = self.table.get(inode)
         changes = node.changes
         uid = ctx.uid if ctx is not None else 0
-        writeback = self.enable_writeback_cache
+        writeback = self.enable_writeback_cache and node.file_type == stat.S_IFREG
         path_fd = self.table.hold(node)
         try:
             fd = st = None
