@@ -166,14 +166,40 @@ def test_crafted_queues_and_persistence(spark, tmp_path):
     assert summary.damaged_files == 0 and summary.rows["transactions"] == 0
 
 
+def akka_chains_with_bad_links(directory: Path, count: int = 40_000) -> None:
+    """An akka journal of interleaved chains (big enough for several tasks and batches) in
+    which some links are wrong: a chain forked into another, a ``prev`` that does not link
+    back, a sequence number that does not increase, a link to the last block of the file,
+    and a persistence id with a meta block but no messages."""
+    pids = [f"p{i}" for i in range(13)]
+    data, metas = AkkaData.layout([(pids[i % 13], i // 13 + 1, b"m" * (i % 50))
+                                   for i in range(count)])
+    data[100]["next"] = data[20_007]["self"]             # p9 -> a block of p0 far away
+    data[15_000]["prev"] = data[14_000]["self"]          # p11 -> p12: does not link back
+    data[30_001]["seq_nr"] = 0                           # p10: seq goes down
+    data[39_000]["next"] = data[-1]["self"]              # p0 forked into the last block (p11)
+    data[1_991]["next"] = data[1_992]["self"]            # p2 forked into a neighbour (p3)
+    metas.append({"persistence_id": "nothing", "first": 0, "last": 0, "highest_seq": 0})
+    metas.append({"persistence_id": "nothing-here", "first": 0, "last": 0, "highest_seq": 1})
+    directory.mkdir()
+    (directory / "data").write_bytes(AkkaData().write(data))
+    (directory / "meta").write_bytes(CODECS["akka-meta"].write(metas))
+
+
 def test_tables_of_the_records_pass_equal_the_dataframe_functions(spark, tmp_path, records_corpus):
-    """``queues`` and ``transactions`` are computed as the records are written (partials per
-    batch, merged on the driver): the same answers as derived's DataFrame functions on the
-    records table, also for a Kestrel file split across tasks whose ids have gaps, repeat
-    and go backwards."""
+    """``queues``, ``transactions`` and ``persistence`` are computed as the records are
+    written (partials per batch, merged on the driver): the same answers as derived's
+    DataFrame functions on the records table, also for a Kestrel file split across tasks
+    whose ids have gaps, repeat and go backwards, and akka chains split across tasks with
+    bad links inside a batch and across tasks."""
     from journalfs.spark import derived
     src = tmp_path / "in"
     src.mkdir()
+    akka_chains_with_bad_links(src / "akka")
+    (src / "akka-small").mkdir()
+    data, meta = AkkaData.build([("a", 1, b"x"), ("b", 1, b"y"), ("a", 2, b"zz")])
+    (src / "akka-small" / "data").write_bytes(data)
+    (src / "akka-small" / "meta").write_bytes(meta)
     ids = list(range(1, 20_000)) + [30_000, 30_001, 5, 5, 40_000] + list(range(50_000, 70_000))
     with open(src / "Big.1", "wb") as f:  # ~3 MB: split into several tasks' slices
         f.write(kestrel.WRITER_MAGIC)
@@ -186,8 +212,9 @@ def test_tables_of_the_records_pass_equal_the_dataframe_functions(spark, tmp_pat
     out = tmp_path / "out"
     run(spark, str(src), str(out))
     from journalfs.spark.plan import list_journals, plan
-    assert max(len([s for g in plan(list_journals(str(src)), 2).groups for s in g
-                    if s.path.endswith("Big.1")]), 0) >= 2
+    slices = [s for g in plan(list_journals(str(src)), 2).groups for s in g]
+    for name in ("Big.1", "akka/data"):
+        assert len([s for s in slices if s.path.endswith(name)]) >= 2, name
     records = spark.read.parquet(str(out / "records"))
     for name in derived.IN_PASS:
         expected = [tuple(r) for r in getattr(derived, name)(records).collect()]
@@ -196,11 +223,40 @@ def test_tables_of_the_records_pass_equal_the_dataframe_functions(spark, tmp_pat
             expected = [(s, o, t.timestamp(), st, ops) for s, o, t, st, ops in expected]
             got = [(s, o, t.timestamp(), st, ops) for s, o, t, st, ops in got]
         assert got and sorted(got) == sorted(expected), name
+    persistence = {r["persistence_id"]: r["consistent"] for r in table(out, "persistence")}
+    assert persistence["nothing"] and persistence["a"]
+    assert all(persistence[f"p{i}"] for i in (1, 3, 4, 5, 6, 7, 8))
+    assert not any(persistence[pid] for pid in ("nothing-here", "p0", "p2", "p9", "p10", "p11",
+                                                "p12"))
     state = kestrel.queue_state([(p.name, file_records(p)) for p in sorted(src.glob("Big.[0-9]"))],
                                 file_records(src / "Big.read.r"))
     (row,) = [r for r in table(out, "queues") if r["reader"] == "r"]
     assert (row["head"], row["tail"], row["pending"]) == (state["head"], state["tail"],
                                                           state["pending"])
+
+
+def test_persistence_of_a_directory_with_two_akka_data_files(spark, tmp_path):
+    """Two data files in one directory repeat ``self`` offsets, which the DataFrame's join
+    pairs across the files: the pass's partials cannot say that, so the table comes from
+    the DataFrame function there (and equals it)."""
+    from journalfs.spark import derived
+    from journalfs.spark.read import read_slice
+    from journalfs.spark.plan import list_journals, plan
+    src = tmp_path / "in"
+    (src / "twin").mkdir(parents=True)
+    data, meta = AkkaData.build([("a", 1, b"x"), ("b", 1, b"y"), ("a", 2, b"zz")])
+    (src / "twin" / "data").write_bytes(data)
+    (src / "twin" / "data2").write_bytes(AkkaData.build([("a", 1, b"yy"), ("a", 2, b"x")])[0])
+    (src / "twin" / "meta").write_bytes(meta)
+    parts = [p for g in plan(list_journals(str(src)), 1).groups for sl in g
+             for batch in read_slice(sl, False, 1000)
+             for p in [derived.partials(batch).get("persistence")] if p is not None]
+    assert derived.finish("persistence", parts) is None
+    out = tmp_path / "out"
+    run(spark, str(src), str(out))
+    expected = derived.persistence(spark.read.parquet(str(out / "records"))).collect()
+    assert sorted(tuple(r.values()) for r in table(out, "persistence")) == \
+        sorted(tuple(r) for r in expected) != []
 
 
 def test_records_keep_only_the_files_the_successful_attempts_wrote(spark, tmp_path,

@@ -2,11 +2,12 @@
 
 One Spark job reads the journals and writes ``records/`` (partitioned by format): each task
 decodes its planned slices and writes their Arrow batches with pyarrow
-(:mod:`journalfs.spark.writer`), computing as it goes the partial rows of ``queues/`` and
-``transactions/``, which the driver merges and writes; damage goes to ``_damage/``. The
-tables that need the records of several files side by side, ``metadata/`` and
-``persistence/``, are then computed from that Parquet (columnar, pruned) with DataFrame
-operations, side by side, and only when their formats were found.
+(:mod:`journalfs.spark.writer`), computing as it goes the partial rows of ``queues/``,
+``transactions/`` and ``persistence/`` (for chains: the links a batch holds whole are
+checked there, only its loose ends travel), which the driver merges and writes; damage
+goes to ``_damage/``. ``metadata/``, which replays a store's tree and journal together, is
+then computed from that Parquet (columnar, pruned) with DataFrame operations, only when
+its formats were found.
 """
 from __future__ import annotations
 
@@ -149,10 +150,12 @@ def run(spark, input_path: str, output: str, console=None, files=None) -> Summar
         written = write_records(spark, plan_groups(spark, listed, storage), records_dir)
         write_damage(written.damage, os.path.join(output, "_damage"))
         for name, table in written.tables.items():
-            write_arrow(table, os.path.join(output, name))
+            if table is not None:
+                write_arrow(table, os.path.join(output, name))
 
         records = spark.read.schema(_records_schema()).parquet(_literal(records_dir))
-        tables = [name for name in derived.TABLES if name not in derived.IN_PASS]
+        # the tables the pass could not give (see derived.finish) are computed from the records
+        tables = [name for name in derived.TABLES if written.tables.get(name) is None]
         busy = [name for name in tables if present & set(derived.TABLES[name])]
         progress.step("writing " + (", ".join(busy) or "empty tables"))
         # small inputs: each job is mostly fixed driver-side latency (planning, codegen,

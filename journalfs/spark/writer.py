@@ -40,7 +40,8 @@ class Written:
     files: dict[str, int] = field(default_factory=dict)  # Parquet file -> rows
     #: (journal, byte offset, reason) of every damaged journal, sorted
     damage: list[tuple[str, int, str]] = field(default_factory=list)
-    #: the tables computed in this pass: name -> Arrow table
+    #: the tables computed in this pass: name -> Arrow table (None: not computable from the
+    #: partials, see :func:`journalfs.spark.derived.finish`)
     tables: dict[str, object] = field(default_factory=dict)
 
     @property
