@@ -61,6 +61,19 @@ def test_metadata_equals_gvfs_ground_truth(conformance_run, gvfs_snapshots):
     assert not stores
 
 
+def test_metadata_replayed_by_the_driver_equals_the_dataframe_function(spark, conformance_run):
+    """A few small stores are replayed by the driver from the records' Parquet (no Spark
+    job); bigger ones by derived.metadata on the executors: the same rows."""
+    from journalfs.spark import derived
+    from journalfs.spark.pipeline import replayed_here
+    from journalfs.spark.plan import list_journals
+    src, out, _ = conformance_run
+    assert replayed_here(list_journals(str(src)))
+    expected = derived.metadata(spark.read.parquet(str(out / "records"))).collect()
+    got = sorted(tuple(r.values()) for r in table(out, "metadata"))
+    assert got == sorted(tuple(r) for r in expected) and len(got) > 100
+
+
 def test_records_table_partitioned_by_format(conformance_run, records_expected):
     src, out, summary = conformance_run
     parts = sorted(p.name for p in (out / "records").iterdir() if p.is_dir())

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import bisect
 import json
+import os
 import re
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -221,6 +223,48 @@ def metadata(records: DataFrame) -> DataFrame:
         .otherwise(F.regexp_replace("source", JOURNAL_SUFFIX, "")).alias("store"),
         "source", "format", "seq", "kind", "key", "attrs")
     return gvfs.groupBy("store").applyInArrow(_replay_group, METADATA_DDL)
+
+
+#: gvfs stores up to this many bytes in all (trees and journals) are replayed by the driver
+#: from the records' Parquet with pyarrow (:func:`metadata_of_parquet`): the Spark job
+#: (a shuffle, a Python worker, two stages) costs more than the replay of a few stores.
+DRIVER_REPLAY_BYTES = 16 << 20
+
+
+def metadata_of_parquet(records_dir: str):
+    """:func:`metadata` as an Arrow table, from the gvfs partitions of a ``records`` table
+    written by the pipeline, replayed in this process (:data:`DRIVER_REPLAY_BYTES`)."""
+    columns = ["source", "seq", "kind", "key", "attrs"]
+    parts = []
+    for fmt in (GVFS_TREE, GVFS_JOURNAL):
+        d = os.path.join(records_dir, f"format={fmt}")
+        if os.path.isdir(d):
+            t = pq.read_table(d, columns=columns, partitioning=None)
+            parts.append(t.add_column(1, "format", pa.repeat(pa.scalar(fmt), t.num_rows)))
+    if not parts:
+        return _metadata_schema().empty_table()
+    rows = pa.concat_tables(parts)
+    sources = rows.column("source").to_pylist()
+    formats = rows.column("format").to_pylist()
+    stores = [s if f == GVFS_TREE or s is None else _JAVA_JOURNAL_SUFFIX.sub("", s)
+              for s, f in zip(sources, formats)]
+    rows = rows.add_column(0, "store", pa.array(stores, pa.string()))
+    order = pc.sort_indices(rows, [("store", "ascending")])  # stable: file order in a store
+    rows = rows.take(order)
+    keys = rows.column("store").to_pylist()
+    out = []
+    lo = 0
+    for hi in range(1, len(keys) + 1):
+        if hi == len(keys) or keys[hi] != keys[lo]:
+            out.append(_replay_group(rows.slice(lo, hi - lo)))
+            lo = hi
+    return pa.concat_tables(out).cast(_metadata_schema())
+
+
+#: ``regexp_replace(source, JOURNAL_SUFFIX, "")`` as Java runs it: its ``$`` also matches
+#: before a line terminator that ends the text (Python's only before a final "\n").
+_JAVA_JOURNAL_SUFFIX = re.compile(
+    JOURNAL_SUFFIX.removesuffix("$") + "(?=(?:\r\n|[\n\r\u0085\u2028\u2029])?\\Z)")
 
 
 #: Rows of a tree turned into state rows at a time (the fast path of _replay_group).

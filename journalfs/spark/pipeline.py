@@ -6,8 +6,9 @@ decodes its planned slices and writes their Arrow batches with pyarrow
 ``transactions/`` and ``persistence/`` (for chains: the links a batch holds whole are
 checked there, only its loose ends travel), which the driver merges and writes; damage
 goes to ``_damage/``. ``metadata/``, which replays a store's tree and journal together, is
-then computed from that Parquet (columnar, pruned) with DataFrame operations, only when
-its formats were found.
+then computed from that Parquet: by the driver with pyarrow for a few small stores, else
+with DataFrame operations (each store replayed on an executor); only when its formats were
+found.
 """
 from __future__ import annotations
 
@@ -156,6 +157,9 @@ def run(spark, input_path: str, output: str, console=None, files=None) -> Summar
         records = spark.read.schema(_records_schema()).parquet(_literal(records_dir))
         # the tables the pass could not give (see derived.finish) are computed from the records
         tables = [name for name in derived.TABLES if written.tables.get(name) is None]
+        if "metadata" in tables and replayed_here(listed):
+            write_arrow(derived.metadata_of_parquet(records_dir), os.path.join(output, "metadata"))
+            tables.remove("metadata")
         busy = [name for name in tables if present & set(derived.TABLES[name])]
         progress.step("writing " + (", ".join(busy) or "empty tables"))
         # small inputs: each job is mostly fixed driver-side latency (planning, codegen,
@@ -178,6 +182,13 @@ def run(spark, input_path: str, output: str, console=None, files=None) -> Summar
     summary.damaged_files = summary.rows["_damage"]  # one damage row per damaged file
     summary.damage = damage_rows(os.path.join(output, "_damage"))
     return summary
+
+
+def replayed_here(files) -> bool:
+    """Whether the ``metadata`` table of ``files`` is replayed by the driver (a few small
+    gvfs stores: :data:`journalfs.spark.derived.DRIVER_REPLAY_BYTES`)."""
+    gvfs = [f.size for f in files if f.format in derived.TABLES["metadata"]]
+    return bool(gvfs) and sum(gvfs) <= derived.DRIVER_REPLAY_BYTES
 
 
 def plan_groups(spark, files, storage: tuple = ()) -> list:
