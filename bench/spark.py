@@ -317,6 +317,10 @@ def _classify(cmdline: bytes, comm: str) -> str:
     return comm
 
 
+#: pid -> component, as first seen (an exiting process's cmdline reads empty)
+_KNOWN: dict[int, str] = {}
+
+
 def _session_processes(sessions: set[int]):
     """(pid, component, CPU seconds, RSS kB) of every process in ``sessions``."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -334,7 +338,8 @@ def _session_processes(sessions: set[int]):
         fields = stat[stat.rindex(")") + 2:].split()
         if int(fields[3]) not in sessions:
             continue
-        what = _classify(cmdline, stat[stat.index("(") + 1:stat.rindex(")")])
+        what = _KNOWN.get(int(pid)) or _KNOWN.setdefault(
+            int(pid), _classify(cmdline, stat[stat.index("(") + 1:stat.rindex(")")]))
         yield int(pid), what, (int(fields[11]) + int(fields[12])) / tick, int(fields[21]) * page_kb
 
 

@@ -283,11 +283,15 @@ def test_records_keep_only_the_files_the_successful_attempts_wrote(spark, tmp_pa
     stray = out / "records" / "format=jrnl" / "part-00000-7.snappy.parquet"
     stray.parent.mkdir(parents=True)
     shutil.copy(REPO / "tests" / "data" / "conformance" / "records" / "db0.jrnl", stray)
+    stray_row = out / "transactions" / "part-00000-7.snappy.parquet"  # the tasks write it too
+    stray_row.parent.mkdir(parents=True)
+    shutil.copy(stray, stray_row)
     (out / "records" / "format=akka-data").mkdir()  # a format only a failed attempt met
     (out / "records" / "format=akka-data" / "part-00001-0.snappy.parquet").write_bytes(b"x")
     summary = run(spark, str(src), str(out))
-    assert not stray.exists()
+    assert not stray.exists() and not stray_row.exists()
     assert sorted(p.name for p in (out / "records").iterdir()) == ["_SUCCESS", "format=jrnl"]
+    assert summary.rows["transactions"] == len(table(out, "transactions")) > 0
     assert summary.rows["records"] == len(table(out, "records")) == \
         len(file_records(src / "db0.jrnl"))
 

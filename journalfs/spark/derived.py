@@ -390,6 +390,9 @@ def _journal_entries(store: str | None, rows: list[dict]) -> list[tuple]:
 
 #: The tables computed in the records' pass.
 IN_PASS = ("queues", "persistence", "transactions")
+#: Those of them whose partials are their rows, as many as the input's records: the tasks
+#: write them to Parquet as they go (the driver would hold them all).
+ROW_TABLES = ("transactions",)
 
 
 def partials(batch) -> dict:

@@ -69,10 +69,10 @@ def slice_ranges(sl: FileSlice) -> list[tuple[int, int]]:
 
 #: Arrow bytes a batch aims at: rows per batch adapt to the records' size (payloads of up
 #: to megabytes each must not make 64k-row batches), starting small.
-#: 8 MiB: a worker's anonymous memory on the 1 GB bench corpus peaked at 221 MB against 319
+#: 4 MiB: a worker's anonymous memory on the 1 GB bench corpus peaked at 221 MB against 319
 #: with 32 MiB batches (the batch, its merged copy and its Parquet row group in flight), for
-#: the same CPU.
-BATCH_BYTES = 8 << 20
+#: the same CPU; on the 0.25 GB corpus 128 MB against 159 with 8 MiB (row groups of 2-3 MB).
+BATCH_BYTES = 4 << 20
 FIRST_BATCH_ROWS = 16
 #: Arrow rows can be several times their bytes on disk (attrs text, offsets).
 ARROW_EXPANSION = 8

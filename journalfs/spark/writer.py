@@ -26,9 +26,10 @@ from . import derived
 from .schema import DAMAGE_KIND, arrow_schema
 from .source import read_group
 
-#: What each task reports: a file it wrote (path, format, rows), a damaged journal
-#: (path, offset, reason), or the partial rows of a table computed in this pass
-#: (table, Arrow IPC stream: :data:`journalfs.spark.derived.IN_PASS`).
+#: What each task reports: a records file it wrote (path, format, rows), a damaged journal
+#: (path, offset, reason), a file of a table it wrote (path, rows, table:
+#: :data:`journalfs.spark.derived.ROW_TABLES`), or the partial rows of a table computed in
+#: this pass (table, Arrow IPC stream: :data:`journalfs.spark.derived.IN_PASS`).
 RESULT_DDL = ("path string, format string, rows long, offset long, reason string, "
               "table string, partial binary")
 RESULT_NAMES = ("path", "format", "rows", "offset", "reason", "table", "partial")
@@ -43,6 +44,8 @@ class Written:
     #: the tables computed in this pass: name -> Arrow table (None: not computable from the
     #: partials, see :func:`journalfs.spark.derived.finish`)
     tables: dict[str, object] = field(default_factory=dict)
+    #: the tables of this pass whose files the tasks wrote (or, with no rows, ``tables`` holds)
+    on_disk: set[str] = field(default_factory=set)
 
     @property
     def rows(self) -> int:
@@ -57,16 +60,21 @@ def write_records(spark, groups: list, records_dir: str) -> Written:
     results = spark.range(0, len(groups), 1, max(1, len(groups))) \
         .mapInArrow(task, RESULT_DDL).collect()
     written = Written()
-    parts: dict[str, list] = {name: [] for name in derived.IN_PASS}
+    parts: dict[str, list] = {name: [] for name in derived.IN_PASS
+                              if name not in derived.ROW_TABLES}
+    table_files: dict[str, dict[str, int]] = {name: {} for name in derived.ROW_TABLES}
     for r in results:
-        if r["table"] is not None:
+        if r["table"] is not None and r["partial"] is None:
+            table_files[r["table"]][r["path"]] = r["rows"]
+        elif r["table"] is not None:
             parts[r["table"]].append(pa.ipc.open_stream(bytes(r["partial"])).read_all())
         elif r["reason"] is not None:
             written.damage.append((r["path"], r["offset"], r["reason"]))
         else:
             written.files[r["path"]] = r["rows"]
     written.damage.sort()
-    missing = [path for path in written.files if not _seen(path)]
+    missing = [path for path in [*written.files, *(p for f in table_files.values() for p in f)]
+               if not _seen(path)]
     if missing:  # executors on other machines wrote to their own disks
         raise OSError(f"the executors wrote {missing[0]} (and {len(missing) - 1} more files) "
                       "where the driver does not see them: on a cluster, the output must be "
@@ -74,6 +82,15 @@ def write_records(spark, groups: list, records_dir: str) -> Written:
     written.tables = {name: derived.finish(name, p) for name, p in parts.items()}
     _remove_others(records_dir, written.files)
     open(os.path.join(records_dir, "_SUCCESS"), "wb").close()
+    for name, files in table_files.items():
+        table_dir = os.path.join(os.path.dirname(records_dir), name)
+        if os.path.isdir(table_dir):
+            _remove_others(table_dir, files)
+        if files:
+            open(os.path.join(table_dir, "_SUCCESS"), "wb").close()
+        else:  # none met: the table's columns, no rows
+            written.tables[name] = derived.finish(name, [])
+        written.on_disk.add(name)
     return written
 
 
@@ -101,6 +118,7 @@ def write_groups(groups: list, records_dir: str, ids: Iterator) -> Iterator:
     name = f"part-{ctx.partitionId():05d}-{ctx.attemptNumber()}{PARQUET_SUFFIX}" if ctx \
         else f"part-{os.getpid()}{PARQUET_SUFFIX}"
     files = _FormatFiles(records_dir, name)
+    row_tables = _TableFiles(os.path.dirname(records_dir), name)
     damage: list[tuple[str, int, str]] = []
     parts: dict[str, list] = {}
     try:
@@ -117,11 +135,17 @@ def write_groups(groups: list, records_dir: str, ids: Iterator) -> Iterator:
                         batch = batch.filter(pc.invert(is_damage))
                     files.write(batch)
                     for table, part in derived.partials(batch).items():
-                        parts.setdefault(table, []).append(part)
+                        if table in derived.ROW_TABLES:  # as long as the input: to disk
+                            row_tables.write(table, part)
+                        else:
+                            parts.setdefault(table, []).append(part)
     finally:
         files.close()
+        row_tables.close()
     rows: list[tuple] = [(path, fmt, n, None, None, None, None)
                          for path, (fmt, n) in files.written.items()]
+    rows += [(path, None, n, None, None, table, None)
+             for path, (table, n) in row_tables.written.items()]
     rows += [(path, None, None, offset, reason, None, None) for path, offset, reason in damage]
     for table, tables in parts.items():
         sink = pa.BufferOutputStream()
@@ -133,6 +157,31 @@ def write_groups(groups: list, records_dir: str, ids: Iterator) -> Iterator:
     types = (pa.string(), pa.string(), pa.int64(), pa.int64(), pa.string(), pa.string(),
              pa.binary())
     yield pa.record_batch([pa.array(c, t) for c, t in zip(columns, types)], names=RESULT_NAMES)
+
+
+class _TableFiles:
+    """One Parquet file per table of :data:`journalfs.spark.derived.ROW_TABLES` met
+    (``OUTPUT/<table>/<name>``), opened on its first rows."""
+
+    def __init__(self, output: str, name: str):
+        self.output, self.name = output, name
+        self.writers: dict[str, Any] = {}
+        self.written: dict[str, tuple[str, int]] = {}  # path -> (table, rows)
+
+    def write(self, table: str, part) -> None:
+        path = os.path.join(self.output, table, self.name)
+        writer = self.writers.get(table)
+        if writer is None:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            writer = self.writers[table] = pq.ParquetWriter(path, part.schema,
+                                                            compression="snappy")
+        writer.write_table(part)
+        self.written[path] = (table, self.written.get(path, (table, 0))[1] + part.num_rows)
+
+    def close(self) -> None:
+        for writer in self.writers.values():
+            writer.close()
+        self.writers.clear()
 
 
 class _FormatFiles:
