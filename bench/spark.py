@@ -317,8 +317,8 @@ def _classify(cmdline: bytes, comm: str) -> str:
     return comm
 
 
-#: pid -> component, as first seen (an exiting process's cmdline reads empty)
-_KNOWN: dict[int, str] = {}
+#: (pid, start time) -> component, as first seen (an exiting process's cmdline reads empty)
+_KNOWN: dict[tuple[int, str], str] = {}
 
 
 def _session_processes(sessions: set[int]):
@@ -338,8 +338,9 @@ def _session_processes(sessions: set[int]):
         fields = stat[stat.rindex(")") + 2:].split()
         if int(fields[3]) not in sessions:
             continue
-        what = _KNOWN.get(int(pid)) or _KNOWN.setdefault(
-            int(pid), _classify(cmdline, stat[stat.index("(") + 1:stat.rindex(")")]))
+        key = (int(pid), fields[19])  # with its start time: pids are reused
+        what = _KNOWN.get(key) or _KNOWN.setdefault(
+            key, _classify(cmdline, stat[stat.index("(") + 1:stat.rindex(")")]))
         yield int(pid), what, (int(fields[11]) + int(fields[12])) / tick, int(fields[21]) * page_kb
 
 
