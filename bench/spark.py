@@ -303,21 +303,25 @@ def single_parquet(root: Path, out: Path) -> int:
     return rows
 
 
-def _classify(cmdline: bytes, comm: str) -> str:
-    if b"java" in cmdline.split(b"\0")[0]:
+def _classify(cmdline: bytes, comm: str) -> str | None:
+    """A process's component by its command line (None: not known yet, e.g. the
+    ``spark-class`` script before it execs java)."""
+    argv = cmdline.split(b"\0")
+    program = os.path.basename(argv[0])
+    if program == b"java":
         if b"CoarseGrainedExecutorBackend" in cmdline:
             return "executor_jvm"
         if b"deploy.worker.Worker" in cmdline or b"deploy.master.Master" in cmdline:
             return "cluster_daemons"
         return "driver_jvm"
-    if b"pyspark.daemon" in cmdline or b"pyspark.worker" in cmdline:
-        return "python_workers"  # the daemon and the workers it forks
-    if b"python" in cmdline:
+    if program.startswith(b"python"):
+        if b"pyspark.daemon" in cmdline or b"pyspark.worker" in cmdline:
+            return "python_workers"  # the daemon and the workers it forks
         return "python_driver"
-    return comm
+    return None if not cmdline or program in (b"bash", b"sh") else comm
 
 
-#: (pid, start time) -> component, as first seen (an exiting process's cmdline reads empty)
+#: (pid, start time) -> component, as last seen (an exiting process's cmdline reads empty)
 _KNOWN: dict[tuple[int, str], str] = {}
 
 
@@ -339,8 +343,9 @@ def _session_processes(sessions: set[int]):
         if int(fields[3]) not in sessions:
             continue
         key = (int(pid), fields[19])  # with its start time: pids are reused
-        what = _KNOWN.get(key) or _KNOWN.setdefault(
-            key, _classify(cmdline, stat[stat.index("(") + 1:stat.rindex(")")]))
+        what = _classify(cmdline, stat[stat.index("(") + 1:stat.rindex(")")]) or \
+            _KNOWN.get(key, "scripts")
+        _KNOWN[key] = what
         yield int(pid), what, (int(fields[11]) + int(fields[12])) / tick, int(fields[21]) * page_kb
 
 

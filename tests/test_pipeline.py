@@ -334,26 +334,32 @@ def pipeline_cli(*argv: str, timeout: float = 600) -> subprocess.CompletedProces
 def test_class_archive_is_made_in_the_background_and_then_used(tmp_path, records_corpus):
     """A short run that finds no class-data archive for its driver JVM starts one detached
     low-priority builder (the pipeline over the demo's journals) and finishes without
-    waiting for it; the next run maps the archive."""
+    waiting for it; the builder removes what a killed one left of its archive; the next run
+    maps the archive."""
     src = tmp_path / "in"
     src.mkdir()
     shutil.copy(records_corpus / "db0.jrnl", src)
     env = dict(cli_env(), XDG_CACHE_HOME=str(tmp_path / "cache"))
     env.pop("JOURNALFS_SPARK_CDS")
+    from journalfs.commands.pipeline import QUICK_JVM
+    from journalfs.spark.classarchive import ClassArchive
+    cds = tmp_path / "cache" / "journalfs" / "spark-cds"
+    cds.mkdir(parents=True)
+    killed = Path(ClassArchive(QUICK_JVM, str(cds)).path + ".4242.tmp")  # a killed builder's
+    killed.write_bytes(b"half")
+    others = cds / "driver-0123456789abcdef.jsa.4243.tmp"  # another key's builder: running
+    others.write_bytes(b"half")
     argv = [sys.executable, "-m", "journalfs.cli", "pipeline", str(src)]
     first = subprocess.run([*argv, str(tmp_path / "out1")], capture_output=True, text=True,
                            env=env, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
-    cds = tmp_path / "cache" / "journalfs" / "spark-cds"
     (lock,) = cds.glob("*.lock")  # the builder runs on after the command
     deadline = time.monotonic() + 600
     while lock.exists() and time.monotonic() < deadline:
         time.sleep(1)
     assert not lock.exists(), "the builder did not finish"
     (archive,) = cds.glob("*.jsa")
-    assert archive.stat().st_size > 10 << 20 and not list(cds.glob("*.tmp"))
-    from journalfs.commands.pipeline import QUICK_JVM
-    from journalfs.spark.classarchive import ClassArchive
+    assert archive.stat().st_size > 10 << 20 and list(cds.glob("*.tmp")) == [others]
     options = ClassArchive(QUICK_JVM, str(cds)).java_options()  # what a short run adds
     assert f"-XX:SharedArchiveFile={archive} " in options
     # -Xshare:on: a JVM that cannot map the archive does not start (auto would ignore it)
