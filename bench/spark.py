@@ -1,6 +1,17 @@
 """Benchmark: the `journal` Spark data source vs a single-process reader and vs binaryFile.
 
+    .venv/bin/python bench/spark.py --pipeline [ROWS] [--size GB | --input DIR] [--out bench/out]
     .venv/bin/python bench/spark.py [--size GB] [--out bench/out]
+
+``--pipeline``: in one run over the same files, one Python process writing every table of
+the pipeline with pyarrow (the data source's reader, the pipeline's own per-batch partials
+and gvfs replay), then `journalfs pipeline` on local[1], local[2], a standalone cluster
+started here on 127.0.0.1 with one executor of 1 and of 2 cores, `binaryFile` +
+`mapInArrow` writing the records with Spark's writer, and local[2] with the input in a moto
+S3 server on 127.0.0.1; wall time and CPU seconds per component (driver JVM, executor JVM,
+Python workers, driver Python) from /proc, and the largest RSS of one Python worker.
+
+Without ``--pipeline``, the data source alone:
 
 Generates (once, cached under OUT/spark-corpus-<size>GB/) a corpus mixing every format: a
 few big journals (kestrel, wallaby log + index, akka: 2.8, 2.0 + 0.8 and 1.2 GB at the default
