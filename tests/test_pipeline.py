@@ -272,6 +272,28 @@ def test_persistence_of_a_directory_with_two_akka_data_files(spark, tmp_path):
         sorted(tuple(r) for r in expected) != []
 
 
+def test_persistence_of_very_many_ids_is_left_to_the_dataframe_function(spark, tmp_path):
+    """Many persistence ids with few messages each make the pass's partials as big as the
+    records: the tasks give them up, and the table comes from the DataFrame function."""
+    import io
+    from rich.console import Console
+    from journalfs.spark import derived
+    src = tmp_path / "in"
+    (src / "many").mkdir(parents=True)
+    ids = derived.PARTIAL_ROWS_FLOOR + 10_000
+    data, meta = AkkaData.build([(f"id{i}", 1, b"") for i in range(ids)])
+    (src / "many" / "data").write_bytes(data)
+    (src / "many" / "meta").write_bytes(meta)
+    out = tmp_path / "out"
+    console = io.StringIO()
+    run(spark, str(src), str(out), console=Console(file=console, width=200))
+    assert "writing persistence" in console.getvalue()  # a Spark job, not the pass
+    got = table(out, "persistence")
+    assert len(got) == ids and all(r["consistent"] and r["messages"] == 1 for r in got)
+    assert not derived.partials_too_big(derived.PARTIAL_ROWS_FLOOR, 0)
+    assert derived.partials_too_big(derived.PARTIAL_ROWS_FLOOR + 1, 2 * ids)
+
+
 def test_records_keep_only_the_files_the_successful_attempts_wrote(spark, tmp_path,
                                                                    records_corpus):
     """Tasks write their own Parquet files; what a failed or repeated attempt left in the

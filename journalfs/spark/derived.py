@@ -575,6 +575,22 @@ def _queues_table(parts):
 
 #: Row kinds of the persistence partials.
 META, CHAIN, EDGE, NODE = 0, 1, 2, 3
+#: A task whose persistence partials pass this many rows and 1/PARTIAL_SHARE of its akka
+#: records gives up on them (many ids, each with few messages in a batch: the partials would
+#: be as big as the records, and the driver would merge them all): the table then comes
+#: from the DataFrame function.
+PARTIAL_ROWS_FLOOR = 100_000
+PARTIAL_SHARE = 16
+
+
+def partials_too_big(partial_rows: int, akka_rows: int) -> bool:
+    return partial_rows > PARTIAL_ROWS_FLOOR and partial_rows * PARTIAL_SHARE > akka_rows
+
+
+def akka_rows(batch) -> int:
+    """The akka records of a batch (what the persistence partials stand for)."""
+    return pc.sum(pc.is_in(batch.column("format"),
+                           value_set=pa.array([AKKA_META, AKKA_DATA]))).as_py() or 0
 
 
 def _persistence_schema():

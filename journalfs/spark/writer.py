@@ -63,9 +63,12 @@ def write_records(spark, groups: list, records_dir: str) -> Written:
     parts: dict[str, list] = {name: [] for name in derived.IN_PASS
                               if name not in derived.ROW_TABLES}
     table_files: dict[str, dict[str, int]] = {name: {} for name in derived.ROW_TABLES}
+    given_up = set()
     for r in results:
         if r["table"] is not None and r["partial"] is None:
             table_files[r["table"]][r["path"]] = r["rows"]
+        elif r["table"] is not None and not r["partial"]:
+            given_up.add(r["table"])
         elif r["table"] is not None:
             parts[r["table"]].append(pa.ipc.open_stream(bytes(r["partial"])).read_all())
         elif r["reason"] is not None:
@@ -79,7 +82,8 @@ def write_records(spark, groups: list, records_dir: str) -> Written:
         raise OSError(f"the executors wrote {missing[0]} (and {len(missing) - 1} more files) "
                       "where the driver does not see them: on a cluster, the output must be "
                       "on a file system the driver shares with every executor")
-    written.tables = {name: derived.finish(name, p) for name, p in parts.items()}
+    written.tables = {name: None if name in given_up else derived.finish(name, p)
+                      for name, p in parts.items()}
     _remove_others(records_dir, written.files)
     open(os.path.join(records_dir, "_SUCCESS"), "wb").close()
     for name, files in table_files.items():
@@ -121,6 +125,8 @@ def write_groups(groups: list, records_dir: str, ids: Iterator) -> Iterator:
     row_tables = _TableFiles(os.path.dirname(records_dir), name)
     damage: list[tuple[str, int, str]] = []
     parts: dict[str, list] = {}
+    given_up: set[str] = set()  # tables whose partials grew too big here
+    akka = partial_rows = 0
     try:
         for ids_batch in ids:
             for i in ids_batch.column(0).to_pylist():
@@ -137,6 +143,16 @@ def write_groups(groups: list, records_dir: str, ids: Iterator) -> Iterator:
                     for table, part in derived.partials(batch).items():
                         if table in derived.ROW_TABLES:  # as long as the input: to disk
                             row_tables.write(table, part)
+                        elif table == "persistence":
+                            if table in given_up:
+                                continue
+                            akka += derived.akka_rows(batch)
+                            partial_rows += part.num_rows
+                            if derived.partials_too_big(partial_rows, akka):
+                                given_up.add(table)
+                                parts.pop(table, None)
+                            else:
+                                parts.setdefault(table, []).append(part)
                         else:
                             parts.setdefault(table, []).append(part)
     finally:
@@ -147,6 +163,8 @@ def write_groups(groups: list, records_dir: str, ids: Iterator) -> Iterator:
     rows += [(path, None, n, None, None, table, None)
              for path, (table, n) in row_tables.written.items()]
     rows += [(path, None, None, offset, reason, None, None) for path, offset, reason in damage]
+    # an empty partial: this task gave the table up (the driver computes it from the records)
+    rows += [(None, None, None, None, None, table, b"") for table in given_up]
     for table, tables in parts.items():
         sink = pa.BufferOutputStream()
         combined = pa.concat_tables(tables)
