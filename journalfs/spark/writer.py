@@ -5,9 +5,11 @@ data source's own code) and writes the Arrow batches straight to Parquet with py
 file per format it met (``records/format=F/part-<task>-<attempt>.snappy.parquet``, the
 layout Spark's ``partitionBy("format")`` writes). No row crosses into the JVM: Spark's own
 writer would turn every Arrow row into a JVM row and encode it again (most of the JVM's CPU
-on big inputs, and on small ones a planned write with a commit protocol of its own). What
-the tasks send back are a few rows: the files they wrote, with their row counts, and the
-damage they met. The driver keeps exactly the files the successful attempts name (a failed
+on big inputs, and on small ones a planned write with a commit protocol of its own). The
+tables of the same pass go alongside: ``transactions`` (a row per JRNL transaction) is
+written by the tasks likewise, the others travel as small partials. What the tasks send
+back are a few rows: the files they wrote, with their row counts, the damage they met and
+those partials. The driver keeps exactly the files the successful attempts name (a failed
 or retried attempt's files are removed), so the table is complete or the job failed.
 """
 from __future__ import annotations
