@@ -4,7 +4,11 @@ Each table is about one format (the contract's queues, persistence chains, trans
 metadata); format names, file-name rules and replay semantics come from the codecs.
 
 Each function takes the records DataFrame (the data source's schema, e.g. read back from
-``OUTPUT/records``) and returns a DataFrame with the contract's columns.
+``OUTPUT/records``) and returns a DataFrame with the contract's columns: the definition of
+each table. The pipeline computes ``queues``, ``persistence`` and ``transactions`` in its
+records' pass instead (:func:`partials` per batch on the executors, :func:`finish` on the
+driver) and a few small stores' ``metadata`` on the driver (:func:`metadata_of_parquet`),
+to the same answers (tests/test_pipeline.py holds them to these functions).
 """
 from __future__ import annotations
 
