@@ -1,6 +1,17 @@
 """Benchmark: the `journal` Spark data source vs a single-process reader and vs binaryFile.
 
+    .venv/bin/python bench/spark.py --pipeline [ROWS] [--size GB | --input DIR] [--out bench/out]
     .venv/bin/python bench/spark.py [--size GB] [--out bench/out]
+
+``--pipeline``: in one run over the same files, one Python process writing every table of
+the pipeline with pyarrow (the data source's reader, the pipeline's own per-batch partials
+and gvfs replay), then `journalfs pipeline` on local[1], local[2], a standalone cluster
+started here on 127.0.0.1 with one executor of 1 and of 2 cores, `binaryFile` +
+`mapInArrow` writing the records with Spark's writer, and local[2] with the input in a moto
+S3 server on 127.0.0.1; wall time and CPU seconds per component (driver JVM, executor JVM,
+Python workers, driver Python) from /proc, and the largest RSS of one Python worker.
+
+Without ``--pipeline``, the data source alone:
 
 Generates (once, cached under OUT/spark-corpus-<size>GB/) a corpus mixing every format: a
 few big journals (kestrel, wallaby log + index, akka: 2.8, 2.0 + 0.8 and 1.2 GB at the default
@@ -29,6 +40,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import threading
@@ -249,9 +261,14 @@ def _decode_binary_files(batches):
 
 def single_parquet(root: Path, out: Path) -> int:
     """One Python process: list, plan, decode and convert every slice (the data source's own
-    code) and write OUT/records/format=F/part-0.parquet with pyarrow (the pipeline's
-    records table; the derived tables are not computed here)."""
+    code) and write the pipeline's tables with pyarrow: OUT/records/format=F/part-0.parquet,
+    ``queues``, ``persistence`` and ``transactions`` from the same per-batch partials the
+    pipeline's tasks make, and ``metadata`` by replaying each gvfs store's rows (the code
+    the pipeline runs in its Python workers)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
+    from journalfs.spark import derived
+    from journalfs.spark.pipeline import write_arrow
     from journalfs.spark.plan import list_journals, plan
     from journalfs.spark.read import read_slice
     from journalfs.spark.schema import arrow_schema
@@ -259,6 +276,9 @@ def single_parquet(root: Path, out: Path) -> int:
     schema = arrow_schema()
     without_format = schema.remove(schema.get_field_index("format"))
     writers: dict[str, pq.ParquetWriter] = {}
+    parts: dict[str, list] = {name: [] for name in derived.IN_PASS}
+    stores: dict[str, list] = {}
+    gvfs = {derived.GVFS_TREE, derived.GVFS_JOURNAL}
     rows = 0
     try:
         for group in plan(list_journals(str(root)), 1, cache_dir=None).groups:
@@ -271,57 +291,180 @@ def single_parquet(root: Path, out: Path) -> int:
                         writers[fmt] = pq.ParquetWriter(d / "part-0.parquet", without_format,
                                                         compression="snappy")
                     writers[fmt].write_batch(batch.drop_columns(["format"]))
+                    for name, part in derived.partials(batch).items():
+                        parts[name].append(part)
+                    if fmt in gvfs:
+                        store = sl.path if fmt == derived.GVFS_TREE else \
+                            re.sub(derived.JOURNAL_SUFFIX, "", sl.path)
+                        stores.setdefault(store, []).append(batch)
                     rows += batch.num_rows
     finally:
         for w in writers.values():
             w.close()
+    for name, p in parts.items():
+        write_arrow(derived.finish(name, p), str(out / name))
+    replayed = []
+    for store, batches in sorted(stores.items()):
+        t = pa.Table.from_batches(batches)
+        t = t.select(["source", "format", "seq", "kind", "key", "attrs"])
+        t = t.add_column(0, "store", pa.repeat(pa.scalar(store), t.num_rows))
+        replayed.append(derived._replay_group(t))
+    write_arrow(pa.concat_tables(replayed) if replayed else
+                derived._metadata_schema().empty_table(), str(out / "metadata"))
     return rows
 
 
-def run_measured(cmd: list[str], env: dict | None = None) -> dict:
-    """Wall time and CPU seconds by component (driver JVM, executor JVMs, Python) of a
-    command and every process of its session, sampled from /proc every 0.1 s."""
-    import subprocess
+def _classify(cmdline: bytes, comm: str) -> str | None:
+    """A process's component by its command line (None: not known yet, e.g. the
+    ``spark-class`` script before it execs java)."""
+    argv = cmdline.split(b"\0")
+    program = os.path.basename(argv[0])
+    if program == b"java":
+        if b"CoarseGrainedExecutorBackend" in cmdline:
+            return "executor_jvm"
+        if b"deploy.worker.Worker" in cmdline or b"deploy.master.Master" in cmdline:
+            return "cluster_daemons"
+        return "driver_jvm"
+    if program.startswith(b"python"):
+        if b"pyspark.daemon" in cmdline or b"pyspark.worker" in cmdline:
+            return "python_workers"  # the daemon and the workers it forks
+        return "python_driver"
+    return None if not cmdline or program in (b"bash", b"sh") else comm
+
+
+#: (pid, start time) -> component, as last seen (an exiting process's cmdline reads empty)
+_KNOWN: dict[tuple[int, str], str] = {}
+
+
+def _session_processes(sessions: set[int]):
+    """(pid, component, CPU seconds, RSS kB) of every process in ``sessions``."""
     tick = os.sysconf("SC_CLK_TCK")
+    page_kb = os.sysconf("SC_PAGE_SIZE") // 1024
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[3]) not in sessions:
+            continue
+        key = (int(pid), fields[19])  # with its start time: pids are reused
+        what = _classify(cmdline, stat[stat.index("(") + 1:stat.rindex(")")]) or \
+            _KNOWN.get(key, "scripts")
+        _KNOWN[key] = what
+        yield int(pid), what, (int(fields[11]) + int(fields[12])) / tick, int(fields[21]) * page_kb
+
+
+def run_measured(cmd: list[str], env: dict | None = None, sessions: tuple[int, ...] = ()) -> dict:
+    """Wall time and CPU seconds by component (driver JVM, executor JVMs, Python workers,
+    the driver's Python) of a command and every process of its session, sampled from /proc
+    every 0.1 s; ``sessions``: other sessions to count too (a standalone worker's, whose
+    executors it starts), less what their processes had used before the command."""
+    import subprocess
+    before = {pid: c for pid, _w, c, _r in _session_processes(set(sessions))}
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     cpu: dict[int, tuple[str, float]] = {}
     peak: dict[str, int] = {}  # component -> largest RSS of one of its processes (kB)
+    watched = {proc.pid, *sessions}
+    stderr: list[str] = []
+    reader = threading.Thread(target=lambda: stderr.append(proc.stderr.read()), daemon=True)
+    reader.start()
     while proc.poll() is None:
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    stat = f.read()
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmdline = f.read()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[3]) != proc.pid:  # not in the command's session
-                continue
-            if b"java" in cmdline.split(b"\0")[0]:
-                what = "executor_jvm" if b"CoarseGrainedExecutorBackend" in cmdline else "driver_jvm"
-            elif b"pyspark.daemon" in cmdline or b"pyspark.worker" in cmdline:
-                what = "python_workers"  # the daemon and the workers it forks
-            elif b"python" in cmdline:
-                what = "python_driver"
-            else:
-                what = stat[stat.index("(") + 1:stat.rindex(")")]  # its command name
-            cpu[int(pid)] = (what, (int(fields[11]) + int(fields[12])) / tick)
-            rss_kb = int(fields[21]) * os.sysconf("SC_PAGE_SIZE") // 1024
+        for pid, what, c, rss_kb in _session_processes(watched):
+            cpu[pid] = (what, c - before.get(pid, 0))
             peak[what] = max(peak.get(what, 0), rss_kb)
         time.sleep(0.1)
-    err = proc.stderr.read()
     seconds = time.perf_counter() - t
+    # executors outlive the application by a moment: their last CPU seconds
+    deadline = time.monotonic() + 3
+    while sessions and time.monotonic() < deadline:
+        alive = [pid for pid, what, c, _r in _session_processes(set(sessions))
+                 if what in ("executor_jvm", "python_workers")]
+        for pid, what, c, _r in _session_processes(set(sessions)):
+            cpu[pid] = (what, c - before.get(pid, 0))
+        if not alive:
+            break
+        time.sleep(0.1)
+    reader.join()
+    err = "".join(stderr)
     by: dict[str, float] = {}
     for what, c in cpu.values():
         by[what] = round(by.get(what, 0) + c, 1)
     return {"seconds": round(seconds, 2), "rc": proc.returncode, "cpu_s": by,
             "peak_rss_mb": {k: round(v / 1024) for k, v in peak.items()},
             "error": err.strip().splitlines()[-1] if proc.returncode not in (0, 3) and err.strip() else None}
+
+
+def _wait_for_line(log: Path, text: str, procs, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and text in log.read_text(errors="replace"):
+            return
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError(f"a Spark daemon exited early; see {log}")
+        time.sleep(0.5)
+    raise RuntimeError(f"{text!r} did not appear in {log}")
+
+
+@contextlib.contextmanager
+def standalone(work: Path, cores: int):
+    """A standalone master and one worker of ``cores`` cores on 127.0.0.1, started from the
+    pyspark package's own scripts and stopped by pid; yields (master URL, the worker's
+    session id, under which it starts its executors)."""
+    import subprocess
+    import pyspark
+    from journalfs.spark.testing import free_port, stop_processes
+    home = os.path.dirname(pyspark.__file__)
+    work.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1",
+               PYSPARK_PYTHON=sys.executable, SPARK_WORKER_DIR=str(work / "worker"),
+               SPARK_LOG_DIR=str(work / "logs"), SPARK_NO_DAEMONIZE="1",
+               PYTHONPATH=str(REPO))
+    spark_class = os.path.join(home, "bin", "spark-class")
+    port = free_port()
+    url = f"spark://127.0.0.1:{port}"
+    procs: list = []
+    try:
+        with open(work / "master.log", "w") as log:
+            procs.append(subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                 "--port", str(port), "--webui-port", str(free_port())],
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        _wait_for_line(work / "master.log", "I have been elected leader", procs)
+        with open(work / "worker.log", "w") as log:
+            procs.append(subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                 "--cores", str(cores), "--memory", "2g", "--webui-port", str(free_port()),
+                 "--work-dir", str(work / "worker"), url],
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        _wait_for_line(work / "master.log", "Registering worker", procs)
+        yield url, procs[1].pid
+    finally:
+        stop_processes(procs)
+
+
+def binary_file_job(root: str, out: str, master: str) -> None:
+    """What a user without the ``journal`` source would do: ``binaryFile`` (each file whole,
+    as one value) + ``mapInArrow`` running the data source's reader on the bytes, written
+    by Spark's Parquet writer partitioned by format. The records table only (akka data
+    files get no persistence ids: a file's partner is not in its row)."""
+    from journalfs.spark.schema import DDL
+    from journalfs.spark.session import build_session
+    spark = build_session(master, "bench binaryFile", {
+        "spark.driver.memory": "2g", "spark.ui.showConsoleProgress": "false",
+        # few whole files per Arrow batch, to bound the JVM's and the worker's memory
+        ARROW_BATCH_CONF: "16"}, journal_source=False)
+    df = spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(root) \
+        .mapInArrow(_decode_binary_files, DDL)
+    df.write.mode("overwrite").partitionBy("format").parquet(os.path.join(out, "records"))
+    spark.stop()
 
 
 @contextlib.contextmanager
@@ -360,44 +503,84 @@ def s3_copy(root: Path):
         stop_processes([server])
 
 
-def pipeline_rows(root: Path, out: Path, masters: list[str], extra: list[str],
-                  s3: bool = False) -> dict:
-    """`journalfs pipeline` per master against :func:`single_parquet` on the same files
-    (``s3``: then once more on local[2] with the input in a local S3 server)."""
-    results = {}
+#: The rows of ``--pipeline`` (all by default), in the order they run.
+PIPELINE_ROWS = ("local[1]", "local[2]", "cluster-1core", "cluster-2cores", "binaryFile",
+                 "s3")
+
+
+def pipeline_rows(root: Path, out: Path, rows: list[str], extra: list[str],
+                  rounds: int = 1) -> dict:
+    """`journalfs pipeline` against :func:`single_parquet` on the same files, in one run:
+    ``local[N]`` or a ``spark://`` master as given; ``cluster-Ncore(s)``: a standalone
+    master and one worker of N cores started here on 127.0.0.1; ``binaryFile``:
+    :func:`binary_file_job` on local[2]; ``s3``: local[2] with the input copied into a
+    moto S3 server on 127.0.0.1. ``rounds``: every row that many times, interleaved (the
+    single process, then each row, then again); each row's fastest round is reported."""
+    results: dict[str, dict] = {}
     out.mkdir(parents=True, exist_ok=True)
-    target = out / "single-parquet"
-    shutil.rmtree(target, ignore_errors=True)
-    t, c = time.perf_counter(), time.process_time()
-    single_parquet(root, target)
-    results["single-parquet"] = {"seconds": round(time.perf_counter() - t, 2), "rc": 0,
-                                 "cpu_s": {"python": round(time.process_time() - c, 1)}}
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    for master in masters:
-        dest = out / ("pipeline-" + "".join(ch if ch.isalnum() else "-" for ch in master))
-        shutil.rmtree(dest, ignore_errors=True)
-        results[f"pipeline {master}"] = run_measured(
-            [sys.executable, "-m", "journalfs.cli", "pipeline", str(root), str(dest),
-             "--master", master, *extra], env)
-        print(f"pipeline {master}: {results[f'pipeline {master}']}", file=sys.stderr)
-    if s3:
-        with s3_copy(root) as (uri, s3_env):
-            dest = out / "pipeline-s3-local-2"
-            shutil.rmtree(dest, ignore_errors=True)
-            results["pipeline local[2], S3 input"] = run_measured(
-                [sys.executable, "-m", "journalfs.cli", "pipeline", uri, str(dest),
-                 "--master", "local[2]", *extra], dict(env, **s3_env))
-    base = results["single-parquet"]["seconds"]
-    print(f"\n{'run':<28}{'seconds':>9}{'vs single':>11}  CPU seconds by component")
+    cli = [sys.executable, "-m", "journalfs.cli", "pipeline"]
+
+    def dest(name: str) -> Path:
+        d = out / ("run-" + "".join(ch if ch.isalnum() else "-" for ch in name))
+        shutil.rmtree(d, ignore_errors=True)
+        return d
+
+    def keep(name: str, result: dict) -> None:
+        """The fastest round's figures, with every round's wall time and the largest RSS of
+        any round."""
+        before = results.get(name, {})
+        result["rounds_s"] = before.get("rounds_s", []) + [result["seconds"]]
+        peak = dict(before.get("peak_rss_mb", {}))
+        for what, mb in result.get("peak_rss_mb", {}).items():
+            peak[what] = max(peak.get(what, 0), mb)
+        if before and before["seconds"] <= result["seconds"]:
+            result = dict(before, rounds_s=result["rounds_s"])
+        results[name] = dict(result, peak_rss_mb=peak)
+        print(f"{name}: {result}", file=sys.stderr)
+
+    with contextlib.ExitStack() as stack:
+        for _round in range(rounds):
+            target = dest("single-parquet")
+            t, c = time.perf_counter(), time.process_time()
+            single_parquet(root, target)
+            keep("single process", {"seconds": round(time.perf_counter() - t, 2), "rc": 0,
+                                    "cpu_s": {"python_driver": round(time.process_time() - c, 1)}})
+            for row in rows:
+                if row.startswith("cluster-"):
+                    cores = int(row.split("-")[1].rstrip("cores"))
+                    with standalone(out / f"cluster-{cores}", cores) as (url, worker):
+                        name = f"pipeline, standalone, 1 executor of {cores} core{'s' * (cores > 1)}"
+                        keep(name, run_measured([*cli, str(root), str(dest(row)), "--master", url,
+                                                 *extra], env, sessions=(worker,)))
+                elif row == "binaryFile":
+                    keep("binaryFile + mapInArrow, local[2] (records only)", run_measured(
+                        [sys.executable, str(Path(__file__).resolve()), "--binaryfile-job",
+                         str(root), str(dest(row)), "local[2]"], env))
+                elif row == "s3":
+                    if "s3" not in results:  # one copy into one server for every round
+                        results["s3"] = {"server": stack.enter_context(s3_copy(root))}
+                    uri, s3_env = results["s3"]["server"]
+                    keep("pipeline local[2], input in S3 (moto on 127.0.0.1)", run_measured(
+                        [*cli, uri, str(dest(row)), "--master", "local[2]", *extra],
+                        dict(env, **s3_env)))
+                else:
+                    keep(f"pipeline {row}", run_measured([*cli, str(root), str(dest(row)),
+                                                          "--master", row, *extra], env))
+        results.pop("s3", None)
+    base = results["single process"]["seconds"]
+    print("\n| run | wall s | ÷ single | CPU-s: driver JVM | executor JVM | Python workers "
+          "| driver Python | largest Python worker RSS |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
-        ratio = r["seconds"] / base if base else 0
-        print(f"{name:<28}{r['seconds']:>9.1f}{ratio:>10.2f}x  "
-              + ", ".join(f"{k} {v}" for k, v in sorted(r["cpu_s"].items()))
-              + ("; largest RSS MB: " + ", ".join(f"{k} {v}" for k, v in
-                                                    sorted(r["peak_rss_mb"].items()))
-                 if r.get("peak_rss_mb") else "")
-              + (f"  FAILED: {r['error']}" if r.get("error") else ""))
-    print(f"{os.cpu_count()} cores, load avg {os.getloadavg()[0]:.1f}")
+        cpu, rss = r["cpu_s"], r.get("peak_rss_mb", {})
+        cells = [f"{cpu[k]:.1f}" if k in cpu else "–" for k in
+                 ("driver_jvm", "executor_jvm", "python_workers", "python_driver")]
+        print(f"| {name} | {r['seconds']:.1f} | {r['seconds'] / base:.2f}× | "
+              + " | ".join(cells) + f" | {rss.get('python_workers', '–')} MB |"
+              + (f" FAILED: {r['error']}" if r.get("error") else ""))
+    print(f"{os.cpu_count()} cores, load avg {os.getloadavg()[0]:.1f}, fastest of {rounds} "
+          "interleaved round(s)")
     return results
 
 
@@ -441,19 +624,26 @@ def main(argv=None) -> int:
     # (bytes, row and Arrow copies of each): a 2 GB journal does not fit 6g; the data source's
     # bounded batches need far less (its peak is reported either way).
     ap.add_argument("--heap", default="16g", help="Spark driver heap (default 16g)")
-    ap.add_argument("--pipeline", default=None, metavar="MASTERS",
-                    help="instead: `journalfs pipeline` on these masters (comma list, e.g. "
-                         "local[1],local[2],spark://127.0.0.1:7077) against one Python process "
-                         "writing the records table with pyarrow, with CPU seconds per component")
+    ap.add_argument("--pipeline", nargs="?", const=",".join(PIPELINE_ROWS), default=None,
+                    metavar="ROWS",
+                    help="instead: `journalfs pipeline` against one Python process writing the "
+                         "same tables with pyarrow, CPU seconds per component; ROWS (comma "
+                         f"list, default all): {', '.join(PIPELINE_ROWS)}, or a spark:// master")
     ap.add_argument("--input", default=None, help="with --pipeline: this directory, not the corpus")
-    ap.add_argument("--s3", action="store_true", help="with --pipeline: also local[2] reading "
-                    "the input from a local S3 server (moto_server)")
+    ap.add_argument("--rounds", type=int, default=1, help="with --pipeline: every row this many "
+                    "times, interleaved; the fastest round of each is reported")
+    ap.add_argument("--binaryfile-job", nargs=3, metavar=("ROOT", "OUT", "MASTER"),
+                    help=argparse.SUPPRESS)  # the binaryFile row's own process
     args = ap.parse_args(argv)
+    if args.binaryfile_job:
+        binary_file_job(*args.binaryfile_job)
+        return 0
     if args.pipeline:
         root = Path(args.input) if args.input else corpus(Path(args.out), args.size)
         results = pipeline_rows(root, Path(args.out) / "pipeline-runs",
-                                [m for m in args.pipeline.split(",") if m], [], args.s3)
-        print(json.dumps({"input": str(root), "results": results}))
+                                [m for m in args.pipeline.split(",") if m], [], args.rounds)
+        print(json.dumps({"input": str(root), "mb": round(_tree_bytes(root) / MB),
+                          "results": results}))
         return 0
     root = corpus(Path(args.out), args.size)
     total_bytes = _tree_bytes(root)

@@ -61,6 +61,19 @@ def test_metadata_equals_gvfs_ground_truth(conformance_run, gvfs_snapshots):
     assert not stores
 
 
+def test_metadata_replayed_by_the_driver_equals_the_dataframe_function(spark, conformance_run):
+    """A few small stores are replayed by the driver from the records' Parquet (no Spark
+    job); bigger ones by derived.metadata on the executors: the same rows."""
+    from journalfs.spark import derived
+    from journalfs.spark.pipeline import replayed_here
+    from journalfs.spark.plan import list_journals
+    src, out, _ = conformance_run
+    assert replayed_here(list_journals(str(src)))
+    expected = derived.metadata(spark.read.parquet(str(out / "records"))).collect()
+    got = sorted(tuple(r.values()) for r in table(out, "metadata"))
+    assert got == sorted(tuple(r) for r in expected) and len(got) > 100
+
+
 def test_records_table_partitioned_by_format(conformance_run, records_expected):
     src, out, summary = conformance_run
     parts = sorted(p.name for p in (out / "records").iterdir() if p.is_dir())
@@ -166,14 +179,40 @@ def test_crafted_queues_and_persistence(spark, tmp_path):
     assert summary.damaged_files == 0 and summary.rows["transactions"] == 0
 
 
+def akka_chains_with_bad_links(directory: Path, count: int = 40_000) -> None:
+    """An akka journal of interleaved chains (big enough for several tasks and batches) in
+    which some links are wrong: a chain forked into another, a ``prev`` that does not link
+    back, a sequence number that does not increase, a link to the last block of the file,
+    and a persistence id with a meta block but no messages."""
+    pids = [f"p{i}" for i in range(13)]
+    data, metas = AkkaData.layout([(pids[i % 13], i // 13 + 1, b"m" * (i % 50))
+                                   for i in range(count)])
+    data[100]["next"] = data[20_007]["self"]             # p9 -> a block of p0 far away
+    data[15_000]["prev"] = data[14_000]["self"]          # p11 -> p12: does not link back
+    data[30_001]["seq_nr"] = 0                           # p10: seq goes down
+    data[39_000]["next"] = data[-1]["self"]              # p0 forked into the last block (p11)
+    data[1_991]["next"] = data[1_992]["self"]            # p2 forked into a neighbour (p3)
+    metas.append({"persistence_id": "nothing", "first": 0, "last": 0, "highest_seq": 0})
+    metas.append({"persistence_id": "nothing-here", "first": 0, "last": 0, "highest_seq": 1})
+    directory.mkdir()
+    (directory / "data").write_bytes(AkkaData().write(data))
+    (directory / "meta").write_bytes(CODECS["akka-meta"].write(metas))
+
+
 def test_tables_of_the_records_pass_equal_the_dataframe_functions(spark, tmp_path, records_corpus):
-    """``queues`` and ``transactions`` are computed as the records are written (partials per
-    batch, merged on the driver): the same answers as derived's DataFrame functions on the
-    records table, also for a Kestrel file split across tasks whose ids have gaps, repeat
-    and go backwards."""
+    """``queues``, ``transactions`` and ``persistence`` are computed as the records are
+    written (partials per batch, merged on the driver): the same answers as derived's
+    DataFrame functions on the records table, also for a Kestrel file split across tasks
+    whose ids have gaps, repeat and go backwards, and akka chains split across tasks with
+    bad links inside a batch and across tasks."""
     from journalfs.spark import derived
     src = tmp_path / "in"
     src.mkdir()
+    akka_chains_with_bad_links(src / "akka")
+    (src / "akka-small").mkdir()
+    data, meta = AkkaData.build([("a", 1, b"x"), ("b", 1, b"y"), ("a", 2, b"zz")])
+    (src / "akka-small" / "data").write_bytes(data)
+    (src / "akka-small" / "meta").write_bytes(meta)
     ids = list(range(1, 20_000)) + [30_000, 30_001, 5, 5, 40_000] + list(range(50_000, 70_000))
     with open(src / "Big.1", "wb") as f:  # ~3 MB: split into several tasks' slices
         f.write(kestrel.WRITER_MAGIC)
@@ -186,8 +225,9 @@ def test_tables_of_the_records_pass_equal_the_dataframe_functions(spark, tmp_pat
     out = tmp_path / "out"
     run(spark, str(src), str(out))
     from journalfs.spark.plan import list_journals, plan
-    assert max(len([s for g in plan(list_journals(str(src)), 2).groups for s in g
-                    if s.path.endswith("Big.1")]), 0) >= 2
+    slices = [s for g in plan(list_journals(str(src)), 2).groups for s in g]
+    for name in ("Big.1", "akka/data"):
+        assert len([s for s in slices if s.path.endswith(name)]) >= 2, name
     records = spark.read.parquet(str(out / "records"))
     for name in derived.IN_PASS:
         expected = [tuple(r) for r in getattr(derived, name)(records).collect()]
@@ -196,11 +236,62 @@ def test_tables_of_the_records_pass_equal_the_dataframe_functions(spark, tmp_pat
             expected = [(s, o, t.timestamp(), st, ops) for s, o, t, st, ops in expected]
             got = [(s, o, t.timestamp(), st, ops) for s, o, t, st, ops in got]
         assert got and sorted(got) == sorted(expected), name
+    persistence = {r["persistence_id"]: r["consistent"] for r in table(out, "persistence")}
+    assert persistence["nothing"] and persistence["a"]
+    assert all(persistence[f"p{i}"] for i in (1, 3, 4, 5, 6, 7, 8))
+    assert not any(persistence[pid] for pid in ("nothing-here", "p0", "p2", "p9", "p10", "p11",
+                                                "p12"))
     state = kestrel.queue_state([(p.name, file_records(p)) for p in sorted(src.glob("Big.[0-9]"))],
                                 file_records(src / "Big.read.r"))
     (row,) = [r for r in table(out, "queues") if r["reader"] == "r"]
     assert (row["head"], row["tail"], row["pending"]) == (state["head"], state["tail"],
                                                           state["pending"])
+
+
+def test_persistence_of_a_directory_with_two_akka_data_files(spark, tmp_path):
+    """Two data files in one directory repeat ``self`` offsets, which the DataFrame's join
+    pairs across the files: the pass's partials cannot say that, so the table comes from
+    the DataFrame function there (and equals it)."""
+    from journalfs.spark import derived
+    from journalfs.spark.read import read_slice
+    from journalfs.spark.plan import list_journals, plan
+    src = tmp_path / "in"
+    (src / "twin").mkdir(parents=True)
+    data, meta = AkkaData.build([("a", 1, b"x"), ("b", 1, b"y"), ("a", 2, b"zz")])
+    (src / "twin" / "data").write_bytes(data)
+    (src / "twin" / "data2").write_bytes(AkkaData.build([("a", 1, b"yy"), ("a", 2, b"x")])[0])
+    (src / "twin" / "meta").write_bytes(meta)
+    parts = [p for g in plan(list_journals(str(src)), 1).groups for sl in g
+             for batch in read_slice(sl, False, 1000)
+             for p in [derived.partials(batch).get("persistence")] if p is not None]
+    assert derived.finish("persistence", parts) is None
+    out = tmp_path / "out"
+    run(spark, str(src), str(out))
+    expected = derived.persistence(spark.read.parquet(str(out / "records"))).collect()
+    assert sorted(tuple(r.values()) for r in table(out, "persistence")) == \
+        sorted(tuple(r) for r in expected) != []
+
+
+def test_persistence_of_very_many_ids_is_left_to_the_dataframe_function(spark, tmp_path):
+    """Many persistence ids with few messages each make the pass's partials as big as the
+    records: the tasks give them up, and the table comes from the DataFrame function."""
+    import io
+    from rich.console import Console
+    from journalfs.spark import derived
+    src = tmp_path / "in"
+    (src / "many").mkdir(parents=True)
+    ids = derived.PARTIAL_ROWS_FLOOR + 10_000
+    data, meta = AkkaData.build([(f"id{i}", 1, b"") for i in range(ids)])
+    (src / "many" / "data").write_bytes(data)
+    (src / "many" / "meta").write_bytes(meta)
+    out = tmp_path / "out"
+    console = io.StringIO()
+    run(spark, str(src), str(out), console=Console(file=console, width=200))
+    assert "writing persistence" in console.getvalue()  # a Spark job, not the pass
+    got = table(out, "persistence")
+    assert len(got) == ids and all(r["consistent"] and r["messages"] == 1 for r in got)
+    assert not derived.partials_too_big(derived.PARTIAL_ROWS_FLOOR, 0)
+    assert derived.partials_too_big(derived.PARTIAL_ROWS_FLOOR + 1, 2 * ids)
 
 
 def test_records_keep_only_the_files_the_successful_attempts_wrote(spark, tmp_path,
@@ -214,11 +305,15 @@ def test_records_keep_only_the_files_the_successful_attempts_wrote(spark, tmp_pa
     stray = out / "records" / "format=jrnl" / "part-00000-7.snappy.parquet"
     stray.parent.mkdir(parents=True)
     shutil.copy(REPO / "tests" / "data" / "conformance" / "records" / "db0.jrnl", stray)
+    stray_row = out / "transactions" / "part-00000-7.snappy.parquet"  # the tasks write it too
+    stray_row.parent.mkdir(parents=True)
+    shutil.copy(stray, stray_row)
     (out / "records" / "format=akka-data").mkdir()  # a format only a failed attempt met
     (out / "records" / "format=akka-data" / "part-00001-0.snappy.parquet").write_bytes(b"x")
     summary = run(spark, str(src), str(out))
-    assert not stray.exists()
+    assert not stray.exists() and not stray_row.exists()
     assert sorted(p.name for p in (out / "records").iterdir()) == ["_SUCCESS", "format=jrnl"]
+    assert summary.rows["transactions"] == len(table(out, "transactions")) > 0
     assert summary.rows["records"] == len(table(out, "records")) == \
         len(file_records(src / "db0.jrnl"))
 
@@ -261,26 +356,32 @@ def pipeline_cli(*argv: str, timeout: float = 600) -> subprocess.CompletedProces
 def test_class_archive_is_made_in_the_background_and_then_used(tmp_path, records_corpus):
     """A short run that finds no class-data archive for its driver JVM starts one detached
     low-priority builder (the pipeline over the demo's journals) and finishes without
-    waiting for it; the next run maps the archive."""
+    waiting for it; the builder removes what a killed one left of its archive; the next run
+    maps the archive."""
     src = tmp_path / "in"
     src.mkdir()
     shutil.copy(records_corpus / "db0.jrnl", src)
     env = dict(cli_env(), XDG_CACHE_HOME=str(tmp_path / "cache"))
     env.pop("JOURNALFS_SPARK_CDS")
+    from journalfs.commands.pipeline import QUICK_JVM
+    from journalfs.spark.classarchive import ClassArchive
+    cds = tmp_path / "cache" / "journalfs" / "spark-cds"
+    cds.mkdir(parents=True)
+    killed = Path(ClassArchive(QUICK_JVM, str(cds)).path + ".4242.tmp")  # a killed builder's
+    killed.write_bytes(b"half")
+    others = cds / "driver-0123456789abcdef.jsa.4243.tmp"  # another key's builder: running
+    others.write_bytes(b"half")
     argv = [sys.executable, "-m", "journalfs.cli", "pipeline", str(src)]
     first = subprocess.run([*argv, str(tmp_path / "out1")], capture_output=True, text=True,
                            env=env, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
-    cds = tmp_path / "cache" / "journalfs" / "spark-cds"
     (lock,) = cds.glob("*.lock")  # the builder runs on after the command
     deadline = time.monotonic() + 600
     while lock.exists() and time.monotonic() < deadline:
         time.sleep(1)
     assert not lock.exists(), "the builder did not finish"
     (archive,) = cds.glob("*.jsa")
-    assert archive.stat().st_size > 10 << 20 and not list(cds.glob("*.tmp"))
-    from journalfs.commands.pipeline import QUICK_JVM
-    from journalfs.spark.classarchive import ClassArchive
+    assert archive.stat().st_size > 10 << 20 and list(cds.glob("*.tmp")) == [others]
     options = ClassArchive(QUICK_JVM, str(cds)).java_options()  # what a short run adds
     assert f"-XX:SharedArchiveFile={archive} " in options
     # -Xshare:on: a JVM that cannot map the archive does not start (auto would ignore it)

@@ -469,3 +469,26 @@ def test_a_tree_bigger_than_a_batch_is_read_once_in_order(tmp_path, damaged):
         [(rec["seq"], rec["offset"], rec["path"]) for rec in records]
     assert len(batches) > 1
     assert [r["offset"] for r in damage] == ([] if error is None else [error.offset])
+
+
+def test_a_late_slice_drops_the_pages_its_keys_walk_back_through(tmp_path, monkeypatch):
+    """The first keys of a slice that starts far into an akka data file are found by walking
+    ``prev`` links back through the file: the reader drops the file's pages as that walk
+    goes (it touched most of a 150 MB journal's pages at once), with the same keys."""
+    from journalfs.formats import akka
+    from journalfs.spark import read as spark_read
+    data, meta = AkkaData.build([("only", i + 1, b"p" * 40) for i in range(5000)])
+    (tmp_path / "data").write_bytes(data)
+    (tmp_path / "meta").write_bytes(meta)
+    (sl,) = [s for g in plan(list_journals(str(tmp_path)), 1).groups for s in g
+             if s.path.endswith("data")]
+    offsets = akka.AkkaData().record_offsets(data, "data")[0]
+    late = spark_read.FileSlice(sl.path, sl.format, start=int(offsets[4000]), seq=4000,
+                                partners=sl.partners)
+    paced = []
+    monkeypatch.setattr(spark_read, "PagePacer", lambda buf: lambda: paced.append(len(buf)))
+    keys = [k for b in spark_read.read_slice(late, False, 100_000)
+            for k in b.column("key").to_pylist()]
+    assert keys == ["only"] * 1000
+    # the data file's pages (not the meta file's), once per PACE_STEPS blocks walked
+    assert paced == [len(data)] * (4000 // akka.PACE_STEPS)

@@ -181,9 +181,11 @@ def jvm_input_bytes(files) -> int:
     # pyspark (optional: the spark extra) is loaded once the input passed the checks above
     # (a wrong path is refused without it); spark.derived, .classarchive, .pipeline use it
     from ..spark import derived
+    from ..spark.pipeline import replayed_here
     formats = {fmt for name, fmts in derived.TABLES.items() if name not in derived.IN_PASS
                for fmt in fmts}
-    return sum(f.size for f in files if f.format in formats)
+    # a few small gvfs stores are replayed by the driver's Python, not in the JVM
+    return 0 if replayed_here(files) else sum(f.size for f in files if f.format in formats)
 
 
 def class_archive(input_bytes: int):

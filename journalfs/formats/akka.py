@@ -11,7 +11,7 @@ import itertools
 import mmap
 import random
 import struct
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -380,11 +380,11 @@ class AkkaData(_PairedFile, Codec):
                 pace()
         return findings
 
-    def key_resolver(self, buf, partners):
+    def key_resolver(self, buf, partners, pace=None):
         """Persistence ids for batches of this file's messages, from its ``meta`` partner."""
         if "meta" not in partners:
             return None
-        resolver = ChainResolver(chain_heads(partners["meta"], "meta"), buf)
+        resolver = ChainResolver(chain_heads(partners["meta"], "meta"), buf, pace)
         return lambda data: resolver.resolve(data["self"], data["prev"])
 
     def repair(self, buf, source, **context) -> Repair | None:
@@ -438,12 +438,20 @@ def chain_heads(meta: Buffer, source: str) -> dict[int, str]:
     return heads
 
 
-class ChainResolver:
-    """The persistence id of each data block, given the chains' heads."""
+#: Blocks a walk back passes between two calls of the resolver's ``pace``.
+PACE_STEPS = 2048
 
-    def __init__(self, heads: dict[int, str], buf: Buffer):
+
+class ChainResolver:
+    """The persistence id of each data block, given the chains' heads. ``pace`` (the
+    caller's, as for validate) is called every :data:`PACE_STEPS` blocks a walk back
+    passes: the caller drops the file's pages there, as a walk from the end of a big file
+    touches most of its pages."""
+
+    def __init__(self, heads: dict[int, str], buf: Buffer, pace: Callable[[], None] | None = None):
         self.heads = heads
         self.buf = buf
+        self.pace = pace
         self.tips: dict[int, str | None] = {}  # newest known block of each chain -> pid
 
     def _walk_back(self, offset: int) -> str | None:
@@ -451,6 +459,8 @@ class ChainResolver:
         seen = 0
         limit = len(self.buf) // DATA_BLOCK_FIXED + 1  # a longer walk means a cycle
         while seen <= limit:
+            if self.pace is not None and seen % PACE_STEPS == PACE_STEPS - 1:
+                self.pace()
             if offset in self.tips:
                 return self.tips[offset]
             if offset < HEADER_SIZE or offset + _PREV_AT + _PREV.size > len(self.buf):

@@ -307,11 +307,13 @@ class Codec(abc.ABC):
         take as keyword context and the Spark reader uses (an akka data file's ``meta``)."""
         return {}
 
-    def key_resolver(self, buf: Buffer, partners: dict[str, Buffer]
+    def key_resolver(self, buf: Buffer, partners: dict[str, Buffer],
+                     pace: Callable[[], None] | None = None
                      ) -> Callable[[dict], Sequence[str | None]] | None:
         """For a format whose records' keys only a partner file names (an akka data file's
         chains start in its meta file): given this file's bytes and its partners' bytes by
-        role, a function from a batch's columns to their keys. None: no such keys."""
+        role, a function from a batch's columns to their keys. None: no such keys.
+        ``pace``: called now and then while it reads far from a batch (as for validate)."""
         return None
 
     # -- detection -------------------------------------------------------------------------

@@ -79,6 +79,7 @@ def make(path: str, java_options: str, lock: str) -> None:
     """Run the pipeline over the demo's journals with a JVM that writes its classes to
     ``path`` as it exits, and wait for it to."""
     making = f"{path}.{os.getpid()}.tmp"
+    _remove_unfinished(path)
     try:
         with tempfile.TemporaryDirectory(prefix="journalfs-class-archive-") as work:
             write_demo(Path(work, "in"))
@@ -101,6 +102,17 @@ def make(path: str, java_options: str, lock: str) -> None:
             os.unlink(making)
         with contextlib.suppress(OSError):
             os.unlink(lock)
+
+
+def _remove_unfinished(path: str) -> None:
+    """Copies of ``path`` a killed builder left half-written (~190 MB each: a builder dies
+    with the container or the service that started it); we hold its lock, so no other
+    builder of ``path`` is writing one."""
+    cache, prefix = os.path.split(path)
+    for name in os.listdir(cache):
+        if name.startswith(prefix + ".") and name.endswith(".tmp"):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(cache, name))
 
 
 def _jvm_key(java_options: str) -> str:

@@ -4,17 +4,23 @@ Each table is about one format (the contract's queues, persistence chains, trans
 metadata); format names, file-name rules and replay semantics come from the codecs.
 
 Each function takes the records DataFrame (the data source's schema, e.g. read back from
-``OUTPUT/records``) and returns a DataFrame with the contract's columns.
+``OUTPUT/records``) and returns a DataFrame with the contract's columns: the definition of
+each table. The pipeline computes ``queues``, ``persistence`` and ``transactions`` in its
+records' pass instead (:func:`partials` per batch on the executors, :func:`finish` on the
+driver) and a few small stores' ``metadata`` on the driver (:func:`metadata_of_parquet`),
+to the same answers (tests/test_pipeline.py holds them to these functions).
 """
 from __future__ import annotations
 
 import bisect
 import json
+import os
 import re
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -223,6 +229,48 @@ def metadata(records: DataFrame) -> DataFrame:
     return gvfs.groupBy("store").applyInArrow(_replay_group, METADATA_DDL)
 
 
+#: gvfs stores up to this many bytes in all (trees and journals) are replayed by the driver
+#: from the records' Parquet with pyarrow (:func:`metadata_of_parquet`): the Spark job
+#: (a shuffle, a Python worker, two stages) costs more than the replay of a few stores.
+DRIVER_REPLAY_BYTES = 16 << 20
+
+
+def metadata_of_parquet(records_dir: str):
+    """:func:`metadata` as an Arrow table, from the gvfs partitions of a ``records`` table
+    written by the pipeline, replayed in this process (:data:`DRIVER_REPLAY_BYTES`)."""
+    columns = ["source", "seq", "kind", "key", "attrs"]
+    parts = []
+    for fmt in (GVFS_TREE, GVFS_JOURNAL):
+        d = os.path.join(records_dir, f"format={fmt}")
+        if os.path.isdir(d):
+            t = pq.read_table(d, columns=columns, partitioning=None)
+            parts.append(t.add_column(1, "format", pa.repeat(pa.scalar(fmt), t.num_rows)))
+    if not parts:
+        return _metadata_schema().empty_table()
+    rows = pa.concat_tables(parts)
+    sources = rows.column("source").to_pylist()
+    formats = rows.column("format").to_pylist()
+    stores = [s if f == GVFS_TREE or s is None else _JAVA_JOURNAL_SUFFIX.sub("", s)
+              for s, f in zip(sources, formats)]
+    rows = rows.add_column(0, "store", pa.array(stores, pa.string()))
+    order = pc.sort_indices(rows, [("store", "ascending")])  # stable: file order in a store
+    rows = rows.take(order)
+    keys = rows.column("store").to_pylist()
+    out = []
+    lo = 0
+    for hi in range(1, len(keys) + 1):
+        if hi == len(keys) or keys[hi] != keys[lo]:
+            out.append(_replay_group(rows.slice(lo, hi - lo)))
+            lo = hi
+    return pa.concat_tables(out).cast(_metadata_schema())
+
+
+#: ``regexp_replace(source, JOURNAL_SUFFIX, "")`` as Java runs it: its ``$`` also matches
+#: before a line terminator that ends the text (Python's only before a final "\n").
+_JAVA_JOURNAL_SUFFIX = re.compile(
+    JOURNAL_SUFFIX.removesuffix("$") + "(?=(?:\r\n|[\n\r\u0085\u2028\u2029])?\\Z)")
+
+
 #: Rows of a tree turned into state rows at a time (the fast path of _replay_group).
 TREE_ROWS_AT_ONCE = 65536
 
@@ -345,13 +393,19 @@ def _journal_entries(store: str | None, rows: list[dict]) -> list[tuple]:
 # users and hold these to the same answers (tests/test_pipeline.py).
 
 #: The tables computed in the records' pass.
-IN_PASS = ("queues", "transactions")
+IN_PASS = ("queues", "persistence", "transactions")
+#: Those of them whose partials are their rows, as many as the input's records: the tasks
+#: write them to Parquet as they go (the driver would hold them all).
+ROW_TABLES = ("transactions",)
 
 
 def partials(batch) -> dict:
     """{table: partial Arrow table} of one batch of record rows (the data source's schema)."""
     out = {}
     formats = batch.column("format")
+    akka = _persistence_partial(batch, formats)
+    if akka is not None:
+        out["persistence"] = akka
     kestrel = batch.filter(pc.and_(pc.is_in(formats, value_set=pa.array([WRITER, READER])),
                                    pc.is_valid(batch.column("key"))))
     if kestrel.num_rows:
@@ -463,7 +517,11 @@ def _json_text(value) -> str | None:
 
 
 def finish(table: str, parts: list):
-    """The Arrow table ``table`` from the partial tables of every task."""
+    """The Arrow table ``table`` from the partial tables of every task (None: the partials
+    cannot give it exactly, and the DataFrame function must compute it)."""
+    if table == "persistence":
+        return _persistence_table(pa.concat_tables(parts) if parts else
+                                  _persistence_schema().empty_table())
     if table == "transactions":
         return pa.concat_tables([p.cast(_transaction_schema()) for p in parts]) if parts else \
             _transaction_schema().empty_table()
@@ -505,4 +563,190 @@ def _queues_table(parts):
     schema = pa.schema([("queue", pa.string()), ("reader", pa.string()), ("head", pa.int64()),
                         ("tail", pa.int64()), ("pending", pa.int64())])
     columns = list(zip(*rows)) if rows else [[]] * 5
+    return pa.table([pa.array(c, f.type) for c, f in zip(columns, schema)], schema=schema)
+
+
+# -- persistence in the records' pass -----------------------------------------------------------
+# :func:`persistence` joins every message to the message its ``next`` names (same directory,
+# ``self`` = ``next``). A data block's ``self`` is where the codec found it, so within one data
+# file ``self`` is unique: a link is good only between a mutual pair (``next`` of one is the
+# other's ``self``, whose ``prev`` is the first's ``self``). Each batch checks the links whose
+# both ends it holds and sends on only its loose ends: the links that leave it ("edge") and
+# the messages whose ``prev`` it does not hold ("node"; a link from elsewhere to a message whose
+# ``prev`` is in the batch cannot be good), plus one row per persistence id ("chain": counts,
+# tail, whether its checked links held) and the meta blocks ("meta"). For interleaved chains
+# that is a few rows per persistence id and batch, whatever the batch's size.
+
+#: Row kinds of the persistence partials.
+META, CHAIN, EDGE, NODE = 0, 1, 2, 3
+#: A task whose persistence partials pass this many rows and 1/PARTIAL_SHARE of its akka
+#: records gives up on them (many ids, each with few messages in a batch: the partials would
+#: be as big as the records, and the driver would merge them all): the table then comes
+#: from the DataFrame function.
+PARTIAL_ROWS_FLOOR = 100_000
+PARTIAL_SHARE = 16
+
+
+def partials_too_big(partial_rows: int, akka_rows: int) -> bool:
+    return partial_rows > PARTIAL_ROWS_FLOOR and partial_rows * PARTIAL_SHARE > akka_rows
+
+
+def akka_rows(batch) -> int:
+    """The akka records of a batch (what the persistence partials stand for)."""
+    return pc.sum(pc.is_in(batch.column("format"),
+                           value_set=pa.array([AKKA_META, AKKA_DATA]))).as_py() or 0
+
+
+def _persistence_schema():
+    """(what, source, pid, a, b, c, d, ok): meta: first, last, highest_seq; chain: messages,
+    tails, tail's self, tail's seq (ok: its links checked in the batch held); edge: self,
+    next, seq; node: self, prev, seq."""
+    longs = [(name, pa.int64()) for name in "abcd"]
+    return pa.schema([("what", pa.int8()), ("source", pa.string()), ("pid", pa.string()),
+                      *longs, ("ok", pa.bool_())])
+
+
+def _long_attrs(table, name: str):
+    """``attrs[name]`` as long (Spark's ``cast("long")`` of the text; the codec writes
+    integers)."""
+    return pc.cast(pc.map_lookup(table.column("attrs"), name, "first"), pa.int64())
+
+
+def _persistence_partial(batch, formats):
+    metas = batch.filter(pc.and_(pc.equal(formats, AKKA_META),
+                                 pc.equal(batch.column("kind"), "meta")))
+    msgs = batch.filter(pc.and_(pc.and_(pc.equal(formats, AKKA_DATA),
+                                        pc.equal(batch.column("kind"), "message")),
+                                pc.is_valid(batch.column("key"))))
+    if not metas.num_rows and not msgs.num_rows:
+        return None
+    schema = _persistence_schema()
+    parts = []
+    if metas.num_rows:
+        n = metas.num_rows
+        parts.append(pa.table([pa.repeat(pa.scalar(META, pa.int8()), n), metas.column("source"),
+                               metas.column("key"), _long_attrs(metas, "first"),
+                               _long_attrs(metas, "last"), _long_attrs(metas, "highest_seq"),
+                               pa.nulls(n, pa.int64()), pa.nulls(n, pa.bool_())], schema=schema))
+    if msgs.num_rows:
+        sources = msgs.column("source")
+        for source in pc.unique(sources).to_pylist():
+            part = msgs if len(pc.unique(sources)) == 1 else \
+                msgs.filter(pc.equal(sources, source))
+            parts.append(_chain_rows(part, source, schema))
+    return pa.concat_tables(parts)
+
+
+def _chain_rows(msgs, source: str, schema):
+    """The persistence partial of one data file's messages in one batch."""
+    selfs = _long_attrs(msgs, "self").to_numpy(zero_copy_only=False)
+    prevs = _long_attrs(msgs, "prev").to_numpy(zero_copy_only=False)
+    nexts = _long_attrs(msgs, "next").to_numpy(zero_copy_only=False)
+    seqs = msgs.column("id").to_numpy(zero_copy_only=False)
+    keys = msgs.column("key")
+    encoded = pc.dictionary_encode(keys.combine_chunks() if isinstance(keys, pa.ChunkedArray)
+                                   else keys)
+    pids = encoded.indices.to_numpy(zero_copy_only=False)
+    names = encoded.dictionary
+    order = np.argsort(selfs, kind="stable")
+    ordered = selfs[order]
+
+    def find(offsets):  # row of the message whose self is each offset, -1 where none
+        at = np.searchsorted(ordered, offsets)
+        inside = at < len(ordered)
+        hit = np.zeros(len(offsets), dtype=bool)
+        hit[inside] = ordered[at[inside]] == offsets[inside]
+        return np.where(hit, order[np.minimum(at, len(order) - 1)], -1)
+
+    linked = nexts != 0
+    target = find(nexts)
+    held = linked & (target >= 0)
+    t = target[held]
+    good = (prevs[t] == selfs[held]) & (seqs[t] > seqs[held]) & (pids[t] == pids[held])
+    groups = len(names)
+    bad = np.bincount(pids[held][~good], minlength=groups)
+    tail = ~linked
+    tails = np.bincount(pids[tail], minlength=groups)
+    counts = np.bincount(pids, minlength=groups)
+    tail_self = np.full(groups, np.iinfo(np.int64).min)
+    tail_seq = tail_self.copy()
+    np.maximum.at(tail_self, pids[tail], selfs[tail])
+    np.maximum.at(tail_seq, pids[tail], seqs[tail])
+    has_tail = tails > 0
+    chain = pa.table([pa.repeat(pa.scalar(CHAIN, pa.int8()), groups),
+                      pa.repeat(pa.scalar(source, pa.string()), groups), names,
+                      pa.array(counts, pa.int64()), pa.array(tails, pa.int64()),
+                      pa.array(tail_self, pa.int64(), mask=~has_tail),
+                      pa.array(tail_seq, pa.int64(), mask=~has_tail),
+                      pa.array(bad == 0)], schema=schema)
+    edge = linked & (target < 0)
+    node = find(prevs) < 0
+    loose = []
+    for what, rows, link in ((EDGE, edge, nexts), (NODE, node, prevs)):
+        n = int(rows.sum())
+        loose.append(pa.table([pa.repeat(pa.scalar(what, pa.int8()), n),
+                               pa.repeat(pa.scalar(source, pa.string()), n),
+                               names.take(pa.array(pids[rows])), pa.array(selfs[rows]),
+                               pa.array(link[rows]), pa.array(seqs[rows]),
+                               pa.nulls(n, pa.int64()), pa.nulls(n, pa.bool_())],
+                              schema=schema))
+    return pa.concat_tables([chain, *loose])
+
+
+#: What ``regexp_extract(source, "^(.*)/[^/]*$", 1)`` gives (Java's ``.`` stops at line
+#: terminators; no match gives "").
+_JAVA_DIR = re.compile(r"([^\n\r\u0085\u2028\u2029]*)/[^/]*\Z")
+
+
+def _java_dir(source: str) -> str:
+    match = _JAVA_DIR.match(source)
+    return match.group(1) if match else ""
+
+
+def _persistence_table(parts):
+    """:func:`persistence` from the partials; None when a directory holds several akka data
+    files (their ``self`` offsets repeat, and the join pairs them across files)."""
+    chains: dict[tuple, list] = {}
+    nodes: dict[tuple, tuple] = {}
+    edges = []
+    metas = []
+    files: dict[str, set] = {}
+    for what, source, pid, a, b, c, d, ok in zip(*(parts.column(i).to_pylist()
+                                                   for i in range(parts.num_columns))):
+        d_ = _java_dir(source)
+        if what == META:
+            metas.append((d_, pid, a, b, c))
+            continue
+        files.setdefault(d_, set()).add(source)
+        if what == CHAIN:
+            f = chains.setdefault((d_, pid), [0, 0, None, None, True])
+            f[0] += a
+            f[1] += b
+            if c is not None:
+                f[2] = c if f[2] is None else max(f[2], c)
+                f[3] = d if f[3] is None else max(f[3], d)
+            f[4] = f[4] and ok
+        elif what == EDGE:
+            edges.append((d_, pid, a, b, c))
+        else:
+            nodes[(d_, a)] = (b, c, pid)
+    if any(len(sources) > 1 for sources in files.values()):
+        return None
+    for d_, pid, self_, next_, seq in edges:
+        t = nodes.get((d_, next_))
+        if t is None or t[0] != self_ or t[1] <= seq or t[2] != pid:
+            chains[(d_, pid)][4] = False
+    rows = []
+    for d_, pid, first, last, highest in metas:
+        f = chains.get((d_, pid)) if pid is not None else None
+        if f is None:
+            consistent = first == 0 and last == 0 and highest == 0
+        else:
+            messages, tails, tail_self, tail_seq, links_ok = f
+            consistent = links_ok and tails == 1 and tail_self is not None and \
+                tail_self == last and tail_seq == highest
+        rows.append((pid, f[0] if f else 0, highest, bool(consistent)))
+    schema = pa.schema([("persistence_id", pa.string()), ("messages", pa.int64()),
+                        ("highest_seq", pa.int64()), ("consistent", pa.bool_())])
+    columns = list(zip(*rows)) if rows else [[]] * 4
     return pa.table([pa.array(c, f.type) for c, f in zip(columns, schema)], schema=schema)

@@ -5,9 +5,11 @@ data source's own code) and writes the Arrow batches straight to Parquet with py
 file per format it met (``records/format=F/part-<task>-<attempt>.snappy.parquet``, the
 layout Spark's ``partitionBy("format")`` writes). No row crosses into the JVM: Spark's own
 writer would turn every Arrow row into a JVM row and encode it again (most of the JVM's CPU
-on big inputs, and on small ones a planned write with a commit protocol of its own). What
-the tasks send back are a few rows: the files they wrote, with their row counts, and the
-damage they met. The driver keeps exactly the files the successful attempts name (a failed
+on big inputs, and on small ones a planned write with a commit protocol of its own). The
+tables of the same pass go alongside: ``transactions`` (a row per JRNL transaction) is
+written by the tasks likewise, the others travel as small partials. What the tasks send
+back are a few rows: the files they wrote, with their row counts, the damage they met and
+those partials. The driver keeps exactly the files the successful attempts name (a failed
 or retried attempt's files are removed), so the table is complete or the job failed.
 """
 from __future__ import annotations
@@ -26,9 +28,10 @@ from . import derived
 from .schema import DAMAGE_KIND, arrow_schema
 from .source import read_group
 
-#: What each task reports: a file it wrote (path, format, rows), a damaged journal
-#: (path, offset, reason), or the partial rows of a table computed in this pass
-#: (table, Arrow IPC stream: :data:`journalfs.spark.derived.IN_PASS`).
+#: What each task reports: a records file it wrote (path, format, rows), a damaged journal
+#: (path, offset, reason), a file of a table it wrote (path, rows, table:
+#: :data:`journalfs.spark.derived.ROW_TABLES`), or the partial rows of a table computed in
+#: this pass (table, Arrow IPC stream: :data:`journalfs.spark.derived.IN_PASS`).
 RESULT_DDL = ("path string, format string, rows long, offset long, reason string, "
               "table string, partial binary")
 RESULT_NAMES = ("path", "format", "rows", "offset", "reason", "table", "partial")
@@ -40,8 +43,11 @@ class Written:
     files: dict[str, int] = field(default_factory=dict)  # Parquet file -> rows
     #: (journal, byte offset, reason) of every damaged journal, sorted
     damage: list[tuple[str, int, str]] = field(default_factory=list)
-    #: the tables computed in this pass: name -> Arrow table
+    #: the tables computed in this pass: name -> Arrow table (None: not computable from the
+    #: partials, see :func:`journalfs.spark.derived.finish`)
     tables: dict[str, object] = field(default_factory=dict)
+    #: the tables of this pass whose files the tasks wrote (or, with no rows, ``tables`` holds)
+    on_disk: set[str] = field(default_factory=set)
 
     @property
     def rows(self) -> int:
@@ -56,23 +62,41 @@ def write_records(spark, groups: list, records_dir: str) -> Written:
     results = spark.range(0, len(groups), 1, max(1, len(groups))) \
         .mapInArrow(task, RESULT_DDL).collect()
     written = Written()
-    parts: dict[str, list] = {name: [] for name in derived.IN_PASS}
+    parts: dict[str, list] = {name: [] for name in derived.IN_PASS
+                              if name not in derived.ROW_TABLES}
+    table_files: dict[str, dict[str, int]] = {name: {} for name in derived.ROW_TABLES}
+    given_up = set()
     for r in results:
-        if r["table"] is not None:
+        if r["table"] is not None and r["partial"] is None:
+            table_files[r["table"]][r["path"]] = r["rows"]
+        elif r["table"] is not None and not r["partial"]:
+            given_up.add(r["table"])
+        elif r["table"] is not None:
             parts[r["table"]].append(pa.ipc.open_stream(bytes(r["partial"])).read_all())
         elif r["reason"] is not None:
             written.damage.append((r["path"], r["offset"], r["reason"]))
         else:
             written.files[r["path"]] = r["rows"]
     written.damage.sort()
-    missing = [path for path in written.files if not _seen(path)]
+    missing = [path for path in [*written.files, *(p for f in table_files.values() for p in f)]
+               if not _seen(path)]
     if missing:  # executors on other machines wrote to their own disks
         raise OSError(f"the executors wrote {missing[0]} (and {len(missing) - 1} more files) "
                       "where the driver does not see them: on a cluster, the output must be "
                       "on a file system the driver shares with every executor")
-    written.tables = {name: derived.finish(name, p) for name, p in parts.items()}
+    written.tables = {name: None if name in given_up else derived.finish(name, p)
+                      for name, p in parts.items()}
     _remove_others(records_dir, written.files)
     open(os.path.join(records_dir, "_SUCCESS"), "wb").close()
+    for name, files in table_files.items():
+        table_dir = os.path.join(os.path.dirname(records_dir), name)
+        if os.path.isdir(table_dir):
+            _remove_others(table_dir, files)
+        if files:
+            open(os.path.join(table_dir, "_SUCCESS"), "wb").close()
+        else:  # none met: the table's columns, no rows
+            written.tables[name] = derived.finish(name, [])
+        written.on_disk.add(name)
     return written
 
 
@@ -100,8 +124,11 @@ def write_groups(groups: list, records_dir: str, ids: Iterator) -> Iterator:
     name = f"part-{ctx.partitionId():05d}-{ctx.attemptNumber()}{PARQUET_SUFFIX}" if ctx \
         else f"part-{os.getpid()}{PARQUET_SUFFIX}"
     files = _FormatFiles(records_dir, name)
+    row_tables = _TableFiles(os.path.dirname(records_dir), name)
     damage: list[tuple[str, int, str]] = []
     parts: dict[str, list] = {}
+    given_up: set[str] = set()  # tables whose partials grew too big here
+    akka = partial_rows = 0
     try:
         for ids_batch in ids:
             for i in ids_batch.column(0).to_pylist():
@@ -116,12 +143,30 @@ def write_groups(groups: list, records_dir: str, ids: Iterator) -> Iterator:
                         batch = batch.filter(pc.invert(is_damage))
                     files.write(batch)
                     for table, part in derived.partials(batch).items():
-                        parts.setdefault(table, []).append(part)
+                        if table in derived.ROW_TABLES:  # as long as the input: to disk
+                            row_tables.write(table, part)
+                        elif table == "persistence":
+                            if table in given_up:
+                                continue
+                            akka += derived.akka_rows(batch)
+                            partial_rows += part.num_rows
+                            if derived.partials_too_big(partial_rows, akka):
+                                given_up.add(table)
+                                parts.pop(table, None)
+                            else:
+                                parts.setdefault(table, []).append(part)
+                        else:
+                            parts.setdefault(table, []).append(part)
     finally:
         files.close()
+        row_tables.close()
     rows: list[tuple] = [(path, fmt, n, None, None, None, None)
                          for path, (fmt, n) in files.written.items()]
+    rows += [(path, None, n, None, None, table, None)
+             for path, (table, n) in row_tables.written.items()]
     rows += [(path, None, None, offset, reason, None, None) for path, offset, reason in damage]
+    # an empty partial: this task gave the table up (the driver computes it from the records)
+    rows += [(None, None, None, None, None, table, b"") for table in given_up]
     for table, tables in parts.items():
         sink = pa.BufferOutputStream()
         combined = pa.concat_tables(tables)
@@ -132,6 +177,31 @@ def write_groups(groups: list, records_dir: str, ids: Iterator) -> Iterator:
     types = (pa.string(), pa.string(), pa.int64(), pa.int64(), pa.string(), pa.string(),
              pa.binary())
     yield pa.record_batch([pa.array(c, t) for c, t in zip(columns, types)], names=RESULT_NAMES)
+
+
+class _TableFiles:
+    """One Parquet file per table of :data:`journalfs.spark.derived.ROW_TABLES` met
+    (``OUTPUT/<table>/<name>``), opened on its first rows."""
+
+    def __init__(self, output: str, name: str):
+        self.output, self.name = output, name
+        self.writers: dict[str, Any] = {}
+        self.written: dict[str, tuple[str, int]] = {}  # path -> (table, rows)
+
+    def write(self, table: str, part) -> None:
+        path = os.path.join(self.output, table, self.name)
+        writer = self.writers.get(table)
+        if writer is None:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            writer = self.writers[table] = pq.ParquetWriter(path, part.schema,
+                                                            compression="snappy")
+        writer.write_table(part)
+        self.written[path] = (table, self.written.get(path, (table, 0))[1] + part.num_rows)
+
+    def close(self) -> None:
+        for writer in self.writers.values():
+            writer.close()
+        self.writers.clear()
 
 
 class _FormatFiles:
