@@ -223,3 +223,64 @@ def test_acting_as_a_user_drops_the_capability_and_restores_it(monkeypatch):
     with pytest.raises(ZeroDivisionError):
         caller.as_user(1000, 1000, lambda: 1 / 0)
     assert effective() == before
+
+
+def test_a_users_index_work_pauses_once_over_its_cpu_budget():
+    """The CPU budget of index work (issue 24 item 4): a user past ``burst`` CPU-seconds
+    pauses until the bucket refilled at ``share`` a second; another user's budget is his
+    own; the buckets and totals stay bounded whatever uids come."""
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        now[0] += seconds
+
+    budget = workers_module.CpuBudget(share=0.5, burst=0.1, clock=lambda: now[0], sleep=sleep)
+    assert budget._charge(1001, 0.05) == 0  # within the burst: no pause
+    wait = budget._charge(1001, 0.25)       # 0.2 CPU-s over: 0.4 s at half a core
+    assert wait == pytest.approx(0.4)
+    assert budget._charge(1002, 0.05) == 0  # carol's budget is her own
+    now[0] += 0.4
+    assert budget._charge(1001, 0.0) == 0   # refilled meanwhile
+    # a meter pauses its thread (in steps of at most INDEX_PAUSE_MAX) and counts it
+    meter = budget.meter(1003)
+    budget._charge(1003, 0.6)               # as if its thread had used 0.6 s already
+    meter()
+    assert sum(slept) == pytest.approx(1.0, abs=0.01)
+    assert max(slept) <= workers_module.INDEX_PAUSE_MAX
+    users = budget.status()["users"]
+    assert users["1003"]["pauses"] == 1 and users["1003"]["paused_s"] == pytest.approx(1.0, abs=0.01)
+    assert users["1002"]["pauses"] == 0
+    for uid in range(10_000, 10_000 + 3 * workers_module.INDEX_CPU_USERS):
+        budget._charge(uid, 0.01)
+        now[0] += 1  # every earlier bucket refills
+    assert len(budget.totals) <= workers_module.INDEX_CPU_USERS
+    assert len(budget._left) <= workers_module.INDEX_CPU_USERS + 1
+
+
+def test_index_cpu_setting_falls_back_to_the_defaults():
+    defaults = (workers_module.INDEX_CPU_SHARE, workers_module.INDEX_CPU_BURST)
+    assert workers_module.index_cpu_setting("0.05,0.2") == (0.05, 0.2)
+    for text in (None, "", "fast", "1", "0,1", "-1,2", "1,2,3"):
+        assert workers_module.index_cpu_setting(text) == defaults
+
+
+def test_workers_hand_the_interpreter_back_within_a_millisecond(monkeypatch):
+    """A worker running Python (bob's scan, his indexing) keeps the interpreter lock at most
+    SWITCH_INTERVAL while the request thread waits for it (CPython's default is 5 ms)."""
+    import sys
+    before = sys.getswitchinterval()
+    try:
+        monkeypatch.delenv("JOURNALFS_SWITCH_INTERVAL", raising=False)
+        FairWorkers()
+        assert sys.getswitchinterval() == pytest.approx(workers_module.SWITCH_INTERVAL)
+        assert workers_module.SWITCH_INTERVAL <= 0.001
+        monkeypatch.setenv("JOURNALFS_SWITCH_INTERVAL", "0.005")
+        FairWorkers()
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+        monkeypatch.setenv("JOURNALFS_SWITCH_INTERVAL", "nonsense")
+        FairWorkers()
+        assert sys.getswitchinterval() == pytest.approx(workers_module.SWITCH_INTERVAL)
+    finally:
+        sys.setswitchinterval(before)

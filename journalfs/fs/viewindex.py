@@ -1,6 +1,7 @@
 """Index jobs of the views: each journal indexed once in a worker thread of its own (one per
-owner at a time), loaded from or saved to the store's index directory, extended when it
-grows; records decoded in batches and remembered in the catalog; records.jsonl measured."""
+owner at a time, within a CPU budget per owner), loaded from or saved to the store's index
+directory, extended when it grows; records decoded in batches and remembered in the catalog;
+records.jsonl measured."""
 from __future__ import annotations
 
 import contextlib
@@ -134,7 +135,11 @@ class ViewIndexes(ViewsBase):
         info = self.catalog.get(("journal", rel))
         if info is None or info.index is not idx or self._known_layout(info) is not None:
             return  # changed meanwhile (its next getattr starts again), or already known
+        charge = self.index_cpu.meter(info.uid)
         self._layout_done(rel, idx)(JsonlLayout(idx))
+        # charged after the fact (one pass, no steps to pause between): the pause holds the
+        # owner's indexing turn, so his next index work waits for his budget
+        charge()
 
     def _build_index(self, rel: bytes, job: IndexJob) -> RecordIndex:
         """Index a journal (worker thread): from memory, the store's index directory, or the
@@ -165,11 +170,15 @@ class ViewIndexes(ViewsBase):
                         and (previous is None or previous.count < saved.count):
                     previous = saved
 
+        charge = self.index_cpu.meter(info.uid)
+
         def progress(partial: RecordIndex) -> None:
             job.partial = partial
+            charge()  # between batches (<= 1 MiB each): may pause this owner's indexing
 
         index = RecordIndex.build(path, codec, previous=previous, opener=opener,
                                   progress=progress)
+        charge()
         if index.identity != info.ident[1:]:  # changed while indexed: describe what was read
             info = self._journal_info(rel) or info
         if info.layout is not None and not info.layout.fits(index):

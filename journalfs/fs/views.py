@@ -86,6 +86,7 @@ class Views(ViewListing, ViewFiles, ViewXattrs):
                       "catalog_bytes": self.catalog.used, "catalog_entries": len(self.catalog),
                       "journal_names": len(self._journal_ids),
                       "index_files": self.index_dir.status(),
+                      "index_cpu": self.index_cpu.status(),
                       "view_inodes": len(self.by_ino),
                       **self.counters},
         }
