@@ -197,7 +197,9 @@ def journalfs_mount(src: Path, mnt: Path, store: Path, log: Path, extra_env: dic
         proc = subprocess.Popen([sys.executable, "-m", "journalfs.cli", "mount", "--foreground",
                                  "-o", "allow_other", "--store", str(store), str(src), str(mnt)],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                env=env, cwd=str(REPO))
+                                # a variant PYTHONPATH=TREE runs that tree's code (-m looks in
+                                # the working directory first)
+                                env=env, cwd=env["PYTHONPATH"].split(os.pathsep)[0])
     try:
         wait_mounted(mnt, proc)
         yield proc
@@ -252,7 +254,8 @@ def run_attacks(seconds: float = 8.0, only: set[str] | None = None,
                 variant: str | None = None) -> dict:
     """``only``: the numbers of the attacks to run (None: all); the idle phase always runs.
     ``variant`` (``VAR=VALUE``): a second journalfs mount, its daemon run with that variable
-    in its environment, probed right after the first (a before/after in one run)."""
+    in its environment, probed right after the first (a before/after in one run);
+    ``PYTHONPATH=/work/main`` runs another tree's code."""
     other = f"journalfs[{variant}]" if variant else None
     jfs_targets = ("journalfs", other) if other else ("journalfs",)
     targets = ("native", *jfs_targets, "bindfs")

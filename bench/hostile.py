@@ -411,7 +411,8 @@ def main() -> int:
                     help="with --attacks: run only attack N (repeatable; idle always runs)")
     ap.add_argument("--variant", metavar="VAR=VALUE",
                     help="with --attacks: also probe a second journalfs mount whose daemon runs "
-                         "with VAR=VALUE in its environment (before/after in one run)")
+                         "with VAR=VALUE in its environment (before/after in one run; "
+                         "PYTHONPATH=/work/main runs that tree's code)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("hostile.py: must run as root (it mounts with allow_other and a loop filesystem)",

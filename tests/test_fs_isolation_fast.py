@@ -284,3 +284,26 @@ def test_workers_hand_the_interpreter_back_within_a_millisecond(monkeypatch):
         assert sys.getswitchinterval() == pytest.approx(workers_module.SWITCH_INTERVAL)
     finally:
         sys.setswitchinterval(before)
+
+
+def test_one_owners_indexes_never_push_out_anothers():
+    """The views' cache charges a journal's entries to its owner (issue 24 item 4): bob's
+    many big indexes evict his own oldest, never carol's; the whole budget still holds."""
+    from journalfs.fs.catalog import Catalog
+    cat = Catalog(budget=10_000, entry_overhead=0, owner_budget=2_500)
+    cat.put(("journal", b"carol/a"), "carol's", 2_000, 1002)
+    for i in range(50):
+        cat.put(("journal", b"bob/%d" % i), "bob's", 1_000, 1001)
+        assert cat.owner_used(1001) <= 2_500
+    assert cat.get(("journal", b"carol/a")) == "carol's"
+    assert cat.get(("journal", b"bob/49")) == "bob's" and cat.get(("journal", b"bob/0")) is None
+    cat.put(("journal", b"bob/huge"), "too big for his share", 3_000, 1001)
+    assert cat.get(("journal", b"bob/huge")) is None and cat.owner_used(1001) <= 2_500
+    # entries of no owner still share the whole budget, least recently used out first
+    for i in range(20):
+        cat.put(("scan", b"d%d" % i), True, 1_000)
+    assert cat.used <= 10_000
+    cat.discard_where(lambda key: key[1].startswith(b"bob/"))
+    assert cat.owner_used(1001) == 0 and 1001 not in cat._owners
+    cat.discard(("journal", b"carol/a"))
+    assert cat.owner_used(1002) == 0 and not cat._owners

@@ -271,7 +271,7 @@ class ViewsBase:
         else:  # owner and mode change without touching mtime
             info.uid, info.gid, info.mode = st.st_uid, st.st_gid, st.st_mode
         info.checked = time.monotonic()
-        self.catalog.put(key, info, info.cost())
+        self.catalog.put(key, info, info.cost(), info.uid)
         return info if info.codec is not None else None
 
     def _trusted_info(self, rel: bytes) -> JournalInfo | None:

@@ -207,7 +207,7 @@ class ViewIndexes(ViewsBase):
             info.layout = finished
         if info.layout is not None and not info.layout.fits(index):
             info.layout = None
-        self.catalog.put(("journal", rel), info, info.cost())
+        self.catalog.put(("journal", rel), info, info.cost(), info.uid)
         self._note_damage(rel, index)
 
     def _save(self, rel: bytes, info: JournalInfo, index: RecordIndex) -> None:
@@ -244,7 +244,9 @@ class ViewIndexes(ViewsBase):
             payload = sum(len(r.get("payload") or b"") for r in batch)
             whole = len(batch) == size or idx.complete
             if whole and payload <= BATCH_PAYLOAD_LIMIT:
-                self.catalog.put(key, batch, payload + 400 * len(batch))
+                info = self.catalog.get(("journal", rel))  # charged to the journal's owner
+                self.catalog.put(key, batch, payload + 400 * len(batch),
+                                 info.uid if info is not None else None)
         if not 0 <= seq - first < len(batch):
             raise FileNotFoundError(errno.ENOENT, "no such record")
         return batch[seq - first]
@@ -279,7 +281,7 @@ class ViewIndexes(ViewsBase):
         layout = JsonlLayout(idx)
         if info is not None and info.index is idx:
             info.layout = layout
-            self.catalog.put(("journal", rel), info, info.cost())
+            self.catalog.put(("journal", rel), info, info.cost(), info.uid)
         return layout
 
     def _layout_done(self, rel: bytes, idx: RecordIndex) -> Callable[[JsonlLayout], None]:
@@ -291,7 +293,7 @@ class ViewIndexes(ViewsBase):
                 idx.finished_layout = layout
                 return
             info.layout = layout
-            self.catalog.put(("journal", rel), info, info.cost())
+            self.catalog.put(("journal", rel), info, info.cost(), info.uid)
             if rel != LIVE and idx.identity[1] >= DISK_INDEX_MIN_BYTES:
                 self._save(rel, info, idx)
         return done

@@ -95,8 +95,9 @@ class FairWorkers:
 #: (tests, benchmarks).
 INDEX_CPU_SHARE = 0.25
 INDEX_CPU_BURST = 1.0
-#: Longest single pause (a paused job checks for its next turn this often).
+#: Longest single pause (a paused job checks for its next turn this often), and shortest.
 INDEX_PAUSE_MAX = 0.25
+INDEX_PAUSE_MIN = 0.001
 #: Users whose index CPU status.json shows at most (least recently charged dropped first).
 INDEX_CPU_USERS = 256
 
@@ -149,7 +150,8 @@ class CpuBudget:
                 for other, (o_left, o_at) in list(self._left.items()):
                     if o_left + (now - o_at) * self.share >= self.burst:
                         del self._left[other]
-            return 0.0 if left >= 0 else -left / self.share
+            wait = -left / self.share
+            return wait if wait >= INDEX_PAUSE_MIN else 0.0  # (rounding leaves crumbs)
 
     def meter(self, uid: int) -> Callable[[], None]:
         """For one thread's job: call it between steps; it charges the CPU this thread used
