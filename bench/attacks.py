@@ -192,7 +192,8 @@ def stop(procs) -> None:
 def journalfs_mount(src: Path, mnt: Path, store: Path, log: Path, extra_env: dict | None = None):
     mnt.mkdir(exist_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        filter(None, (str(REPO), os.environ.get("PYTHONPATH")))), **(extra_env or {}))
+        filter(None, (str(REPO), os.environ.get("PYTHONPATH")))))
+    env.update(extra_env or {})
     with open(log, "ab") as err:
         proc = subprocess.Popen([sys.executable, "-m", "journalfs.cli", "mount", "--foreground",
                                  "-o", "allow_other", "--store", str(store), str(src), str(mnt)],
