@@ -236,22 +236,31 @@ def test_a_users_index_work_pauses_once_over_its_cpu_budget():
         slept.append(seconds)
         now[0] += seconds
 
-    budget = workers_module.CpuBudget(share=0.5, burst=0.1, clock=lambda: now[0], sleep=sleep)
+    budget = workers_module.CpuBudget(share=0.5, burst=0.1, clock=lambda: now[0], sleep=sleep,
+                                      contention=5.0)
+    # alone: never paused (work-conserving), but charged, down to one burst of debt
+    assert budget._charge(1001, 0.05) == 0
+    assert budget._charge(1001, 3.0) == 0
+    assert budget._left[1001][0] == pytest.approx(-0.1)
+    now[0] += 100  # refilled
+    assert budget._charge(1000, 0.001) == 0  # another user's index work: contention now
     assert budget._charge(1001, 0.05) == 0  # within the burst: no pause
-    wait = budget._charge(1001, 0.25)       # 0.2 CPU-s over: 0.4 s at half a core
-    assert wait == pytest.approx(0.4)
+    wait = budget._charge(1001, 0.1)        # 0.05 CPU-s over: 0.1 s at half a core
+    assert wait == pytest.approx(0.1)
     assert budget._charge(1002, 0.05) == 0  # carol's budget is her own
-    now[0] += 0.4
+    now[0] += 0.1
     assert budget._charge(1001, 0.0) == 0   # refilled meanwhile
     # a meter pauses its thread (in steps of at most INDEX_PAUSE_MAX) and counts it
     meter = budget.meter(1003)
     budget._charge(1003, 0.6)               # as if its thread had used 0.6 s already
-    meter()
-    assert sum(slept) == pytest.approx(1.0, abs=0.01)
+    meter()  # its debt is at most one burst: 0.2 s
+    assert sum(slept) == pytest.approx(0.2, abs=0.01)
     assert max(slept) <= workers_module.INDEX_PAUSE_MAX
     users = budget.status()["users"]
-    assert users["1003"]["pauses"] == 1 and users["1003"]["paused_s"] == pytest.approx(1.0, abs=0.01)
+    assert users["1003"]["pauses"] == 1 and users["1003"]["paused_s"] == pytest.approx(0.2, abs=0.01)
     assert users["1002"]["pauses"] == 0
+    now[0] += 10  # nobody else's work in the window: 1003 goes on unpaused
+    assert budget._charge(1003, 5.0) == 0
     for uid in range(10_000, 10_000 + 3 * workers_module.INDEX_CPU_USERS):
         budget._charge(uid, 0.01)
         now[0] += 1  # every earlier bucket refills

@@ -229,9 +229,11 @@ def test_a_users_indexing_pauses_over_its_cpu_budget_and_others_go_on(bob, alice
                                                                         records_corpus):
     """Index work is held to a CPU budget per journal owner (issue 24 item 4): bob's journal
     of millions of records (a Wallaby .idx followed by 64 MiB of written zeros) spends his
-    budget and his indexing pauses (no CPU, no interpreter lock) while it is still going;
-    meanwhile alice's small journal is indexed and listed, from her own budget, unpaused.
-    A tiny budget (JOURNALFS_INDEX_CPU) makes bob's pauses certain on any machine."""
+    budget and his indexing pauses (no CPU, no interpreter lock) while it is still going,
+    as alice has been indexing too (alone he would not pause: the budget is
+    work-conserving); meanwhile alice's next small journal is indexed and listed, from her
+    own budget, unpaused. A tiny budget (JOURNALFS_INDEX_CPU) makes bob's pauses certain on
+    any machine."""
     template = (records_corpus / "wal0.log.idx").read_bytes()
     with users.reachable_dir("jfs-views-cpu-") as base:
         src, mnt = base / "src", base / "mnt"
@@ -243,9 +245,11 @@ def test_a_users_indexing_pauses_over_its_cpu_budget_and_others_go_on(bob, alice
             f.write(template)
             for _ in range(64):
                 f.write(bytes(1 << 20))
+        first = src / alice.pw_name / "first.log.idx"
         small = src / alice.pw_name / "small.log.idx"
-        small.write_bytes(template)
-        for path, who in ((huge, bob), (small, alice)):
+        for path, who in ((huge, bob), (first, alice), (small, alice)):
+            if who is alice:
+                path.write_bytes(template)
             os.chown(path, who.pw_uid, who.pw_gid)
         recs = mnt / ".journalfs" / "records"
         env = dict(os.environ, JOURNALFS_INDEX_CPU="0.005,0.02")
@@ -254,6 +258,8 @@ def test_a_users_indexing_pauses_over_its_cpu_budget_and_others_go_on(bob, alice
             def views() -> dict:
                 return json.loads((mnt / ".journalfs" / "status.json").read_bytes())["views"]
 
+            run_as(alice, [("l", "len(os.listdir(%r))"
+                            % str(recs / alice.pw_name / "first.log.idx"))])
             lister = subprocess.Popen(
                 ["setpriv", f"--reuid={bob.pw_uid}", f"--regid={bob.pw_gid}", "--init-groups",
                  "--reset-env", "ls", "-U", str(recs / bob.pw_name / "huge.log.idx")],

@@ -98,6 +98,8 @@ INDEX_CPU_BURST = 1.0
 #: Longest single pause (a paused job checks for its next turn this often), and shortest.
 INDEX_PAUSE_MAX = 0.25
 INDEX_PAUSE_MIN = 0.001
+#: A user's index work pauses only while another user's ran this recently (see CpuBudget).
+INDEX_CONTENTION_SECONDS = 10.0
 #: Users whose index CPU status.json shows at most (least recently charged dropped first).
 INDEX_CPU_USERS = 256
 
@@ -118,17 +120,25 @@ class CpuBudget:
     ``share`` CPU-seconds per second. The threads doing a user's index work charge the CPU
     time they used (``time.thread_time``) between batches and pause while the bucket is
     empty, so one user's huge journals take at most ``share`` of a core however many he
-    makes, and leave the interpreter lock to the request thread meanwhile. Thread-safe.
+    makes, and leave the interpreter lock to the request thread meanwhile.
+
+    Work-conserving, as the kernel's scheduler: a user pauses only while another user's
+    index work ran within the last ``contention`` seconds; alone on the mount he indexes
+    at full speed (a big journal's first view is not made slower for nobody's benefit).
+    What he used meanwhile is still charged, down to at most ``burst`` of debt, so once
+    someone else comes his next pause is at most ``2 * burst / share``. Thread-safe.
     Memory: a bucket only for users not yet refilled, totals for INDEX_CPU_USERS users."""
 
     def __init__(self, share: float = INDEX_CPU_SHARE, burst: float = INDEX_CPU_BURST,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
-        self.share, self.burst = share, burst
+                 sleep: Callable[[float], None] = time.sleep,
+                 contention: float = INDEX_CONTENTION_SECONDS):
+        self.share, self.burst, self.contention = share, burst, contention
         self._clock, self._sleep = clock, sleep
         self._lock = threading.Lock()
         self._left: dict[int, tuple[float, float]] = {}  # uid -> (CPU-seconds left, when)
-        #: uid -> [CPU seconds charged, seconds paused, pauses, threads paused now]
+        #: uid -> [CPU seconds charged, seconds paused, pauses, threads paused now,
+        #: when last charged]
         self.totals: OrderedDict[int, list] = OrderedDict()
 
     def _charge(self, uid: int, cpu: float) -> float:
@@ -136,14 +146,18 @@ class CpuBudget:
         with self._lock:
             now = self._clock()
             left, at = self._left.get(uid, (self.burst, now))
-            left = min(self.burst, left + (now - at) * self.share) - cpu
+            left = max(-self.burst, min(self.burst, left + (now - at) * self.share) - cpu)
             if left >= self.burst:
                 self._left.pop(uid, None)  # full: the same as no entry
             else:
                 self._left[uid] = (left, now)
-            total = self.totals.pop(uid, None) or [0.0, 0.0, 0, 0]
+            total = self.totals.pop(uid, None) or [0.0, 0.0, 0, 0, now]
             total[0] += cpu
+            if cpu:
+                total[4] = now
             self.totals[uid] = total
+            contended = any(now - t[4] < self.contention
+                            for other, t in self.totals.items() if other != uid)
             while len(self.totals) > INDEX_CPU_USERS:
                 self.totals.popitem(last=False)
             if len(self._left) > INDEX_CPU_USERS:  # only refilled ones can go: they are full
@@ -151,7 +165,8 @@ class CpuBudget:
                     if o_left + (now - o_at) * self.share >= self.burst:
                         del self._left[other]
             wait = -left / self.share
-            return wait if wait >= INDEX_PAUSE_MIN else 0.0  # (rounding leaves crumbs)
+            # (rounding leaves crumbs)
+            return wait if contended and wait >= INDEX_PAUSE_MIN else 0.0
 
     def meter(self, uid: int) -> Callable[[], None]:
         """For one thread's job: call it between steps; it charges the CPU this thread used
