@@ -5,8 +5,9 @@ on native ext4 and through `bindfs --multithreaded`, in one run (run by bench/ho
 Per attack and per target (native SOURCE, the journalfs mount, the bindfs mount), bob attacks
 through that target while carol stats, opens+closes and getxattrs her own file through it;
 the table shows her p50/p99/worst in ms, her idle figures first; through journalfs also her
-first view of a new small journal of her own (listed and one record read). Attacks whose outcome is not
-a latency (8 log forging, 10 chattr +i, 11 root's reserve) report what happened on each side.
+first view of a new small journal of her own (listed and one record read). Attacks whose
+outcome is not a latency (8 log forging, 10 chattr +i, 11 root's reserve) report what
+happened on each side.
 """
 from __future__ import annotations
 

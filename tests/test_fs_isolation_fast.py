@@ -257,7 +257,8 @@ def test_a_users_index_work_pauses_once_over_its_cpu_budget():
     assert sum(slept) == pytest.approx(0.2, abs=0.01)
     assert max(slept) <= workers_module.INDEX_PAUSE_MAX
     users = budget.status()["users"]
-    assert users["1003"]["pauses"] == 1 and users["1003"]["paused_s"] == pytest.approx(0.2, abs=0.01)
+    assert users["1003"]["pauses"] == 1
+    assert users["1003"]["paused_s"] == pytest.approx(0.2, abs=0.01)
     assert users["1002"]["pauses"] == 0
     now[0] += 10  # nobody else's work in the window: 1003 goes on unpaused
     assert budget._charge(1003, 5.0) == 0
