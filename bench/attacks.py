@@ -4,8 +4,10 @@ on native ext4 and through `bindfs --multithreaded`, in one run (run by bench/ho
 
 Per attack and per target (native SOURCE, the journalfs mount, the bindfs mount), bob attacks
 through that target while carol stats, opens+closes and getxattrs her own file through it;
-the table shows her p50/p99/worst in ms, her idle figures first. Attacks whose outcome is not
-a latency (8 log forging, 10 chattr +i, 11 root's reserve) report what happened on each side.
+the table shows her p50/p99/worst in ms, her idle figures first; through journalfs also her
+first view of a new small journal of her own (listed and one record read). Attacks whose
+outcome is not a latency (8 log forging, 10 chattr +i, 11 root's reserve) report what
+happened on each side.
 """
 from __future__ import annotations
 
@@ -32,17 +34,40 @@ PROBE = r"""
 import json, os, sys, time
 cfg = json.loads(sys.argv[1])
 path, key, until = cfg["path"], cfg["key"], time.monotonic() + cfg["seconds"]
+view = cfg.get("view")  # carol's first view of a new small journal of hers (journalfs only)
 lat = {"stat": [], "open": [], "getxattr": []}
+if view:
+    lat["view"] = []
+    template = open(view["template"], "rb").read()
 errors = {}
 clock = time.perf_counter
+n = 0
+# with a view: the first half of the time for stat/open/getxattr, the second for views only
+# (her own indexing must not show in her other figures)
+half = time.monotonic() + cfg["seconds"] / 2 if view else until
 while time.monotonic() < until:
+    n += 1
     for op in lat:
+        if (op == "view") != (time.monotonic() >= half):
+            continue
+        if op == "view":  # written in SOURCE (untimed), then found, indexed, listed, read
+            name = "v%d-%d.log.idx" % (os.getpid(), n)
+            with open(os.path.join(view["home"], name), "wb") as f:
+                f.write(template)
+            old = os.path.join(view["home"], "v%d-%d.log.idx" % (os.getpid(), n - 2))
+            if os.path.exists(old):
+                os.unlink(old)
         t0 = clock()
         try:
             if op == "stat":
                 os.stat(path)
             elif op == "open":
                 os.close(os.open(path, os.O_RDONLY))
+            elif op == "view":
+                d = os.path.join(view["views"], name)
+                first = sorted(os.listdir(d))[0]
+                with open(os.path.join(d, first), "rb") as f:
+                    f.read()
             else:
                 os.getxattr(path, key)
         except OSError as exc:
@@ -165,15 +190,18 @@ def stop(procs) -> None:
 
 
 @contextlib.contextmanager
-def journalfs_mount(src: Path, mnt: Path, store: Path, log: Path):
+def journalfs_mount(src: Path, mnt: Path, store: Path, log: Path, extra_env: dict | None = None):
     mnt.mkdir(exist_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, (str(REPO), os.environ.get("PYTHONPATH")))))
+    env.update(extra_env or {})
     with open(log, "ab") as err:
         proc = subprocess.Popen([sys.executable, "-m", "journalfs.cli", "mount", "--foreground",
                                  "-o", "allow_other", "--store", str(store), str(src), str(mnt)],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                env=env, cwd=str(REPO))
+                                # a variant PYTHONPATH=TREE runs that tree's code (-m looks in
+                                # the working directory first)
+                                env=env, cwd=env["PYTHONPATH"].split(os.pathsep)[0])
     try:
         wait_mounted(mnt, proc)
         yield proc
@@ -215,22 +243,32 @@ def unmount(mnt: Path) -> None:
         time.sleep(0.3)
 
 
-def probe(carol, path: Path, key: str, seconds: float) -> dict:
-    proc = as_user(carol, PROBE, json.dumps({"path": str(path), "key": key, "seconds": seconds}))
+def probe(carol, path: Path, key: str, seconds: float, view: dict | None = None) -> dict:
+    cfg = {"path": str(path), "key": key, "seconds": seconds, "view": view}
+    proc = as_user(carol, PROBE, json.dumps(cfg))
     out, err = proc.communicate(timeout=seconds + 120)
     if proc.returncode != 0:
         raise RuntimeError(f"carol's probe failed: {err[-500:]}")
     return json.loads(out)
 
 
-def run_attacks(seconds: float = 8.0, only: set[str] | None = None) -> dict:
-    """``only``: the numbers of the attacks to run (None: all); the idle phase always runs."""
+def run_attacks(seconds: float = 8.0, only: set[str] | None = None,
+                variant: str | None = None) -> dict:
+    """``only``: the numbers of the attacks to run (None: all); the idle phase always runs.
+    ``variant`` (``VAR=VALUE``): a second journalfs mount, its daemon run with that variable
+    in its environment, probed right after the first (a before/after in one run);
+    ``PYTHONPATH=/work/main`` runs another tree's code."""
+    other = f"journalfs[{variant}]" if variant else None
+    jfs_targets = ("journalfs", other) if other else ("journalfs",)
+    targets = ("native", *jfs_targets, "bindfs")
     bob, bob_made = user(BOB)
     carol, carol_made = user(CAROL)
     work = Path(tempfile.mkdtemp(prefix="jfs-attacks-", dir="/tmp"))
     work.chmod(0o755)
     src = work / "src"
     roots = {"native": src, "journalfs": work / "jfs", "bindfs": work / "bindfs"}
+    if other:
+        roots[other] = work / "jfs-variant"
     log = work / "journalfs.log"
     results: dict = {"seconds_per_phase": seconds, "phases": {}, "outcomes": {}}
     try:
@@ -259,10 +297,28 @@ def run_attacks(seconds: float = 8.0, only: set[str] | None = None) -> dict:
         for i in range(DAMAGED_JOURNALS):
             (damaged / (f"q{i:04d}-" + "n" * 200 + ".1800000000000")).write_bytes(torn)
         subprocess.run(["chown", "-R", f"{bob.pw_uid}:{bob.pw_gid}", str(damaged)], check=True)
-        with journalfs_mount(src, roots["journalfs"], work / "store", log), \
-                bindfs_mount(src, roots["bindfs"]):
-            os.setxattr(roots["journalfs"] / carol.pw_name / "mine", "user.metadata.k", b"v")
-            keys = {"native": "user.k", "bindfs": "user.k", "journalfs": "user.metadata.k"}
+        with contextlib.ExitStack() as mounts:
+            mounts.enter_context(journalfs_mount(src, roots["journalfs"], work / "store", log))
+            if other:
+                name, _, value = variant.partition("=")
+                mounts.enter_context(journalfs_mount(src, roots[other], work / "store-variant",
+                                                     work / "variant.log", {name: value}))
+            mounts.enter_context(bindfs_mount(src, roots["bindfs"]))
+            keys = {"native": "user.k", "bindfs": "user.k"}
+            for target in jfs_targets:
+                os.setxattr(roots[target] / carol.pw_name / "mine", "user.metadata.k", b"v")
+                keys[target] = "user.metadata.k"
+            # carol's own small journals (a 4 kB Wallaby index of 7 records), new ones all
+            # the time: each view is found, indexed, listed and read for the first time
+            carol_template = work / "carol-template.idx"
+            shutil.copyfile(REPO / "tests" / "data" / "conformance" / "records" / "wal0.log.idx",
+                            carol_template)
+            carol_template.chmod(0o644)
+            carol_views = {target: {"home": str(src / carol.pw_name),
+                                    "template": str(carol_template),
+                                    "views": str(roots[target] / ".journalfs" / "records"
+                                                 / carol.pw_name)}
+                           for target in jfs_targets}
 
             def wanted(name: str) -> bool:
                 return only is None or name.split()[0] in only
@@ -277,32 +333,34 @@ def run_attacks(seconds: float = 8.0, only: set[str] | None = None) -> dict:
                     try:
                         time.sleep(0.5 if attack else 0)  # let the attack start
                         results["phases"][name][target] = probe(
-                            carol, root / carol.pw_name / "mine", keys[target], seconds)
+                            carol, root / carol.pw_name / "mine", keys[target], seconds,
+                            carol_views.get(target))
                     finally:
                         stop(procs)
                     time.sleep(0.5)
 
-            phase("idle", TARGETS, None)
+            phase("idle", targets, None)
 
             def lease_attack(root):
                 holder = as_user(bob, LEASE_HOLDER, str(leased))
                 assert holder.stdout.readline().strip() == "leased"
                 return [holder, as_user(bob, OPENERS, str(root / bob.pw_name / "leased"), "8")]
-            phase("1 lease on bob's file, bob opens it", TARGETS, lease_attack)
+            phase("1 lease on bob's file, bob opens it", targets, lease_attack)
 
             template = src / bob.pw_name / "template.idx"  # a real 4 kB Wallaby index
             shutil.copyfile(REPO / "tests" / "data" / "conformance" / "records" / "wal0.log.idx",
                             template)
             os.chown(template, bob.pw_uid, bob.pw_gid)
-            views = roots["journalfs"] / ".journalfs" / "records" / bob.pw_name
-            phase("4 bob's 1 GiB sparse .idx copies, views listed and read", ("journalfs",),
-                  lambda root: [as_user(bob, HUGE_VIEWS, str(src / bob.pw_name), str(views),
+            def views(root):
+                return str(root / ".journalfs" / "records" / bob.pw_name)
+            phase("4 bob's 1 GiB sparse .idx copies, views listed and read", jfs_targets,
+                  lambda root: [as_user(bob, HUGE_VIEWS, str(src / bob.pw_name), views(root),
                                         str(template), str(1 << 30), "sparse")])
-            phase("4 bob's 64 MiB .idx of written zeros, views listed", ("journalfs",),
-                  lambda root: [as_user(bob, HUGE_VIEWS, str(src / bob.pw_name), str(views),
+            phase("4 bob's 64 MiB .idx of written zeros, views listed", jfs_targets,
+                  lambda root: [as_user(bob, HUGE_VIEWS, str(src / bob.pw_name), views(root),
                                         str(template), str(64 << 20), "dense")])
 
-            phase("5 bob lists 100k entries in a loop", TARGETS,
+            phase("5 bob lists 100k entries in a loop", targets,
                   lambda root: [as_user(bob, LISTER, str(root / bob.pw_name / "big"))
                                 for _ in range(2)])
 
@@ -328,8 +386,9 @@ def run_attacks(seconds: float = 8.0, only: set[str] | None = None) -> dict:
                 src, roots, bob)
         results["outcomes"]["11 bob fills the disk"] = reserve_outcome(work, bob)
     finally:
-        for root in (roots["journalfs"], roots["bindfs"]):
-            unmount(root)
+        for target, root in roots.items():
+            if target != "native":
+                unmount(root)
         subprocess.run(["chattr", "-R", "-i", str(src)], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
         for name, made in ((BOB, bob_made), (CAROL, carol_made)):
@@ -421,14 +480,16 @@ def reserve_outcome(work: Path, bob) -> dict:
 def report(res: dict) -> None:
     print(f"carol's latency in ms (p50 / p99 / worst) while bob attacks, {res['seconds_per_phase']:g} s "
           "per target, one run")
-    print(f"{'attack':42} {'target':10} {'stat':>22} {'open+close':>22} {'getxattr':>22}")
+    ops = ("stat", "open", "getxattr", "view")
+    heads = ("stat", "open+close", "getxattr", "her new small view")
+    print(f"{'attack':42} {'target':10} " + " ".join(f"{h:>22}" for h in heads))
     for name, per_target in res["phases"].items():
         for target, r in per_target.items():
             cells = []
-            for op in ("stat", "open", "getxattr"):
+            for op in ops:
                 s = r["ops"].get(op)
                 cells.append(f"{s['p50']:6.2f} {s['p99']:7.2f} {s['worst']:7.1f}" if s else "-")
             errs = f"  errors {r['errors']}" if r["errors"] else ""
-            print(f"{name[:42]:42} {target:10} {cells[0]:>22} {cells[1]:>22} {cells[2]:>22}{errs}")
+            print(f"{name[:42]:42} {target:10} " + " ".join(f"{c:>22}" for c in cells) + errs)
     for name, outcome in res["outcomes"].items():
         print(f"{name}: {json.dumps(outcome)}")

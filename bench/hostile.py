@@ -409,6 +409,10 @@ def main() -> int:
                     help="with --attacks: seconds carol probes per attack and target")
     ap.add_argument("--only", action="append", metavar="N",
                     help="with --attacks: run only attack N (repeatable; idle always runs)")
+    ap.add_argument("--variant", metavar="VAR=VALUE",
+                    help="with --attacks: also probe a second journalfs mount whose daemon runs "
+                         "with VAR=VALUE in its environment (before/after in one run; "
+                         "PYTHONPATH=/work/main runs that tree's code)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("hostile.py: must run as root (it mounts with allow_other and a loop filesystem)",
@@ -416,7 +420,8 @@ def main() -> int:
         return 2
     if args.attacks:
         import attacks
-        res = attacks.run_attacks(args.phase_seconds, set(args.only) if args.only else None)
+        res = attacks.run_attacks(args.phase_seconds, set(args.only) if args.only else None,
+                                  args.variant)
         attacks.report(res)
         print(json.dumps({"attacks": res}))
         if args.json:

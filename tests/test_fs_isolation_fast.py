@@ -223,3 +223,97 @@ def test_acting_as_a_user_drops_the_capability_and_restores_it(monkeypatch):
     with pytest.raises(ZeroDivisionError):
         caller.as_user(1000, 1000, lambda: 1 / 0)
     assert effective() == before
+
+
+def test_a_users_index_work_pauses_once_over_its_cpu_budget():
+    """The CPU budget of index work (issue 24 item 4): a user past ``burst`` CPU-seconds
+    pauses until the bucket refilled at ``share`` a second; another user's budget is his
+    own; the buckets and totals stay bounded whatever uids come."""
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        now[0] += seconds
+
+    budget = workers_module.CpuBudget(share=0.5, burst=0.1, clock=lambda: now[0], sleep=sleep,
+                                      contention=5.0)
+    # alone: never paused (work-conserving), but charged, down to one burst of debt
+    assert budget._charge(1001, 0.05) == 0
+    assert budget._charge(1001, 3.0) == 0
+    assert budget._left[1001][0] == pytest.approx(-0.1)
+    now[0] += 100  # refilled
+    assert budget._charge(1000, 0.001) == 0  # another user's index work: contention now
+    assert budget._charge(1001, 0.05) == 0  # within the burst: no pause
+    wait = budget._charge(1001, 0.1)        # 0.05 CPU-s over: 0.1 s at half a core
+    assert wait == pytest.approx(0.1)
+    assert budget._charge(1002, 0.05) == 0  # carol's budget is her own
+    now[0] += 0.1
+    assert budget._charge(1001, 0.0) == 0   # refilled meanwhile
+    # a meter pauses its thread (in steps of at most INDEX_PAUSE_MAX) and counts it
+    meter = budget.meter(1003)
+    budget._charge(1003, 0.6)               # as if its thread had used 0.6 s already
+    meter()  # its debt is at most one burst: 0.2 s
+    assert sum(slept) == pytest.approx(0.2, abs=0.01)
+    assert max(slept) <= workers_module.INDEX_PAUSE_MAX
+    users = budget.status()["users"]
+    assert users["1003"]["pauses"] == 1
+    assert users["1003"]["paused_s"] == pytest.approx(0.2, abs=0.01)
+    assert users["1002"]["pauses"] == 0
+    now[0] += 10  # nobody else's work in the window: 1003 goes on unpaused
+    assert budget._charge(1003, 5.0) == 0
+    for uid in range(10_000, 10_000 + 3 * workers_module.INDEX_CPU_USERS):
+        budget._charge(uid, 0.01)
+        now[0] += 1  # every earlier bucket refills
+    assert len(budget.totals) <= workers_module.INDEX_CPU_USERS
+    assert len(budget._left) <= workers_module.INDEX_CPU_USERS + 1
+
+
+def test_index_cpu_setting_falls_back_to_the_defaults():
+    defaults = (workers_module.INDEX_CPU_SHARE, workers_module.INDEX_CPU_BURST)
+    assert workers_module.index_cpu_setting("0.05,0.2") == (0.05, 0.2)
+    for text in (None, "", "fast", "1", "0,1", "-1,2", "1,2,3"):
+        assert workers_module.index_cpu_setting(text) == defaults
+
+
+def test_workers_hand_the_interpreter_back_within_a_millisecond(monkeypatch):
+    """A worker running Python (bob's scan, his indexing) keeps the interpreter lock at most
+    SWITCH_INTERVAL while the request thread waits for it (CPython's default is 5 ms)."""
+    import sys
+    before = sys.getswitchinterval()
+    try:
+        monkeypatch.delenv("JOURNALFS_SWITCH_INTERVAL", raising=False)
+        FairWorkers()
+        assert sys.getswitchinterval() == pytest.approx(workers_module.SWITCH_INTERVAL)
+        assert workers_module.SWITCH_INTERVAL <= 0.001
+        monkeypatch.setenv("JOURNALFS_SWITCH_INTERVAL", "0.005")
+        FairWorkers()
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+        monkeypatch.setenv("JOURNALFS_SWITCH_INTERVAL", "nonsense")
+        FairWorkers()
+        assert sys.getswitchinterval() == pytest.approx(workers_module.SWITCH_INTERVAL)
+    finally:
+        sys.setswitchinterval(before)
+
+
+def test_one_owners_indexes_never_push_out_anothers():
+    """The views' cache charges a journal's entries to its owner (issue 24 item 4): bob's
+    many big indexes evict his own oldest, never carol's; the whole budget still holds."""
+    from journalfs.fs.catalog import Catalog
+    cat = Catalog(budget=10_000, entry_overhead=0, owner_budget=2_500)
+    cat.put(("journal", b"carol/a"), "carol's", 2_000, 1002)
+    for i in range(50):
+        cat.put(("journal", b"bob/%d" % i), "bob's", 1_000, 1001)
+        assert cat.owner_used(1001) <= 2_500
+    assert cat.get(("journal", b"carol/a")) == "carol's"
+    assert cat.get(("journal", b"bob/49")) == "bob's" and cat.get(("journal", b"bob/0")) is None
+    cat.put(("journal", b"bob/huge"), "too big for his share", 3_000, 1001)
+    assert cat.get(("journal", b"bob/huge")) is None and cat.owner_used(1001) <= 2_500
+    # entries of no owner still share the whole budget, least recently used out first
+    for i in range(20):
+        cat.put(("scan", b"d%d" % i), True, 1_000)
+    assert cat.used <= 10_000
+    cat.discard_where(lambda key: key[1].startswith(b"bob/"))
+    assert cat.owner_used(1001) == 0 and 1001 not in cat._owners
+    cat.discard(("journal", b"carol/a"))
+    assert cat.owner_used(1002) == 0 and not cat._owners

@@ -223,3 +223,68 @@ def test_index_files_of_journals_that_are_gone_are_removed(bob):
                 __import__("time").sleep(0.05)
             assert index_files() == []
             clean_log(m)
+
+
+def test_a_users_indexing_pauses_over_its_cpu_budget_and_others_go_on(bob, alice,
+                                                                        records_corpus):
+    """Index work is held to a CPU budget per journal owner (issue 24 item 4): bob's journal
+    of millions of records (a Wallaby .idx followed by 64 MiB of written zeros) spends his
+    budget and his indexing pauses (no CPU, no interpreter lock) while it is still going,
+    as alice has been indexing too (alone he would not pause: the budget is
+    work-conserving); meanwhile alice's next small journal is indexed and listed, from her
+    own budget, unpaused. A tiny budget (JOURNALFS_INDEX_CPU) makes bob's pauses certain on
+    any machine."""
+    template = (records_corpus / "wal0.log.idx").read_bytes()
+    with users.reachable_dir("jfs-views-cpu-") as base:
+        src, mnt = base / "src", base / "mnt"
+        for who in (bob, alice):
+            (src / who.pw_name).mkdir(parents=True)
+            os.chown(src / who.pw_name, who.pw_uid, who.pw_gid)
+        huge = src / bob.pw_name / "huge.log.idx"
+        with open(huge, "wb") as f:
+            f.write(template)
+            for _ in range(64):
+                f.write(bytes(1 << 20))
+        first = src / alice.pw_name / "first.log.idx"
+        small = src / alice.pw_name / "small.log.idx"
+        for path, who in ((huge, bob), (first, alice), (small, alice)):
+            if who is alice:
+                path.write_bytes(template)
+            os.chown(path, who.pw_uid, who.pw_gid)
+        recs = mnt / ".journalfs" / "records"
+        env = dict(os.environ, JOURNALFS_INDEX_CPU="0.005,0.02")
+        with mounted(src, mnt, "-o", "allow_other", "--store", str(base / "store"),
+                     env=env) as m:
+            def views() -> dict:
+                return json.loads((mnt / ".journalfs" / "status.json").read_bytes())["views"]
+
+            run_as(alice, [("l", "len(os.listdir(%r))"
+                            % str(recs / alice.pw_name / "first.log.idx"))])
+            lister = subprocess.Popen(
+                ["setpriv", f"--reuid={bob.pw_uid}", f"--regid={bob.pw_gid}", "--init-groups",
+                 "--reset-env", "ls", "-U", str(recs / bob.pw_name / "huge.log.idx")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            try:
+                for _ in range(600):  # his first pause: within his first 20 ms of CPU
+                    bob_cpu = views()["index_cpu"]["users"].get(str(bob.pw_uid))
+                    if bob_cpu and bob_cpu["paused_now"]:
+                        break
+                    assert lister.poll() is None, lister.stderr.read()
+                    __import__("time").sleep(0.05)
+                else:
+                    pytest.fail(f"bob's indexing never paused: {views()['index_cpu']}")
+                listed = run_as(alice, [("l", "sorted(os.listdir(%r))"
+                                         % str(recs / alice.pw_name / "small.log.idx"))])["l"]
+                now = views()
+                # bob's journal is still being indexed, paused: alice did not wait for it
+                assert any(p.get("path", "").endswith("huge.log.idx") for p in now["indexing"]), now
+                cpu = now["index_cpu"]["users"]
+                assert cpu[str(bob.pw_uid)]["pauses"] >= 1
+                assert cpu[str(alice.pw_uid)]["pauses"] == 0, cpu
+            finally:
+                lister.kill()
+                lister.wait()
+            # what alice saw is her journal's whole view
+            assert listed == sorted(os.listdir(recs / alice.pw_name / "small.log.idx"))
+            assert "records.jsonl" in listed and len(listed) > 2, listed
+            clean_log(m)

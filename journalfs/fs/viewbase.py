@@ -24,6 +24,7 @@ from .sourcefiles import open_regular_path
 from .stateviews import TOPS as STATE_TOPS, StateTree
 from .status import StatusFile
 from .watch import NOTIFIER
+from .workers import CpuBudget, index_cpu_setting
 from .viewnodes import (JOURNAL, JOURNAL_ID_MAX, JOURNAL_IDS_KEPT, JSONL, LIVE, METADATA,
     RECORD, RECORD_INO_BASE, RECORDS_DIR, ROOT, SEQ_BITS, SEQ_MASK, STATE, STATUS, VIEWS_NAME,
     IndexJob, JournalInfo, ViewContext, ViewDirHandle, VNode)
@@ -38,8 +39,10 @@ SCAN_TTL = 2.0
 VIEW_THREADS = 16
 FILE_THREADS = 2
 #: Journals indexed at once (each in its own worker thread, outside trio's default pool so
-#: that other requests never queue behind them).
-INDEX_THREADS = 2
+#: that other requests never queue behind them). One per owner at a time, each within its
+#: owner's CPU budget (a paused one uses no CPU): enough that a few users paused over their
+#: budget never keep another user's small journal waiting for a thread.
+INDEX_THREADS = 8
 
 
 class ViewsBase:
@@ -78,6 +81,8 @@ class ViewsBase:
         # one indexing thread per journal owner: one user's huge journals take at most one
         # core, never every slot another user's small view waits for (issue 24 item 4)
         self._owner_limiters: dict[int, trio.CapacityLimiter] = {}
+        # ... and within a CPU budget per owner (viewindex.py charges it between batches)
+        self.index_cpu = CpuBudget(*index_cpu_setting(os.environ.get("JOURNALFS_INDEX_CPU")))
         self._view_limiter = trio.CapacityLimiter(VIEW_THREADS)
         self._file_limiters: dict[bytes, trio.CapacityLimiter] = {}
         self.damaged: dict[bytes, tuple[int, str]] = {}
@@ -271,7 +276,7 @@ class ViewsBase:
         else:  # owner and mode change without touching mtime
             info.uid, info.gid, info.mode = st.st_uid, st.st_gid, st.st_mode
         info.checked = time.monotonic()
-        self.catalog.put(key, info, info.cost())
+        self.catalog.put(key, info, info.cost(), info.uid)
         return info if info.codec is not None else None
 
     def _trusted_info(self, rel: bytes) -> JournalInfo | None:

@@ -1,6 +1,7 @@
 """Index jobs of the views: each journal indexed once in a worker thread of its own (one per
-owner at a time), loaded from or saved to the store's index directory, extended when it
-grows; records decoded in batches and remembered in the catalog; records.jsonl measured."""
+owner at a time, within a CPU budget per owner), loaded from or saved to the store's index
+directory, extended when it grows; records decoded in batches and remembered in the catalog;
+records.jsonl measured."""
 from __future__ import annotations
 
 import contextlib
@@ -134,7 +135,11 @@ class ViewIndexes(ViewsBase):
         info = self.catalog.get(("journal", rel))
         if info is None or info.index is not idx or self._known_layout(info) is not None:
             return  # changed meanwhile (its next getattr starts again), or already known
+        charge = self.index_cpu.meter(info.uid)
         self._layout_done(rel, idx)(JsonlLayout(idx))
+        # charged after the fact (one pass, no steps to pause between): the pause holds the
+        # owner's indexing turn, so his next index work waits for his budget
+        charge()
 
     def _build_index(self, rel: bytes, job: IndexJob) -> RecordIndex:
         """Index a journal (worker thread): from memory, the store's index directory, or the
@@ -165,11 +170,15 @@ class ViewIndexes(ViewsBase):
                         and (previous is None or previous.count < saved.count):
                     previous = saved
 
+        charge = self.index_cpu.meter(info.uid)
+
         def progress(partial: RecordIndex) -> None:
             job.partial = partial
+            charge()  # between batches (<= 1 MiB each): may pause this owner's indexing
 
         index = RecordIndex.build(path, codec, previous=previous, opener=opener,
                                   progress=progress)
+        charge()
         if index.identity != info.ident[1:]:  # changed while indexed: describe what was read
             info = self._journal_info(rel) or info
         if info.layout is not None and not info.layout.fits(index):
@@ -198,7 +207,7 @@ class ViewIndexes(ViewsBase):
             info.layout = finished
         if info.layout is not None and not info.layout.fits(index):
             info.layout = None
-        self.catalog.put(("journal", rel), info, info.cost())
+        self.catalog.put(("journal", rel), info, info.cost(), info.uid)
         self._note_damage(rel, index)
 
     def _save(self, rel: bytes, info: JournalInfo, index: RecordIndex) -> None:
@@ -235,7 +244,9 @@ class ViewIndexes(ViewsBase):
             payload = sum(len(r.get("payload") or b"") for r in batch)
             whole = len(batch) == size or idx.complete
             if whole and payload <= BATCH_PAYLOAD_LIMIT:
-                self.catalog.put(key, batch, payload + 400 * len(batch))
+                info = self.catalog.get(("journal", rel))  # charged to the journal's owner
+                self.catalog.put(key, batch, payload + 400 * len(batch),
+                                 info.uid if info is not None else None)
         if not 0 <= seq - first < len(batch):
             raise FileNotFoundError(errno.ENOENT, "no such record")
         return batch[seq - first]
@@ -270,7 +281,7 @@ class ViewIndexes(ViewsBase):
         layout = JsonlLayout(idx)
         if info is not None and info.index is idx:
             info.layout = layout
-            self.catalog.put(("journal", rel), info, info.cost())
+            self.catalog.put(("journal", rel), info, info.cost(), info.uid)
         return layout
 
     def _layout_done(self, rel: bytes, idx: RecordIndex) -> Callable[[JsonlLayout], None]:
@@ -282,7 +293,7 @@ class ViewIndexes(ViewsBase):
                 idx.finished_layout = layout
                 return
             info.layout = layout
-            self.catalog.put(("journal", rel), info, info.cost())
+            self.catalog.put(("journal", rel), info, info.cost(), info.uid)
             if rel != LIVE and idx.identity[1] >= DISK_INDEX_MIN_BYTES:
                 self._save(rel, info, idx)
         return done

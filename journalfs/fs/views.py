@@ -84,8 +84,10 @@ class Views(ViewListing, ViewFiles, ViewXattrs):
                       "index_dir": (os.path.join(self.ctx.store_dir, "indexes")
                                     if self.index_dir.usable and self.ctx.store_dir else None),
                       "catalog_bytes": self.catalog.used, "catalog_entries": len(self.catalog),
+                      "catalog_owner_limit": self.catalog.owner_budget,
                       "journal_names": len(self._journal_ids),
                       "index_files": self.index_dir.status(),
+                      "index_cpu": self.index_cpu.status(),
                       "view_inodes": len(self.by_ino),
                       **self.counters},
         }
