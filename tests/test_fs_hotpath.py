@@ -124,6 +124,38 @@ def test_fast_answers_follow_source_changes_behind_the_mount(source):
     run(source, scenario, timeout=0)
 
 
+def test_native_getxattr_and_listxattr_never_yield_and_follow_source(source):
+    # ls -l asks security.selinux and the ACL of every entry, getfattr lists every file
+    native = b"user.colour"  # SOURCE's own attribute, set behind the mount
+    async def scenario(ops):
+        d = await lookup_path(ops, "dir")
+        a = await ops.lookup(d.st_ino, b"a.txt", ROOT)
+        await ops.setxattr(a.st_ino, KEY, b"blue", ROOT)
+        assert await ops.listxattr(a.st_ino, ROOT) == [KEY]  # binds the store path
+        def general(*args):
+            raise AssertionError("took the general path")
+        for name in ("_getxattr", "_listxattr", "_on"):
+            setattr(ops, name, general)
+        assert error_at_once(ops.getxattr(a.st_ino, b"security.selinux", ROOT)) \
+            == errno.ENODATA
+        assert error_at_once(ops.getxattr(a.st_ino, native, ROOT)) == errno.ENODATA
+        os.setxattr(source / "dir" / "a.txt", native, b"red")
+        assert at_once(ops.getxattr(a.st_ino, native, ROOT)) == b"red"
+        assert at_once(ops.listxattr(a.st_ino, ROOT)) == [native, KEY]
+        assert at_once(ops.listxattr(d.st_ino, ROOT)) == []
+        for name in ("_getxattr", "_listxattr", "_on"):
+            delattr(ops, name)
+        # SOURCE's own user.metadata.* stays shadowed by the store's
+        os.setxattr(source / "dir" / "a.txt", KEY, b"from-source")
+        assert at_once(ops.getxattr(a.st_ino, KEY, ROOT)) == b"blue"
+        assert at_once(ops.listxattr(a.st_ino, ROOT)) == [native, KEY]
+        await ops.removexattr(a.st_ino, KEY, ROOT)
+        assert at_once(ops.listxattr(a.st_ino, ROOT)) == [native]
+        os.removexattr(source / "dir" / "a.txt", native)
+        assert error_at_once(ops.getxattr(a.st_ino, native, ROOT)) == errno.ENODATA
+    run(source, scenario, timeout=0)
+
+
 def test_hard_links_and_views_take_the_full_path(source):
     async def scenario(ops):
         d = await lookup_path(ops, "dir")

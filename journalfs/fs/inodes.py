@@ -153,13 +153,16 @@ class Inode:
         """The most recently seen SOURCE path, None once every name is unlinked."""
         return self.paths[-1] if self.paths else None
 
-    def add_path(self, rel: bytes) -> list[bytes]:
+    def add_path(self, rel: bytes) -> list[bytes] | tuple[()]:
         """Remember ``rel`` as the newest name; returns the names forgotten to make room."""
-        if rel in self.paths:
-            self.paths.remove(rel)
-        self.paths.append(rel)
-        dropped = self.paths[:-MAX_PATHS]
-        del self.paths[:-MAX_PATHS]
+        paths = self.paths
+        if rel in paths:
+            paths.remove(rel)
+        paths.append(rel)
+        if len(paths) <= MAX_PATHS:  # nearly always: no copies made (every name listed)
+            return ()
+        dropped = paths[:-MAX_PATHS]
+        del paths[:-MAX_PATHS]
         return dropped
 
 

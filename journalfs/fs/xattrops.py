@@ -57,21 +57,28 @@ class XattrOps(StoreCalls):
 
     @guards_itself
     async def getxattr(self, inode, name, ctx=None):
-        # A cached user.metadata.* value of a known inode is a few dict lookups, with no
-        # call that could yield (tests/test_fs_hotpath.py); anything else takes _getxattr.
+        # A cached user.metadata.* value of a known inode is a few dict lookups, and any
+        # other attribute of a known inode with its fd kept on local SOURCE one syscall (ls
+        # -l asks security.selinux and the ACL of every entry), with no call that could
+        # yield (tests/test_fs_hotpath.py); anything else takes _getxattr.
         try:
             node = self.table.by_ino.get(inode)
-            cache = self.meta_cache
-            key = xattrs.known_metadata_key(name)
-            if node is not None and cache is not None and key is not None:
-                made, paths = node.meta_path, node.paths
-                if made is not None and paths and made[0] is paths[-1]:
-                    values = cache.get_all(made[1])
-                    if values is not None:
-                        value = values.get(key)
-                        if value is None:
-                            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-                        return xattrs.encode_value(value)
+            if node is not None:
+                key = xattrs.known_metadata_key(name)
+                if key is not None:
+                    cache = self.meta_cache
+                    made, paths = node.meta_path, node.paths
+                    if cache is not None and made is not None and paths and \
+                            made[0] is paths[-1]:
+                        values = cache.get_all(made[1])
+                        if values is not None:
+                            value = values.get(key)
+                            if value is None:
+                                raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+                            return xattrs.encode_value(value)
+                elif node.fd is not None and not node.transient and self.local and \
+                        not name.startswith(xattrs.METADATA_PREFIX):
+                    return self._native_getxattr(node.fd, name)
             return await self._getxattr(inode, name)
         except Exception as exc:
             raise fuse_error(exc, "getxattr") from None
@@ -170,12 +177,46 @@ class XattrOps(StoreCalls):
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         await self.ownership.unset(node, names, key)
 
-    @guarded
+    @guards_itself
     async def listxattr(self, inode, ctx):
+        # getfattr asks it of every file: a known inode with its fd kept on local SOURCE and
+        # its metadata cached costs one syscall, with no call that could yield
+        # (tests/test_fs_hotpath.py); anything else takes _listxattr.
+        try:
+            node = self.table.by_ino.get(inode)
+            if node is None or node.fd is None or node.transient or not self.local:
+                return await self._listxattr(inode, ctx)
+            names = self._native_names(os.listxattr(proc_path(node.fd)), ctx)
+            if node.file_type not in (stat.S_IFREG, stat.S_IFDIR):
+                return names
+            made, paths, cache = node.meta_path, node.paths, self.meta_cache
+            values = cache.get_all(made[1]) if cache is not None and made is not None and \
+                paths and made[0] is paths[-1] else None
+            if values is None:
+                store_path = await self.ownership.store_path(node)
+                if store_path is None:
+                    return names
+                values = await self._meta_values(store_path)
+            return names + xattrs.metadata_names(values)
+        except Exception as exc:
+            raise fuse_error(exc, "listxattr") from None
+
+    async def _listxattr(self, inode, ctx) -> list[bytes]:
         if self.views.owns(inode):
             return await self.views.listxattr(inode)
         node = self.table.get(inode)
         native = await self._on(node, lambda fd: os.listxattr(proc_path(fd)))
+        names = self._native_names(native, ctx)
+        store_path = await self.ownership.store_path(node) \
+            if node.file_type in (stat.S_IFREG, stat.S_IFDIR) else None
+        if store_path is not None:
+            stored = await self._meta_values(store_path)
+            names += xattrs.metadata_names(stored)
+        return names
+
+    def _native_names(self, native: list[str], ctx) -> list[bytes]:
+        """SOURCE's own attribute names as listed to the caller: not ``user.metadata.*``
+        (the store's keys shadow them), nor ``trusted.*`` unless it holds CAP_SYS_ADMIN."""
         hide_trusted = any(n.startswith("trusted.") for n in native) \
             and not self.caller.capable(ctx, CAP_SYS_ADMIN)
         names = []
@@ -186,9 +227,4 @@ class XattrOps(StoreCalls):
             if hide_trusted and raw.startswith(b"trusted."):
                 continue  # Linux lists these to CAP_SYS_ADMIN only
             names.append(raw)
-        store_path = await self.ownership.store_path(node) \
-            if node.file_type in (stat.S_IFREG, stat.S_IFDIR) else None
-        if store_path is not None:
-            stored = await self._meta_values(store_path)
-            names += xattrs.metadata_names(stored)
         return names
