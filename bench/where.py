@@ -4,7 +4,7 @@ side with the bench's pyfuse3 "floor" filesystem (bench/fuse.py --serve-floor), 
 from dicts and so costs only what pyfuse3 itself costs.
 
     sudo .venv/bin/python bench/where.py [--rounds 3] [--files 2000] [--seconds 3]
-                                         [--rows getxattr,setxattr,stat-cold,getattr,lookup]
+                                         [--rows getxattr,setxattr,stat-cold,...]
                                          [--tree main=/work/main] [--json FILE]
 
 Rows (every request of a row is of the kind named; the kernel's request counts by opcode
@@ -14,6 +14,9 @@ are printed to show it):
   stat-cold  os.stat of every file once, right after mounting: LOOKUP of a name not seen yet
   getattr    os.fstat(fd) at -o timeout=0: GETATTR
   lookup     os.stat(name, dir_fd=...) of known names at -o timeout=0: LOOKUP (+ GETATTR)
+  ls-l-cold  `ls -l` of the files right after mounting: READDIRPLUS, and GETXATTR of
+             security.selinux and the ACL of every entry (SOURCE's own attributes)
+  getfattr-R `getfattr -R -d -m '^user\.'` of the files: LISTXATTR + GETXATTR per file
 
 Two passes per round and target, in a rotating order (interleaved rounds: a shared machine's
 slow phases spread over every target; figures are medians of the rounds):
@@ -32,6 +35,9 @@ slow phases spread over every target; figures are medians of the rounds):
    pyfuse3 + trio + interpreter = main (plain pass) - handler - syscalls - store: reading
    /dev/fuse, waking trio, building the request context, calling the handler, the reply.
 The floor's handlers are dict lookups: its main thread is pyfuse3's own cost.
+3. a hot loop (first, in this process, `--hot-loop-only` for just that): the hot handlers
+   driven by hand with warm caches, and the bare syscalls they make: a floor for each
+   handler's own cost that a busy machine does not move (CPU time, best of 5).
 
 Needs root (tracefs, drop of caches not used: SOURCE is warm in the page cache, so the
 figures are CPU, not disk).
@@ -39,6 +45,7 @@ figures are CPU, not disk).
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import os
@@ -56,9 +63,10 @@ _spec.loader.exec_module(bench_fuse)
 
 XATTR = "user.metadata.bench"
 #: FUSE opcodes whose requests are counted on their own (the rest are "other").
-OPCODES = {"LOOKUP": 1, "GETATTR": 3, "SETXATTR": 21, "GETXATTR": 22}
+OPCODES = {"LOOKUP": 1, "GETATTR": 3, "SETXATTR": 21, "GETXATTR": 22, "LISTXATTR": 23,
+           "READDIRPLUS": 44}
 TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK")
-ROWS = ("getxattr", "setxattr", "stat-cold", "getattr", "lookup")
+ROWS = ("getxattr", "setxattr", "stat-cold", "getattr", "lookup", "ls-l-cold", "getfattr-R")
 #: the os functions whose calls from a handler count as its syscalls
 SYSCALLS = ("fstat", "stat", "lstat", "open", "close", "getxattr", "setxattr", "listxattr",
             "removexattr", "pwrite", "write", "pread", "read", "fsync", "fdatasync", "lseek",
@@ -176,6 +184,84 @@ def serve_instrumented(counters_path: Path, argv: list[str]) -> int:
     return cli.main(argv)
 
 
+# ---------------------------------------------------------------- the handlers in a hot loop
+
+def hot_loop(src: Path, store: Path, files: list[str], calls: int = 20000) -> dict[str, float]:
+    """CPU µs per call of the hot handlers driven by hand in this process (no kernel, no
+    pyfuse3: JournalFS as fs/main.py assembles it, each call's coroutine sent once), best of
+    5 runs of ``calls``: their cost with warm caches, beside an empty coroutine's and the
+    bare syscalls they make. The daemon pays more for the same code: between two requests
+    the client, the kernel's FUSE path and trio's loop run and take the caches."""
+    import pyfuse3
+    import trio
+
+    from journalfs.fs.main import MountConfig, _open_metadata, assemble
+
+    class Ctx:
+        uid = gid = pid = 0
+        umask = 0o022
+
+    def once(coro):
+        try:
+            coro.send(None)
+        except StopIteration as done:
+            return done.value
+        except pyfuse3.FUSEError:
+            return None
+        coro.close()
+        raise RuntimeError("a hot handler yielded")
+
+    def best(fn) -> float:
+        runs = []
+        for _ in range(5):
+            start = time.thread_time_ns()
+            for _ in range(calls):
+                fn()
+            runs.append((time.thread_time_ns() - start) / calls / 1e3)
+        return min(runs)
+
+    async def main() -> dict[str, float]:
+        config = MountConfig(source=str(src), mountpoint=str(store / "mnt"), store=str(store),
+                             timeout=0)
+        meta, location = _open_metadata(config)
+        ops = assemble(config, meta, location, str(src))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(meta.run)
+            ctx = Ctx()
+            d = await ops.lookup(pyfuse3.ROOT_INODE, b"files", ctx)
+            name = os.fsencode(files[0])
+            f = await ops.lookup(d.st_ino, name, ctx)
+            await ops.setxattr(f.st_ino, XATTR.encode(), b"where-value", ctx)
+            await ops.listxattr(f.st_ino, ctx)
+            await ops.getxattr(f.st_ino, XATTR.encode(), ctx)
+            node = ops.table.by_ino[f.st_ino]
+            dir_fd = ops.table.by_ino[d.st_ino].fd
+
+            async def nothing():
+                return None
+            out = {"empty coroutine": best(lambda: once(nothing())),
+                   "getattr": best(lambda: once(ops.getattr(f.st_ino, ctx))),
+                   "lookup (known name)": best(lambda: once(ops.lookup(d.st_ino, name, ctx))),
+                   "getxattr user.metadata (cached)":
+                       best(lambda: once(ops.getxattr(f.st_ino, XATTR.encode(), ctx))),
+                   "getxattr security.selinux (SOURCE's)":
+                       best(lambda: once(ops.getxattr(f.st_ino, b"security.selinux", ctx))),
+                   "listxattr": best(lambda: once(ops.listxattr(f.st_ino, ctx))),
+                   "syscall: os.fstat": best(lambda: os.fstat(node.fd)),
+                   "syscall: os.stat at": best(lambda: os.stat(name, dir_fd=dir_fd,
+                                                               follow_symlinks=False))}
+            nursery.cancel_scope.cancel()
+        return out
+
+    gc_was = gc.isenabled()
+    gc.disable()  # the daemon's full collections are rare (fs/collector.py): none here
+    try:
+        return trio.run(main)
+    finally:
+        if gc_was:
+            gc.enable()
+
+
 # ---------------------------------------------------------------- measuring
 
 def thread_times(pid: int) -> tuple[int, int, int]:
@@ -260,6 +346,17 @@ def workload(row: str, t: Daemon, files: list[str], seconds: float):
             for p in paths:
                 os.stat(p)
         return (lambda: None), run, (lambda: None)
+    if row == "ls-l-cold":
+        return (lambda: None), (lambda: subprocess.run(["ls", "-l", str(t.root / "files")],
+                                                       check=True, stdout=subprocess.DEVNULL)), \
+            (lambda: None)
+    if row == "getfattr-R":
+        def setup():
+            for p in paths:
+                os.setxattr(p, XATTR, b"where-value")
+        return setup, (lambda: subprocess.run(["getfattr", "-R", "-d", "-m", "^user\\.",
+                                               str(t.root / "files")], check=True,
+                                              stdout=subprocess.DEVNULL)), (lambda: None)
     if row == "lookup":
         dir_fd = os.open(t.root / "files", os.O_RDONLY | os.O_DIRECTORY)
 
@@ -341,10 +438,14 @@ def main() -> int:
     ap.add_argument("--no-instrumented", action="store_true",
                     help="skip the instrumented pass (totals only)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--hot-loop-only", action="store_true",
+                    help="only the handlers' CPU in a hot loop in this process (no mount)")
     ap.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     args, rest = ap.parse_known_args()
     if args.serve:
         return serve_instrumented(args.serve, [a for a in rest if a != "--"])
+    # a kill unwinds like ^C: every mount and tracing instance made is removed
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if not bench_fuse.RequestCounter.available():
         print("where.py needs tracefs (run as root)", file=sys.stderr)
         return 1
@@ -356,8 +457,8 @@ def main() -> int:
     trees = [("journalfs", None)] + [(f"journalfs-{label}", Path(tree).resolve())
                                      for label, _, tree in (s.partition("=") for s in args.tree)]
     targets: list[tuple[str, Daemon]] = [("floor", Daemon("floor", src, work / "mnt-floor"))]
-    for name, tree in trees:
-        for inst in (False, True) if not args.no_instrumented else (False,):
+    for name, tree in trees:  # the timers for this tree's journalfs only
+        for inst in (False, True) if tree is None and not args.no_instrumented else (False,):
             store = work / f"store-{name}{'-inst' if inst else ''}"
             shutil.rmtree(store, ignore_errors=True)
             store.mkdir(parents=True)
@@ -365,6 +466,15 @@ def main() -> int:
             targets.append((label, Daemon(name, src, work / f"mnt-{name}{'-inst' if inst else ''}",
                                           store, tree=tree, instrumented=inst,
                                           counters=work / f"counters-{name}.json")))
+    hot_store = work / "store-hot-loop"
+    shutil.rmtree(hot_store, ignore_errors=True)
+    hot_store.mkdir(parents=True)
+    hot = hot_loop(src, hot_store, files)
+    print("handlers in a hot loop (CPU µs per call, best of 5, this process):")
+    for what, us in hot.items():
+        print(f"  {what:40s} {us:6.2f}")
+    if args.hot_loop_only:
+        return 0
     rows = args.rows.split(",")
     results: dict[str, dict[str, list[dict]]] = {r: {} for r in rows}
     for rnd in range(args.rounds):
@@ -379,7 +489,7 @@ def main() -> int:
     report = {"meta": {"rounds": args.rounds, "files": args.files, "seconds": args.seconds,
                        "cpus": os.cpu_count(), "loadavg_end": os.getloadavg(),
                        "started_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime())},
-              "rows": {}}
+              "hot_loop_us": hot, "rows": {}}
     for row in rows:
         report["rows"][row] = out = {}
         for label, samples in results[row].items():
