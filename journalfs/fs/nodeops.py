@@ -30,18 +30,31 @@ class NodeOps(MountCore):
 
     @guards_itself
     async def lookup(self, parent_inode, name, ctx=None):
-        # In a directory on local SOURCE with no listing cache in use (timeout 0): a name
-        # not seen yet is opened O_PATH and remembered; a name known to mean an object whose
-        # O_PATH fd is kept costs one fstatat to see it still means that object. No call
-        # that could yield (tests/test_fs_hotpath.py). Everything else (views, dots,
-        # listings, hard links, a name that now means another object) takes _lookup.
+        # A name in a directory with a fresh listing (timeout > 0: stat of many names, ls
+        # -l) is answered from it. In a directory on local SOURCE with no listing cache in
+        # use (timeout 0): a name not seen yet is opened O_PATH and remembered; a name known
+        # to mean an object whose O_PATH fd is kept costs one fstatat to see it still means
+        # that object. No call that could yield (tests/test_fs_hotpath.py). Everything else
+        # (views, dots, scans, hard links, a name that now means another object) takes
+        # _lookup.
         try:
             parent = self.table.by_ino.get(parent_inode)
-            if parent is not None and parent.fd is not None and not parent.transient and \
-                    self.local and not self.snapshots.enabled and parent.paths and \
-                    name not in (b".", b"..") and len(name) <= self.name_max and \
-                    not (parent is self.table.root and name == VIEWS_NAME):
-                directory = parent.paths[-1]
+            if parent is None or not parent.paths or name in (b".", b"..") or \
+                    len(name) > self.name_max or \
+                    (parent is self.table.root and name == VIEWS_NAME):
+                return await self._lookup(parent_inode, name, ctx)
+            directory = parent.paths[-1]
+            if self.snapshots.enabled:
+                listing = self.snapshots.listing(directory)
+                if listing is not None:
+                    st = listing.stats.get(name, _ABSENT)
+                    if st is _ABSENT:
+                        raise pyfuse3.FUSEError(errno.ENOENT)
+                    if st is not UNKNOWN:
+                        child, attrs = self._listed(listing, parent, name, st)
+                        child.lookups += 1
+                        return attrs
+            elif parent.fd is not None and not parent.transient and self.local:
                 rel = name if directory == b"" else directory + b"/" + name
                 node = self.table.by_path.get(rel)
                 if node is None:  # a name not seen yet: pin its object with an O_PATH fd
