@@ -52,7 +52,8 @@ def payload_fields(payload, mode: str) -> dict:
 
 def record_line(rec: Record, payload: str = "base64", source: str | None = None) -> str:
     """One JSON line (no newline) of ``rec`` with its payload shown as ``payload`` says
-    (:data:`PAYLOAD_MODES`) and, when given, the file it comes from first as ``source``;
+    (:data:`PAYLOAD_MODES`) and, when given, the file it comes from first as ``source``
+    (a record field of that name then as ``<kind>_source``);
     with the defaults exactly :func:`journalfs.formats.record_json_line`."""
     if payload == "base64" and source is None:
         return record_json_line(rec)
@@ -60,6 +61,10 @@ def record_line(rec: Record, payload: str = "base64", source: str | None = None)
     for name, value in rec.items():
         if name == "payload":
             out.update(payload_fields(value, payload))
+        elif name == "source" and source is not None:
+            # a record's own ``source`` field (gvfs-journal ``copy``) beside the file's: both
+            # kept, the record's under its kind's name (docs/contract.md)
+            out[f"{rec.get('kind', 'record')}_source"] = value
         else:
             out[name] = value
     safe = json_safe(out)

@@ -649,7 +649,10 @@ class Follower:
         known_end = f.last[0] if f.last else 0
         if st.st_size < f.size or st.st_size < known_end or \
                 (f.last and _head_crc(f.fd, known_end) != f.head_crc):
-            yield Notice(f.source.path, f"truncated (was {f.size} bytes, now {st.st_size}): "
+            # shorter is a truncation; as long or longer with other bytes before the last
+            # record read is a rewrite in place (a SQLite WAL reset, a log reused from byte 0)
+            what = "truncated" if st.st_size < max(f.size, known_end) else "rewritten in place"
+            yield Notice(f.source.path, f"{what} (was {f.size} bytes, now {st.st_size}): "
                                         "reading it from its start")
             f.last, f.stalled, f.reported = None, None, False
         f.size, f.mtime_ns = st.st_size, st.st_mtime_ns

@@ -77,6 +77,33 @@ def names_now(ops, ino: int) -> list[bytes]:
     return sorted(ops._inline(node, ops._names_now, node))
 
 
+def test_a_file_of_one_name_is_checked_in_one_statx_beneath(tmp_path):
+    """setxattr of a file known under one name (the common case) checks that name, the
+    file's inode flags and its ledger identity with one openat2+statx (_one_name_now):
+    the same identity Ownership.identity gives, and a directory of the path swapped for a
+    symlink behind the mount's back still does not make the name count (ENOENT)."""
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "f").write_bytes(b"x")
+    key = b"user.metadata.colour"
+
+    async def main():
+        async with serving(src, tmp_path / "store") as ops:
+            f = await lookup_path(ops, "d/f")
+            node = ops.table.get(f.st_ino)
+            assert ops._one_name_now(node) == ([b"d/f"], ops.ownership.identity(node))
+            await ops.setxattr(f.st_ino, key, b"blue", ROOT)
+            assert await ops.getxattr(f.st_ino, key, ROOT) == b"blue"
+            (src / "d").rename(src / "e")
+            (src / "d").symlink_to("e")
+            assert ops._one_name_now(node) is None
+            with pytest.raises(pyfuse3.FUSEError) as gone:
+                await ops.setxattr(f.st_ino, key, b"red", ROOT)
+            assert gone.value.errno == errno.ENOENT
+
+    trio.run(main)
+
+
 def test_metadata_goes_only_to_names_that_still_lead_to_the_file(tmp_path):
     """setxattr of user.metadata.* writes under every name of the file that still means it
     in SOURCE, each checked from SOURCE's fd without following a symlink: a directory of

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import json
 import os
@@ -21,7 +22,9 @@ from journalfs.formats.gvfs_journal import HEADER_SIZE
 from journalfs.metastore.fsck import check_store
 from journalfs.metastore.location import resolve_store
 from journalfs.metastore.service import MetaService
-from journalfs.metastore.store import EntryTooLarge, MetaStore, StoreLocked, journal_path_for
+from journalfs.metastore import store as store_module
+from journalfs.metastore.store import (MAPPED_APPENDS, SPACE_RECHECK_MARGIN, EntryTooLarge,
+                                      MetaStore, StoreLocked, journal_path_for)
 
 from gvfsd import GvfsSession, gvfs_module_session  # noqa: F401
 
@@ -421,6 +424,98 @@ def test_sync_none_writes_are_applied_inline_unless_the_store_is_busy_or_full(tm
     with MetaStore.open(tree, readonly=True) as reader:
         assert reader.dump() == {"/a": {"k": "1"}, "/b": {"k": "2"},
                                  **{f"/c{i}": {"k": f"{i:020}"} for i in range(100)}}
+
+
+def test_an_append_is_in_the_file_before_any_flush(tmp_path):
+    """A write returns once its entry and the count covering it are in the kernel's copy of
+    the journal (what kill -9 cannot take back): another open of the file -- a gvfs reader
+    maps it -- sees both, with no flush, rotation or close in between. Where the CPU keeps
+    one CPU's stores in order the writer copies them into its shared mapping (no syscall)."""
+    tree = tmp_path / "home"
+    with MetaStore.open(str(tree), sync="batch") as store:
+        assert store._journal_mapped_rw == MAPPED_APPENDS
+        store.set("/a", "k", "v1")
+        assert store.try_set("/b", "k", ["x", "y"]) is not None
+        assert store.durable_ticket < store.ticket == 2  # nothing flushed yet
+        with open(store.journal_path, "rb") as f:
+            assert int.from_bytes(f.read(HEADER_SIZE)[16:20], "big") == 2
+        with MetaStore.open(str(tree), readonly=True) as reader:
+            assert reader.dump() == {"/a": {"k": "v1"}, "/b": {"k": ["x", "y"]}}
+
+
+def test_a_journal_with_holes_is_made_whole_before_appends(tmp_path):
+    """A journal left sparse by another writer gets real zeros in its free part at open, so
+    no append lands on a page without a block (through a mapping, a full disk would then
+    be SIGBUS instead of ENOSPC); the entries already in it stay."""
+    tree = tmp_path / "home"
+    with MetaStore.open(str(tree), sync="none", journal_size=1 << 20) as store:
+        store.set("/a", "k", "1")
+        journal = store.journal_path
+        store._release()  # handed over as it is
+    size = os.path.getsize(journal)
+    fd = os.open(journal, os.O_RDWR)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        punch = 0x2 | 0x1  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+        if libc.fallocate(fd, punch, ctypes.c_long(65536), ctypes.c_long(size - 65536)) != 0:
+            pytest.skip(f"no hole punching here: {os.strerror(ctypes.get_errno())}")
+        if os.lseek(fd, HEADER_SIZE, os.SEEK_HOLE) != 65536:
+            pytest.skip("this filesystem does not report holes")
+        with MetaStore.open(str(tree), sync="none") as store:
+            assert os.lseek(fd, HEADER_SIZE, os.SEEK_HOLE) == size  # no hole left
+            assert os.path.getsize(journal) == size
+            store.set("/b", "k", "2")
+            assert store.dump() == {"/a": {"k": "1"}, "/b": {"k": "2"}}
+    finally:
+        os.close(fd)
+    with MetaStore.open(str(tree), readonly=True) as reader:
+        assert reader.dump() == {"/a": {"k": "1"}, "/b": {"k": "2"}}
+
+
+@pytest.mark.skipif(not MAPPED_APPENDS, reason="appends take pwrite on this CPU")
+def test_batch_appends_make_no_syscall_and_always_appends_use_pwrite(tmp_path, monkeypatch):
+    """batch/none: an append is memory copies into the mapped journal (no write call);
+    always: pwrite, whose pages cost the fdatasync that follows no ext4 journal commit."""
+    written = []
+    real = store_module.write_all
+    monkeypatch.setattr(store_module, "write_all", lambda *a: (written.append(a), real(*a)))
+    with MetaStore.open(str(tmp_path / "home"), sync="batch") as store:
+        del written[:]  # (creating the store writes its files)
+        store.set("/a", "k", "1")
+        assert store.try_set("/b", "k", "2") is not None and written == []
+        store.sync = "always"
+        store.set("/c", "k", "3")
+        assert len(written) == 2  # the entry, then the count
+        assert store.dump() == {"/a": {"k": "1"}, "/b": {"k": "2"}, "/c": {"k": "3"}}
+
+
+def test_free_space_is_asked_again_near_the_line_and_refused_below_it(tmp_path, monkeypatch):
+    """A set is refused (ENOSPC) when it would leave less than a rotation's room free. The
+    filesystem is asked on every set once the room left is within SPACE_RECHECK_MARGIN of
+    that line, and otherwise only every SPACE_RECHECK_SECONDS (set huge here)."""
+    monkeypatch.setattr(store_module, "SPACE_RECHECK_SECONDS", 3600.0)
+    asked = []
+    with MetaStore.open(str(tmp_path / "home"), sync="none") as store:
+        free = {"bytes": store.rotation_room() + SPACE_RECHECK_MARGIN // 2}
+
+        def space_left():
+            asked.append(free["bytes"])
+            return free["bytes"]
+        monkeypatch.setattr(store, "_space_left", space_left)
+        for i in range(10):
+            store.set(f"/near{i}", "k", "v")
+        assert len(asked) == 10  # near the line: every set asks
+        free["bytes"] = store.rotation_room()  # a set now would eat into a rotation's room
+        with pytest.raises(OSError) as full:
+            store.set("/over", "k", "v")
+        assert full.value.errno == errno.ENOSPC and store.refused_for_space == 1
+        store.unset("/near0", "k")  # unsets are never refused
+        free["bytes"] = 1 << 40
+        del asked[:]
+        for i in range(20):
+            store.set(f"/far{i}", "k", "v")
+        assert len(asked) == 1  # far from it: asked once, then counted down
+        assert store.get("/far19", "k") == "v" and store.get("/over", "k") is None
 
 
 # ---- where stores live ----------------------------------------------------------------------

@@ -377,3 +377,20 @@ def test_columnar_lines_equal_the_dict_path_over_many_batches(tmp_path):
             got, got_error = chunks_text(data, path)
             assert got == "".join(lines), fmt
             assert str(got_error) == str(error), fmt
+
+
+def test_several_files_keep_both_the_file_and_a_copy_records_own_source(tmp_path):
+    # a gvfs-journal `copy` record has a field named `source`; with several files every line
+    # starts with the file's `source`: the record's own is then `copy_source` (contract)
+    entries = [{"kind": "set", "mtime": 1, "path": "/a", "key": "k", "value": "v"},
+               {"kind": "copy", "mtime": 2, "path": "/b", "source": "/a"}]
+    journal = tmp_path / "home-1234abcd.log"
+    journal.write_bytes(CODECS["gvfs-journal"].write(entries, tag=0x1234abcd))
+    out = run_cli("records", str(journal), "--json")
+    single = [json.loads(line) for line in out.stdout.splitlines()]
+    assert single[1]["source"] == "/a" and "copy_source" not in single[1]
+    out = run_cli("records", str(tmp_path), "--json")  # a directory: lines name their file
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    copy = next(rec for rec in lines if rec["kind"] == "copy")
+    assert copy["source"] == str(journal) and copy["copy_source"] == "/a"
+    assert all(rec["source"] == str(journal) for rec in lines)

@@ -411,6 +411,27 @@ def test_follow_a_queue_picks_up_new_segments_and_readers(tmp_path, follow):
     assert f.quiet(0.5)
 
 
+def test_follow_says_rewritten_when_a_file_is_rewritten_in_place(tmp_path, follow):
+    w = Writer(tmp_path / "jobs.1700000000000")
+    w.start(3)
+    f = follow(str(w.path), "--json")
+    assert len(f.records(3)) == 3
+    # other records written over it from byte 0, as long as before or longer (a WAL reset):
+    # not a truncation, but read again from its start all the same
+    again = Writer(w.path, first_id=40)
+    new_bytes = again.data[:again.ends[6]]
+    assert len(new_bytes) >= w.path.stat().st_size
+    fd = os.open(w.path, os.O_WRONLY)  # no O_TRUNC: the size never goes down
+    try:
+        os.pwrite(fd, new_bytes, 0)
+    finally:
+        os.close(fd)
+    notice = f.notice()
+    assert "rewritten in place" in notice and "truncated" not in notice
+    assert str(w.path) in notice
+    assert [r["id"] for r in f.records(6)] == [40, 41, 42, 43, 44, 45]
+
+
 def test_follow_survives_truncation_and_rotation(tmp_path, follow):
     w = Writer(tmp_path / "jobs.1700000000000")
     w.start(5)

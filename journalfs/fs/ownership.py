@@ -43,7 +43,7 @@ import pyfuse3
 import trio
 
 from ..metastore.backend import MetadataBackend
-from ..metastore.ledger import file_identity, metadata_bytes
+from ..metastore.ledger import file_identity, metadata_bytes, metadata_bytes_with
 from ..metastore.location import StoreLocation
 from .inodes import InodeTable, source_handle
 
@@ -61,6 +61,8 @@ class Mount(Protocol):
     def store_path(self, rel: bytes) -> str: ...
     async def _meta_values(self, store_path: str) -> dict: ...
     async def _meta_set(self, store_path: str, key: str, value: Any) -> None: ...
+    def _meta_set_now(self, store_path: str, key: str, value: Any) -> bool: ...
+    def _meta_values_cached(self, store_path: str) -> dict | None: ...
     async def _meta_unset(self, store_path: str, key: str) -> None: ...
     async def _meta_restructure(self, fn: Callable[P, Awaitable[object]], *args: P.args,
                                 **kwargs: P.kwargs) -> None: ...
@@ -187,11 +189,13 @@ class Ownership:
         node.meta_path = (rel, sp)
         return sp
 
-    async def bind(self, node, sp: str, strict: bool = False) -> bool:
+    async def bind(self, node, sp: str, strict: bool = False,
+                   identity: tuple[tuple, int] | None = None) -> bool:
         """Make the entries at ``sp`` this node's file's; False if they must not be shown
-        (``strict``: raise why instead)."""
+        (``strict``: raise why instead). ``identity``: :meth:`identity` of ``node``, when
+        the caller just took it."""
         try:
-            ident, uid = self.identity(node)
+            ident, uid = identity if identity is not None else self.identity(node)
         except (OSError, pyfuse3.FUSEError):
             if strict:
                 raise
@@ -236,27 +240,39 @@ class Ownership:
             self.ledger.record(sp, ident, uid, metadata_bytes(values))
 
     # -- writes ----------------------------------------------------------------------------
-    async def set(self, node, names: list[bytes], key: str, value) -> None:
-        """Set ``key`` on every name of ``node``, within the quota."""
-        if self.ledger is None:
+    async def set(self, node, names: list[bytes], key: str, value,
+                  identity: tuple[tuple, int] | None = None) -> None:
+        """Set ``key`` on every name of ``node``, within the quota (``identity``: as for
+        :meth:`bind`)."""
+        ledger = self.ledger
+        if ledger is None:
             for rel in names:
                 await self.fs._meta_set(self.fs.store_path(rel), key, value)
             return
-        ident, uid = self.identity(node)
+        if identity is None:
+            identity = self.identity(node)
+        ident, uid = identity
         plans = []
+        made = node.meta_path
         for rel in names:
-            sp = self.fs.store_path(rel)
+            sp = made[1] if made is not None and made[0] is rel else self.fs.store_path(rel)
             if _parked(sp):
                 raise pyfuse3.FUSEError(errno.EPERM)
-            await self.bind(node, sp, strict=True)
-            values = dict(await self.fs._meta_values(sp))
-            values[key] = value
-            size = metadata_bytes(values)
-            self.ledger.check(sp, uid, size)
+            owner = ledger.owner(sp)
+            if owner is None or owner[0] != ident:  # (bind's own first question)
+                await self.bind(node, sp, strict=True, identity=identity)
+            if made is None and node.paths and rel is node.paths[-1]:
+                node.meta_path = made = (rel, sp)  # bound: what store_path() would note
+            values = self.fs._meta_values_cached(sp)  # (no coroutine when cached)
+            if values is None:
+                values = await self.fs._meta_values(sp)
+            size = metadata_bytes_with(values, key, value)
+            ledger.check(sp, uid, size)
             plans.append((sp, size))
         for sp, size in plans:
-            await self.fs._meta_set(sp, key, value)
-            self.ledger.record(sp, ident, uid, size)
+            if not self.fs._meta_set_now(sp, key, value):  # appended inline, or else:
+                await self.fs._meta_set(sp, key, value)
+            ledger.record(sp, ident, uid, size)
 
     async def unset(self, node, names: list[bytes], key: str) -> None:
         for rel in names:

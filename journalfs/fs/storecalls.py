@@ -52,6 +52,28 @@ class StoreCalls(MountCore):
             return await self._meta_call(self.meta.get, store_path, key)
         return (await self._meta_values(store_path)).get(key)
 
+    def _meta_values_cached(self, store_path: str) -> dict | None:
+        """:meth:`_meta_values` when the values cache holds them (None: it does not)."""
+        cache = self.meta_cache
+        return cache.get_all(store_path) if cache is not None else None
+
+    def _meta_set_now(self, store_path: str, key: str, value) -> bool:
+        """:meth:`_meta_set` on this thread if the backend can do it without a wait
+        (``MetadataBackend.set_now``): True once done, the cache kept exact; False:
+        nothing written, await :meth:`_meta_set`."""
+        try:
+            done = self.meta.set_now(store_path, key, value)
+        except Exception as exc:
+            if self.meta_cache is not None:
+                self.meta_cache.forget(store_path)
+            if isinstance(exc, OSError) and exc.errno:
+                raise pyfuse3.FUSEError(exc.errno) from None
+            log.exception("metadata set_now(%r, %r) failed", store_path, key)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        if done and self.meta_cache is not None:
+            self.meta_cache.written(store_path, key, value)
+        return done
+
     async def _meta_set(self, store_path: str, key: str, value) -> None:
         await self._meta_write(store_path, key, value, self._meta_call(self.meta.set, store_path,
                                                                        key, value))

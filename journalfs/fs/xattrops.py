@@ -13,7 +13,7 @@ from . import xattrs
 from .caller import CAP_SYS_ADMIN
 from .guards import fuse_error, guarded, guards_itself
 from .inodes import Inode, same_object, stale
-from .linuxcalls import frozen, proc_path, stat_beneath
+from .linuxcalls import frozen, proc_path, stat_beneath, statx_beneath
 from .storecalls import StoreCalls
 
 
@@ -118,9 +118,35 @@ class XattrOps(StoreCalls):
             return
         self._check_user_xattr_allowed(node)
         decoded = xattrs.decode_value(value)
-        names = await self._on(node, self._names_if_writable, node)
+        checked = self._one_name_now(node) if self.local else None
+        if checked is None:
+            names, identity = await self._on(node, self._names_if_writable, node), None
+        else:
+            names, identity = checked
         # metadata belongs to the file: every name of it, within the owner's quota
-        await self.ownership.set(node, names, key, decoded)
+        await self.ownership.set(node, names, key, decoded, identity)
+
+    def _one_name_now(self, node: Inode) -> tuple[list[bytes], tuple[tuple, int]] | None:
+        """:meth:`_names_if_writable` of a file known under one name (no hard link of it
+        seen), on this thread (local SOURCE), with the ledger's identity of it
+        (``Ownership.identity``) from the same statx: three syscalls where the general way
+        takes six. None: that way must decide (the name now means something else or
+        nothing, is too long for one call, or the kernel lacks openat2)."""
+        paths = node.paths  # (table.names_of's answer when no hard link was seen)
+        if len(paths) != 1 or node is self.table.root or node.key in self.table.links:
+            return None
+        names = [paths[0]]
+        root_fd = self.table.root.fd
+        assert root_fd is not None  # the root's fd is held for the mount's life
+        try:
+            st = statx_beneath(root_fd, names[0])
+        except OSError:
+            return None
+        if (st.dev, st.ino) != node.key or stat.S_IFMT(st.mode) != node.file_type:
+            return None
+        if st.frozen:
+            raise pyfuse3.FUSEError(errno.EPERM)
+        return names, ((st.ino, st.btime_ns), st.uid)
 
     async def _set_acl(self, node: Inode, name: bytes, value: bytes, ctx) -> None:
         """An ACL set with the caller's credentials, so that SOURCE itself decides whether

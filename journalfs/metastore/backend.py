@@ -138,6 +138,12 @@ class MetadataBackend(Protocol):
 
     async def set(self, path: str, key: str, value: Value) -> object: ...
 
+    def set_now(self, path: str, key: str, value: Value) -> bool:
+        """:meth:`set`, done on the caller's thread if that takes no wait (no lock held
+        elsewhere, no rotation, no fsync, no message): True once done -- durable as
+        :meth:`set` would make it -- False when :meth:`set` must do it (then nothing was
+        written). A bad write raises as :meth:`set` does. Backends that cannot say False."""
+
     async def unset(self, path: str, key: str) -> object: ...
 
     async def remove(self, path: str) -> object: ...

@@ -862,6 +862,9 @@ class SessionStoreBackend:
         self._announce(path)
         return result
 
+    def set_now(self, path: str, key: str, value: Value) -> bool:
+        return False  # joined: a D-Bus call; served: set() announces it
+
     async def unset(self, path: str, key: str) -> object:
         result = await self.active.unset(path, key)
         self._announce(path)

@@ -358,6 +358,9 @@ class GvfsdBackend:
     async def set(self, path: str, key: str, value: Value) -> None:
         await self.set_many(path, {key: value})
 
+    def set_now(self, path: str, key: str, value: Value) -> bool:
+        return False  # every write is a D-Bus call to gvfsd-metadata
+
     async def unset(self, path: str, key: str) -> None:
         await self.set_many(path, {key: None})
 

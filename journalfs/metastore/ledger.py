@@ -58,17 +58,32 @@ class QuotaExceeded(OSError):
     pass
 
 
+def _utf8_len(text: str) -> int:
+    """Bytes of ``text`` as stored (an ASCII str: its length, nothing encoded)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogateescape"))
+
+
+def _value_bytes(key: str, value) -> int:
+    """What one key and its value cost (see the module doc)."""
+    total = _utf8_len(key) + ENTRY_OVERHEAD
+    if isinstance(value, (list, tuple)):
+        return total + sum(_utf8_len(str(v)) + 1 for v in value)
+    return total + _utf8_len(str(value))
+
+
 def metadata_bytes(values: dict) -> int:
     """What the quota charges for one path's values (0: none)."""
     if not values:
         return 0
-    total = PATH_OVERHEAD
-    for key, value in values.items():
-        total += len(key.encode("utf-8", "surrogateescape")) + ENTRY_OVERHEAD
-        if isinstance(value, (list, tuple)):
-            total += sum(len(str(v).encode("utf-8", "surrogateescape")) + 1 for v in value)
-        else:
-            total += len(str(value).encode("utf-8", "surrogateescape"))
+    return PATH_OVERHEAD + sum(_value_bytes(k, v) for k, v in values.items())
+
+
+def metadata_bytes_with(values: dict, key: str, value) -> int:
+    """:func:`metadata_bytes` of ``values`` once ``key`` is set to ``value`` (no copy)."""
+    total = PATH_OVERHEAD + _value_bytes(key, value)
+    for k, v in values.items():
+        if k != key:
+            total += _value_bytes(k, v)
     return total
 
 
@@ -240,10 +255,20 @@ class Ledger:
         return _record(_OP_PUT, _PUT.pack(ident[0], ident[1], uid, size) + _encode(path))
 
     def flush(self) -> None:
+        """fdatasync what was appended so far, on a dup of the fd outside the lock: the
+        mount's writes (check, record) never wait for the disk."""
         with self._lock:
-            if self._dirty and self._fd >= 0:
-                os.fdatasync(self._fd)
-                self._dirty = False
+            if not self._dirty or self._fd < 0:
+                return
+            self._dirty = False  # appends from now on mark it again
+            fd = os.dup(self._fd)
+        try:
+            os.fdatasync(fd)
+        except BaseException:
+            self._dirty = True
+            raise
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         with self._lock:

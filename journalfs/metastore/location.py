@@ -14,7 +14,8 @@ class StoreLocation:
 
     def store_path(self, rel: str) -> str:
         """Mount-relative path ("/" or "/a/b") -> canonical store path."""
-        rel = "/" + "/".join(p for p in rel.split("/") if p)
+        if rel[:1] != "/" or rel[-1:] == "/" or "//" in rel:  # else canonical already
+            rel = "/" + "/".join(p for p in rel.split("/") if p)
         if not self.prefix or self.prefix == "/":
             return rel
         return self.prefix if rel == "/" else self.prefix + rel

@@ -333,6 +333,9 @@ class MirroredBackend:
         return await self.primary.get_all(path)
 
     # -- writes through the mount: both places
+    def set_now(self, path: str, key: str, value: Value) -> bool:
+        return False  # two places to write, under the gate
+
     async def set(self, path: str, key: str, value: Value) -> object:
         async with self._gate.write():
             result = await self.primary.set(path, key, value)

@@ -4,12 +4,13 @@ group commit, background flush and rotation.
 Writes (typed ops, :mod:`.backend`):
 
 * ``batch`` (default) and ``none``: a write that finds the store lock free and the journal
-  roomy is appended inline on the trio thread (``MetaStore.try_append``: one pwrite into the
-  preallocated journal, i.e. into the kernel) and acknowledged at once; kill -9 of the daemon
-  cannot lose it. Under ``batch`` a background flusher fdatasyncs the journal within
+  roomy is appended inline on the trio thread (``MetaStore.try_append``, ``set_now``: the
+  entry, then the count, copied into the writer's shared mapping of the preallocated
+  journal, i.e. into the kernel's page cache) and acknowledged at once; kill -9 of the
+  daemon cannot lose it. Under ``batch`` a background flusher fdatasyncs the journal within
   ``flush_delay`` (+ the fdatasync itself, well under 1 s) of the first unflushed write.
 * ``always``: writes are queued and applied by one commit task, everything queued while the
-  previous commit ran in ONE worker-thread call (``MetaStore.write_many``: one pwrite, one
+  previous commit ran in ONE worker-thread call (``MetaStore.write_many``: one append, one
   fdatasync), every writer of that commit woken by one event.
 * :meth:`MetaService.sync` makes every earlier acknowledged write durable (fsync, fsyncdir,
   syncfs); shutdown does too.
@@ -200,17 +201,35 @@ class MetaService:
         return self.store.needs_rotation(self.fill_threshold)
 
     # ----------------------------------------------------------------------------- writes
+    def _write_now(self, op: WriteOp) -> int | None:
+        """``op`` appended on this thread if that takes no wait (``batch``/``none``, nothing
+        queued before it, the store lock free, room in the journal): its ticket, else None."""
+        if self.store.sync == "always" or self._queued.ops:
+            return None
+        return self._applied(self.store.try_append(op))
+
+    def _applied(self, applied: tuple[int, float] | None) -> int | None:
+        """The ticket of a write the store took inline (try_append), with what follows it:
+        the background flush, and a rotation once the journal is full enough."""
+        if applied is None:
+            return None
+        ticket, fill = applied
+        self._wrote()
+        if fill >= self.fill_threshold:
+            self._rotate_wanted.set()
+        return ticket
+
+    def set_now(self, path: str, key: str, value: Value) -> bool:
+        if self.store.sync == "always" or self._queued.ops:
+            return False
+        return self._applied(self.store.try_set(path, key, value)) is not None
+
     async def write(self, op: WriteOp) -> int:
         """Apply one write; return its ticket once it is in the journal (and, under
         ``always``, fdatasynced) -- or raise what applying it raised (an OSError)."""
-        if self.store.sync != "always" and not self._queued.ops:
-            applied = self.store.try_append(op)
-            if applied is not None:
-                ticket, fill = applied
-                self._wrote()
-                if fill >= self.fill_threshold:
-                    self._rotate_wanted.set()
-                return ticket
+        ticket = self._write_now(op)
+        if ticket is not None:
+            return ticket
         commit = self._queued
         slot = len(commit.ops)
         commit.ops.append(op)

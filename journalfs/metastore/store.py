@@ -5,7 +5,8 @@ consults an in-memory index of the live journal (only when the journal holds som
 path or any REMOVE/COPY; spec "Lookup semantics") and then the mapped tree, whose directories'
 child names are decoded once into dicts (TreeView) and whose decoded node metadata is cached
 per path by get_all (bounded; valid until the tree file is replaced). Writes append one CRC'd entry per
-operation (``write_many``: many operations, one pwrite); rotation (compaction) streams the old
+operation, entry bytes then the count that covers them, as memory copies into the journal
+mapped shared (``_map_journal``; ``write_many``: many operations, one copy); rotation (compaction) streams the old
 tree + journal into a new tree file with gvfs's exact steps.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import itertools
 import logging
 import mmap
 import os
+import platform
 import secrets
 import struct
 import threading
@@ -42,6 +44,14 @@ TREE_META_CACHE = 100_000  # decoded tree metadata per path (the tree is immutab
 #: to ROTATION_BACKOFF_MAX) unless the filesystem has the room a rotation needs by then.
 ROTATION_BACKOFF = 1.0
 ROTATION_BACKOFF_MAX = 60.0
+#: Appends are memory copies into the mapped journal only where CPUs show other CPUs one
+#: CPU's stores in program order (x86's TSO), so a gvfs reader mapping the journal never
+#: sees the entry count before the entry it covers; elsewhere appends are two pwrites.
+MAPPED_APPENDS = platform.machine() in ("x86_64", "AMD64", "i386", "i686")
+#: _check_space asks the filesystem for its free space at least this often, and on every
+#: write once the room left above a rotation's needs is below the margin.
+SPACE_RECHECK_SECONDS = 0.5
+SPACE_RECHECK_MARGIN = 64 << 20
 _NOT_CACHED: Any = object()
 _U32 = struct.Struct(">I")
 _u32_from = _U32.unpack_from  # bound once: every read-only lookup checks two header fields
@@ -236,6 +246,7 @@ class MetaStore:
         self._tree_meta: dict[str, dict | None] = {}
         self._journal_fd: int | None = None
         self._journal_buf: Any = None  # mmap
+        self._journal_mapped_rw = False  # the writer appends through the mapping
         self._journal_name = ""
         self._journal_file_size = 0
         self._journal_ok = False  # header valid and tied to this tree
@@ -252,6 +263,10 @@ class MetaStore:
         self.refused_for_space = 0
         self._rotation_failed_at: float | None = None
         self._rotation_backoff = ROTATION_BACKOFF
+        # _check_space's last answer: free bytes above a rotation's room, less what was
+        # granted since; valid until the monotonic time _space_fresh_until
+        self._space_surplus = 0
+        self._space_fresh_until = 0.0
 
     # ----------------------------------------------------------------------------- opening
     @classmethod
@@ -300,6 +315,7 @@ class MetaStore:
     def _load(self) -> None:
         """Map the tree and its journal; re-check ``rotated`` after opening the journal (the
         race where a writer replaces both between our two opens)."""
+        self._space_fresh_until = 0.0  # a rotation's room depends on the files mapped
         for _ in range(20):
             self._unmap()
             if not self._store_dir.exists(self._store_dir.tree_name):
@@ -329,7 +345,7 @@ class MetaStore:
         size = st.st_size
         if size < HEADER_SIZE:
             return
-        self._journal_buf = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        self._journal_buf = self._map_journal(fd, size)
         try:
             header = parse_header(self._journal_buf, self.journal_path)
         except FormatError as exc:
@@ -340,6 +356,57 @@ class MetaStore:
         self._journal_ok = True
         self._journal_file_size = min(header.file_size, size)
         self._index_new_entries()
+        if self._journal_mapped_rw:
+            self._journal_mapped_rw = self._fill_holes(fd, self._index.next_offset,
+                                                       self._journal_file_size)
+
+    def _map_journal(self, fd: int, size: int) -> mmap.mmap:
+        """The journal mapped for reading, and for a writer also for writing: an append is
+        then two memory copies (entry, then count) into the page cache, where gvfs's own
+        writer puts them too -- no syscall. The page cache is the kernel's: kill -9 of the
+        daemon loses nothing copied there, and fdatasync writes mapped pages as any others.
+        A writable shared mapping dies with SIGBUS if the file shrinks under it; only the
+        store's own user can do that (files.py: the directory and its files are ours
+        alone). Where no writable mapping can be made, appends take pwrite, as on CPUs
+        that may show other CPUs the count before the entry (see MAPPED_APPENDS), and
+        under ``--sync always``: a page dirtied through a mapping makes ext4 commit its
+        journal at the next fdatasync (page_mkwrite joins the running transaction), one
+        written with pwrite does not -- an fdatasync per write took 4x longer mapped."""
+        self._journal_mapped_rw = False
+        if not self.readonly and MAPPED_APPENDS:
+            try:
+                buf = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
+                self._journal_mapped_rw = True
+                return buf
+            except OSError as exc:
+                log.info("metadata store %s: journal not mappable for writing (%s): "
+                         "appends use pwrite", self.tree_path, exc)
+        return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+
+    def _fill_holes(self, fd: int, start: int, end: int) -> bool:
+        """Make the journal's free part [start, end) allocated data (zeros) where it is a
+        hole: a store on a full disk must make a mapped write fail as ENOSPC of this call,
+        never SIGBUS at the first store into a page without a block. Our own journals are
+        written whole (_swap_in); another writer's may be sparse. False: keep to pwrite."""
+        pos = start
+        try:
+            while pos < end:
+                hole = os.lseek(fd, pos, os.SEEK_HOLE)
+                if hole >= end:
+                    break
+                try:
+                    data = min(os.lseek(fd, hole, os.SEEK_DATA), end)
+                except OSError as exc:
+                    if exc.errno != errno.ENXIO:  # ENXIO: no data after the hole
+                        raise
+                    data = end
+                write_all(fd, bytes(data - hole), hole)
+                pos = data
+        except OSError as exc:
+            log.warning("metadata store %s: journal has holes that cannot be filled (%s): "
+                        "appends use pwrite", self.tree_path, exc)
+            return False
+        return True
 
     def _index_new_entries(self) -> None:
         """Validate entries the header counts beyond those already indexed."""
@@ -573,7 +640,7 @@ class MetaStore:
             if source is not None:
                 rec["source"] = source
             entries.append((entry, rec, len(entry)))
-        total = sum(size for _, _, size in entries)
+        total = entries[0][2] if len(entries) == 1 else sum(size for _, _, size in entries)
         if total > self.journal_size - HEADER_SIZE:
             raise EntryTooLarge(f"metadata entry of {total} bytes can never fit a journal of "
                                 f"{self.journal_size} bytes")
@@ -594,14 +661,29 @@ class MetaStore:
 
     def _check_space(self, grow: int) -> None:
         """ENOSPC unless ``grow`` more bytes of metadata still leave room for a rotation
-        above root's reserve."""
-        if self._space_left() < self.rotation_room() + grow:
+        above root's reserve. The filesystem is asked (fstatvfs) when the last answer is
+        older than SPACE_RECHECK_SECONDS or what this store granted since brings the room
+        left within SPACE_RECHECK_MARGIN of the line: an append into the preallocated
+        journal takes no space itself, so a figure that old misjudges only what someone
+        else wrote meanwhile, and a rotation that then lacks the room fails as it would
+        have anyway, leaving the old tree and journal in use."""
+        now = time.monotonic()
+        surplus = self._space_surplus - grow
+        if now >= self._space_fresh_until or surplus < SPACE_RECHECK_MARGIN:
+            surplus = self._space_left() - self.rotation_room() - grow
+            self._space_fresh_until = now + SPACE_RECHECK_SECONDS
+        if surplus < 0:
+            self._space_fresh_until = 0.0  # ask again next time: space may come back
             self.refused_for_space += 1
             raise OSError(errno.ENOSPC, f"metadata store {self.tree_path}: its filesystem "
                           "lacks the room a rotation needs above root's reserve")
+        self._space_surplus = surplus
 
     @staticmethod
     def _grows(entries) -> int:
+        if len(entries) == 1:  # (no generator for the common write)
+            _, rec, size = entries[0]
+            return size if rec["kind"] in ("set", "setv") else 0
         return sum(size for _, rec, size in entries if rec["kind"] in ("set", "setv"))
 
     def _room(self, total: int) -> bool:
@@ -630,21 +712,35 @@ class MetaStore:
         """Append one write only if that costs no wait for the store lock (a rotation may
         hold it), no rotation and no fsync: returns (ticket, journal fill) -- or None, and the
         caller queues the write instead. A bad write raises. This lets an event loop apply
-        ``batch`` and ``none`` writes inline: a pwrite into the preallocated journal."""
+        ``batch`` and ``none`` writes inline: memory copies into the mapped, preallocated
+        journal (see _map_journal)."""
         if self.sync == "always":
             return None
+        return self._try_append_ops(self._ops(op))
+
+    def try_set(self, path: str, key: str, value: Value) -> tuple[int, float] | None:
+        """``try_append(SetOp(path, key, value))`` (the mount's setxattr), minus the op."""
+        if self.sync == "always":
+            return None
+        return self._try_append_ops(self._set_ops(path, key, value))
+
+    def _try_append_ops(self, ops: tuple) -> tuple[int, float] | None:
         self._check_writable()
-        entries = self._encode(self._ops(op), int(time.time()))
+        entries = self._encode(ops, int(time.time()))
         if not self._lock.acquire(blocking=False):
             return None
         try:
+            if len(entries) == 1:
+                total = entries[0][2]
+            else:
+                total = sum(size for _, _, size in entries)
             grow = self._grows(entries)
             if grow:
                 self._check_space(grow)
-            if not self._room(sum(size for _, _, size in entries)):
+            if not self._room(total):
                 return None
             ticket = self._write_entries(entries, fsync=False)
-            return ticket, self.fill()
+            return ticket, self._fill_locked()
         finally:
             self._lock.release()
 
@@ -652,7 +748,7 @@ class MetaStore:
         """Many writes as few journal appends; returns per write its ticket or the exception
         it raised (a bad write fails alone; when the journal is full and cannot be rotated --
         a full disk -- that OSError is the answer of every write not yet appended, and those
-        appended keep their tickets). Writes are appended in order, as many per pwrite as fit;
+        appended keep their tickets). Writes are appended in order, as many per append as fit;
         ``durable`` fdatasyncs once at the end."""
         self._check_writable()
         mtime = int(time.time())
@@ -719,11 +815,7 @@ class MetaStore:
         """The journal ops (kind, path, key, value, source) of one write, validated, paths
         canonical."""
         if type(op) is SetOp:
-            self._check_key(op.key)
-            value = op.value
-            if isinstance(value, (list, tuple)):
-                return (("setv", canonical(op.path), op.key, [str(v) for v in value], None),)
-            return (("set", canonical(op.path), op.key, str(value), None),)
+            return self._set_ops(op.path, op.key, op.value)
         if type(op) is UnsetOp:
             self._check_key(op.key)
             return (("unset", canonical(op.path), op.key, None, None),)
@@ -736,13 +828,28 @@ class MetaStore:
             return ("copy", dst, None, None, src), ("remove", src, None, None, None)
         raise TypeError(f"not a metadata write: {op!r}")
 
+    def _set_ops(self, path: str, key: str, value: Value) -> tuple[tuple, ...]:
+        """:meth:`_ops` of ``SetOp(path, key, value)``."""
+        self._check_key(key)
+        if isinstance(value, (list, tuple)):
+            return (("setv", canonical(path), key, [str(v) for v in value], None),)
+        return (("set", canonical(path), key, str(value), None),)
+
     def _write_entries(self, entries: list, fsync: bool = True) -> int:
-        """Entry bytes first, then the count that covers them; the index learns of them only
-        once both writes went through, so a failed write leaves nothing counted."""
+        """Entry bytes first, then the count that covers them (gvfs readers stop at the
+        count); the index learns of them only once both writes went through, so a failed
+        write leaves nothing counted."""
         fd = self._journal_fd
         assert fd is not None  # only a writer writes, and a writer's journal is open
-        write_all(fd, b"".join(e for e, _, _ in entries), self._index.next_offset)
-        write_all(fd, _U32.pack(self._index.count + len(entries)), 16)
+        index = self._index
+        data = entries[0][0] if len(entries) == 1 else b"".join(e for e, _, _ in entries)
+        if self._journal_mapped_rw and self.sync != "always":  # (see _map_journal)
+            start = index.next_offset
+            self._journal_buf[start:start + len(data)] = data
+            _U32.pack_into(self._journal_buf, 16, index.count + len(entries))
+        else:
+            write_all(fd, data, index.next_offset)
+            write_all(fd, _U32.pack(index.count + len(entries)), 16)
         for _, rec, size in entries:
             self._index.add(rec, size)
         self._ticket += len(entries)
@@ -798,9 +905,12 @@ class MetaStore:
     # ----------------------------------------------------------------------------- rotation
     def fill(self) -> float:
         with self._lock:
-            if not self._journal_ok or not self._journal_file_size:
-                return 1.0 if not self.readonly else 0.0
-            return (self._index.next_offset - HEADER_SIZE) / (self._journal_file_size - HEADER_SIZE)
+            return self._fill_locked()
+
+    def _fill_locked(self) -> float:
+        if not self._journal_ok or not self._journal_file_size:
+            return 1.0 if not self.readonly else 0.0
+        return (self._index.next_offset - HEADER_SIZE) / (self._journal_file_size - HEADER_SIZE)
 
     def needs_rotation(self, threshold: float = 0.75) -> bool:
         with self._lock:
