@@ -78,6 +78,8 @@ HANDLERS = ("lookup", "getattr", "getxattr", "setxattr", "listxattr", "opendir",
             "releasedir", "open", "release", "forget", "flush")
 #: the metadata backend's methods timed as "store"
 STORE_METHODS = ("get", "get_all", "set", "unset", "remove", "move", "copy", "sync")
+#: the backend's methods called without awaiting (setxattr's inline append), also "store"
+STORE_SYNC_METHODS = ("set_now",)
 
 
 # ---------------------------------------------------------------- the instrumented daemon
@@ -135,6 +137,19 @@ def serve_instrumented(counters_path: Path, argv: list[str]) -> int:
                 state["in_store"] = False
         return call
 
+    def timed_store_now(fn):
+        def call(*args, **kwargs):
+            if state["handler"] is None or state["in_store"]:
+                return fn(*args, **kwargs)
+            state["in_store"] = True
+            start = wall_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                state["store"] += wall_ns() - start
+                state["in_store"] = False
+        return call
+
     def timed_syscall(fn):
         def call(*args, **kwargs):
             if state["handler"] is None or state["in_store"] or \
@@ -166,6 +181,9 @@ def serve_instrumented(counters_path: Path, argv: list[str]) -> int:
         for method in STORE_METHODS:
             if hasattr(ops.meta, method):
                 setattr(ops.meta, method, timed_store(getattr(ops.meta, method)))
+        for method in STORE_SYNC_METHODS:
+            if hasattr(ops.meta, method):
+                setattr(ops.meta, method, timed_store_now(getattr(ops.meta, method)))
         return ops
     fs_main.assemble = assemble_timed
 
