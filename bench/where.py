@@ -16,7 +16,11 @@ are printed to show it):
   lookup     os.stat(name, dir_fd=...) of known names at -o timeout=0: LOOKUP (+ GETATTR)
   ls-l-cold  `ls -l` of the files right after mounting: READDIRPLUS, and GETXATTR of
              security.selinux and the ACL of every entry (SOURCE's own attributes)
-  getfattr-R `getfattr -R -d -m '^user\.'` of the files: LISTXATTR + GETXATTR per file
+  ls-l-warm  the second `ls -l` of the files: READDIRPLUS, GETXATTR of security.selinux
+  getfattr-R `getfattr -R -d -m '^user\.'` of the files, each given user.metadata.bench
+             first: LISTXATTR + GETXATTR per file
+  readdir    after a stat of every file, 5 listings (os.listdir): READDIRPLUS
+The "wall ms" column is how long the measured part took (one command, or --seconds).
 
 Two passes per round and target, in a rotating order (interleaved rounds: a shared machine's
 slow phases spread over every target; figures are medians of the rounds):
@@ -68,7 +72,8 @@ XATTR = "user.metadata.bench"
 OPCODES = {"LOOKUP": 1, "GETATTR": 3, "SETXATTR": 21, "GETXATTR": 22, "LISTXATTR": 23,
            "READDIRPLUS": 44}
 TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK")
-ROWS = ("getxattr", "setxattr", "stat-cold", "getattr", "lookup", "ls-l-cold", "getfattr-R")
+ROWS = ("getxattr", "setxattr", "stat-cold", "getattr", "lookup", "ls-l-cold", "ls-l-warm",
+        "getfattr-R", "readdir")
 #: the os functions whose calls from a handler count as its syscalls
 SYSCALLS = ("fstat", "stat", "lstat", "open", "close", "getxattr", "setxattr", "listxattr",
             "removexattr", "pwrite", "write", "pread", "read", "fsync", "fdatasync", "lseek",
@@ -389,6 +394,17 @@ def workload(row: str, t: Daemon, files: list[str], seconds: float):
         return (lambda: None), (lambda: subprocess.run(["ls", "-l", str(t.root / "files")],
                                                        check=True, stdout=subprocess.DEVNULL)), \
             (lambda: None)
+    if row == "ls-l-warm":
+        def ls_l():
+            subprocess.run(["ls", "-l", str(t.root / "files")], check=True,
+                           stdout=subprocess.DEVNULL)
+        return ls_l, ls_l, (lambda: None)
+    if row == "readdir":  # as bench/fuse.py's row: after a stat of every file, 5 listings
+        def stat_all():
+            for p in paths:
+                os.stat(p)
+        return stat_all, (lambda: [os.listdir(t.root / "files") for _ in range(5)]), \
+            (lambda: None)
     if row == "getfattr-R":
         def setup():
             for p in paths:
@@ -432,10 +448,12 @@ def measure(t: Daemon, row: str, files: list[str], seconds: float) -> dict:
         setup, run, teardown = workload(row, t, files, seconds)
         setup()
         before = t.snapshot()
+        started = time.perf_counter()
         run()
+        elapsed = time.perf_counter() - started
         after = t.snapshot()
         teardown()
-        return delta(before, after)
+        return delta(before, after) | {"run_s": elapsed}
     finally:
         t.unmount()
 
@@ -449,6 +467,7 @@ def summarize(samples: list[dict]) -> dict:
            "total_us": statistics.median(per(d, d["cpu_ns"]) for d in samples),
            "main_us": statistics.median(per(d, d["main_ns"]) for d in samples),
            "kernel_us": statistics.median(per(d, d["system_ns"]) for d in samples),
+           "run_ms": statistics.median(d["run_s"] for d in samples) * 1e3,
            "spread_total_us": [min(per(d, d["cpu_ns"]) for d in samples),
                                max(per(d, d["cpu_ns"]) for d in samples)]}
     out["other_threads_us"] = out["total_us"] - out["main_us"]
@@ -550,8 +569,8 @@ def print_table(report: dict) -> None:
     print(f"CPU µs per request, medians of {report['meta']['rounds']} interleaved rounds "
           f"({report['meta']['cpus']} CPUs, load {report['meta']['loadavg_end'][0]:.1f})")
     print(f"| row | target | total | main thread | of it kernel | pyfuse3 + trio + interpreter "
-          f"| handler | handler syscalls | store | other threads | requests |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          f"| handler | handler syscalls | store | other threads | requests | wall ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row, targets in report["rows"].items():
         for label, s in targets.items():
             t = s.get("timers")
@@ -566,7 +585,8 @@ def print_table(report: dict) -> None:
             ops = ", ".join(f"{op} {n:.0f}" for op, n in s["ops"].items() if n)
             print(f"| {row} | {label} | {s['total_us']:.1f} ({s['spread_total_us'][0]:.1f}.."
                   f"{s['spread_total_us'][1]:.1f}) | {s['main_us']:.1f} | {s['kernel_us']:.1f} | "
-                  f"{parts} | {s['other_threads_us']:.1f} | {s['requests']:.0f} ({ops}) |")
+                  f"{parts} | {s['other_threads_us']:.1f} | {s['requests']:.0f} ({ops}) | "
+                  f"{s['run_ms']:.0f} |")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import pyfuse3
 import pytest
 import trio
 
-from fastops import ROOT, lookup_path, serving
+from fastops import ROOT, ReplyBuffer, lookup_path, serving
 
 pytestmark = pytest.mark.fast
 
@@ -177,3 +177,49 @@ async def _error(call) -> int:
     except pyfuse3.FUSEError as exc:
         return exc.errno
     raise AssertionError("the call succeeded")
+
+
+async def _entries(ops, inode: int) -> dict[bytes, pyfuse3.EntryAttributes]:
+    """What one listing of directory ``inode`` sends per name (without . and ..)."""
+    fh = await ops.opendir(inode, ROOT)
+    replies = ReplyBuffer()
+    try:
+        while True:
+            before = len(replies)
+            await ops.readdir(fh, replies[-1][2] if replies else 0, replies)
+            if len(replies) == before:
+                break
+    finally:
+        await ops.releasedir(fh)
+    return {name: attrs for name, attrs, _next in replies if name not in (b".", b"..")}
+
+
+def test_listed_by_name_only_just_while_the_kernel_caches_the_acl(source):
+    # `ls -l` asks each entry's ACL, which the kernel caches until a READDIRPLUS entry with
+    # attributes drops it: such an inode goes by name only. Any other inode the kernel holds
+    # goes with its attributes, which replace ones it invalidated (its ctime after a
+    # setxattr: without them `getfattr -R` costs a GETATTR per file).
+    async def scenario(ops):
+        d = await lookup_path(ops, "dir")
+        a = await ops.lookup(d.st_ino, b"a.txt", ROOT)
+        b = await ops.lookup(d.st_ino, b"b.txt", ROOT)
+        node_a, node_b = ops.table.by_ino[a.st_ino], ops.table.by_ino[b.st_ino]
+
+        def with_attributes(sent, node):
+            return sent is node.reply[2] and sent.st_ino == node.ino
+
+        first = await _entries(ops, d.st_ino)
+        assert with_attributes(first[b"a.txt"], node_a)
+        assert with_attributes(first[b"b.txt"], node_b)
+        assert await _error(ops.getxattr(a.st_ino, b"system.posix_acl_access", ROOT)) \
+            == errno.ENODATA  # `ls -l`: the kernel now caches "no ACL"
+        for _ in range(2):  # and keeps it: a.txt goes by name only, with its inode number
+            again = await _entries(ops, d.st_ino)
+            assert not with_attributes(again[b"a.txt"], node_a)
+            assert with_attributes(again[b"b.txt"], node_b)
+        lookups_a = node_a.lookups
+        # an entry with attributes drops the kernel's ACL: counted, and sent so once only
+        node_a.acl_cached = False
+        assert with_attributes((await _entries(ops, d.st_ino))[b"a.txt"], node_a)
+        assert node_a.lookups == lookups_a + 1 and not node_a.acl_cached
+    run(source, scenario)

@@ -119,9 +119,11 @@ class DirectoryOps(StoreCalls):
         # listings of a kept listing), found through the listing's rows, so a repeated
         # listing costs a few identity checks and the reply.
         # A name whose inode the kernel holds already, with attributes that are current or
-        # invalidated (``plain``: every change has reached it), goes by name only: the kernel
-        # then neither updates that inode nor drops its cached ACLs (which `ls -l` would ask
-        # for again), and counts no lookup.
+        # invalidated (``plain``: every change has reached it) and with its ACL cached, goes
+        # by name only: the kernel then keeps that ACL (which `ls -l` would ask for again:
+        # a request). Any other entry carries its attributes, as they are now: they replace
+        # ones the kernel invalidated (after a setxattr, a write), which the next stat would
+        # ask for (a GETATTR per file in `getfattr -R` after setting metadata).
         by_ino, reply, file_type = self.table.by_ino, pyfuse3.readdir_reply, stat.S_IFMT
         plain_attrs, plain_ino = (plain.attrs, plain.ino) if plain is not None else (None, None)
         plain_type = plain_attrs.st_mode if plain is not None else 0  # as the last call left it
@@ -133,7 +135,7 @@ class DirectoryOps(StoreCalls):
         for i, (name, st, entry) in enumerate(entries[start:start + READDIR_MAX], start + first):
             if entry is not None and entry[0] is st and by_ino.get(entry[1].ino) is entry[1]:
                 child, attrs = entry[1], entry[2]
-                if plain_attrs is not None and child.lookups:
+                if plain_attrs is not None and child.lookups and child.acl_cached:
                     if file_type(st.st_mode) != plain_type:  # the entry's type
                         plain_type = plain_attrs.st_mode = file_type(st.st_mode)
                     plain_ino.value = child.ino
@@ -152,6 +154,7 @@ class DirectoryOps(StoreCalls):
                 self.table.drop_if_unused(child)
                 return
             child.lookups += 1
+            child.acl_cached = False  # the kernel dropped its cached ACL with these attributes
 
     @guarded
     async def releasedir(self, fh):

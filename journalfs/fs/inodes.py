@@ -141,6 +141,10 @@ class Inode:
     # (stat, timeout, EntryAttributes) of the last reply built for it: reused while equal
     reply: tuple | None = None
     meta_path: tuple | None = None  # (path, its store path): see Ownership.store_path
+    # The kernel asked for its ACL (which it then caches: enable_acl) since a READDIRPLUS
+    # entry last carried its attributes (such an entry drops that cache): readdir sends it
+    # by name only then, else with attributes (dirops.py)
+    acl_cached: bool = False
 
     def open_handle(self, fh: int) -> None:
         if self.handles:

@@ -16,6 +16,9 @@ from .inodes import Inode, same_object, stale
 from .linuxcalls import frozen, proc_path, stat_beneath, statx_beneath
 from .storecalls import StoreCalls
 
+#: The POSIX ACLs' attribute names: the kernel caches what getxattr answers for them.
+ACL_PREFIX = b"system.posix_acl_"
+
 
 class XattrOps(StoreCalls):
     """getxattr, setxattr, removexattr, listxattr."""
@@ -78,6 +81,8 @@ class XattrOps(StoreCalls):
                             return xattrs.encode_value(value)
                 elif node.fd is not None and not node.transient and self.local and \
                         not name.startswith(xattrs.METADATA_PREFIX):
+                    if name.startswith(ACL_PREFIX):
+                        node.acl_cached = True  # answer or ENODATA: the kernel keeps either
                     return self._native_getxattr(node.fd, name)
             return await self._getxattr(inode, name)
         except Exception as exc:
@@ -89,6 +94,8 @@ class XattrOps(StoreCalls):
         node = self.table.get(inode)
         key = xattrs.metadata_key(name)
         if key is None:
+            if bytes(name).startswith(ACL_PREFIX):
+                node.acl_cached = True
             return await self._on(node, self._native_getxattr, name)
         store_path = await self.ownership.store_path(node)
         if store_path is None:  # unlinked: its metadata went with its last name
