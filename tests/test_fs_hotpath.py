@@ -223,3 +223,26 @@ def test_listed_by_name_only_just_while_the_kernel_caches_the_acl(source):
         assert with_attributes((await _entries(ops, d.st_ino))[b"a.txt"], node_a)
         assert node_a.lookups == lookups_a + 1 and not node_a.acl_cached
     run(source, scenario)
+
+
+def test_native_getxattr_of_a_listed_inode_never_yields(source):
+    # `ls -l` asks security.selinux of every entry right after READDIRPLUS made its inode:
+    # the inode has no fd yet; the first getxattr opens it (checked: the same object) inline
+    async def scenario(ops):
+        d = await lookup_path(ops, "dir")
+        await _entries(ops, d.st_ino)
+        node = ops.table.by_path[b"dir/a.txt"]
+        assert node.fd is None and node.lookups == 1
+        os.setxattr(source / "dir" / "a.txt", "user.colour", b"red")
+        def general(*args):
+            raise AssertionError("took the general path")
+        for name in ("_getxattr", "_on"):
+            setattr(ops, name, general)
+        assert at_once(ops.getxattr(node.ino, b"user.colour", ROOT)) == b"red"
+        assert node.fd is not None
+        # a name that now means another object: ESTALE, never the other object's attributes
+        other = ops.table.by_path[b"dir/b.txt"]
+        os.rename(source / "dir" / "a.txt", source / "dir" / "b.txt")
+        assert other.fd is None
+        assert error_at_once(ops.getxattr(other.ino, b"user.colour", ROOT)) == errno.ESTALE
+    run(source, scenario)

@@ -61,9 +61,10 @@ class XattrOps(StoreCalls):
     @guards_itself
     async def getxattr(self, inode, name, ctx=None):
         # A cached user.metadata.* value of a known inode is a few dict lookups, and any
-        # other attribute of a known inode with its fd kept on local SOURCE one syscall (ls
-        # -l asks security.selinux and the ACL of every entry), with no call that could
-        # yield (tests/test_fs_hotpath.py); anything else takes _getxattr.
+        # other attribute of a known inode on local SOURCE one syscall (ls -l asks
+        # security.selinux and the ACL of every entry; the first also opens the inode's fd
+        # if a listing made it), with no call that could yield (tests/test_fs_hotpath.py);
+        # anything else takes _getxattr.
         try:
             node = self.table.by_ino.get(inode)
             if node is not None:
@@ -79,11 +80,16 @@ class XattrOps(StoreCalls):
                             if value is None:
                                 raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
                             return xattrs.encode_value(value)
-                elif node.fd is not None and not node.transient and self.local and \
+                elif self.local and not node.transient and \
                         not name.startswith(xattrs.METADATA_PREFIX):
                     if name.startswith(ACL_PREFIX):
                         node.acl_cached = True  # answer or ENODATA: the kernel keeps either
-                    return self._native_getxattr(node.fd, name)
+                    fd = node.fd
+                    if fd is not None:
+                        return self._native_getxattr(fd, name)
+                    # the first for an inode known from a listing (`ls -l`): its fd is
+                    # opened, checked and kept here, with no coroutine layers
+                    return self._inline(node, self._native_getxattr, name)
             return await self._getxattr(inode, name)
         except Exception as exc:
             raise fuse_error(exc, "getxattr") from None
