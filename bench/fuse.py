@@ -3,6 +3,7 @@ passthrough, the baseline for "what FUSE costs") and on journalfs, in one interl
 
     sudo .venv/bin/python bench/fuse.py [--rounds 3] [--files 10000] [--big-mib 1024]
                                         [--workdir DIR] [--only native,bindfs,journalfs,floor]
+                                        [--view-records 200000] [--view-ls-l-records 20000]
                                         [--json FILE]
 
 Every round measures every target once, in a rotating order, so slow phases of a busy
@@ -20,11 +21,19 @@ load on a shared machine; CPU per request does not.
 `floor` is a minimal pyfuse3 filesystem (this file, --serve-floor) answering lookup, getattr,
 readdir and the xattr calls from dicts, and serving file data, creation and renames outside
 its dicts as a bare passthrough (one syscall per request, no checks): pyfuse3's own cost per
-request (its `cat` rows read the plain files that hold the record files' bytes). It runs every
-row but the staleness row, and the CPU rows,
-which journalfs also runs with
-`-o timeout=0` (so every stat is a request). Its rate beside bindfs's (`floor/bindfs`) is
-the bound pyfuse3 itself puts on a row.
+request (its `cat` rows read the plain files that hold the record files' bytes, its view rows
+list the same-size directory bindfs lists). It runs every row but the staleness row and the
+first listing of a view (the output says which and why). The CPU rows, which journalfs also
+runs with `-o timeout=0` (so every stat is a request), it runs too. Its rate beside bindfs's
+(`floor/bindfs`) is the bound pyfuse3 itself puts on a row; `jfs/floor` (rate) and
+`jfs/floor CPU` (daemon CPU per request) are what journalfs adds on top of it.
+
+View rows (`--view-records N`, 0 for none; `--view-ls-l-records M`; `--view-rows-only`):
+`ls -U`, `ls -f` (N) and `ls -l` (M) of the view of a Wallaby index journal of N (M)
+records, `.journalfs/records/view-N.idx` (its records and records.jsonl), on journalfs;
+of a real directory of as many empty files named like the records on the others. "cold" is
+the first listing after a fresh mount with dropped caches, "warm" the same again; the first
+listing of all (the journal indexed into the new store) is its own row.
 
 `--cpu-rows-only` runs just the CPU rows (plus fsetxattr) on the FUSE targets, and
 `--tree NAME=DIR` adds journalfs from another checkout as target `journalfs-NAME`, so two
@@ -190,6 +199,8 @@ class Target:
         self.proc: subprocess.Popen | None = None
         self.counter: RequestCounter | None = None
         self.readdirs: RequestCounter | None = None
+        self.floor_dirs: tuple[str, ...] = FLOOR_DIRS  # what the floor serves (view rows: more)
+        self.indexed: set[int] = set()  # view rows: journals of this many records indexed
 
     @property
     def fuse(self) -> bool:
@@ -209,7 +220,8 @@ class Target:
             return ["bindfs", "-f", *opts, str(self.src), str(self.mnt)]
         if self.name == "floor":
             return [sys.executable, __file__, "--serve-floor", str(self.src), str(self.mnt),
-                    "--floor-timeout", str(120 if timeout is None else timeout)]
+                    "--floor-timeout", str(120 if timeout is None else timeout),
+                    "--floor-dirs", ",".join(self.floor_dirs)]
         opts = [] if timeout is None else ["-o", f"timeout={timeout}"]
         return [sys.executable, "-m", "journalfs.cli", "mount", "--foreground", str(self.src),
                 str(self.mnt), "--store", str(self.store), *self.extra, *opts,
@@ -225,7 +237,9 @@ class Target:
         # a PYTHONPATH given to the bench comes first: it can measure another tree's journalfs
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             filter(None, [self.tree and str(self.tree), os.environ.get("PYTHONPATH"), str(REPO)])))
-        self.proc = subprocess.Popen(self.command(sync, timeout), env=env,
+        # cwd "/": `python -m` puts its working directory first on sys.path, which from a
+        # checkout would run that checkout's journalfs for every --tree target
+        self.proc = subprocess.Popen(self.command(sync, timeout), env=env, cwd="/",
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 30
         while not os.path.ismount(self.mnt):
@@ -265,7 +279,7 @@ class Target:
         return cpu_ns(self.proc.pid), self.counter.count(), self.readdirs.count()
 
     def record_files(self) -> list[str]:
-        if self.name == "journalfs":
+        if self.name.startswith("journalfs"):
             folder = self.root / ".journalfs" / "records" / "logs" / "bench.log"
             names = sorted(n for n in os.listdir(folder) if n[:8].isdigit())
         else:
@@ -525,8 +539,10 @@ class Recorder:
                 row.cpu_us.setdefault(t.name, []).append((after[0] - before[0]) / requests / 1e3)
             if readdir_entries:
                 calls = after[2] - before[2]
-                if calls:
-                    row.note[t.name] = f"{readdir_entries / calls:.0f} entries per READDIR(PLUS) reply"
+                if calls:  # and every request per listed entry (ls -l: stats, getxattrs)
+                    row.note[t.name] = (f"{readdir_entries / calls:.0f} entries per "
+                                        f"READDIR(PLUS) reply, {requests / readdir_entries:.2f} "
+                                        f"requests per entry")
         print(f"  {t.name:10s} {workload:34s} {fmt(value):>10s} {unit}"
               + (f"  ({requests} req)" if t.fuse else ""), file=sys.stderr, flush=True)
         return value
@@ -559,6 +575,9 @@ def run_round(t: Target, rec: Recorder, args, work: Path) -> None:
         if t.fuse:
             run_cpu_rows(t, rec, files, with_setxattr=True)
         return
+    if args.view_rows_only:
+        view_rows(t, rec, args)
+        return
     if t.name == "floor":
         run_floor_rows(t, rec, files, args, work)
         return
@@ -577,6 +596,8 @@ def run_round(t: Target, rec: Recorder, args, work: Path) -> None:
     m(t, "staleness after a SOURCE change", "ms", staleness, t, better="lower")
     data_rows(t, rec, args)
     cat_rows(t, rec, work)
+    if args.view_records:
+        view_rows(t, rec, args)
     if t.fuse:
         run_cpu_rows(t, rec, files)
     t.unmount()
@@ -625,8 +646,89 @@ def run_floor_rows(t: Target, rec: Recorder, files: list[str], args, work: Path)
     m(t, "getfattr -R, 5,005 files", "files/s", getfattr_tree, t)
     data_rows(t, rec, args)
     cat_rows(t, rec, work)
+    if args.view_records:
+        view_rows(t, rec, args)
     run_cpu_rows(t, rec, files)
     t.unmount()
+
+
+# ---------------------------------------------------------------- journal view listings
+
+#: The view rows' commands: `ls -U` (names, unsorted), `ls -f` (the same, with . and ..,
+#: no stat even for colours) and `ls -l` (a stat and two getxattrs of every entry: ACL and
+#: SELinux label).
+VIEW_COMMANDS = {"ls -U": ["ls", "-U"], "ls -f": ["ls", "-f"], "ls -l": ["ls", "-l"]}
+
+
+def view_journal(count: int) -> str:
+    """SOURCE's Wallaby index journal of ``count`` records (24 bytes each) for the view rows."""
+    return f"view-{count}.idx"
+
+
+def view_dir(count: int) -> str:
+    """SOURCE's real directory of ``count`` empty files named like that journal's records."""
+    return f"view-dir-{count}"
+
+
+def build_view_source(src: Path, counts: set[int]) -> None:
+    """The view rows' journals and same-size directories (reruns reuse them)."""
+    sys.path.insert(0, str(REPO))
+    from journalfs.formats.wallaby import big_index
+    for count in counts:
+        journal = src / view_journal(count)
+        if not journal.exists() or journal.stat().st_size != 16 + 24 * count:
+            journal.write_bytes(big_index(count))
+        _fill(src / view_dir(count), count, lambda d, i: os.close(
+            os.open(d / f"{i:08d}.index", os.O_CREAT | os.O_WRONLY, 0o644)))
+
+
+def view_folder(t: Target, count: int) -> tuple[Path, int]:
+    """What target ``t`` lists for the view rows and how many entries that is: journalfs the
+    journal's view (its records and records.jsonl), the others the real directory."""
+    if t.name.startswith("journalfs"):
+        return t.root / ".journalfs" / "records" / view_journal(count), count + 1
+    return t.root / view_dir(count), count
+
+
+def list_view(command: list[str], folder: Path, expected: int) -> float:
+    """Entries per second of one listing by ``command`` (C), checked complete."""
+    start = time.perf_counter()
+    out = subprocess.run([*command, str(folder)], check=True, capture_output=True).stdout
+    elapsed = time.perf_counter() - start
+    lines = out.splitlines()[1 if command[-1] == "-l" else 0:]  # -l: "total" first
+    # . and .. (ls -f) as far as the filesystem lists them (bindfs does, pyfuse3 ones not)
+    listed = len(lines) - lines.count(b".") - lines.count(b"..")
+    if listed != expected:
+        raise RuntimeError(f"{' '.join(command)} listed {listed} of {expected} entries")
+    return listed / elapsed
+
+
+def view_rows(t: Target, rec: Recorder, args) -> None:
+    """`ls -U`, `ls -f` and `ls -l` of a journal view (journalfs) beside a real directory of
+    as many files (the others): the first listing after a fresh mount with dropped caches
+    ("cold"), then the same again ("warm")."""
+    sizes = {"ls -U": args.view_records, "ls -f": args.view_records,
+             "ls -l": args.view_ls_l_records}
+    if t.name == "floor":
+        t.floor_dirs = FLOOR_DIRS + tuple(view_dir(n) for n in set(sizes.values()))
+    try:
+        if t.name.startswith("journalfs"):  # the store is new: the first listing indexes
+            for count in sorted(set(sizes.values()) - t.indexed):
+                t.mount()
+                folder, expected = view_folder(t, count)
+                rec.measure(t, f"view ls -U, {count:,} records, first (indexes)", "entries/s",
+                            list_view, VIEW_COMMANDS["ls -U"], folder, expected)
+                t.indexed.add(count)
+        for label, count in sizes.items():
+            t.mount()
+            folder, expected = view_folder(t, count)
+            for phase in ("cold", "warm"):
+                rec.measure(t, f"view {label}, {count:,} records, {phase}", "entries/s",
+                            list_view, VIEW_COMMANDS[label], folder, expected,
+                            readdir_entries=expected)
+    finally:
+        t.floor_dirs = FLOOR_DIRS
+        t.unmount()
 
 
 #: Files each CPU row goes through (--cpu-files): longer rows average out a busy machine.
@@ -673,14 +775,56 @@ def ratio(row: Row, a: str, b: str) -> float | None:
     return va / vb if row.better == "higher" else vb / va
 
 
+#: Rows the floor does not run (by a part of their name), and why; any other row it
+#: lacks failed (see the row's note).
+FLOOR_CANNOT = {
+    "staleness after a SOURCE change": "the floor answers from dicts built at start-up and "
+    "never looks at SOURCE again: there is no staleness of its own to measure",
+    ", first (indexes)": "the first listing of a view indexes its journal; the floor has no "
+    "journal to index (it lists the real directory, as bindfs does, in the other view rows)",
+}
+
+
+def short(name: str) -> str:
+    return name.replace("journalfs", "jfs", 1)
+
+
+def cpu_ratio(row: Row, a: str, b: str) -> float | None:
+    """Daemon CPU per request of ``a`` ÷ that of ``b`` (medians)."""
+    ca, cb = row.cpu_us.get(a), row.cpu_us.get(b)
+    if not ca or not cb:
+        return None
+    return statistics.median(ca) / statistics.median(cb)
+
+
+def floor_missing(rec: Recorder, names: list[str]) -> dict[str, str]:
+    """Rows some journalfs ran that the floor did not, with the reason."""
+    if "floor" not in names:
+        return {}
+    out = {}
+    for r in rec.rows.values():
+        if r.values.get("floor") or not any(r.values.get(n) for n in names
+                                            if n.startswith("journalfs")):
+            continue
+        out[r.workload] = next((why for part, why in FLOOR_CANNOT.items()
+                                if part in r.workload), None) \
+            or r.note.get("floor") or "not run"
+    return out
+
+
 def report(rec: Recorder, names: list[str], meta: dict) -> dict:
     fuse = [n for n in names if n != "native"]
-    pairs = [("journalfs", "bindfs"), ("journalfs", "native")]
-    if "floor" in names:  # what pyfuse3 itself reaches on the rows the floor can serve
-        pairs += [("floor", "bindfs"), ("journalfs", "floor")]
-    head = ["workload", "unit", *names, *(f"{a[:3]}/{b}" if a == "journalfs" else f"{a}/{b}"
-                                          for a, b in pairs),
-            *(f"{n} µs/req" for n in fuse)]
+    mine = [n for n in names if n.startswith("journalfs")]
+    # journalfs (and every --tree) against bindfs and, beside it, against the floor: what
+    # pyfuse3 itself reaches on the row; then the floor against bindfs
+    pairs = [(n, b) for n in mine for b in ("bindfs", "floor") if b in names]
+    if "journalfs" in names and "native" in names:
+        pairs.append(("journalfs", "native"))
+    if "floor" in names and "bindfs" in names:
+        pairs.append(("floor", "bindfs"))
+    cpu_pairs = [(n, "floor") for n in mine if "floor" in names]
+    head = ["workload", "unit", *names, *(f"{short(a)}/{b}" for a, b in pairs),
+            *(f"{n} µs/req" for n in fuse), *(f"{short(a)}/{b} CPU" for a, b in cpu_pairs)]
     rows = []
     for r in rec.rows.values():
         cells = [r.workload, r.unit]
@@ -698,6 +842,9 @@ def report(rec: Recorder, names: list[str], meta: dict) -> dict:
         for n in fuse:
             c = r.cpu_us.get(n)
             cells.append(f"{statistics.median(c):.1f}" if c else "-")
+        for a, b in cpu_pairs:
+            q = cpu_ratio(r, a, b)
+            cells.append(f"{q:.2f}" if q else "-")
         rows.append(cells)
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     line = lambda cells: " | ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
@@ -705,27 +852,28 @@ def report(rec: Recorder, names: list[str], meta: dict) -> dict:
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for row in rows:
         print("| " + line(row) + " |")
-    for r in rec.rows.values():
-        for n in (n for n in names if n.startswith("journalfs")):
-            if r.cpu_us.get(n) and r.cpu_us.get("floor"):
-                jfs, floor = (statistics.median(r.cpu_us[k]) for k in (n, "floor"))
-                print(f"- {r.workload}: {n} CPU per request = {jfs / floor:.2f} x the "
-                      f"pyfuse3 floor ({jfs:.1f} vs {floor:.1f} µs)")
+    if cpu_pairs:
+        print("- x/floor: rate ÷ the floor's (higher is better); x/floor CPU: daemon CPU per "
+              "request ÷ the floor's (lower is better)")
+    missing = floor_missing(rec, names)
+    for workload, why in missing.items():
+        print(f"- the floor does not run \"{workload}\": {why}")
     notes = [(r.workload, n, text) for r in rec.rows.values() for n, text in r.note.items()]
     for workload, n, text in notes:
         print(f"- {workload}, {n}: {text}")
-    blob = {**meta, "results": [
+    blob = {**meta, "floor_not_run": missing, "results": [
         {"workload": r.workload, "unit": r.unit, "better": r.better,
          "values": {n: summary(v) for n, v in r.values.items()},
          "cpu_us_per_request": {n: summary(v) for n, v in r.cpu_us.items()},
          "requests": r.requests, "notes": r.note,
          "ratio_journalfs_bindfs": ratio(r, "journalfs", "bindfs"),
+         "ratio_journalfs_floor": ratio(r, "journalfs", "floor"),
          "ratio_journalfs_native": ratio(r, "journalfs", "native"),
          "ratio_floor_bindfs": ratio(r, "floor", "bindfs"),
-         "ratio_journalfs_floor_cpu": (statistics.median(r.cpu_us["journalfs"])
-                                       / statistics.median(r.cpu_us["floor"])
-                                       if r.cpu_us.get("journalfs") and r.cpu_us.get("floor")
-                                       else None)}
+         "ratio_journalfs_floor_cpu": cpu_ratio(r, "journalfs", "floor"),
+         # every pair of the table, --tree targets included ("journalfs-main/floor": ...)
+         "ratios": {f"{a}/{b}": ratio(r, a, b) for a, b in pairs},
+         "cpu_ratios": {f"{a}/{b}": cpu_ratio(r, a, b) for a, b in cpu_pairs}}
         for r in rec.rows.values()]}
     print(json.dumps(blob, indent=1))
     return blob
@@ -737,9 +885,11 @@ def report(rec: Recorder, names: list[str], meta: dict) -> dict:
 FLOOR_DIRS = ("files", "ls2000", "tree5005")
 
 
-def serve_floor(src: Path, mnt: Path, timeout: float, dir_blksize: int | None = None) -> None:
-    """A pyfuse3 filesystem answering from dicts built at start: the directories
-    ``FLOOR_DIRS`` of SOURCE with every entry's stat, and xattrs kept in a dict (every file
+def serve_floor(src: Path, mnt: Path, timeout: float, dir_blksize: int | None = None,
+                dirs: tuple[str, ...] = FLOOR_DIRS) -> None:
+    """A pyfuse3 filesystem answering from dicts built at start: the directories ``dirs``
+    (``FLOOR_DIRS``, and the view rows' directories for those) of SOURCE with every entry's
+    stat, and xattrs kept in a dict (every file
     starts with ``user.metadata.bench``). What pyfuse3 itself costs per request."""
     import pyfuse3
     import trio
@@ -772,7 +922,7 @@ def serve_floor(src: Path, mnt: Path, timeout: float, dir_blksize: int | None = 
 
     entry(pyfuse3.ROOT_INODE, os.lstat(src))
     names[pyfuse3.ROOT_INODE] = []
-    for top in FLOOR_DIRS:
+    for top in dirs:
         if (src / top).is_dir():
             ino = next(numbers)
             entry(ino, os.lstat(src / top))
@@ -986,9 +1136,17 @@ def main() -> int:
                     help="also run journalfs from another checkout DIR as target "
                          "journalfs-NAME (repeatable; add it to --only), e.g. to compare "
                          "branches in one run: --tree main=/work/main --only journalfs,journalfs-main")
+    ap.add_argument("--view-records", type=int, default=200_000,
+                    help="the view rows list a journal view of this many records beside a "
+                         "directory of as many files (0: no view rows)")
+    ap.add_argument("--view-ls-l-records", type=int, default=20_000,
+                    help="records of the view (and files of the directory) `ls -l` lists")
+    ap.add_argument("--view-rows-only", action="store_true",
+                    help="only the view rows (and only their part of SOURCE is built)")
     ap.add_argument("--serve-floor", nargs=2, metavar=("SRC", "MNT"), help=argparse.SUPPRESS)
     ap.add_argument("--floor-timeout", type=float, default=120, help=argparse.SUPPRESS)
     ap.add_argument("--floor-dir-blksize", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--floor-dirs", default=",".join(FLOOR_DIRS), help=argparse.SUPPRESS)
     ap.add_argument("--readdir-experiment", action="store_true",
                     help="only measure READDIRPLUS entries per reply against the listing "
                          "directory's st_blksize (floor filesystem, os.listdir and ls)")
@@ -999,15 +1157,17 @@ def main() -> int:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     if args.serve_floor:
         serve_floor(Path(args.serve_floor[0]), Path(args.serve_floor[1]), args.floor_timeout,
-                    args.floor_dir_blksize)
+                    args.floor_dir_blksize, tuple(filter(None, args.floor_dirs.split(","))))
         return 0
 
     work = args.workdir.resolve()
     src = work / "src"
-    if args.cpu_rows_only:
+    if args.cpu_rows_only or args.view_rows_only:
         _fill(src / "files", args.files, lambda d, i: (d / f"f{i:05d}").write_bytes(b"x" * 100))
     else:
         build_source(src, args.files, args.big_mib)
+    if args.view_records and not args.cpu_rows_only:
+        build_view_source(src, {args.view_records, args.view_ls_l_records})
     store = work / "store"
     shutil.rmtree(store, ignore_errors=True)
     store.mkdir(parents=True)
@@ -1035,6 +1195,7 @@ def main() -> int:
 
     def meta(rounds_done: int) -> dict:
         return {"files": args.files, "big_mib": args.big_mib, "create": args.create,
+                "view_records": args.view_records, "view_ls_l_records": args.view_ls_l_records,
                 "rounds": args.rounds, "rounds_done": rounds_done,
                 "journalfs_args": args.journalfs_arg, "cpus": os.cpu_count(),
                 "kernel": os.uname().release, "loadavg_end": os.getloadavg(),

@@ -19,6 +19,11 @@ DEFAULT_TIMEOUT = 120.0
 #: round trip, than the kernel's default.
 DEFAULT_READAHEAD_KIB = 1024
 
+#: The kernel's writeback cache (-o writeback_cache, -o no_writeback_cache): writes gather in
+#: the mount's page cache and reach the daemon in large requests at writeback, close or
+#: fsync; the kernel then owns the size and mtime of regular files (README, "FUSE").
+DEFAULT_WRITEBACK_CACHE = False
+
 #: --sync of a metadata store: the one definition (see metastore.store.MetaStore).
 SYNC_MODES = ("always", "batch", "none")
 

@@ -5,6 +5,7 @@ import ctypes
 import errno
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -518,3 +519,88 @@ def test_inode_fds_beyond_the_budget_are_opened_per_request(tmp_path):
     table.hold(nodes[3])
     table.unhold(nodes[3])
     assert nodes[3].fd is None
+
+
+def _wait_for(check, seconds: float = 10.0) -> bool:
+    """Whether ``check()`` comes true within ``seconds`` (the watcher's invalidation is
+    asynchronous; this waits for the mechanism, it times nothing)."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="acts as another user: needs root")
+def test_writeback_cache_option(tmp_path):
+    """-o writeback_cache: the kernel gathers writes in its page cache. It then reads pages
+    of files opened write-only (to fill a partly written page) and places O_APPEND writes
+    itself, so the daemon opens them read-write, without O_APPEND; a user still gets exactly
+    what SOURCE allows. A file changed in SOURCE behind the mount shows its new size once
+    closed (the kernel keeps its own size of a file it caches: the watcher drops its entry)."""
+    from users import ensure_user, reachable_dir
+    user = ensure_user("jfs-test")
+    with reachable_dir("jfs-wb-") as base:
+        src, mnt = base / "src", base / "mnt"
+        src.mkdir(mode=0o755)
+        (src / "wo.txt").write_bytes(b"0123456789")
+        (src / "wo.txt").chmod(0o622)  # others may write, not read
+        with mounted(src, mnt, "--store", str(base / "store"),
+                     "-o", "allow_other,writeback_cache") as m:
+            status = json.loads((mnt / ".journalfs" / "status.json").read_text())
+            assert status["options"]["writeback_cache"] is True
+            script = (f"import os\nfd = os.open({str(mnt / 'wo.txt')!r}, os.O_WRONLY)\n"
+                      "os.pwrite(fd, b'ab', 3)\nos.close(fd)\n"
+                      f"try:\n    open({str(mnt / 'wo.txt')!r}, 'rb')\n"
+                      "except PermissionError:\n    print('EACCES')\n")
+            done = subprocess.run(["setpriv", f"--reuid={user.pw_uid}",
+                                   f"--regid={user.pw_gid}", "--init-groups", "--reset-env",
+                                   "/usr/bin/python3", "-c", script],
+                                  capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.strip() == "EACCES"  # the daemon's read-write fd is its own
+            assert (src / "wo.txt").read_bytes() == b"012ab56789"
+
+            for part in (b"one ", b"two"):
+                with open(mnt / "log.txt", "ab") as f:
+                    f.write(part)
+            with open(mnt / "log.txt", "ab") as f:
+                os.pwrite(f.fileno(), b"!", 0)  # O_APPEND: at the end whatever the offset
+            assert (src / "log.txt").read_bytes() == b"one two!"
+
+            (mnt / "grown.txt").write_bytes(b"hello")
+            with open(src / "grown.txt", "ab") as f:  # behind the mount's back
+                f.write(b" world")
+            assert _wait_for(lambda: os.stat(mnt / "grown.txt").st_size == 11)
+            assert (mnt / "grown.txt").read_bytes() == b"hello world"
+            assert m.process.poll() is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="acts as another user: needs root")
+def test_posix_acls_are_enforced_by_the_kernel(tmp_path):
+    """enable_acl: the kernel checks SOURCE's POSIX ACLs (not only the mode bits) for every
+    user, with the same outcome as on SOURCE itself: an ACL entry grants a read the mode
+    alone denies, and denies one the mode alone grants."""
+    if not shutil.which("setfacl"):
+        pytest.skip("setfacl not installed (acl)")
+    from users import ensure_user, reachable_dir
+    user = ensure_user("jfs-test")
+    with reachable_dir("jfs-acl-") as base:
+        src, mnt = base / "src", base / "mnt"
+        src.mkdir(mode=0o755)
+        for name, mode, acl in (("granted", 0o600, "r"), ("denied", 0o644, "-")):
+            (src / name).write_text(name)
+            (src / name).chmod(mode)
+            subprocess.run(["setfacl", "-m", f"u:{user.pw_name}:{acl}", str(src / name)],
+                           check=True)
+        script = ("import sys\nfor p in sys.argv[1:]:\n    try:\n        open(p).read()\n"
+                  "        print('ok')\n    except PermissionError:\n        print('EACCES')\n")
+        with mounted(src, mnt, "--store", str(base / "store"), "-o", "allow_other"):
+            done = subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}",
+                                   "--init-groups", "--reset-env", "/usr/bin/python3", "-c",
+                                   script, *(str(d / n) for d in (src, mnt)
+                                             for n in ("granted", "denied"))],
+                                  capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["ok", "EACCES", "ok", "EACCES"]

@@ -364,3 +364,20 @@ def test_entry_blocks_equal_entries_replied_one_by_one(records_corpus):
             assert len(block) == len(names)
         checked += 1
     assert checked >= 9
+
+
+def test_big_views_are_listed_by_name_only_and_smaller_ones_with_sizes():
+    """From NAMES_ONLY_RECORDS records a view's entries carry no attributes (no kernel inode
+    per record); below, exact sizes (so `ls --color` and `ls -l` look nothing up)."""
+    from types import SimpleNamespace
+
+    from journalfs.fs import direntries
+    from journalfs.fs.dirlist import NameOnlyEntry
+    from journalfs.fs.viewlisting import NAMES_ONLY_RECORDS, ViewListing
+    from journalfs.fs.viewnodes import BLOCKS, FULL, JournalListing
+
+    assert NameOnlyEntry.available and direntries.available  # else test_fs_cstructs fails too
+    mode = stat.S_IFREG | 0o444
+    for count, way in ((NAMES_ONLY_RECORDS - 1, FULL), (NAMES_ONLY_RECORDS, BLOCKS)):
+        assert ViewListing._listing_way(JournalListing(None), SimpleNamespace(count=count),
+                                        mode) == way

@@ -452,7 +452,7 @@ SYSTEM_PYTHON = "/usr/bin/python3"  # the venv's interpreter lives under /root, 
 
 # Runs as the test user: performs each [name, op, path] and prints {name: result | ERRNAME}.
 _USER_SCRIPT = r"""
-import errno, json, os, sys
+import errno, json, os, sys, time
 def run(op, path):
     if op == "list":
         return sorted(os.listdir(path))
@@ -461,6 +461,19 @@ def run(op, path):
             return len(f.read())
     if op == "stat":
         return oct(os.stat(path).st_mode)
+    if op.startswith("chmod-"):
+        return os.chmod(path, int(op[6:], 8))
+    if op in ("stat_within_5s", "gone_within_5s"):  # a change seen by the mount's watcher
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                mode = oct(os.stat(path).st_mode)
+                if op == "stat_within_5s" or time.monotonic() > deadline:
+                    return mode
+            except FileNotFoundError:
+                if op == "gone_within_5s" or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.01)
     raise ValueError(op)
 out = {}
 for name, op, path in json.load(sys.stdin):
@@ -577,6 +590,56 @@ def test_views_carry_source_permissions(shared_base, records_corpus):
         time.sleep(1.5)
         assert isinstance(as_view_user(user, [("s", "read", rec / "secret.jrnl" / first)])["s"],
                           int)
+
+
+def test_view_lookups_kept_per_caller(shared_base, records_corpus):
+    """`ls -l` of a view walks its journal directory (entry timeout 0: who sees it depends on
+    who asks) once per entry, so lookups under records/ are answered from memory for a
+    moment: per caller, never one caller's answer for another, and a change to SOURCE seen
+    by the mount is seen through the views."""
+    user = view_user()
+    src, mnt = journals_source(shared_base, records_corpus / "db0.jrnl", {"mine.jrnl": 0o200})
+    os.chown(src / "mine.jrnl", user.pw_uid, user.pw_gid)  # its owner may not read it yet
+    with mounted(src, mnt, "--store", str(shared_base / "store"), "-o", "allow_other,timeout=1"):
+        view = mnt / ".journalfs" / "records" / "mine.jrnl"
+        for _ in range(3):
+            assert stat.S_ISDIR(os.stat(view).st_mode)  # root sees it, and keeps the answer
+        seen = as_view_user(user, [
+            ("hidden", "stat", view), ("hidden_again", "stat", view),
+            ("chmod", "chmod-0600", mnt / "mine.jrnl"),   # through the mount
+            ("shown", "stat_within_5s", view), ("shown_again", "stat", view),
+            ("unchmod", "chmod-0200", mnt / "mine.jrnl")])
+        assert seen == {"hidden": "ENOENT", "hidden_again": "ENOENT", "chmod": None,
+                        "shown": oct(stat.S_IFDIR | 0o500), "shown_again": oct(stat.S_IFDIR | 0o500),
+                        "unchmod": None}
+        assert stat.S_ISDIR(os.stat(view).st_mode)  # root still sees it
+        assert "mine.jrnl" not in as_view_user(user, [("records", "list", view.parent)])["records"]
+
+
+def test_view_names_kept_by_the_kernel_only_when_every_caller_sees_them(shared_base,
+                                                                       records_corpus):
+    """A journal readable by everyone (r for owner, group and others, no ACL) keeps its
+    view's name in the kernel's cache (so `ls -l` of the view does not look the journal up
+    once per entry); any other journal is looked up by every caller every time: root's
+    lookup never shows it to another user, and a chmod in SOURCE takes the kept name away."""
+    if not shutil.which("setfacl"):
+        pytest.skip("setfacl not installed (acl)")
+    user = view_user()
+    src, mnt = journals_source(shared_base, records_corpus / "db0.jrnl", {
+        "public.jrnl": 0o644, "group.jrnl": 0o640, "acl.jrnl": 0o644})
+    subprocess.run(["setfacl", "-m", f"u:{user.pw_name}:---", str(src / "acl.jrnl")], check=True)
+    with mounted(src, mnt, "--store", str(shared_base / "store"), "-o", "allow_other"):
+        rec = mnt / ".journalfs" / "records"
+        for name in ("public.jrnl", "group.jrnl", "acl.jrnl"):
+            for _ in range(3):  # root's lookups, and the kernel keeps what it may
+                assert stat.S_ISDIR(os.stat(rec / name).st_mode)
+        seen = as_view_user(user, [(n, "stat", rec / n) for n in
+                                   ("public.jrnl", "group.jrnl", "acl.jrnl")])
+        assert seen == {"public.jrnl": oct(stat.S_IFDIR | 0o555), "group.jrnl": "ENOENT",
+                        "acl.jrnl": "ENOENT"}
+        (src / "public.jrnl").chmod(0o600)  # behind the mount: the watcher tells it
+        seen = as_view_user(user, [("public", "gone_within_5s", rec / "public.jrnl")])
+        assert seen == {"public": "ENOENT"}
 
 
 def test_views_carry_source_acls(shared_base, records_corpus):

@@ -1,7 +1,9 @@
 """pjdfstest, the POSIX filesystem test suite, run whole inside a journalfs mount.
 
 journalfs is mounted as root with ``-o allow_other`` (the suite switches to uids 65534 and
-65533) and default options otherwise, over a fresh SOURCE; the suite runs with ``prove -r
+65533) and default options otherwise, over a fresh SOURCE, and once more with the kernel's
+writeback cache (``-o writeback_cache``: the kernel then reads pages of write-only files,
+places O_APPEND writes and keeps size and times itself); the suite runs with ``prove -r
 -j2`` from a 0755 subdirectory of the mount. Any failed subtest fails the test, listing every
 failed file with its subtest numbers and first diagnostics. The build is cached (see
 tests/pjdfstest_build.py); the first run builds it (~10 s). The suite is not in the repository:
@@ -30,12 +32,14 @@ def public_dir():
 
 
 @pytest.mark.timeout(1800)
-def test_pjdfstest_passes_in_the_mount(public_dir):
+@pytest.mark.parametrize("options", ["allow_other", "allow_other,writeback_cache"],
+                         ids=["default", "writeback_cache"])
+def test_pjdfstest_passes_in_the_mount(public_dir, options):
     suites.require("pjdfstest", TARBALL_NAME)  # third-party: skips with how to get it
     build()  # before mounting: a build error is then not mistaken for a mount problem
     source, mnt = public_dir / "source", public_dir / "mnt"
     source.mkdir(mode=0o755)
-    with mounted(source, mnt, "-o", "allow_other") as m:
+    with mounted(source, mnt, "-o", options) as m:
         work = mnt / "work"
         work.mkdir()
         work.chmod(0o755)

@@ -99,6 +99,10 @@ def test_remount_ro_and_rw_flip_the_kernel_and_the_daemon(tmp_path):
         other = journalfs("mount", "-o", f"remount,store={tmp_path}", mnt)
         assert other.returncode == 2 and "'store' cannot change on remount" in other.stderr
         assert journalfs("mount", "-o", "remount,frobnicate", mnt).returncode == 2
+        # the writeback cache is asked for in the kernel's INIT: fixed too
+        assert journalfs("mount", "-o", "remount,no_writeback_cache", mnt).returncode == 0
+        cached = journalfs("mount", "-o", "remount,writeback_cache", mnt)
+        assert cached.returncode == 2 and "'writeback_cache' cannot change" in cached.stderr
 
         # read-only, a setting cannot reach the daemon: said so, nothing changes
         assert journalfs("mount", "-o", "remount,ro", mnt).returncode == 0

@@ -40,6 +40,9 @@ Mount options (-o; also in /etc/fstab lines of type fuse.journalfs):
   timeout=SECONDS              kernel cache of names and attributes (default %(timeout)s;
                                also entry_timeout=, attr_timeout=)
   readahead=KIB                kernel readahead (as root; default %(readahead)s, 0: the kernel's)
+  writeback_cache              the kernel's writeback cache (default off): faster small
+                               writes, but SOURCE changes to a file open through the
+                               mount stay unseen until it is closed (no_writeback_cache)
   fsname=NAME                  the source column of mount(8) and df (default: SOURCE)
   quota_file=SIZE, quota_user=SIZE, quota_total=SIZE
                                metadata quota: one file's, one uid's, everyone's

@@ -19,6 +19,26 @@ from .mountcore import HANDLE_BASE, Handle
 from .storecalls import StoreCalls
 
 
+def writeback_flags(flags: int) -> int:
+    """The flags the daemon opens a file with under the kernel's writeback cache: the kernel
+    reads pages of files opened write-only (to fill a partly written page), so O_WRONLY is
+    opened O_RDWR (the kernel has already checked the caller's permission for what the
+    caller asked; the caller's fd stays write-only), and the kernel itself places O_APPEND
+    writes at its own idea of the end (an O_APPEND fd would move them)."""
+    if flags & os.O_ACCMODE == os.O_WRONLY:
+        flags = flags & ~os.O_ACCMODE | os.O_RDWR
+    return flags & ~os.O_APPEND
+
+
+def _reopened(fd: int, flags: int) -> int:
+    """``fd``'s inode opened again by the daemon with ``flags`` (closing ``fd``)."""
+    flags &= ~(os.O_CREAT | os.O_EXCL | os.O_TRUNC | os.O_NOFOLLOW)
+    try:
+        return os.open(proc_path(fd), flags)
+    finally:
+        os.close(fd)
+
+
 class FileOps(StoreCalls):
     """open, create, read, write, flush, fsync, release."""
 
@@ -33,6 +53,7 @@ class FileOps(StoreCalls):
         node = self.table.get(inode)
         changes = node.changes
         uid = ctx.uid if ctx is not None else 0
+        writeback = self.enable_writeback_cache and node.file_type == stat.S_IFREG
         path_fd = self.table.hold(node)
         try:
             fd = st = None
@@ -40,11 +61,12 @@ class FileOps(StoreCalls):
                 # Linux answers EWOULDBLOCK instead of waiting for a lease break (started
                 # now): only then does this open need a thread, of its user's share
                 try:
-                    fd, st = self._reopen(path_fd, node, flags, nonblocking=True)
+                    fd, st = self._reopen(path_fd, node, flags, writeback, nonblocking=True)
                 except BlockingIOError:
                     pass
             if fd is None:  # FIFOs/devices may block: only this user's requests wait
-                fd, st = await self.workers.run(uid, self._reopen, path_fd, node, flags)
+                fd, st = await self.workers.run(uid, self._reopen, path_fd, node, flags,
+                                                writeback)
         finally:
             self.table.unhold(node)
         if flags & os.O_TRUNC:
@@ -67,16 +89,27 @@ class FileOps(StoreCalls):
         return fh
 
     @staticmethod
-    def _reopen(path_fd: int, node: Inode, flags: int,
+    def _reopen(path_fd: int, node: Inode, flags: int, writeback: bool = False,
                 nonblocking: bool = False) -> tuple[int, os.stat_result]:
-        """A real fd of ``node``'s object, opened with ``flags``; ``nonblocking``: with
+        """A real fd of ``node``'s object, opened with ``flags`` (``writeback``: as the
+        kernel's writeback cache needs, see writeback_flags); ``nonblocking``: with
         O_NONBLOCK added (BlockingIOError where the open would wait for a lease break),
         then cleared again unless the caller asked for it."""
         # O_DIRECT is the kernel's business: its requests reach us in unaligned buffers
         flags = (flags & ~(os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_DIRECT)) | os.O_CLOEXEC
         if nonblocking and flags & os.O_NONBLOCK:
             nonblocking = False  # the caller's own flag: kept
-        fd = os.open(proc_path(path_fd), flags | os.O_NONBLOCK if nonblocking else flags)
+        extra = os.O_NONBLOCK if nonblocking else 0
+        wanted = writeback_flags(flags) if writeback else flags
+        try:
+            fd = os.open(proc_path(path_fd), wanted | extra)
+        except PermissionError:
+            if wanted == flags:
+                raise
+            # an append-only file (chattr +a) opens for writing with O_APPEND only
+            fd = os.open(proc_path(path_fd), flags | extra)
+            wanted = flags
+        flags = wanted
         try:
             if nonblocking:
                 fcntl.fcntl(fd, fcntl.F_SETFL, flags)
@@ -99,7 +132,18 @@ class FileOps(StoreCalls):
     def _create(self, parent: Inode, name: bytes, mode: int, flags: int, ctx):
         dir_fd = self.table.fd(parent)
         flags = (flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC) & ~(os.O_NOCTTY | os.O_DIRECT)
-        fd = self.caller.run(ctx, functools.partial(os.open, name, flags, mode, dir_fd=dir_fd))
+        asked = flags
+        if self.enable_writeback_cache:
+            flags = writeback_flags(flags)
+        try:
+            fd = self.caller.run(ctx, functools.partial(os.open, name, flags, mode, dir_fd=dir_fd))
+        except PermissionError:
+            if flags == asked:
+                raise
+            # the name existed already (made in SOURCE meanwhile) and the caller may only
+            # write it: the caller's own open, then the daemon's readable one of that inode
+            fd = self.caller.run(ctx, functools.partial(os.open, name, asked, mode, dir_fd=dir_fd))
+            fd = _reopened(fd, flags)
         try:
             path_fd = os.open(proc_path(fd), os.O_PATH | os.O_CLOEXEC)
             return fd, path_fd, os.fstat(fd)
@@ -143,24 +187,18 @@ class FileOps(StoreCalls):
         handle = self._handle(fh)
         handle.written = True
         node = handle.node
-        changes, st = node.changes, None
         uid, gid = handle.writer
         try:
             handle.own_writes += 1
             # as the writer: root's reserved blocks and quotas apply to them as on SOURCE
             if self.local:
-                written, st = self.caller.as_user(uid, gid, self._write, handle.fd, buf, off)
-            else:
-                written, st = await self._handle_call(
-                    handle, lambda fd: self.caller.as_user(uid, gid, self._write, fd, buf, off))
-            return written
+                return self.caller.as_user(uid, gid, os.pwrite, handle.fd, buf, off)
+            return await self._handle_call(
+                handle, lambda fd: self.caller.as_user(uid, gid, os.pwrite, fd, buf, off))
         finally:
-            self._attrs_changed(node, st, changes)
-
-    @staticmethod
-    def _write(fd: int, buf: bytes, off: int) -> tuple[int, os.stat_result]:
-        """pwrite, and the attributes the kernel will ask for next (it drops its own)."""
-        return os.pwrite(fd, buf, off), os.fstat(fd)
+            # the kernel drops its attributes of the file; they are fstat-ed when it asks
+            # (a stream of writes asks for none in between)
+            self._attrs_changed(node)
 
     @guarded
     async def flush(self, fh):

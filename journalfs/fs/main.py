@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable
 # should start fast. Each such late import says so.
 
 from ..escaping import EscapingFormatter
-from ..options import DEFAULT_READAHEAD_KIB, DEFAULT_TIMEOUT, QUOTA_DEFAULTS, SYNC_MODES, parse_size
+from ..options import DEFAULT_READAHEAD_KIB, DEFAULT_TIMEOUT, DEFAULT_WRITEBACK_CACHE, QUOTA_DEFAULTS, SYNC_MODES, parse_size
 from .settings import OptionError, RuntimeSettings, parse_timeout
 
 if TYPE_CHECKING:  # annotations only (see above)
@@ -95,7 +95,6 @@ REFUSED_OPTIONS = {
     "noforget": "a high-level libfuse option",
     "remember": "a high-level libfuse option",
     "intr": "a high-level libfuse option; journalfs requests are not interruptible",
-    "writeback_cache": "journalfs writes through to SOURCE (metadata must follow each write)",
     "large_read": "a FUSE 2 option with no effect on Linux 2.6 and later",
     "big_writes": "a FUSE 2 option; large writes are always on",
     "max_read": "pyfuse3 does not hand max_read to the kernel's INIT reply, so libfuse "
@@ -131,6 +130,9 @@ class MountConfig:
     fsname: str | None = None
     timeout: float = DEFAULT_TIMEOUT
     readahead: int = DEFAULT_READAHEAD_KIB
+    #: the kernel's writeback cache (-o writeback_cache / no_writeback_cache): see
+    #: DEFAULT_WRITEBACK_CACHE
+    writeback_cache: bool = DEFAULT_WRITEBACK_CACHE
     log_file: str | None = None
     #: the metadata quota's options given (quota_file, quota_user, quota_total), in bytes
     quotas: dict[str, int] = field(default_factory=dict)
@@ -185,6 +187,8 @@ class MountConfig:
                 self.quotas[name] = parse_size(value)
             except ValueError as exc:
                 raise OptionError(f"{name}: {exc}") from None
+        elif opt in ("writeback_cache", "no_writeback_cache"):
+            self.writeback_cache = opt == "writeback_cache"
         elif opt == "gvfs":
             self.gvfs = True
         elif opt == "exclusive_store":
@@ -210,6 +214,7 @@ class MountConfig:
                 "default_permissions": True, "ro": self.ro, "debug": self.debug,
                 "fsname": self.fs_name, "entry_timeout": self.timeout,
                 "attr_timeout": self.timeout, "readahead_kib": self.readahead,
+                "writeback_cache": self.writeback_cache,
                 "mount_flags": list(self.flags), "log": self.log,
                 "quota": {**QUOTA_DEFAULTS, **self.quotas}}
 
@@ -693,6 +698,8 @@ def assemble(config: MountConfig, meta: MetadataBackend, location: StoreLocation
                                cache_cap=SNAPSHOT_TTL)
     ops = JournalFS(source, meta, location, timeout=config.timeout, options=config.summary(),
                     settings=settings)
+    ops.enable_writeback_cache = config.writeback_cache  # asked for in pyfuse3's fuse_init
+    ops.watch.kernel_owns_sizes = config.writeback_cache
     ops.ownership.set_quota(config.quotas)
     ops.views.control = Control(settings, trace=lambda on: trace_requests(ops, on))
     return ops

@@ -45,6 +45,7 @@ __all__ = ["JournalFS", "SNAPSHOT_TTL"]
 class JournalFS(NodeOps, NamespaceOps, DirectoryOps, FileOps, XattrOps):
     """SOURCE passthrough + ``user.metadata.*`` xattrs backed by a metadata service."""
 
+    # -o writeback_cache sets it per mount (fs/main.py assemble; README "FUSE" says why off)
     enable_writeback_cache = False
     # The kernel reads system.posix_acl_* through getxattr and enforces them itself, as on
     # SOURCE (with default_permissions, which the POSIX_ACL flag implies anyway).

@@ -46,7 +46,7 @@ FUSE_SUPER_OPTIONS = ("user_id", "group_id", "default_permissions", "allow_other
                       "max_read", "blksize", "rootmode", "fd")
 #: journalfs options fixed when mounting: a remount may repeat them, not change them
 #: (option name -> key of status.json's "options").
-FIXED_OPTIONS = {"store": "store", "gvfs": "gvfs", "exclusive_store": "exclusive_store",
+FIXED_OPTIONS = {"writeback_cache": "writeback_cache", "store": "store", "gvfs": "gvfs", "exclusive_store": "exclusive_store",
                  "fsname": "fsname", "log_file": "log", "allow_root": "allow_root",
                  "auto_unmount": "auto_unmount", "allow_other": "allow_other"}
 
@@ -100,7 +100,7 @@ def parse(mountpoint: str, options: list[str], entry, current: dict) -> Remount:
                 wanted.flags.pop("noatime", None)
                 continue
             config.apply_options(opt)  # OptionError for unknown or refused options
-            given.append(name)
+            given.append(name.removeprefix("no_") if name == "no_writeback_cache" else name)
     if "ro" in given or "rw" in given:
         wanted.readonly = config.ro
     wanted.flags.update(config.flags)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 
 import pyfuse3
 
 from .dirlist import DIR_BLKSIZE
+from .viewbase import TRUST_SECONDS
 from .jsonlview import JsonlLayout
 from .viewindex import SMALL_JOURNAL_BYTES, SMALL_JOURNAL_RECORDS, ViewIndexes
 from .viewnodes import (JOURNAL, JSONL, JSONL_NAME, LIVE, METADATA, RECORD, RECORDS_DIR, ROOT,
@@ -45,18 +47,50 @@ class ViewAttrs(ViewIndexes):
 
     def _dir_attrs(self, node: VNode, st: os.stat_result) -> pyfuse3.EntryAttributes:
         """A records/ directory: its SOURCE directory's owner and mode, never writable. Its
-        name is never cached by the kernel: whether it is there depends on who asks."""
+        name is never cached by the kernel: whether it is there depends on who asks; but
+        ``records`` itself is always there (``ls -l`` of a view walks it once per entry)."""
         a = self._attrs(node, stat.S_IFDIR | (st.st_mode & 0o555), 0, st.st_mtime_ns,
                         owner=(st.st_uid, st.st_gid))
-        a.entry_timeout = 0
+        if node.rel:
+            a.entry_timeout = 0
         return a
+
+    # Answers about SOURCE paths kept for TRUST_SECONDS and only while nothing changed
+    # (the views' change generation, bumped by every change seen through the mount or by
+    # the watcher): the records/ directories and journal directories have entry timeout 0,
+    # so `ls -l` of a view re-looks them up once per entry, and each answer was a worker-
+    # thread hop (~185 µs) before.
+    def _recent(self, key: tuple):
+        """The value remembered under ``key`` by :meth:`_remember`, if still trusted, as a
+        1-tuple (the value may be None); else None."""
+        cached = self.catalog.get(key)
+        if cached is None or cached[1] != self._scan_generation \
+                or time.monotonic() - cached[0] >= TRUST_SECONDS:
+            return None
+        return (cached[2],)
+
+    def _remember(self, key: tuple, generation: int, value, cost: int = 200) -> None:
+        self.catalog.put(key, (time.monotonic(), generation, value), cost + len(key[1]))
 
     def _journal_attrs(self, node: VNode, info: JournalInfo) -> pyfuse3.EntryAttributes:
         owner, dir_mode, _ = self._journal_perms(node.rel, info)
         timeout = 0 if node.rel == LIVE else None
         a = self._attrs(node, dir_mode, 0, info.ident[3], timeout, owner)
-        a.entry_timeout = 0  # shown only to those who may read it (ACLs too): never shared
+        if not self._shown_to_all(node.rel, info):
+            a.entry_timeout = 0  # shown only to those who may read it (ACLs too): never shared
         return a
+
+    def _shown_to_all(self, rel: bytes, info: JournalInfo) -> bool:
+        """Whether every caller who can reach ``rel``'s view sees it, as found by the lookup
+        that is answering now (:meth:`_child_key`): r for owner, group and others and no
+        ACL, so that reading it needs nothing but the search permission on its directories
+        a caller showed by getting here (each records/ directory is looked up per caller).
+        Then the kernel may keep its name: `ls -l` of the view walks it once per entry, and
+        each walk was a LOOKUP. A change seen by the mount drops the name (source_changed)."""
+        if rel == LIVE or info.mode & 0o444 != 0o444:
+            return False
+        recent = self._recent(("to-all", rel))
+        return recent is not None and recent[0]
 
     def _record_attrs(self, node: VNode, rec: dict, info: JournalInfo) -> pyfuse3.EntryAttributes:
         owner, _, file_mode = self._journal_perms(node.rel, info)
@@ -88,10 +122,18 @@ class ViewAttrs(ViewIndexes):
         if node.kind == METADATA:
             return self._attrs(node, stat.S_IFDIR | 0o700)
         if node.kind == RECORDS_DIR:
-            st = await self._on_file(node.rel, self._records_dir_stat, node.rel)
+            key = ("dir-lstat", node.rel)
+            recent = self._recent(key)
+            if recent is None:
+                generation = self._scan_generation
+                st = await self._on_file(node.rel, self._records_dir_stat, node.rel)
+                self._remember(key, generation, st)
+            else:
+                st = recent[0]
             return self._dir_attrs(node, st)
         if node.kind == JOURNAL:  # no decoding: the file's lstat, still a journal
-            info = await self._on_file(node.rel, self._info_or_enoent, node.rel)
+            info = self._trusted_info(node.rel) or \
+                await self._on_file(node.rel, self._info_or_enoent, node.rel)
             return self._journal_attrs(node, info)
         if node.kind == JSONL:
             return await self._jsonl_getattr(node)
@@ -194,12 +236,34 @@ class ViewAttrs(ViewIndexes):
             return [(b"journal", self.live)]
         return []
 
+    def _shown_entry(self, rel: bytes, caller=None) -> tuple[str | None, bool]:
+        """(RECORDS_DIR, JOURNAL or None: what the caller sees at records/``rel``, whether
+        a journal there is readable by all: see :meth:`_shown_to_all`). Thread only."""
+        entry = self._records_entry(rel, caller)
+        if entry is None:
+            return None, False
+        try:
+            to_all = entry[0] == JOURNAL and entry[1].mode & 0o444 == 0o444 \
+                and self.source.access_acl(rel) is None
+        except OSError:  # gone meanwhile, or no ACLs to be read: not known to be for all
+            to_all = False
+        return entry[0], to_all
+
     async def _child_key(self, parent: VNode, name: bytes, ctx=None) -> tuple | None:
         """(kind, rel, seq) of ``name`` in a records dir or journal dir."""
         if parent.kind == RECORDS_DIR and name not in (b".", b".."):
             rel = parent.rel + b"/" + name if parent.rel else name
-            entry = await self._on_file_as(ctx, rel, self._records_entry, rel)
-            return None if entry is None else (entry[0], rel)
+            # whether this caller sees it (its credentials are part of the key)
+            key = ("shown", rel, self._caller(ctx))
+            recent = self._recent(key)
+            if recent is None:
+                generation = self._scan_generation
+                kind, to_all = await self._on_file_as(ctx, rel, self._shown_entry, rel)
+                self._remember(key, generation, kind)
+                self._remember(("to-all", rel), generation, to_all)
+            else:
+                kind = recent[0]
+            return None if kind is None else (kind, rel)
         if parent.kind == STATE and name not in (b".", b".."):
             rel = parent.rel + b"/" + name
             entry = await self._on_file(rel, self.state_tree.resolve, rel)

@@ -166,8 +166,13 @@ class ViewsBase:
         while path:
             parent_rel, _, name = path.rpartition(b"/")
             parent = self.by_key.get((RECORDS_DIR, parent_rel, -1))
-            if parent is not None:  # async: the kernel may hold that directory's lock now
-                NOTIFIER.invalidate_entry(parent.ino, name)
+            # only a name the kernel holds (a node it looked up and has not forgotten; a
+            # missing name is never cached): the notification is a hop to the notifier's
+            # thread, on every create and every close after a write
+            if parent is not None and (self.by_key.get((RECORDS_DIR, path, -1)) is not None or
+                                       self.by_key.get((JOURNAL, path, -1)) is not None):
+                NOTIFIER.invalidate_entry(parent.ino, name)  # async: the kernel may hold
+                # that directory's lock now
             path = parent_rel
         # records/ dir of rel itself too: its mode or ACL (kernel-cached per inode) changed
         stale = [(node.ino, False) for kind in (RECORDS_DIR, JOURNAL, JSONL)

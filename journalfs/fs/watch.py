@@ -243,6 +243,10 @@ class SourceWatcher:
         self._changed = changed
         self.notifier = NOTIFIER if notifier is None else notifier
         self.stopped = False
+        #: the kernel's writeback cache is on: it keeps its own size and mtime of a regular
+        #: file it caches, whatever the daemon answers, so a change drops the entry too (the
+        #: inode goes once unused and the next lookup brings SOURCE's attributes)
+        self.kernel_owns_sizes = False
         # renames (old dir ino, old name, new dir ino, new name) and deletes seen, in order,
         # for the metadata that follows files (fs/ownership.py); applied before ``changed``
         self._renamed, self._deleted = renamed, deleted
@@ -605,7 +609,7 @@ class SourceWatcher:
                 if kinds & NAMES:  # overflow: names unknown, drop what the kernel holds
                     inodes[dir_ino] = False
                 continue
-            if kinds & NAMES:
+            if kinds & NAMES or (self.kernel_owns_sizes and child is not None):
                 self.notifier.invalidate_entry(dir_ino, name)
                 inodes.setdefault(dir_ino, True)
                 self.invalidations += 1
