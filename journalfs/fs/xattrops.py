@@ -225,7 +225,8 @@ class XattrOps(StoreCalls):
             node = self.table.by_ino.get(inode)
             if node is None or node.fd is None or node.transient or not self.local:
                 return await self._listxattr(inode, ctx)
-            names = self._native_names(os.listxattr(proc_path(node.fd)), ctx)
+            native = os.listxattr(proc_path(node.fd))
+            names = self._native_names(native, ctx) if native else []  # mostly none
             if node.file_type not in (stat.S_IFREG, stat.S_IFDIR):
                 return names
             made, paths, cache = node.meta_path, node.paths, self.meta_cache
