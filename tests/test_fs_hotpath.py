@@ -222,6 +222,12 @@ def test_listed_by_name_only_just_while_the_kernel_caches_the_acl(source):
         node_a.acl_cached = False
         assert with_attributes((await _entries(ops, d.st_ino))[b"a.txt"], node_a)
         assert node_a.lookups == lookups_a + 1 and not node_a.acl_cached
+        # the kernel forgets the inode, and its cached ACL with it
+        assert await _error(ops.getxattr(a.st_ino, b"system.posix_acl_access", ROOT)) \
+            == errno.ENODATA
+        assert node_a.acl_cached
+        await ops.forget([(a.st_ino, node_a.lookups)])
+        assert not node_a.acl_cached
     run(source, scenario)
 
 

@@ -404,8 +404,10 @@ class InodeTable:
         if node is None or node is self.root:
             return
         node.lookups = max(0, node.lookups - count)
-        if node.lookups == 0 and not node.handles:
-            self._keep_forgotten(node)
+        if node.lookups == 0:
+            node.acl_cached = False  # the kernel's inode, and its cached ACL, are gone
+            if not node.handles:
+                self._keep_forgotten(node)
         self._maybe_drop(node)
 
     def _keep_forgotten(self, node: Inode) -> None:
