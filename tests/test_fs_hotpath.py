@@ -18,7 +18,7 @@ import pyfuse3
 import pytest
 import trio
 
-from fastops import ROOT, lookup_path, serving
+from fastops import ROOT, ReplyBuffer, lookup_path, serving
 
 pytestmark = pytest.mark.fast
 
@@ -124,6 +124,38 @@ def test_fast_answers_follow_source_changes_behind_the_mount(source):
     run(source, scenario, timeout=0)
 
 
+def test_native_getxattr_and_listxattr_never_yield_and_follow_source(source):
+    # ls -l asks security.selinux and the ACL of every entry, getfattr lists every file
+    native = b"user.colour"  # SOURCE's own attribute, set behind the mount
+    async def scenario(ops):
+        d = await lookup_path(ops, "dir")
+        a = await ops.lookup(d.st_ino, b"a.txt", ROOT)
+        await ops.setxattr(a.st_ino, KEY, b"blue", ROOT)
+        assert await ops.listxattr(a.st_ino, ROOT) == [KEY]  # binds the store path
+        def general(*args):
+            raise AssertionError("took the general path")
+        for name in ("_getxattr", "_listxattr", "_on"):
+            setattr(ops, name, general)
+        assert error_at_once(ops.getxattr(a.st_ino, b"security.selinux", ROOT)) \
+            == errno.ENODATA
+        assert error_at_once(ops.getxattr(a.st_ino, native, ROOT)) == errno.ENODATA
+        os.setxattr(source / "dir" / "a.txt", native, b"red")
+        assert at_once(ops.getxattr(a.st_ino, native, ROOT)) == b"red"
+        assert at_once(ops.listxattr(a.st_ino, ROOT)) == [native, KEY]
+        assert at_once(ops.listxattr(d.st_ino, ROOT)) == []
+        for name in ("_getxattr", "_listxattr", "_on"):
+            delattr(ops, name)
+        # SOURCE's own user.metadata.* stays shadowed by the store's
+        os.setxattr(source / "dir" / "a.txt", KEY, b"from-source")
+        assert at_once(ops.getxattr(a.st_ino, KEY, ROOT)) == b"blue"
+        assert at_once(ops.listxattr(a.st_ino, ROOT)) == [native, KEY]
+        await ops.removexattr(a.st_ino, KEY, ROOT)
+        assert at_once(ops.listxattr(a.st_ino, ROOT)) == [native]
+        os.removexattr(source / "dir" / "a.txt", native)
+        assert error_at_once(ops.getxattr(a.st_ino, native, ROOT)) == errno.ENODATA
+    run(source, scenario, timeout=0)
+
+
 def test_hard_links_and_views_take_the_full_path(source):
     async def scenario(ops):
         d = await lookup_path(ops, "dir")
@@ -145,3 +177,83 @@ async def _error(call) -> int:
     except pyfuse3.FUSEError as exc:
         return exc.errno
     raise AssertionError("the call succeeded")
+
+
+async def _entries(ops, inode: int) -> dict[bytes, pyfuse3.EntryAttributes]:
+    """What one listing of directory ``inode`` sends per name (without . and ..)."""
+    fh = await ops.opendir(inode, ROOT)
+    replies = ReplyBuffer()
+    try:
+        while True:
+            before = len(replies)
+            await ops.readdir(fh, replies[-1][2] if replies else 0, replies)
+            if len(replies) == before:
+                break
+    finally:
+        await ops.releasedir(fh)
+    return {name: attrs for name, attrs, _next in replies if name not in (b".", b"..")}
+
+
+def test_listed_with_attributes_after_a_metadata_write_unless_the_acl_is_cached(source):
+    # An inode the kernel holds goes by name only: the kernel keeps its attributes and the
+    # ACL it cached (`ls -l` asks each entry's; an entry with attributes drops it). But a
+    # setxattr through the mount made the kernel invalidate its attributes (ctime): unless
+    # it holds the ACL, the entry carries them (else `getfattr -R` after setting metadata
+    # costs a GETATTR per file), once.
+    (source / "dir" / "c.txt").write_bytes(b"c")
+
+    async def scenario(ops):
+        d = await lookup_path(ops, "dir")
+        nodes = {}
+        for name in (b"a.txt", b"b.txt", b"c.txt"):
+            nodes[name] = ops.table.by_ino[(await ops.lookup(d.st_ino, name, ROOT)).st_ino]
+
+        def with_attributes(entries):
+            return {name for name, node in nodes.items()
+                    if entries[name] is node.reply[2] and entries[name].st_ino == node.ino}
+
+        assert with_attributes(await _entries(ops, d.st_ino)) == set(nodes)  # the first
+        assert with_attributes(await _entries(ops, d.st_ino)) == set()
+        a, b = nodes[b"a.txt"], nodes[b"b.txt"]
+        assert await _error(ops.getxattr(a.ino, b"system.posix_acl_access", ROOT)) \
+            == errno.ENODATA  # `ls -l`: the kernel now caches "no ACL" of a.txt
+        await ops.setxattr(a.ino, KEY, b"red", ROOT)
+        await ops.setxattr(b.ino, KEY, b"blue", ROOT)
+        assert with_attributes(await _entries(ops, d.st_ino)) == {b"b.txt"}
+        assert with_attributes(await _entries(ops, d.st_ino)) == set()  # once
+        # an entry with attributes drops the kernel's ACL: counted, and sent so once only
+        lookups_a = a.lookups
+        a.acl_cached = False
+        await ops.setxattr(a.ino, KEY, b"green", ROOT)
+        assert with_attributes(await _entries(ops, d.st_ino)) == {b"a.txt"}
+        assert a.lookups == lookups_a + 1 and not a.acl_cached
+        # the kernel forgets the inode, and its cached ACL with it
+        assert await _error(ops.getxattr(a.ino, b"system.posix_acl_access", ROOT)) \
+            == errno.ENODATA
+        assert a.acl_cached
+        await ops.forget([(a.ino, a.lookups)])
+        assert not a.acl_cached
+    run(source, scenario)
+
+
+def test_native_getxattr_of_a_listed_inode_never_yields(source):
+    # `ls -l` asks security.selinux of every entry right after READDIRPLUS made its inode:
+    # the inode has no fd yet; the first getxattr opens it (checked: the same object) inline
+    async def scenario(ops):
+        d = await lookup_path(ops, "dir")
+        await _entries(ops, d.st_ino)
+        node = ops.table.by_path[b"dir/a.txt"]
+        assert node.fd is None and node.lookups == 1
+        os.setxattr(source / "dir" / "a.txt", "user.colour", b"red")
+        def general(*args):
+            raise AssertionError("took the general path")
+        for name in ("_getxattr", "_on"):
+            setattr(ops, name, general)
+        assert at_once(ops.getxattr(node.ino, b"user.colour", ROOT)) == b"red"
+        assert node.fd is not None
+        # a name that now means another object: ESTALE, never the other object's attributes
+        other = ops.table.by_path[b"dir/b.txt"]
+        os.rename(source / "dir" / "a.txt", source / "dir" / "b.txt")
+        assert other.fd is None
+        assert error_at_once(ops.getxattr(other.ino, b"user.colour", ROOT)) == errno.ESTALE
+    run(source, scenario)

@@ -208,6 +208,9 @@ class MetaCache:
         self.max_paths = max_paths
         self.generation = 0
         self._values: OrderedDict[str, dict] = OrderedDict()
+        # store paths written through the mount, whose files' attributes the kernel has
+        # invalidated (a setxattr changes ctime): dirops.py's readdir sends them attributes
+        self.written_paths: set[str] = set()
 
     def get_all(self, path: str) -> dict | None:
         """A copy-free view of the cached keys of ``path``, or None when not cached."""
@@ -223,6 +226,9 @@ class MetaCache:
     def written(self, path: str, key: str, value) -> None:
         """``key`` of ``path`` is now ``value`` (None: unset)."""
         self.generation += 1
+        if len(self.written_paths) >= self.max_paths:
+            self.written_paths.clear()  # a hint only: the kernel then asks a GETATTR
+        self.written_paths.add(path)
         values = self._values.get(path)
         if values is None:
             return

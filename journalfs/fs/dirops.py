@@ -119,10 +119,14 @@ class DirectoryOps(StoreCalls):
         # listings of a kept listing), found through the listing's rows, so a repeated
         # listing costs a few identity checks and the reply.
         # A name whose inode the kernel holds already, with attributes that are current or
-        # invalidated (``plain``: every change has reached it), goes by name only: the kernel
-        # then neither updates that inode nor drops its cached ACLs (which `ls -l` would ask
-        # for again), and counts no lookup.
+        # invalidated (``plain``: every change has reached it), goes by name only (the
+        # kernel then updates nothing and keeps the inode's cached ACL, which `ls -l` would
+        # ask for again: a request) unless its metadata was written through the mount since
+        # and the kernel holds no ACL of it: a setxattr invalidated its attributes, which the
+        # entry then carries (else `getfattr -R` after setting metadata sends a GETATTR per
+        # file). Every other entry carries its attributes.
         by_ino, reply, file_type = self.table.by_ino, pyfuse3.readdir_reply, stat.S_IFMT
+        written = self.meta_cache.written_paths if self.meta_cache is not None else None
         plain_attrs, plain_ino = (plain.attrs, plain.ino) if plain is not None else (None, None)
         plain_type = plain_attrs.st_mode if plain is not None else 0  # as the last call left it
         start = max(0, start_id - len(dots))
@@ -133,7 +137,9 @@ class DirectoryOps(StoreCalls):
         for i, (name, st, entry) in enumerate(entries[start:start + READDIR_MAX], start + first):
             if entry is not None and entry[0] is st and by_ino.get(entry[1].ino) is entry[1]:
                 child, attrs = entry[1], entry[2]
-                if plain_attrs is not None and child.lookups:
+                if plain_attrs is not None and child.lookups and (
+                        child.acl_cached or written is None or child.meta_path is None or
+                        child.meta_path[1] not in written):
                     if file_type(st.st_mode) != plain_type:  # the entry's type
                         plain_type = plain_attrs.st_mode = file_type(st.st_mode)
                     plain_ino.value = child.ino
@@ -152,6 +158,9 @@ class DirectoryOps(StoreCalls):
                 self.table.drop_if_unused(child)
                 return
             child.lookups += 1
+            child.acl_cached = False  # the kernel dropped its cached ACL with these attributes
+            if written and child.meta_path is not None:
+                written.discard(child.meta_path[1])
 
     @guarded
     async def releasedir(self, fh):

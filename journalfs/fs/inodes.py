@@ -141,6 +141,10 @@ class Inode:
     # (stat, timeout, EntryAttributes) of the last reply built for it: reused while equal
     reply: tuple | None = None
     meta_path: tuple | None = None  # (path, its store path): see Ownership.store_path
+    # The kernel asked for its ACL (which it then caches: enable_acl) since a READDIRPLUS
+    # entry last carried its attributes (such an entry drops that cache): readdir sends it
+    # by name only then, else with attributes (dirops.py)
+    acl_cached: bool = False
 
     def open_handle(self, fh: int) -> None:
         if self.handles:
@@ -153,13 +157,16 @@ class Inode:
         """The most recently seen SOURCE path, None once every name is unlinked."""
         return self.paths[-1] if self.paths else None
 
-    def add_path(self, rel: bytes) -> list[bytes]:
+    def add_path(self, rel: bytes) -> list[bytes] | tuple[()]:
         """Remember ``rel`` as the newest name; returns the names forgotten to make room."""
-        if rel in self.paths:
-            self.paths.remove(rel)
-        self.paths.append(rel)
-        dropped = self.paths[:-MAX_PATHS]
-        del self.paths[:-MAX_PATHS]
+        paths = self.paths
+        if rel in paths:
+            paths.remove(rel)
+        paths.append(rel)
+        if len(paths) <= MAX_PATHS:  # nearly always: no copies made (every name listed)
+            return ()
+        dropped = paths[:-MAX_PATHS]
+        del paths[:-MAX_PATHS]
         return dropped
 
 
@@ -397,8 +404,10 @@ class InodeTable:
         if node is None or node is self.root:
             return
         node.lookups = max(0, node.lookups - count)
-        if node.lookups == 0 and not node.handles:
-            self._keep_forgotten(node)
+        if node.lookups == 0:
+            node.acl_cached = False  # the kernel's inode, and its cached ACL, are gone
+            if not node.handles:
+                self._keep_forgotten(node)
         self._maybe_drop(node)
 
     def _keep_forgotten(self, node: Inode) -> None:

@@ -30,18 +30,31 @@ class NodeOps(MountCore):
 
     @guards_itself
     async def lookup(self, parent_inode, name, ctx=None):
-        # In a directory on local SOURCE with no listing cache in use (timeout 0): a name
-        # not seen yet is opened O_PATH and remembered; a name known to mean an object whose
-        # O_PATH fd is kept costs one fstatat to see it still means that object. No call
-        # that could yield (tests/test_fs_hotpath.py). Everything else (views, dots,
-        # listings, hard links, a name that now means another object) takes _lookup.
+        # A name in a directory with a fresh listing (timeout > 0: stat of many names, ls
+        # -l) is answered from it. In a directory on local SOURCE with no listing cache in
+        # use (timeout 0): a name not seen yet is opened O_PATH and remembered; a name known
+        # to mean an object whose O_PATH fd is kept costs one fstatat to see it still means
+        # that object. No call that could yield (tests/test_fs_hotpath.py). Everything else
+        # (views, dots, scans, hard links, a name that now means another object) takes
+        # _lookup.
         try:
             parent = self.table.by_ino.get(parent_inode)
-            if parent is not None and parent.fd is not None and not parent.transient and \
-                    self.local and not self.snapshots.enabled and parent.paths and \
-                    name not in (b".", b"..") and len(name) <= self.name_max and \
-                    not (parent is self.table.root and name == VIEWS_NAME):
-                directory = parent.paths[-1]
+            if parent is None or not parent.paths or name in (b".", b"..") or \
+                    len(name) > self.name_max or \
+                    (parent is self.table.root and name == VIEWS_NAME):
+                return await self._lookup(parent_inode, name, ctx)
+            directory = parent.paths[-1]
+            if self.snapshots.enabled:
+                listing = self.snapshots.listing(directory)
+                if listing is not None:
+                    st = listing.stats.get(name, _ABSENT)
+                    if st is _ABSENT:
+                        raise pyfuse3.FUSEError(errno.ENOENT)
+                    if st is not UNKNOWN:
+                        child, attrs = self._listed(listing, parent, name, st)
+                        child.lookups += 1
+                        return attrs
+            elif parent.fd is not None and not parent.transient and self.local:
                 rel = name if directory == b"" else directory + b"/" + name
                 node = self.table.by_path.get(rel)
                 if node is None:  # a name not seen yet: pin its object with an O_PATH fd
@@ -91,7 +104,11 @@ class NodeOps(MountCore):
             st = await self._stat(up)
             up.lookups += 1
             return self.attrs(up, st)
-        listing = await self._listing(parent, ctx.uid if ctx is not None else 0)
+        # a fresh listing is a dict lookup: no coroutine for it (stat of many names, cold)
+        dir_rel = parent.path
+        listing = self.snapshots.listing(dir_rel) if dir_rel is not None else None
+        if listing is None and dir_rel is not None:
+            listing = await self._listing(parent, dir_rel, ctx.uid if ctx is not None else 0)
         if listing is not None:  # answered from memory: `ls -l`, find, stat of many files
             st = listing.stats.get(name, _ABSENT)
             if st is _ABSENT:
@@ -100,7 +117,7 @@ class NodeOps(MountCore):
                 child, attrs = self._listed(listing, parent, name, st)
                 child.lookups += 1
                 return attrs
-        rel = None if parent.path is None else join(parent.path, name)
+        rel = None if dir_rel is None else join(dir_rel, name)
         seen = self.table.by_path.get(rel) if rel is not None else None
         if seen is not None and seen.fd is not None:
             # a name we know: an fstatat tells whether it still means an object that has
@@ -117,13 +134,11 @@ class NodeOps(MountCore):
         node = self.table.remember(rel, st, parent.ino, name, fd=fd)
         return self.attrs(node, st)
 
-    async def _listing(self, parent: Inode, uid: int = 0) -> Listing | None:
-        """A fresh listing of ``parent`` to answer lookups from, when it is busy enough."""
-        dir_rel = parent.path
-        if dir_rel is None:
-            return None
-        listing = self.snapshots.listing(dir_rel)
-        if listing is None and self.snapshots.worth_scanning(dir_rel):
+    async def _listing(self, parent: Inode, dir_rel: bytes, uid: int = 0) -> Listing | None:
+        """A new listing of ``parent`` (at ``dir_rel``, which has no fresh one) to answer
+        lookups from, when it is busy enough."""
+        listing = None
+        if self.snapshots.worth_scanning(dir_rel):
             generation = self.snapshots.generation
             skip = VIEWS_NAME if parent is self.table.root else None
             scanned = await self._scan(parent, uid, skip, self.snapshots.max_entries)

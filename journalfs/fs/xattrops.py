@@ -16,6 +16,9 @@ from .inodes import Inode, same_object, stale
 from .linuxcalls import frozen, proc_path, stat_beneath, statx_beneath
 from .storecalls import StoreCalls
 
+#: The POSIX ACLs' attribute names: the kernel caches what getxattr answers for them.
+ACL_PREFIX = b"system.posix_acl_"
+
 
 class XattrOps(StoreCalls):
     """getxattr, setxattr, removexattr, listxattr."""
@@ -57,21 +60,36 @@ class XattrOps(StoreCalls):
 
     @guards_itself
     async def getxattr(self, inode, name, ctx=None):
-        # A cached user.metadata.* value of a known inode is a few dict lookups, with no
-        # call that could yield (tests/test_fs_hotpath.py); anything else takes _getxattr.
+        # A cached user.metadata.* value of a known inode is a few dict lookups, and any
+        # other attribute of a known inode on local SOURCE one syscall (ls -l asks
+        # security.selinux and the ACL of every entry; the first also opens the inode's fd
+        # if a listing made it), with no call that could yield (tests/test_fs_hotpath.py);
+        # anything else takes _getxattr.
         try:
             node = self.table.by_ino.get(inode)
-            cache = self.meta_cache
-            key = xattrs.known_metadata_key(name)
-            if node is not None and cache is not None and key is not None:
-                made, paths = node.meta_path, node.paths
-                if made is not None and paths and made[0] is paths[-1]:
-                    values = cache.get_all(made[1])
-                    if values is not None:
-                        value = values.get(key)
-                        if value is None:
-                            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-                        return xattrs.encode_value(value)
+            if node is not None:
+                key = xattrs.known_metadata_key(name)
+                if key is not None:
+                    cache = self.meta_cache
+                    made, paths = node.meta_path, node.paths
+                    if cache is not None and made is not None and paths and \
+                            made[0] is paths[-1]:
+                        values = cache.get_all(made[1])
+                        if values is not None:
+                            value = values.get(key)
+                            if value is None:
+                                raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+                            return xattrs.encode_value(value)
+                elif self.local and not node.transient and \
+                        not name.startswith(xattrs.METADATA_PREFIX):
+                    if name.startswith(ACL_PREFIX):
+                        node.acl_cached = True  # answer or ENODATA: the kernel keeps either
+                    fd = node.fd
+                    if fd is not None:
+                        return self._native_getxattr(fd, name)
+                    # the first for an inode known from a listing (`ls -l`): its fd is
+                    # opened, checked and kept here, with no coroutine layers
+                    return self._inline(node, self._native_getxattr, name)
             return await self._getxattr(inode, name)
         except Exception as exc:
             raise fuse_error(exc, "getxattr") from None
@@ -82,6 +100,8 @@ class XattrOps(StoreCalls):
         node = self.table.get(inode)
         key = xattrs.metadata_key(name)
         if key is None:
+            if bytes(name).startswith(ACL_PREFIX):
+                node.acl_cached = True
             return await self._on(node, self._native_getxattr, name)
         store_path = await self.ownership.store_path(node)
         if store_path is None:  # unlinked: its metadata went with its last name
@@ -196,12 +216,47 @@ class XattrOps(StoreCalls):
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         await self.ownership.unset(node, names, key)
 
-    @guarded
+    @guards_itself
     async def listxattr(self, inode, ctx):
+        # getfattr asks it of every file: a known inode with its fd kept on local SOURCE and
+        # its metadata cached costs one syscall, with no call that could yield
+        # (tests/test_fs_hotpath.py); anything else takes _listxattr.
+        try:
+            node = self.table.by_ino.get(inode)
+            if node is None or node.fd is None or node.transient or not self.local:
+                return await self._listxattr(inode, ctx)
+            native = os.listxattr(proc_path(node.fd))
+            names = self._native_names(native, ctx) if native else []  # mostly none
+            if node.file_type not in (stat.S_IFREG, stat.S_IFDIR):
+                return names
+            made, paths, cache = node.meta_path, node.paths, self.meta_cache
+            values = cache.get_all(made[1]) if cache is not None and made is not None and \
+                paths and made[0] is paths[-1] else None
+            if values is None:
+                store_path = await self.ownership.store_path(node)
+                if store_path is None:
+                    return names
+                values = await self._meta_values(store_path)
+            return names + xattrs.metadata_names(values)
+        except Exception as exc:
+            raise fuse_error(exc, "listxattr") from None
+
+    async def _listxattr(self, inode, ctx) -> list[bytes]:
         if self.views.owns(inode):
             return await self.views.listxattr(inode)
         node = self.table.get(inode)
         native = await self._on(node, lambda fd: os.listxattr(proc_path(fd)))
+        names = self._native_names(native, ctx)
+        store_path = await self.ownership.store_path(node) \
+            if node.file_type in (stat.S_IFREG, stat.S_IFDIR) else None
+        if store_path is not None:
+            stored = await self._meta_values(store_path)
+            names += xattrs.metadata_names(stored)
+        return names
+
+    def _native_names(self, native: list[str], ctx) -> list[bytes]:
+        """SOURCE's own attribute names as listed to the caller: not ``user.metadata.*``
+        (the store's keys shadow them), nor ``trusted.*`` unless it holds CAP_SYS_ADMIN."""
         hide_trusted = any(n.startswith("trusted.") for n in native) \
             and not self.caller.capable(ctx, CAP_SYS_ADMIN)
         names = []
@@ -212,9 +267,4 @@ class XattrOps(StoreCalls):
             if hide_trusted and raw.startswith(b"trusted."):
                 continue  # Linux lists these to CAP_SYS_ADMIN only
             names.append(raw)
-        store_path = await self.ownership.store_path(node) \
-            if node.file_type in (stat.S_IFREG, stat.S_IFDIR) else None
-        if store_path is not None:
-            stored = await self._meta_values(store_path)
-            names += xattrs.metadata_names(stored)
         return names
