@@ -16,7 +16,7 @@ import pyfuse3
 from ..metastore.backend import MetadataBackend
 from ..metastore.location import StoreLocation
 from . import direntries
-from .caches import Listing, MetaCache, Scan
+from .caches import UNKNOWN, Listing, MetaCache, Scan
 from .caller import Caller
 from .dirlist import DIR_BLKSIZE, STRUCT_WRITES, LazyRows, ListingCache, NameOnlyEntry
 from .guards import in_thread
@@ -27,6 +27,8 @@ from .settings import RuntimeSettings
 from .views import VIEWS_NAME, Views
 from .watch import SourceWatcher
 from .workers import FairWorkers
+
+_ABSENT = object()  # a name a listing lacks (its stats may hold UNKNOWN)
 
 log = logging.getLogger("journalfs.fs")
 
@@ -334,6 +336,18 @@ class MountCore(pyfuse3.Operations):
         if node.stat is not None and time.monotonic() - node.stat_time <= self.stat_ttl:
             return node.stat
         return None
+
+    def _lookup_listed(self, listing: Listing, parent: Inode, name: bytes):
+        """A LOOKUP answered from a fresh listing: the reply (one kernel reference counted),
+        ENOENT for a name it lacks, None for a name listed without its stat."""
+        st: Any = listing.stats.get(name, _ABSENT)
+        if st is _ABSENT:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if st is UNKNOWN:
+            return None
+        child, attrs = self._listed(listing, parent, name, st)
+        child.lookups += 1
+        return attrs
 
     def _listed(self, listing: Listing, parent: Inode, name: bytes, st: os.stat_result):
         """(inode, attributes) of ``name``, listed with ``st``: built once per stat and shared

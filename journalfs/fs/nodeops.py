@@ -12,14 +12,13 @@ from typing import Callable
 import pyfuse3
 import trio
 
-from .caches import UNKNOWN, Listing
+from .caches import Listing
 from .guards import fuse_error, guarded, guards_itself
 from .inodes import Inode, join
 from .linuxcalls import chown_fd, proc_path, utime_fd
 from .mountcore import Handle, MountCore, same_attributes
 from .views import VIEWS_NAME
 
-_ABSENT = object()
 #: Inodes one FORGET batch drops before letting other requests run (the kernel forgets
 #: thousands at once after a huge listing).
 FORGET_STEP = 256
@@ -47,12 +46,8 @@ class NodeOps(MountCore):
             if self.snapshots.enabled:
                 listing = self.snapshots.listing(directory)
                 if listing is not None:
-                    st = listing.stats.get(name, _ABSENT)
-                    if st is _ABSENT:
-                        raise pyfuse3.FUSEError(errno.ENOENT)
-                    if st is not UNKNOWN:
-                        child, attrs = self._listed(listing, parent, name, st)
-                        child.lookups += 1
+                    attrs = self._lookup_listed(listing, parent, name)
+                    if attrs is not None:
                         return attrs
             elif parent.fd is not None and not parent.transient and self.local:
                 rel = name if directory == b"" else directory + b"/" + name
@@ -110,12 +105,8 @@ class NodeOps(MountCore):
         if listing is None and dir_rel is not None:
             listing = await self._listing(parent, dir_rel, ctx.uid if ctx is not None else 0)
         if listing is not None:  # answered from memory: `ls -l`, find, stat of many files
-            st = listing.stats.get(name, _ABSENT)
-            if st is _ABSENT:
-                raise pyfuse3.FUSEError(errno.ENOENT)
-            if st is not UNKNOWN:
-                child, attrs = self._listed(listing, parent, name, st)
-                child.lookups += 1
+            attrs = self._lookup_listed(listing, parent, name)
+            if attrs is not None:
                 return attrs
         rel = None if dir_rel is None else join(dir_rel, name)
         seen = self.table.by_path.get(rel) if rel is not None else None
