@@ -124,7 +124,7 @@ class XattrOps(StoreCalls):
         node = self.table.get(inode)
         key = xattrs.metadata_key(name)
         if key is None:
-            if bytes(name).startswith(b"system.posix_acl_"):
+            if bytes(name).startswith(ACL_PREFIX):
                 await self._set_acl(node, name, value, ctx)
                 return
             await self._change_native_xattr(node, os.setxattr, name, value)
@@ -191,7 +191,7 @@ class XattrOps(StoreCalls):
             await self._on(node, lambda fd: change(proc_path(fd), *args))
         finally:
             self._attrs_changed(node)  # ctime
-        if bytes(args[0]).startswith(b"system.posix_acl_") and node.path is not None:
+        if bytes(args[0]).startswith(ACL_PREFIX) and node.path is not None:
             await self.views.source_changed(node.path)  # the views mirror ACLs (viewxattrs.py)
 
     @staticmethod
