@@ -257,3 +257,39 @@ def test_native_getxattr_of_a_listed_inode_never_yields(source):
         assert other.fd is None
         assert error_at_once(ops.getxattr(other.ino, b"user.colour", ROOT)) == errno.ESTALE
     run(source, scenario)
+
+
+@pytest.mark.parametrize("timeout", [0, 60])
+def test_replies_carry_source_attributes_exactly(source, timeout):
+    # the reply of a name seen for the first time (timeout 0: opened O_PATH; 60: from the
+    # directory's listing once it is busy enough to scan) is SOURCE's lstat field by field
+    # (directories with the big blksize that sizes READDIRPLUS replies), numbered by inode
+    from journalfs.fs.dirlist import DIR_BLKSIZE
+
+    os.mkfifo(source / "dir" / "fifo")
+    os.symlink("a.txt", source / "dir" / "link")
+    (source / "dir" / "sub").mkdir()
+    if os.geteuid() == 0:  # a device's number is in the reply too
+        os.mknod(source / "dir" / "null", stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    for n in range(40):  # past the lookups that make a listing worth scanning
+        (source / "dir" / f"f{n}").write_bytes(b"x" * n)
+    os.utime(source / "dir" / "a.txt", ns=(1_000_000_123, 2_000_000_456))
+    names = sorted(os.listdir(source / "dir"))
+
+    async def scenario(ops):
+        d = await lookup_path(ops, "dir")
+        replies = {name: await ops.lookup(d.st_ino, os.fsencode(name), ROOT) for name in names}
+        if timeout:  # answered from the listing, as the test means
+            assert ops.snapshots.listing(b"dir") is not None
+        for name, a in replies.items():
+            st = os.lstat(source / "dir" / name)
+            assert a.st_ino == ops.table.number((st.st_dev, st.st_ino)) == st.st_ino
+            assert a.generation == 0 and a.entry_timeout == a.attr_timeout == timeout
+            for field in ("st_mode", "st_nlink", "st_uid", "st_gid", "st_rdev", "st_size",
+                          "st_blocks", "st_atime_ns", "st_mtime_ns", "st_ctime_ns"):
+                assert getattr(a, field) == getattr(st, field), (name, field)
+            assert a.st_blksize == (DIR_BLKSIZE if stat.S_ISDIR(st.st_mode) else st.st_blksize)
+            node = ops.table.by_ino[a.st_ino]
+            assert node.paths == [b"dir/" + os.fsencode(name)]
+            assert ops.table.by_path[node.paths[0]] is node
+    run(source, scenario, timeout=timeout)

@@ -355,8 +355,13 @@ class InodeTable:
         if rel is None:  # found in a directory that has no name left
             node.lookups += lookups
             return node
-        if self.by_path.get(rel) is not node:
-            self._add_path(node, rel)
+        previous = self.by_path.get(rel)
+        if previous is not node:
+            if previous is None and not node.paths:  # a new inode's first name (stat cold)
+                self.by_path[rel] = node
+                node.paths.append(rel)
+            else:
+                self._add_path(node, rel)
         if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
             for name_seen in node.paths:  # including those seen while it had one link
                 self._linked(key, name_seen)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import pyfuse3
+from pyfuse3 import EntryAttributes
 
 from ..metastore.backend import MetadataBackend
 from ..metastore.location import StoreLocation
@@ -27,6 +28,8 @@ from .settings import RuntimeSettings
 from .views import VIEWS_NAME, Views
 from .watch import SourceWatcher
 from .workers import FairWorkers
+
+_S_IFMT, _S_IFDIR = 0o170000, stat.S_IFDIR  # (stat.S_IFMT is a function)
 
 _ABSENT = object()  # a name a listing lacks (its stats may hold UNKNOWN)
 
@@ -196,16 +199,24 @@ class MountCore(pyfuse3.Operations):
         if built is not None and built[1] == timeout and same_attributes(built[0], st):
             a = built[2]
         else:
-            a = pyfuse3.EntryAttributes()
-            a.st_ino, a.generation = node.ino, 0
-            a.entry_timeout = a.attr_timeout = timeout
-            a.st_mode, a.st_nlink, a.st_uid, a.st_gid = st.st_mode, st.st_nlink, st.st_uid, st.st_gid
-            a.st_rdev, a.st_size, a.st_blksize, a.st_blocks = (st.st_rdev, st.st_size,
-                                                              st.st_blksize, st.st_blocks)
-            a.st_atime_ns, a.st_mtime_ns, a.st_ctime_ns = (st.st_atime_ns, st.st_mtime_ns,
-                                                           st.st_ctime_ns)
-            if stat.S_ISDIR(st.st_mode):
-                a.st_blksize = DIR_BLKSIZE  # big READDIRPLUS replies (see DIR_BLKSIZE)
+            # one statement per field: no tuple built and unpacked (stat cold, ls -l cold:
+            # one reply per name); generation stays the 0 pyfuse3 starts it at
+            a = EntryAttributes()
+            a.st_ino = node.ino
+            a.entry_timeout = timeout
+            a.attr_timeout = timeout
+            mode = a.st_mode = st.st_mode
+            a.st_nlink = st.st_nlink
+            a.st_uid = st.st_uid
+            a.st_gid = st.st_gid
+            a.st_rdev = st.st_rdev
+            a.st_size = st.st_size
+            a.st_blocks = st.st_blocks
+            a.st_atime_ns = st.st_atime_ns
+            a.st_mtime_ns = st.st_mtime_ns
+            a.st_ctime_ns = st.st_ctime_ns
+            # big READDIRPLUS replies for directories (see DIR_BLKSIZE)
+            a.st_blksize = DIR_BLKSIZE if mode & _S_IFMT == _S_IFDIR else st.st_blksize
             node.reply = (st, timeout, a)
         if node.file_type == stat.S_IFDIR and node.key is not None and \
                 not self.watch.watching(node.ino):
@@ -355,7 +366,8 @@ class MountCore(pyfuse3.Operations):
         kernel has the answer."""
         built = listing.attrs.get(name)
         if built is None or built[0] is not st or self.table.by_ino.get(built[1].ino) is not built[1]:
-            rel = None if parent.path is None else join(parent.path, name)
+            paths = parent.paths
+            rel = join(paths[-1], name) if paths else None  # (parent.path, read once)
             # the kernel forgot the inode since it was built: the same object stands again
             # when nothing else took its place (remember checks), with its reply if current
             reuse = built[1] if built is not None else None
