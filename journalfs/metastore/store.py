@@ -641,10 +641,13 @@ class MetaStore:
                 rec["source"] = source
             entries.append((entry, rec, len(entry)))
         total = entries[0][2] if len(entries) == 1 else sum(size for _, _, size in entries)
+        self._check_fits(total)
+        return entries
+
+    def _check_fits(self, total: int) -> None:
         if total > self.journal_size - HEADER_SIZE:
             raise EntryTooLarge(f"metadata entry of {total} bytes can never fit a journal of "
                                 f"{self.journal_size} bytes")
-        return entries
 
     # -- space: the store never eats into root's reserve nor the room of one rotation -------
     def rotation_room(self) -> int:
@@ -719,10 +722,38 @@ class MetaStore:
         return self._try_append_ops(self._ops(op))
 
     def try_set(self, path: str, key: str, value: Value) -> tuple[int, float] | None:
-        """``try_append(SetOp(path, key, value))`` (the mount's setxattr), minus the op."""
+        """``try_append(SetOp(path, key, value))`` (the mount's setxattr), minus the op. A
+        string value (every setxattr) takes the same steps as :meth:`_try_append_ops` and
+        :meth:`_encode` written out for one SET entry, without the tuples of ops and the
+        generic record building (the setxattr row's CPU per request)."""
         if self.sync == "always":
             return None
-        return self._try_append_ops(self._set_ops(path, key, value))
+        if type(value) is not str:
+            return self._try_append_ops(self._set_ops(path, key, value))
+        if type(key) is not str or not key or "\0" in key:
+            self._check_key(key)
+        if self.readonly or self._closed:
+            self._check_writable()
+        path = canonical(path)
+        mtime = int(time.time())
+        try:
+            entry = encode_entry("set", mtime, path, key, value)
+        except (ValueError, UnicodeError) as exc:  # a NUL byte, or a str no bytes make
+            raise InvalidMetadata(f"metadata entry for {path!r} cannot be stored: {exc}") from None
+        size = len(entry)
+        self._check_fits(size)
+        lock = self._lock
+        if not lock.acquire(False):
+            return None
+        try:
+            self._check_space(size)
+            if not self._room(size):
+                return None
+            rec = {"kind": "set", "mtime": mtime, "path": path, "key": key, "value": value}
+            ticket = self._write_entries([(entry, rec, size)], fsync=False)
+            return ticket, self._fill_locked()
+        finally:
+            lock.release()
 
     def _try_append_ops(self, ops: tuple) -> tuple[int, float] | None:
         self._check_writable()
