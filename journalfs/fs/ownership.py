@@ -83,8 +83,11 @@ _FILEID_INO32_GEN = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+_PARK_BELOW = PARK + "/"
+
+
 def _parked(sp: str) -> bool:
-    return sp == PARK or sp.startswith(PARK + "/")
+    return sp == PARK or sp.startswith(_PARK_BELOW)
 
 
 class InodeProbe:

@@ -135,9 +135,12 @@ class JournalIndex:
         idx = len(self.records)
         self.records.append(rec)
         self.next_offset += size
-        if rec["kind"] in ("copy", "remove"):
+        kind = rec["kind"]
+        if kind in ("copy", "remove"):
             self.structural.setdefault(rec["path"], []).append(idx)
         else:
+            if kind == "unset":
+                self.unsets += 1
             path = rec["path"]
             keys = self.keyed.get(path)
             if keys is None:
@@ -147,6 +150,17 @@ class JournalIndex:
             keys.setdefault(rec["key"], []).append(idx)
 
     _sorted_paths: list[str] | None = None  # keyed paths in order, built on first need
+    unsets: int = 0  # UNSET entries among the records
+
+    def deciding_sets(self, count: int) -> list[dict] | None:
+        """When the first ``count`` records (all of them) are SET/SETV entries only: the
+        newest of each (path, key), in journal order -- what decides a merge of them. None
+        when there are others (an UNSET or a REMOVE/COPY makes order across keys matter)."""
+        if self.structural or self.unsets or count != len(self.records):
+            return None
+        records = self.records
+        return [records[i] for i in sorted(idxs[-1] for keys in self.keyed.values()
+                                           for idxs in keys.values())]
 
     def touches(self, path: str) -> bool:
         """Whether any entry is about ``path``, a path below it, or (structurally: a REMOVE
@@ -606,8 +620,21 @@ class MetaStore:
 
     def _merged(self, count: int | None = None) -> MergedTree:
         merged = MergedTree(self._tree)
-        for rec in self._index.records[:count]:
+        records = self._index.records[:count]
+        deciding = self._index.deciding_sets(len(records))
+        if deciding is None:
+            for rec in records:
+                merged.apply(rec)
+            return merged
+        # the same tree as every entry applied (set after set of one key: the last wins, as
+        # does the last one's mtime for its node), and the same time range (every SET
+        # counts in it): a rotation after a burst of sets folds in a fraction of them
+        for rec in deciding:
             merged.apply(rec)
+        times = [t for rec in records if (t := rec["mtime"])]
+        if times:
+            merged._note_time(min(times))
+            merged._note_time(max(times))
         return merged
 
     def dump(self) -> dict[str, dict]:
