@@ -147,7 +147,11 @@ class JournalIndex:
                 keys = self.keyed[path] = {}
                 if self._sorted_paths is not None:
                     bisect.insort(self._sorted_paths, path)
-            keys.setdefault(rec["key"], []).append(idx)
+            entries = keys.get(rec["key"])
+            if entries is None:  # (no empty list made per write of a key seen before)
+                keys[rec["key"]] = [idx]
+            else:
+                entries.append(idx)
 
     _sorted_paths: list[str] | None = None  # keyed paths in order, built on first need
     unsets: int = 0  # UNSET entries among the records
