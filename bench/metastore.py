@@ -11,6 +11,15 @@ gvfsd-metadata (private D-Bus session) takes to rewrite it (its journal filled w
 calls until it rotates: time of the Set during which the tree file is replaced; median of
 --repeat rotations; peak = the daemon's VmHWM) plus its D-Bus Set rate. Prints a table
 (with journalfs/gvfs ratios) and a JSON blob. Run by hand.
+
+    .venv/bin/python bench/metastore.py --setxattr-loop [--files 2000] [--rounds 8]
+
+instead drives the mount's own setxattr handler in this process (JournalFS as fs/main.py
+assembles it, on a SOURCE of --files files, its store as `--store` gives it; no kernel, no
+pyfuse3), a round = one `user.metadata.bench` set of every file, as bench/fuse.py's setxattr
+row does: CPU µs per set on the request thread (best round), the other threads' CPU per
+set (flushes, rotations), and a getxattr and a listxattr of every file after it. Run it with
+another checkout first on PYTHONPATH to compare two trees.
 """
 from __future__ import annotations
 
@@ -269,8 +278,79 @@ def report(res: dict, targets: dict) -> None:
     print(json.dumps({"metastore": res, "targets_met": targets}))
 
 
+def setxattr_loop(files: int, rounds: int) -> dict:
+    """The setxattr handler's CPU per set in-process (see the module doc)."""
+    import gc
+
+    import pyfuse3
+
+    from journalfs.fs.main import MountConfig, _open_metadata, assemble
+
+    class Ctx:
+        uid = gid = pid = 0
+        umask = 0o022
+
+    work = Path(tempfile.mkdtemp(prefix="jfs-setxattr-"))
+    src, store = work / "src", work / "store"
+    (src / "files").mkdir(parents=True)
+    store.mkdir()
+    names = [b"f%05d" % i for i in range(files)]
+    for name in names:
+        (src / "files" / os.fsdecode(name)).write_bytes(b"x")
+    attr, out = b"user.metadata.bench", {}
+
+    def per_call(start: int, calls: int) -> float:
+        return (time.thread_time_ns() - start) / calls / 1e3
+
+    async def run() -> None:
+        config = MountConfig(source=str(src), mountpoint=str(store / "mnt"), store=str(store))
+        meta, location = _open_metadata(config)
+        ops = assemble(config, meta, location, str(src))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(meta.run)
+            ctx = Ctx()
+            top = await ops.lookup(pyfuse3.ROOT_INODE, b"files", ctx)
+            inodes = [(await ops.lookup(top.st_ino, name, ctx)).st_ino for name in names]
+            work_items = [(ino, b"value-%d" % i) for i, ino in enumerate(inodes)]
+            for ino, value in work_items:  # bound, cached: as after bench/fuse.py's first round
+                await ops.setxattr(ino, attr, value, ctx)
+            per_round = []
+            process, thread = time.process_time_ns(), time.thread_time_ns()
+            for _ in range(rounds):
+                await trio.sleep(0.05)  # the flusher and a rotation may run in between
+                start = time.thread_time_ns()
+                for ino, value in work_items:
+                    await ops.setxattr(ino, attr, value, ctx)  # (no yield: no trio switch)
+                per_round.append(per_call(start, files))
+            others = (time.process_time_ns() - process) - (time.thread_time_ns() - thread)
+            out["setxattr_us"] = min(per_round)
+            out["setxattr_rounds_us"] = [round(x, 2) for x in per_round]
+            out["other_threads_us_per_set"] = others / rounds / files / 1e3
+            for op, call in (("getxattr", lambda ino: ops.getxattr(ino, attr, ctx)),
+                             ("listxattr", lambda ino: ops.listxattr(ino, ctx))):
+                start = time.thread_time_ns()
+                for ino, _ in work_items:
+                    await call(ino)
+                out[f"{op}_us"] = per_call(start, files)
+            nursery.cancel_scope.cancel()
+
+    gc_was = gc.isenabled()
+    gc.disable()  # the daemon's collections (fs/collector.py) are not the handler's cost
+    try:
+        trio.run(run)
+    finally:
+        if gc_was:
+            gc.enable()
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--setxattr-loop", action="store_true",
+                    help="only the mount's setxattr handler in-process (see above)")
+    ap.add_argument("--files", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--paths", type=int, default=1_000_000)
     ap.add_argument("--lookups", type=int, default=200_000)
     ap.add_argument("--no-gvfs", action="store_true", help="skip the gvfsd-metadata side")
@@ -279,6 +359,13 @@ def main() -> int:
     args = ap.parse_args()
     if args.rotation_child:
         rotation_child(args.rotation_child)
+        return 0
+    if args.setxattr_loop:
+        res = setxattr_loop(args.files, args.rounds)
+        print(f"setxattr {res['setxattr_us']:.2f} µs CPU per set (best of {args.rounds} rounds of "
+              f"{args.files}), other threads {res['other_threads_us_per_set']:.2f} µs per set; "
+              f"getxattr {res['getxattr_us']:.2f}, listxattr {res['listxattr_us']:.2f} µs")
+        print(json.dumps({"setxattr_loop": res}))
         return 0
     work = Path(tempfile.mkdtemp(prefix="jfs-bench-"))
     try:

@@ -18,7 +18,7 @@ from journalfs.fs.passthrough import JournalFS
 
 pytestmark = pytest.mark.fast
 
-HOT = {"lookup", "getattr", "getxattr", "listxattr"}
+HOT = {"lookup", "getattr", "getxattr", "listxattr", "setxattr"}
 
 
 def handlers() -> list[str]:
@@ -59,6 +59,7 @@ def test_an_unexpected_error_inside_a_handler_is_eio_and_logged(tmp_path, caplog
             ops.table.by_ino = Broken(ops.table.by_ino)
             args = {"lookup": (pyfuse3.ROOT_INODE, b"f", ROOT), "getattr": (f.st_ino, ROOT),
                     "getxattr": (f.st_ino, b"user.metadata.k", ROOT),
+                    "setxattr": (f.st_ino, b"user.metadata.k", b"v", ROOT),
                     "setattr": (f.st_ino, pyfuse3.EntryAttributes(), pyfuse3.SetattrFields(),
                                 None, ROOT),
                     "opendir": (pyfuse3.ROOT_INODE, ROOT), "listxattr": (f.st_ino, ROOT)}

@@ -178,6 +178,40 @@ def test_rotation_replaces_files_and_marks_the_old_tree(tmp_path):
         ["home", "home.journalfs-lock", Path(journal_path_for(str(tree), tag)).name])
 
 
+def test_a_journal_of_sets_is_merged_from_its_newest_entry_per_key_into_the_same_tree(
+        tmp_path, monkeypatch):
+    """A rotation after a burst of sets folds in only the newest entry of each (path, key)
+    (JournalIndex.deciding_sets): the tree it writes is byte for byte the one every entry
+    applied in order gives (values, each node's mtime, the time range); an UNSET or a
+    structural entry makes it apply them all."""
+    from journalfs.formats.gvfs_tree import MergedTree, write_tree
+    clock = iter(range(1_700_000_000, 1_700_100_000, 7))
+    monkeypatch.setattr(store_module.time, "time", lambda: next(clock))
+
+    def tree_bytes(merged: MergedTree, name: str) -> bytes:
+        with open(tmp_path / name, "w+b") as f:
+            write_tree(merged, f, 1234)
+        return (tmp_path / name).read_bytes()
+
+    with MetaStore.open(str(tmp_path / "home"), sync="none") as store:
+        rng = random.Random(7)
+        for n in range(1200):
+            store.set(f"/d{rng.randrange(4)}/f{rng.randrange(30)}", f"k{rng.randrange(3)}",
+                      f"v{n}" if n % 5 else [f"a{n}", f"b{n}"])
+        records = store._index.records
+        deciding = store._index.deciding_sets(len(records))
+        assert deciding is not None and 0 < len(deciding) < len(records) // 2
+        every = MergedTree(store._tree)
+        for rec in records:
+            every.apply(rec)
+        assert tree_bytes(store._merged(), "folded") == tree_bytes(every, "every")
+        store.unset("/d0/f1", "k0")
+        assert store._index.deciding_sets(len(store._index.records)) is None
+        before = store.dump()
+        store.rotate()
+        assert store.dump() == before and store._index.deciding_sets(0) is not None
+
+
 def test_full_journal_rotates_and_retries(tmp_path):
     with MetaStore.open(str(tmp_path / "home"), sync="none", journal_size=1024) as store:
         for i in range(50):

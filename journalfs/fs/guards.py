@@ -1,7 +1,7 @@
 """What may leave a FUSE handler: only ``FUSEError`` (pyfuse3 ends the whole mount on any
 other exception). Every handler of ``JournalFS`` is :func:`guarded`, or, for the hottest
-ones (getattr, lookup, getxattr, listxattr), :func:`guards_itself`: the same translation
-written in its own body, which saves a wrapper coroutine per request (ARCHITECTURE.md:
+ones (getattr, lookup, getxattr, listxattr, setxattr), :func:`guards_itself`: the same
+translation written in its own body, which saves a wrapper coroutine per request (ARCHITECTURE.md:
 "A syscall"). ``tests/test_fs_handlers.py`` checks both kinds."""
 from __future__ import annotations
 

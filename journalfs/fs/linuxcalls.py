@@ -129,6 +129,10 @@ _STATX_BTIME = 0x800
 #: struct statx: mask, attributes, uid, mode, ino, btime (sec, nsec), dev (major, minor)
 _STATX_FIELDS = struct.Struct("=I4xQ4xI4xH2xQ40xqI4x40xII")
 _StatxBuf = ctypes.c_char * 256
+_HOW_STRICT_REF = ctypes.byref(_HOW_STRICT)
+_STATX_EMPTY_NOFOLLOW = AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW
+_syscall, _statx = libc.syscall, libc.statx
+_new_tuple = tuple.__new__
 
 
 class BeneathStat(NamedTuple):
@@ -147,20 +151,25 @@ def statx_beneath(dir_fd: int, rel: bytes) -> BeneathStat:
     OSError(ENOSYS) on kernels without openat2 (callers take stat_beneath's way)."""
     if not _openat2[0]:
         raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
-    fd = libc.syscall(_SYS_OPENAT2, dir_fd, rel, ctypes.byref(_HOW_STRICT), _HOW_SIZE)
+    # (every setxattr of user.metadata.* comes here: the argument objects are made once,
+    # the result built as a plain tuple; ctypes' argtypes would convert more slowly)
+    fd = _syscall(_SYS_OPENAT2, dir_fd, rel, _HOW_STRICT_REF, _HOW_SIZE)
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), rel)
     buf = _StatxBuf()
     try:
-        check(libc.statx(fd, b"", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW, _STATX_IDENTITY, buf))
+        failed = _statx(fd, b"", _STATX_EMPTY_NOFOLLOW, _STATX_IDENTITY, buf)
     finally:
         os.close(fd)
+    if failed:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), rel)
     mask, attributes, uid, mode, ino, btime_s, btime_ns, major, minor = \
         _STATX_FIELDS.unpack_from(buf)
-    return BeneathStat(os.makedev(major, minor), ino, mode, uid,
-                       btime_s * 1_000_000_000 + btime_ns if mask & _STATX_BTIME else 0,
-                       bool(attributes & _STATX_FROZEN))
+    return _new_tuple(BeneathStat, (os.makedev(major, minor), ino, mode, uid,
+                                    btime_s * 1_000_000_000 + btime_ns if mask & _STATX_BTIME
+                                    else 0, bool(attributes & _STATX_FROZEN)))
 
 
 def raise_fd_limit() -> None:

@@ -83,8 +83,11 @@ _FILEID_INO32_GEN = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+_PARK_BELOW = PARK + "/"
+
+
 def _parked(sp: str) -> bool:
-    return sp == PARK or sp.startswith(PARK + "/")
+    return sp == PARK or sp.startswith(_PARK_BELOW)
 
 
 class InodeProbe:
@@ -273,6 +276,31 @@ class Ownership:
             if not self.fs._meta_set_now(sp, key, value):  # appended inline, or else:
                 await self.fs._meta_set(sp, key, value)
             ledger.record(sp, ident, uid, size)
+
+    def set_now(self, node, names: list[bytes], key: str, value,
+                identity: tuple[tuple, int]) -> bool:
+        """:meth:`set` on this thread, with no coroutine, in the common case: one name, whose
+        entries the ledger already gives this file, its values cached and the store taking
+        the write inline. True once done (checked against the quota and recorded as
+        :meth:`set` does); False: nothing written, await :meth:`set`."""
+        ledger = self.ledger
+        made = node.meta_path
+        if ledger is None or made is None or len(names) != 1 or made[0] is not names[0]:
+            return False
+        sp = made[1]
+        owner = ledger.owner(sp)
+        ident, uid = identity
+        if owner is None or owner[0] != ident or _parked(sp):
+            return False
+        values = self.fs._meta_values_cached(sp)
+        if values is None:
+            return False
+        size = metadata_bytes_with(values, key, value)
+        ledger.check(sp, uid, size)
+        if not self.fs._meta_set_now(sp, key, value):
+            return False
+        ledger.record(sp, ident, uid, size)
+        return True
 
     async def unset(self, node, names: list[bytes], key: str) -> None:
         for rel in names:

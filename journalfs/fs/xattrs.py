@@ -58,5 +58,18 @@ def decode_value(raw: bytes) -> str | list[str]:
     return text.split("\0")
 
 
+_NAMES: dict[str, bytes] = {}  # store key -> attribute name, for keys listed recently
+
+
 def metadata_names(keys) -> list[bytes]:
-    return [METADATA_PREFIX + k.encode("utf-8", "surrogateescape") for k in keys]
+    """The attribute names of store keys (getfattr -R lists every file's: names of keys
+    seen before are one dict lookup each)."""
+    names = []
+    for k in keys:
+        name = _NAMES.get(k)
+        if name is None:
+            if len(_NAMES) >= _KEYS_KEPT:
+                _NAMES.clear()
+            name = _NAMES[k] = METADATA_PREFIX + k.encode("utf-8", "surrogateescape")
+        names.append(name)
+    return names

@@ -220,7 +220,7 @@ class MetaService:
         return ticket
 
     def set_now(self, path: str, key: str, value: Value) -> bool:
-        if self.store.sync == "always" or self._queued.ops:
+        if self._queued.ops:  # (and under "always" try_set says None)
             return False
         return self._applied(self.store.try_set(path, key, value)) is not None
 

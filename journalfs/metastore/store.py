@@ -135,18 +135,36 @@ class JournalIndex:
         idx = len(self.records)
         self.records.append(rec)
         self.next_offset += size
-        if rec["kind"] in ("copy", "remove"):
+        kind = rec["kind"]
+        if kind in ("copy", "remove"):
             self.structural.setdefault(rec["path"], []).append(idx)
         else:
+            if kind == "unset":
+                self.unsets += 1
             path = rec["path"]
             keys = self.keyed.get(path)
             if keys is None:
                 keys = self.keyed[path] = {}
                 if self._sorted_paths is not None:
                     bisect.insort(self._sorted_paths, path)
-            keys.setdefault(rec["key"], []).append(idx)
+            entries = keys.get(rec["key"])
+            if entries is None:  # (no empty list made per write of a key seen before)
+                keys[rec["key"]] = [idx]
+            else:
+                entries.append(idx)
 
     _sorted_paths: list[str] | None = None  # keyed paths in order, built on first need
+    unsets: int = 0  # UNSET entries among the records
+
+    def deciding_sets(self, count: int) -> list[dict] | None:
+        """When the first ``count`` records (all of them) are SET/SETV entries only: the
+        newest of each (path, key), in journal order -- what decides a merge of them. None
+        when there are others (an UNSET or a REMOVE/COPY makes order across keys matter)."""
+        if self.structural or self.unsets or count != len(self.records):
+            return None
+        records = self.records
+        return [records[i] for i in sorted(idxs[-1] for keys in self.keyed.values()
+                                           for idxs in keys.values())]
 
     def touches(self, path: str) -> bool:
         """Whether any entry is about ``path``, a path below it, or (structurally: a REMOVE
@@ -606,8 +624,21 @@ class MetaStore:
 
     def _merged(self, count: int | None = None) -> MergedTree:
         merged = MergedTree(self._tree)
-        for rec in self._index.records[:count]:
+        records = self._index.records[:count]
+        deciding = self._index.deciding_sets(len(records))
+        if deciding is None:
+            for rec in records:
+                merged.apply(rec)
+            return merged
+        # the same tree as every entry applied (set after set of one key: the last wins, as
+        # does the last one's mtime for its node), and the same time range (every SET
+        # counts in it): a rotation after a burst of sets folds in a fraction of them
+        for rec in deciding:
             merged.apply(rec)
+        times = [t for rec in records if (t := rec["mtime"])]
+        if times:
+            merged._note_time(min(times))
+            merged._note_time(max(times))
         return merged
 
     def dump(self) -> dict[str, dict]:
@@ -641,10 +672,13 @@ class MetaStore:
                 rec["source"] = source
             entries.append((entry, rec, len(entry)))
         total = entries[0][2] if len(entries) == 1 else sum(size for _, _, size in entries)
+        self._check_fits(total)
+        return entries
+
+    def _check_fits(self, total: int) -> None:
         if total > self.journal_size - HEADER_SIZE:
             raise EntryTooLarge(f"metadata entry of {total} bytes can never fit a journal of "
                                 f"{self.journal_size} bytes")
-        return entries
 
     # -- space: the store never eats into root's reserve nor the room of one rotation -------
     def rotation_room(self) -> int:
@@ -719,10 +753,38 @@ class MetaStore:
         return self._try_append_ops(self._ops(op))
 
     def try_set(self, path: str, key: str, value: Value) -> tuple[int, float] | None:
-        """``try_append(SetOp(path, key, value))`` (the mount's setxattr), minus the op."""
+        """``try_append(SetOp(path, key, value))`` (the mount's setxattr), minus the op. A
+        string value (every setxattr) takes the same steps as :meth:`_try_append_ops` and
+        :meth:`_encode` written out for one SET entry, without the tuples of ops and the
+        generic record building (the setxattr row's CPU per request)."""
         if self.sync == "always":
             return None
-        return self._try_append_ops(self._set_ops(path, key, value))
+        if type(value) is not str:
+            return self._try_append_ops(self._set_ops(path, key, value))
+        if type(key) is not str or not key or "\0" in key:
+            self._check_key(key)
+        if self.readonly or self._closed:
+            self._check_writable()
+        path = canonical(path)
+        mtime = int(time.time())
+        try:
+            entry = encode_entry("set", mtime, path, key, value)
+        except (ValueError, UnicodeError) as exc:  # a NUL byte, or a str no bytes make
+            raise InvalidMetadata(f"metadata entry for {path!r} cannot be stored: {exc}") from None
+        size = len(entry)
+        self._check_fits(size)
+        lock = self._lock
+        if not lock.acquire(False):
+            return None
+        try:
+            self._check_space(size)
+            if not self._room(size):
+                return None
+            rec = {"kind": "set", "mtime": mtime, "path": path, "key": key, "value": value}
+            ticket = self._write_entries([(entry, rec, size)], fsync=False)
+            return ticket, self._fill_locked()
+        finally:
+            lock.release()
 
     def _try_append_ops(self, ops: tuple) -> tuple[int, float] | None:
         self._check_writable()
