@@ -62,8 +62,10 @@ class DirectoryOps(StoreCalls):
         a fresh snapshot or a new scan; and whether every change in SOURCE has reached the
         kernel's caches (the directory is watched and no change is waiting)."""
         rel = node.path
-        # a change behind the mount not yet applied to our caches: none of them is current
-        pending = self.watch.pending()
+        # changes behind the mount queued before this listing are applied to our caches
+        # first (a round of the watcher), so the kept listing stays usable; only when they
+        # cannot be (no watcher running) is none of our caches current
+        pending = not await self.watch.settle()
         watched = rel is not None and not pending and self.watch.watching(node.ino)
         listing: Listing | None = None
         if rel is not None and not pending:

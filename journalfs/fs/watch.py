@@ -263,6 +263,10 @@ class SourceWatcher:
         self._mount_fds: dict[int, int] = {}    # mount id -> an O_PATH fd on it
         self.limit_reached = False
         self.applying = False  # events read from the queue, their caches not yet dropped
+        # rounds of run(): each reads the whole queue and applies it (settle() waits for one)
+        self._serving = False
+        self._rounds_started = self._rounds_done = 0
+        self._round_ended = trio.lowlevel.ParkingLot()
         self.events = 0
         self.invalidations = 0
         self.overflows = 0
@@ -350,9 +354,35 @@ class SourceWatcher:
             return True
         if self.fd < 0:
             return False
+        return self._queued()
+
+    def _queued(self) -> bool:
         poller = select.poll()
         poller.register(self.fd, select.POLLIN)
         return bool(poller.poll(0))
+
+    async def settle(self) -> bool:
+        """Wait until every change queued before this call has been applied (the hooks told,
+        the kernel's inodes invalidated), as :meth:`run` applies them; True then, or at once
+        when nothing is pending. False when :meth:`run` is not serving events (nothing would
+        apply them). A listing that settles first can use what it kept: one change anywhere
+        in SOURCE costs it a wait for one round of events, not a rescan (a round reads the
+        whole queue, so the next one takes everything queued now)."""
+        if self.fd < 0:
+            return True
+        if self._queued():
+            target = self._rounds_started + 1
+        elif self.applying:
+            target = self._rounds_started
+        else:
+            return True
+        if not self._serving:
+            return False
+        while self._rounds_done < target:
+            if self.stopped or not self._serving:
+                return False
+            await self._round_ended.park()
+        return True
 
     def directory_forgotten(self, ino: int) -> None:
         key = self._key_of.pop(ino, None)
@@ -446,6 +476,7 @@ class SourceWatcher:
             task_status.started()
         if self.fd < 0:
             return
+        self._serving = True
         try:
             while not self.stopped:
                 try:
@@ -455,13 +486,18 @@ class SourceWatcher:
                 if self.stopped:
                     return
                 self.applying = True
+                self._rounds_started += 1
                 try:
                     changes = self._read_all()
                     if changes or self._name_events:
                         await self._apply(changes)
                 finally:
                     self.applying = False
+                    self._rounds_done = self._rounds_started
+                    self._round_ended.unpark_all()
         finally:
+            self._serving = False
+            self._round_ended.unpark_all()
             self.close()
 
     def _read_all(self) -> dict[tuple[int, bytes | None], int]:
