@@ -61,19 +61,6 @@ class StructWrites(bench_fuse.Target):
         return ["env", f"JOURNALFS_STRUCT_WRITES={self.mode}", *super().command(sync, timeout)]
 
 
-class OtherTree(bench_fuse.Target):
-    """journalfs as imported from another source tree."""
-
-    def __init__(self, name: str, tree: Path, *args):
-        super().__init__(name, *args)
-        self.tree = tree
-
-    def command(self, sync, timeout) -> list[str]:
-        # python -m imports from the working directory first: run it in the tree
-        return ["env", "-C", str(self.tree), f"PYTHONPATH={self.tree}",
-                *super().command(sync, timeout)]
-
-
 MAKE_FILES_C = r"""
 #include <fcntl.h>
 #include <stdio.h>
@@ -270,19 +257,25 @@ def run(args, work: Path, commands: dict, phases: tuple) -> int:
         "bindfs": bench_fuse.Target("bindfs", src, work / "mnt-bindfs"),
         "journalfs": bench_fuse.Target("journalfs", fs_src, work / "mnt-journalfs", store),
     }
-    names = args.only.split(",")
+    # each target once, whether --only names it too or not (it was measured and shown twice)
+    names = list(dict.fromkeys(args.only.split(",")))
     if args.before:
-        targets["journalfs-before"] = OtherTree("journalfs-before", args.before.resolve(),
-                                                fs_src, work / "mnt-before",
-                                                work / "store-before")
+        # the other tree's journalfs first on PYTHONPATH, run from "/" (as bench/fuse.py --tree)
+        targets["journalfs-before"] = bench_fuse.Target(
+            "journalfs-before", fs_src, work / "mnt-before", work / "store-before",
+            tree=args.before.resolve())
         (work / "store-before").mkdir(exist_ok=True)
-        names.append("journalfs-before")
+        names = [n for n in names if n != "journalfs-before"] + ["journalfs-before"]
     if args.struct_writes:
         for mode in ("names", "off"):
             t = StructWrites(mode, fs_src, work / f"mnt-{mode}", work / f"store-{mode}")
             (work / f"store-{mode}").mkdir(exist_ok=True)
             targets[t.name] = t
-            names.append(t.name)
+            names = [n for n in names if n != t.name] + [t.name]
+    unknown = [n for n in names if n not in targets]
+    if unknown:
+        raise SystemExit(f"--only: no target {', '.join(unknown)} (journalfs-before needs "
+                         "--before, journalfs-structs-* --struct-writes)")
     order = [targets[n] for n in names]
 
     def folder_of(t) -> tuple[Path, int]:
