@@ -37,7 +37,7 @@ TRUST_SECONDS = 0.5
 SCAN_TTL = 2.0
 #: A "no journal below" answer is checked again against the directories it listed (an
 #: lstat each) when it listed at most this many; else the TTL and the watcher alone.
-SCAN_DIRS_CHECKED = 64
+SCAN_DIRS_CHECKED = 32
 #: Worker threads the views use at most, and at most on one SOURCE path (see _on_file).
 VIEW_THREADS = 16
 FILE_THREADS = 2
