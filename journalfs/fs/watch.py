@@ -118,13 +118,17 @@ class KernelNotifier:
     bounded (MAX_PENDING_ENTRIES), and sent by one thread of ours (an invalidation can block
     until a request on that directory is answered: never on the trio thread). Inode
     invalidations are sent by the caller's worker thread (they can block on writeback).
-    Every call into the session holds ``_session``; :meth:`close` sets ``closed`` and then
-    takes that lock, so once it returns no call is in progress and none will start."""
+    Every call into the session is counted while it runs (:meth:`_enter`); :meth:`close`
+    sets ``closed`` and then waits for the count to reach 0, so once it returns no call is
+    in progress and none will start. Calls do not wait for each other: an entry
+    invalidation waits for the directory's lock, which a READDIR in progress holds, and an
+    inode invalidation behind it would hold up whatever waits for that one (a listing
+    waiting for the watcher's round: fs/dirops.py)."""
 
     def __init__(self, max_pending: int = MAX_PENDING_ENTRIES):
         self.max_pending = max_pending
-        self._session = threading.Lock()       # held around each call into the session
-        self._ready = threading.Condition()    # guards _pending, closed, _thread
+        self._ready = threading.Condition()    # guards _pending, closed, _thread, _calls
+        self._calls = 0                        # calls into the session in progress
         self._pending: OrderedDict[tuple[int, bytes], None] = OrderedDict()
         self._thread: threading.Thread | None = None
         self.closed = False
@@ -153,13 +157,28 @@ class KernelNotifier:
         """From a worker thread: drop the kernel's cached attributes (and data, unless the
         flag says attributes only) of each inode; inodes the kernel forgot are skipped."""
         for ino, attr_only in items:
-            with self._session:
-                if self.closed:
-                    return
-                try:
-                    pyfuse3.invalidate_inode(ino, attr_only)
-                except OSError:  # the kernel has forgotten it: nothing cached to drop
-                    pass
+            if not self._enter():
+                return
+            try:
+                pyfuse3.invalidate_inode(ino, attr_only)
+            except OSError:  # the kernel has forgotten it: nothing cached to drop
+                pass
+            finally:
+                self._leave()
+
+    def _enter(self) -> bool:
+        """Count a call into the session about to start; False once closed (no call)."""
+        with self._ready:
+            if self.closed:
+                return False
+            self._calls += 1
+            return True
+
+    def _leave(self) -> None:
+        with self._ready:
+            self._calls -= 1
+            if not self._calls:
+                self._ready.notify_all()
 
     def _run(self) -> None:
         while True:
@@ -169,17 +188,18 @@ class KernelNotifier:
                 if self.closed:
                     return
                 (parent, name), _ = self._pending.popitem(last=False)
-            with self._session:
-                if self.closed:
-                    return
-                try:
-                    pyfuse3.invalidate_entry(parent, name)
-                    self.sent += 1
-                except FileNotFoundError:  # the kernel holds no such entry: nothing to drop
-                    pass
-                except OSError as exc:
-                    self.failed += 1
-                    log.debug("invalidating %r in directory %d: %s", name, parent, exc)
+            if not self._enter():
+                return
+            try:
+                pyfuse3.invalidate_entry(parent, name)
+                self.sent += 1
+            except FileNotFoundError:  # the kernel holds no such entry: nothing to drop
+                pass
+            except OSError as exc:
+                self.failed += 1
+                log.debug("invalidating %r in directory %d: %s", name, parent, exc)
+            finally:
+                self._leave()
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
         """No call into the session from here on (call it before ``pyfuse3.close()``);
@@ -188,11 +208,10 @@ class KernelNotifier:
             self.closed = True
             self._pending.clear()
             self._ready.notify_all()
-        if not self._session.acquire(timeout=timeout):
-            log.warning("a kernel cache invalidation was still in progress when the FUSE "
-                        "session closed")
-            return False
-        self._session.release()
+            if not self._ready.wait_for(lambda: not self._calls, timeout):
+                log.warning("a kernel cache invalidation was still in progress when the "
+                            "FUSE session closed")
+                return False
         return True
 
 
@@ -361,10 +380,18 @@ class SourceWatcher:
         poller.register(self.fd, select.POLLIN)
         return bool(poller.poll(0))
 
+    def _caches_current(self) -> None:
+        """The round's changes have reached the hooks (the passthrough's and the views'
+        caches): wake whoever settle()s."""
+        if self._rounds_done != self._rounds_started:
+            self._rounds_done = self._rounds_started
+            self._round_ended.unpark_all()
+
     async def settle(self) -> bool:
-        """Wait until every change queued before this call has been applied (the hooks told,
-        the kernel's inodes invalidated), as :meth:`run` applies them; True then, or at once
-        when nothing is pending. False when :meth:`run` is not serving events (nothing would
+        """Wait until every change queued before this call has reached the hooks (the
+        passthrough's and the views' caches dropped, as :meth:`run` applies them; the
+        kernel's invalidations are sent after, not waited for); True then, or at once when
+        nothing is pending. False when :meth:`run` is not serving events (nothing would
         apply them). A listing that settles first can use what it kept: one change anywhere
         in SOURCE costs it a wait for one round of events, not a rescan (a round reads the
         whole queue, so the next one takes everything queued now)."""
@@ -375,6 +402,8 @@ class SourceWatcher:
         elif self.applying:
             target = self._rounds_started
         else:
+            return True
+        if target <= self._rounds_done:  # a round only sending the kernel's invalidations
             return True
         if not self._serving:
             return False
@@ -493,8 +522,7 @@ class SourceWatcher:
                         await self._apply(changes)
                 finally:
                     self.applying = False
-                    self._rounds_done = self._rounds_started
-                    self._round_ended.unpark_all()
+                    self._caches_current()
         finally:
             self._serving = False
             self._round_ended.unpark_all()
@@ -651,6 +679,7 @@ class SourceWatcher:
                 self.invalidations += 1
             if child is not None:
                 inodes[child] = inodes.get(child, True) and not kinds & DATA
+        self._caches_current()  # what settle() waits for; the kernel's inodes follow
         if inodes and not self.stopped:
             self.invalidations += len(inodes)
             await trio.to_thread.run_sync(self.notifier.invalidate_inodes, list(inodes.items()))
