@@ -282,10 +282,12 @@ class SourceWatcher:
         self._mount_fds: dict[int, int] = {}    # mount id -> an O_PATH fd on it
         self.limit_reached = False
         self.applying = False  # events read from the queue, their caches not yet dropped
-        # rounds of run(): each reads the whole queue and applies it (settle() waits for one)
-        self._serving = False
-        self._rounds_started = self._rounds_done = 0
-        self._round_ended = trio.lowlevel.ParkingLot()
+        # changes read from the queue and not yet applied, {(dir ino, name): kinds}: read by
+        # run() or by unsettled() (which must know the directories they are in)
+        self._waiting: dict[tuple[int, bytes | None], int] = {}
+        self._waiting_dirs: set[int] = set()  # the directories of _waiting
+        self._applying_dirs: set[int] = set()  # directories of the round being applied
+        self._wake: trio.CancelScope | None = None  # run() waiting for the queue
         self.events = 0
         self.invalidations = 0
         self.overflows = 0
@@ -369,49 +371,35 @@ class SourceWatcher:
         """Whether changes have happened that the hooks have not been told about yet (the
         queue is not empty, or events read from it are still being applied). A change made
         in SOURCE is queued before the syscall making it returns."""
-        if self.applying:
+        if self.applying or self._waiting:
             return True
         if self.fd < 0:
             return False
-        return self._queued()
-
-    def _queued(self) -> bool:
         poller = select.poll()
         poller.register(self.fd, select.POLLIN)
         return bool(poller.poll(0))
 
-    def _caches_current(self) -> None:
-        """The round's changes have reached the hooks (the passthrough's and the views'
-        caches): wake whoever settle()s."""
-        if self._rounds_done != self._rounds_started:
-            self._rounds_done = self._rounds_started
-            self._round_ended.unpark_all()
+    def unsettled(self, ino: int) -> bool:
+        """Whether a change in directory ``ino`` (a name in it made, removed, renamed or
+        changed; every directory after a queue overflow) has happened that the hooks have
+        not been told about yet. Reads what is queued (never waits), so that a change
+        anywhere else in SOURCE leaves a listing of ``ino`` what it kept (one user's flood
+        of changes costs nobody else's listings a rescan). Not counted: a change inside a
+        subdirectory, which only changes that subdirectory's times in this listing until
+        the watcher's round (the kernel drops them then)."""
+        if self.fd >= 0 and not self.stopped and self._take():
+            if self._wake is not None:
+                self._wake.cancel()  # run() applies them now
+        return ino in self._applying_dirs or ino in self._waiting_dirs
 
-    async def settle(self) -> bool:
-        """Wait until every change queued before this call has reached the hooks (the
-        passthrough's and the views' caches dropped, as :meth:`run` applies them; the
-        kernel's invalidations are sent after, not waited for); True then, or at once when
-        nothing is pending. False when :meth:`run` is not serving events (nothing would
-        apply them). A listing that settles first can use what it kept: one change anywhere
-        in SOURCE costs it a wait for one round of events, not a rescan (a round reads the
-        whole queue, so the next one takes everything queued now)."""
-        if self.fd < 0:
-            return True
-        if self._queued():
-            target = self._rounds_started + 1
-        elif self.applying:
-            target = self._rounds_started
-        else:
-            return True
-        if target <= self._rounds_done:  # a round only sending the kernel's invalidations
-            return True
-        if not self._serving:
-            return False
-        while self._rounds_done < target:
-            if self.stopped or not self._serving:
-                return False
-            await self._round_ended.park()
-        return True
+    def _take(self) -> bool:
+        """Read the queue into ``_waiting`` (never blocks); whether anything was read."""
+        names = len(self._name_events)
+        new = self._read_all({})
+        for key, kinds in new.items():
+            self._waiting[key] = self._waiting.get(key, 0) | kinds
+            self._waiting_dirs.add(key[0])
+        return bool(new) or len(self._name_events) != names
 
     def directory_forgotten(self, ino: int) -> None:
         key = self._key_of.pop(ino, None)
@@ -505,32 +493,42 @@ class SourceWatcher:
             task_status.started()
         if self.fd < 0:
             return
-        self._serving = True
         try:
             while not self.stopped:
                 try:
-                    await trio.lowlevel.wait_readable(self.fd)
+                    await self._wait()
                 except trio.ClosedResourceError:  # stop(): the session is closing
                     return
                 if self.stopped:
                     return
                 self.applying = True
-                self._rounds_started += 1
                 try:
-                    changes = self._read_all()
+                    self._take()
+                    changes, self._waiting = self._waiting, {}
+                    self._applying_dirs, self._waiting_dirs = self._waiting_dirs, set()
                     if changes or self._name_events:
                         await self._apply(changes)
                 finally:
                     self.applying = False
-                    self._caches_current()
+                    self._applying_dirs = set()
         finally:
-            self._serving = False
-            self._round_ended.unpark_all()
             self.close()
 
-    def _read_all(self) -> dict[tuple[int, bytes | None], int]:
-        """Drain the queue: {(dir ino, name or None): kinds} merged over all events."""
-        changes: dict[tuple[int, bytes | None], int] = {}
+    async def _wait(self) -> None:
+        """Until the queue has events, or unsettled() has read some for us to apply."""
+        if self._waiting or self._name_events:
+            return
+        with trio.CancelScope() as scope:
+            self._wake = scope
+            try:
+                await trio.lowlevel.wait_readable(self.fd)
+            finally:
+                self._wake = None
+
+    def _read_all(self, changes: dict[tuple[int, bytes | None], int]
+                  ) -> dict[tuple[int, bytes | None], int]:
+        """Drain the queue into ``changes``: {(dir ino, name or None): kinds} merged over
+        all events."""
         parse = self._parse_fanotify if self.mechanism == "fanotify" else self._parse_inotify
         while True:
             try:
@@ -679,7 +677,7 @@ class SourceWatcher:
                 self.invalidations += 1
             if child is not None:
                 inodes[child] = inodes.get(child, True) and not kinds & DATA
-        self._caches_current()  # what settle() waits for; the kernel's inodes follow
+        self._applying_dirs = set()  # our caches are current; the kernel's inodes follow
         if inodes and not self.stopped:
             self.invalidations += len(inodes)
             await trio.to_thread.run_sync(self.notifier.invalidate_inodes, list(inodes.items()))
