@@ -24,6 +24,7 @@ Interface used by the passthrough (journalfs/fs/passthrough.py):
     watcher.directory_known(ino, fd=..., path=...)   # the kernel got a directory inode
                                                 # (lookup, readdirplus, the root): watch it
     watcher.directory_forgotten(ino)            # the kernel forgot it: stop watching
+    watcher.unsettled(ino)                      # a change in that directory not yet applied?
     await nursery.start(watcher.run)            # serve events until cancelled
 
 ``directory_known`` is cheap and idempotent; pass an fd (O_PATH is fine) or a path of the
@@ -121,9 +122,10 @@ class KernelNotifier:
     Every call into the session is counted while it runs (:meth:`_enter`); :meth:`close`
     sets ``closed`` and then waits for the count to reach 0, so once it returns no call is
     in progress and none will start. Calls do not wait for each other: an entry
-    invalidation waits for the directory's lock, which a READDIR in progress holds, and an
-    inode invalidation behind it would hold up whatever waits for that one (a listing
-    waiting for the watcher's round: fs/dirops.py)."""
+    invalidation waits for its directory's lock while a READDIR of it is in progress (bob's
+    listing of 100k entries), and an inode invalidation queued behind it held up the
+    watcher's round and every request that invalidates views (a create through the mount)
+    for as long."""
 
     def __init__(self, max_pending: int = MAX_PENDING_ENTRIES):
         self.max_pending = max_pending
@@ -387,9 +389,12 @@ class SourceWatcher:
         of changes costs nobody else's listings a rescan). Not counted: a change inside a
         subdirectory, which only changes that subdirectory's times in this listing until
         the watcher's round (the kernel drops them then)."""
-        if self.fd >= 0 and not self.stopped and self._take():
-            if self._wake is not None:
-                self._wake.cancel()  # run() applies them now
+        if self.fd >= 0 and not self.stopped:
+            try:
+                if self._take() and self._wake is not None:
+                    self._wake.cancel()  # run() applies them now
+            except OSError:  # the queue cannot be read here: assume the worst
+                return True
         return ino in self._applying_dirs or ino in self._waiting_dirs
 
     def _take(self) -> bool:
