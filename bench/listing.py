@@ -24,6 +24,13 @@ journal's index is built once before the rounds (it is then read from the store)
 rounds: "journalfs-structs-names" (no reply blocks of fs/direntries.py) and
 "journalfs-structs-off" (no name-only entries of fs/dirlist.py either): what they buy.
 
+``--relist N [--memcg MIB]``: only journalfs, a directory of ENTRIES listed once, then N
+more times by one `os.listdir` each, from a process in a memory cgroup (v1 or v2) of MIB
+MiB when given: per listing the READDIR(PLUS) requests and the daemon's CPU. With room the
+kernel keeps the entries' inodes (64 entries a reply); under memory pressure its reclaim
+frees them between listings and sends FORGETs, and each listing builds them again, 8 new
+inodes a reply (docs/views.md, "When the kernel forgets what a listing made").
+
 ``--image``: the real directory is made in an ext4 image (a sparse file in WORKDIR,
 loop-mounted; ``large_dir`` so that one directory can hold 12M names) by a small C program
 compiled at bench time (7,300-18,000 files/s here, with the load; the Python loop of
@@ -59,19 +66,6 @@ class StructWrites(bench_fuse.Target):
 
     def command(self, sync, timeout) -> list[str]:
         return ["env", f"JOURNALFS_STRUCT_WRITES={self.mode}", *super().command(sync, timeout)]
-
-
-class OtherTree(bench_fuse.Target):
-    """journalfs as imported from another source tree."""
-
-    def __init__(self, name: str, tree: Path, *args):
-        super().__init__(name, *args)
-        self.tree = tree
-
-    def command(self, sync, timeout) -> list[str]:
-        # python -m imports from the working directory first: run it in the tree
-        return ["env", "-C", str(self.tree), f"PYTHONPATH={self.tree}",
-                *super().command(sync, timeout)]
 
 
 MAKE_FILES_C = r"""
@@ -239,6 +233,10 @@ def main() -> int:
     ap.add_argument("--keep-image", action="store_true")
     ap.add_argument("--struct-writes", action="store_true",
                     help="also journalfs with JOURNALFS_STRUCT_WRITES=names and =off")
+    ap.add_argument("--relist", type=int, metavar="N",
+                    help="only journalfs: list the directory N more times, per listing figures")
+    ap.add_argument("--memcg", type=int, metavar="MIB",
+                    help="--relist: the listing process in a memory cgroup of MIB MiB")
     ap.add_argument("--commands", default=",".join(COMMANDS))
     ap.add_argument("--phases", default="cold,warm")
     args = ap.parse_args()
@@ -246,10 +244,69 @@ def main() -> int:
     commands = {name: COMMANDS[name] for name in args.commands.split(",")}
     phases = tuple(args.phases.split(","))
     try:
+        if args.relist:
+            return relist(args, work)
         return run(args, work, commands, phases)
     finally:
         if args.image and not args.keep_image:
             remove_image(work)
+
+
+LISTER = "import os, sys\nos.listdir(sys.argv[1])"
+
+
+def memory_cgroup(name: str, mib: int) -> Path:
+    """A memory cgroup of ``mib`` MiB (v2 if mounted with its memory controller, else v1)."""
+    for top, limit in ((Path("/sys/fs/cgroup"), "memory.max"),
+                       (Path("/sys/fs/cgroup/unified"), "memory.max"),
+                       (Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes")):
+        controllers = top / "cgroup.controllers"
+        if limit == "memory.max" and not (controllers.exists()
+                                          and "memory" in controllers.read_text().split()):
+            continue
+        if (top / "cgroup.procs").exists():
+            group = top / name
+            group.mkdir(exist_ok=True)
+            (group / limit).write_text(str(mib << 20))
+            return group
+    raise SystemExit("no memory cgroup controller mounted")
+
+
+def relist(args, work: Path) -> int:
+    src = work / "src"
+    make_directory(src / "dir", args.entries)
+    (work / "store").mkdir(parents=True, exist_ok=True)
+    t = bench_fuse.Target("journalfs", src, work / "mnt-journalfs", work / "store")
+    group = memory_cgroup(f"journalfs-bench-listing-{os.getpid()}", args.memcg) \
+        if args.memcg else None
+    rows = []
+    t.mount(cold=False)
+    try:
+        for n in range(args.relist + 1):
+            before = t.sample()
+            command = [sys.executable, "-c", LISTER, str(t.root / "dir")]
+            if group is not None:  # the lister's dentries and inodes are charged to the group
+                command = ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh",
+                           *command]
+            subprocess.run(command, check=True)
+            after = t.sample()
+            rows.append({"listing": n, "readdir_requests": after[2] - before[2],
+                         "daemon_cpu_s": round((after[0] - before[0]) / 1e9, 3)})
+    finally:
+        t.unmount()
+        if group is not None:
+            group.rmdir()
+    print(f"| listing of {args.entries:,} entries"
+          f"{f' (memory cgroup {args.memcg} MiB)' if args.memcg else ''} "
+          "| READDIR(PLUS) requests | daemon CPU s |\n|---|---|---|")
+    for row in rows:
+        print(f"| {'first' if not row['listing'] else row['listing']} "
+              f"| {row['readdir_requests']:,} | {row['daemon_cpu_s']:.2f} |")
+    if args.json:
+        args.json.write_text(json.dumps({"entries": args.entries, "memcg_mib": args.memcg,
+                                         "kernel": os.uname().release, "listings": rows},
+                                        indent=1) + "\n")
+    return 0
 
 
 def run(args, work: Path, commands: dict, phases: tuple) -> int:
@@ -270,19 +327,25 @@ def run(args, work: Path, commands: dict, phases: tuple) -> int:
         "bindfs": bench_fuse.Target("bindfs", src, work / "mnt-bindfs"),
         "journalfs": bench_fuse.Target("journalfs", fs_src, work / "mnt-journalfs", store),
     }
-    names = args.only.split(",")
+    # each target once, whether --only names it too or not (it was measured and shown twice)
+    names = list(dict.fromkeys(args.only.split(",")))
     if args.before:
-        targets["journalfs-before"] = OtherTree("journalfs-before", args.before.resolve(),
-                                                fs_src, work / "mnt-before",
-                                                work / "store-before")
+        # the other tree's journalfs first on PYTHONPATH, run from "/" (as bench/fuse.py --tree)
+        targets["journalfs-before"] = bench_fuse.Target(
+            "journalfs-before", fs_src, work / "mnt-before", work / "store-before",
+            tree=args.before.resolve())
         (work / "store-before").mkdir(exist_ok=True)
-        names.append("journalfs-before")
+        names = [n for n in names if n != "journalfs-before"] + ["journalfs-before"]
     if args.struct_writes:
         for mode in ("names", "off"):
             t = StructWrites(mode, fs_src, work / f"mnt-{mode}", work / f"store-{mode}")
             (work / f"store-{mode}").mkdir(exist_ok=True)
             targets[t.name] = t
-            names.append(t.name)
+            names = [n for n in names if n != t.name] + [t.name]
+    unknown = [n for n in names if n not in targets]
+    if unknown:
+        raise SystemExit(f"--only: no target {', '.join(unknown)} (journalfs-before needs "
+                         "--before, journalfs-structs-* --struct-writes)")
     order = [targets[n] for n in names]
 
     def folder_of(t) -> tuple[Path, int]:

@@ -60,10 +60,11 @@ class DirectoryOps(StoreCalls):
         """The current listing of directory ``node``: the one kept since the last scan when
         the watcher covers the directory (only names changed since are stat'ed again), else
         a fresh snapshot or a new scan; and whether every change in SOURCE has reached the
-        kernel's caches (the directory is watched and no change is waiting)."""
+        kernel's caches (the directory is watched and no change in it is waiting)."""
         rel = node.path
-        # a change behind the mount not yet applied to our caches: none of them is current
-        pending = self.watch.pending()
+        # a change behind the mount in this directory not yet applied to our caches: none
+        # of them is current (changes elsewhere in SOURCE leave its kept listing usable)
+        pending = self.watch.unsettled(node.ino)
         watched = rel is not None and not pending and self.watch.watching(node.ino)
         listing: Listing | None = None
         if rel is not None and not pending:

@@ -211,13 +211,14 @@ class ViewAttrs(ViewIndexes):
             if key is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)
             node = self._node(*key)
-        try:
-            attrs = await self.getattr(node.ino)
-        except BaseException:
-            self.forget(node.ino, 0)
-            raise
+        # counted before the wait: a FORGET of the kernel's earlier references to this node
+        # arriving meanwhile must not drop it from the table (the reply names it)
         node.lookups += 1
-        return attrs
+        try:
+            return await self.getattr(node.ino)
+        except BaseException:
+            self.forget(node.ino, 1)
+            raise
 
     def _cached_record_lookup(self, parent: VNode, name: bytes) -> VNode | None:
         """The record named ``name`` when memory alone can tell (no syscall, no decoding)."""
@@ -256,7 +257,9 @@ class ViewAttrs(ViewIndexes):
             # whether this caller sees it (its credentials are part of the key)
             key = ("shown", rel, self._caller(ctx))
             recent = self._recent(key)
-            if recent is None:
+            # "not there" is never taken from memory: a journal just written in SOURCE may
+            # not have reached the watcher yet, and a missing name is looked up rarely
+            if recent is None or recent[0] is None:
                 generation = self._scan_generation
                 kind, to_all = await self._on_file_as(ctx, rel, self._shown_entry, rel)
                 self._remember(key, generation, kind)

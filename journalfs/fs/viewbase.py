@@ -35,6 +35,9 @@ log = logging.getLogger("journalfs.fs.views")
 TRUST_SECONDS = 0.5
 #: How long "does this SOURCE dir hold any journal" answers are reused.
 SCAN_TTL = 2.0
+#: A "no journal below" answer is checked again against the directories it listed (an
+#: lstat each) when it listed at most this many; else the TTL and the watcher alone.
+SCAN_DIRS_CHECKED = 32
 #: Worker threads the views use at most, and at most on one SOURCE path (see _on_file).
 VIEW_THREADS = 16
 FILE_THREADS = 2
@@ -43,6 +46,11 @@ FILE_THREADS = 2
 #: owner's CPU budget (a paused one uses no CPU): enough that a few users paused over their
 #: budget never keep another user's small journal waiting for a thread.
 INDEX_THREADS = 8
+
+
+def _dir_state(st: os.stat_result) -> tuple:
+    """What changes when a directory's names, mode, owner or ACL change."""
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class ViewsBase:
@@ -324,12 +332,24 @@ class ViewsBase:
         key = ("scan", rel) if caller is None else ("scan", rel, caller)
         generation = self._scan_generation
         cached = self.catalog.get(key)
-        if cached is not None and now - cached[0] < SCAN_TTL and cached[2] == generation:
+        # "none" is believed only while no directory it listed changed: a journal written in
+        # SOURCE just now may not have reached the watcher (the generation) yet
+        if cached is not None and now - cached[0] < SCAN_TTL and cached[2] == generation \
+                and (cached[1] or self._dirs_unchanged(cached[3])):
             return cached[1]
         found = False
-        pending = [rel]
+        pending: list[tuple[bytes, os.stat_result | None]] = [(rel, None)]
+        listed: list[tuple[bytes, tuple]] | None = []  # each directory as before its listing
         while pending and not found:
-            top = pending.pop()
+            top, top_st = pending.pop()
+            try:
+                top_st = top_st or self.source.lstat(top)
+            except OSError:
+                continue
+            if listed is not None:
+                listed.append((top, _dir_state(top_st)))
+                if len(listed) > SCAN_DIRS_CHECKED:
+                    listed = None  # too many to check again: the TTL and generation only
             if caller is not None and not self.source.access(top, os.R_OK | os.X_OK):
                 continue
             try:
@@ -340,14 +360,28 @@ class ViewsBase:
                 sub = top + b"/" + name if top else name
                 if stat.S_ISDIR(st.st_mode):
                     if sub != VIEWS_NAME:
-                        pending.append(sub)
+                        pending.append((sub, st))
                 elif stat.S_ISREG(st.st_mode) and not is_backup_name(name) and \
                         self._journal_info(sub, st) is not None and \
                         (caller is None or self.source.access(sub, os.R_OK)):
                     found = True
                     break
-        self.catalog.put(key, (now, found, generation), 100 + len(rel))
+        cost = 100 + len(rel) + sum(80 + len(d) for d, _ in listed or ())
+        self.catalog.put(key, (now, found, generation, listed), cost)
         return found
+
+    def _dirs_unchanged(self, listed: list[tuple[bytes, tuple]] | None) -> bool:
+        """Whether each directory (rel, state before it was listed) is as it was: a name
+        made, removed or renamed in it, or its mode or ACL changed, changes its ctime."""
+        if listed is None:
+            return True
+        for rel, state in listed:
+            try:
+                if _dir_state(self.source.lstat(rel)) != state:
+                    return False
+            except OSError:
+                return False
+        return True
 
     def _caller(self, ctx):
         """The credentials key of a request's caller; None for root (sees everything) or

@@ -91,15 +91,15 @@ class ViewListing(ViewAttrs):
         if node.kind == STATE:
             for i, name in enumerate(handle.entries[start_id:], start_id + 1):
                 child = self._node(STATE, node.rel + b"/" + name)
+                child.lookups += 1  # held across the wait (a FORGET meanwhile keeps it)
                 try:
                     attrs = await self.getattr(child.ino)
                 except (pyfuse3.FUSEError, OSError):  # gone meanwhile
-                    self.forget(child.ino, 0)
+                    self.forget(child.ino, 1)
                     continue
                 if not pyfuse3.readdir_reply(token, name, attrs, i):
-                    self.forget(child.ino, 0)
+                    self.forget(child.ino, 1)
                     return
-                child.lookups += 1
             return
         if node.kind == RECORDS_DIR:
             for i, (name, kind, what) in enumerate(handle.entries[start_id:], start_id + 1):

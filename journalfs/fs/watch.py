@@ -24,6 +24,7 @@ Interface used by the passthrough (journalfs/fs/passthrough.py):
     watcher.directory_known(ino, fd=..., path=...)   # the kernel got a directory inode
                                                 # (lookup, readdirplus, the root): watch it
     watcher.directory_forgotten(ino)            # the kernel forgot it: stop watching
+    watcher.unsettled(ino)                      # a change in that directory not yet applied?
     await nursery.start(watcher.run)            # serve events until cancelled
 
 ``directory_known`` is cheap and idempotent; pass an fd (O_PATH is fine) or a path of the
@@ -118,13 +119,18 @@ class KernelNotifier:
     bounded (MAX_PENDING_ENTRIES), and sent by one thread of ours (an invalidation can block
     until a request on that directory is answered: never on the trio thread). Inode
     invalidations are sent by the caller's worker thread (they can block on writeback).
-    Every call into the session holds ``_session``; :meth:`close` sets ``closed`` and then
-    takes that lock, so once it returns no call is in progress and none will start."""
+    Every call into the session is counted while it runs (:meth:`_enter`); :meth:`close`
+    sets ``closed`` and then waits for the count to reach 0, so once it returns no call is
+    in progress and none will start. Calls do not wait for each other: an entry
+    invalidation waits for its directory's lock while a READDIR of it is in progress (bob's
+    listing of 100k entries), and an inode invalidation queued behind it held up the
+    watcher's round and every request that invalidates views (a create through the mount)
+    for as long."""
 
     def __init__(self, max_pending: int = MAX_PENDING_ENTRIES):
         self.max_pending = max_pending
-        self._session = threading.Lock()       # held around each call into the session
-        self._ready = threading.Condition()    # guards _pending, closed, _thread
+        self._ready = threading.Condition()    # guards _pending, closed, _thread, _calls
+        self._calls = 0                        # calls into the session in progress
         self._pending: OrderedDict[tuple[int, bytes], None] = OrderedDict()
         self._thread: threading.Thread | None = None
         self.closed = False
@@ -153,13 +159,28 @@ class KernelNotifier:
         """From a worker thread: drop the kernel's cached attributes (and data, unless the
         flag says attributes only) of each inode; inodes the kernel forgot are skipped."""
         for ino, attr_only in items:
-            with self._session:
-                if self.closed:
-                    return
-                try:
-                    pyfuse3.invalidate_inode(ino, attr_only)
-                except OSError:  # the kernel has forgotten it: nothing cached to drop
-                    pass
+            if not self._enter():
+                return
+            try:
+                pyfuse3.invalidate_inode(ino, attr_only)
+            except OSError:  # the kernel has forgotten it: nothing cached to drop
+                pass
+            finally:
+                self._leave()
+
+    def _enter(self) -> bool:
+        """Count a call into the session about to start; False once closed (no call)."""
+        with self._ready:
+            if self.closed:
+                return False
+            self._calls += 1
+            return True
+
+    def _leave(self) -> None:
+        with self._ready:
+            self._calls -= 1
+            if not self._calls:
+                self._ready.notify_all()
 
     def _run(self) -> None:
         while True:
@@ -169,17 +190,18 @@ class KernelNotifier:
                 if self.closed:
                     return
                 (parent, name), _ = self._pending.popitem(last=False)
-            with self._session:
-                if self.closed:
-                    return
-                try:
-                    pyfuse3.invalidate_entry(parent, name)
-                    self.sent += 1
-                except FileNotFoundError:  # the kernel holds no such entry: nothing to drop
-                    pass
-                except OSError as exc:
-                    self.failed += 1
-                    log.debug("invalidating %r in directory %d: %s", name, parent, exc)
+            if not self._enter():
+                return
+            try:
+                pyfuse3.invalidate_entry(parent, name)
+                self.sent += 1
+            except FileNotFoundError:  # the kernel holds no such entry: nothing to drop
+                pass
+            except OSError as exc:
+                self.failed += 1
+                log.debug("invalidating %r in directory %d: %s", name, parent, exc)
+            finally:
+                self._leave()
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
         """No call into the session from here on (call it before ``pyfuse3.close()``);
@@ -188,11 +210,10 @@ class KernelNotifier:
             self.closed = True
             self._pending.clear()
             self._ready.notify_all()
-        if not self._session.acquire(timeout=timeout):
-            log.warning("a kernel cache invalidation was still in progress when the FUSE "
-                        "session closed")
-            return False
-        self._session.release()
+            if not self._ready.wait_for(lambda: not self._calls, timeout):
+                log.warning("a kernel cache invalidation was still in progress when the "
+                            "FUSE session closed")
+                return False
         return True
 
 
@@ -263,6 +284,12 @@ class SourceWatcher:
         self._mount_fds: dict[int, int] = {}    # mount id -> an O_PATH fd on it
         self.limit_reached = False
         self.applying = False  # events read from the queue, their caches not yet dropped
+        # changes read from the queue and not yet applied, {(dir ino, name): kinds}: read by
+        # run() or by unsettled() (which must know the directories they are in)
+        self._waiting: dict[tuple[int, bytes | None], int] = {}
+        self._waiting_dirs: set[int] = set()  # the directories of _waiting
+        self._applying_dirs: set[int] = set()  # directories of the round being applied
+        self._wake: trio.CancelScope | None = None  # run() waiting for the queue
         self.events = 0
         self.invalidations = 0
         self.overflows = 0
@@ -346,13 +373,38 @@ class SourceWatcher:
         """Whether changes have happened that the hooks have not been told about yet (the
         queue is not empty, or events read from it are still being applied). A change made
         in SOURCE is queued before the syscall making it returns."""
-        if self.applying:
+        if self.applying or self._waiting:
             return True
         if self.fd < 0:
             return False
         poller = select.poll()
         poller.register(self.fd, select.POLLIN)
         return bool(poller.poll(0))
+
+    def unsettled(self, ino: int) -> bool:
+        """Whether a change in directory ``ino`` (a name in it made, removed, renamed or
+        changed; every directory after a queue overflow) has happened that the hooks have
+        not been told about yet. Reads what is queued (never waits), so that a change
+        anywhere else in SOURCE leaves a listing of ``ino`` what it kept (one user's flood
+        of changes costs nobody else's listings a rescan). Not counted: a change inside a
+        subdirectory, which only changes that subdirectory's times in this listing until
+        the watcher's round (the kernel drops them then)."""
+        if self.fd >= 0 and not self.stopped:
+            try:
+                if self._take() and self._wake is not None:
+                    self._wake.cancel()  # run() applies them now
+            except OSError:  # the queue cannot be read here: assume the worst
+                return True
+        return ino in self._applying_dirs or ino in self._waiting_dirs
+
+    def _take(self) -> bool:
+        """Read the queue into ``_waiting`` (never blocks); whether anything was read."""
+        names = len(self._name_events)
+        new = self._read_all({})
+        for key, kinds in new.items():
+            self._waiting[key] = self._waiting.get(key, 0) | kinds
+            self._waiting_dirs.add(key[0])
+        return bool(new) or len(self._name_events) != names
 
     def directory_forgotten(self, ino: int) -> None:
         key = self._key_of.pop(ino, None)
@@ -449,24 +501,39 @@ class SourceWatcher:
         try:
             while not self.stopped:
                 try:
-                    await trio.lowlevel.wait_readable(self.fd)
+                    await self._wait()
                 except trio.ClosedResourceError:  # stop(): the session is closing
                     return
                 if self.stopped:
                     return
                 self.applying = True
                 try:
-                    changes = self._read_all()
+                    self._take()
+                    changes, self._waiting = self._waiting, {}
+                    self._applying_dirs, self._waiting_dirs = self._waiting_dirs, set()
                     if changes or self._name_events:
                         await self._apply(changes)
                 finally:
                     self.applying = False
+                    self._applying_dirs = set()
         finally:
             self.close()
 
-    def _read_all(self) -> dict[tuple[int, bytes | None], int]:
-        """Drain the queue: {(dir ino, name or None): kinds} merged over all events."""
-        changes: dict[tuple[int, bytes | None], int] = {}
+    async def _wait(self) -> None:
+        """Until the queue has events, or unsettled() has read some for us to apply."""
+        if self._waiting or self._name_events:
+            return
+        with trio.CancelScope() as scope:
+            self._wake = scope
+            try:
+                await trio.lowlevel.wait_readable(self.fd)
+            finally:
+                self._wake = None
+
+    def _read_all(self, changes: dict[tuple[int, bytes | None], int]
+                  ) -> dict[tuple[int, bytes | None], int]:
+        """Drain the queue into ``changes``: {(dir ino, name or None): kinds} merged over
+        all events."""
         parse = self._parse_fanotify if self.mechanism == "fanotify" else self._parse_inotify
         while True:
             try:
@@ -615,6 +682,7 @@ class SourceWatcher:
                 self.invalidations += 1
             if child is not None:
                 inodes[child] = inodes.get(child, True) and not kinds & DATA
+        self._applying_dirs = set()  # our caches are current; the kernel's inodes follow
         if inodes and not self.stopped:
             self.invalidations += len(inodes)
             await trio.to_thread.run_sync(self.notifier.invalidate_inodes, list(inodes.items()))
