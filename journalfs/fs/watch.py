@@ -111,8 +111,8 @@ CLOSE_TIMEOUT = 2.0
 #: How long the watcher leaves the queue alone after a round of only the daemon's own
 #: events (fanotify names their pid): a stream of writes, creates or renames through the
 #: mount then wakes it once per pause, not once per request (each wake is a trio task step
-#: and 4 syscalls: ~10-15 µs of the request thread's CPU per WRITE, #28). A change behind
-#: the mount made during the pause shows at most this much later.
+#: and 4 syscalls on the request thread, #28). A change behind the mount made during the
+#: pause shows at most this much later.
 OWN_EVENTS_PAUSE = 0.001
 
 
