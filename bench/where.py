@@ -316,11 +316,19 @@ def hot_loop(src: Path, store: Path, files: list[str], calls: int = 20000) -> di
 
     gc_was = gc.isenabled()
     gc.disable()  # the daemon's full collections are rare (fs/collector.py): none here
+    # no SOURCE watcher: nothing here would read its queue, which the data handlers' own
+    # changes would fill (the daemon's watcher is measured in the mounted rows)
+    watch_was = os.environ.get("JOURNALFS_WATCH")
+    os.environ["JOURNALFS_WATCH"] = "off"
     try:
         return trio.run(main)
     finally:
         if gc_was:
             gc.enable()
+        if watch_was is None:
+            del os.environ["JOURNALFS_WATCH"]
+        else:
+            os.environ["JOURNALFS_WATCH"] = watch_was
 
 
 async def data_handlers(ops, dir_ino: int, ctx, src: Path, calls: int = 2000) -> dict[str, float]:
