@@ -20,6 +20,15 @@ are printed to show it):
   getfattr-R `getfattr -R -d -m '^user\.'` of the files, each given user.metadata.bench
              first: LISTXATTR + GETXATTR per file
   readdir    after a stat of every file, 5 listings (os.listdir): READDIRPLUS
+  create     create + write 4 KiB + close of new files in a new directory (as bench/fuse.py's
+             create+write row): CREATE, WRITE, FLUSH, RELEASE (+ GETXATTR of
+             security.capability the kernel asks before a write, LOOKUP, GETATTR)
+  mv         os.rename of files with no metadata to a new name and back (mv's own requests
+             left out): RENAME (+ LOOKUP of the new name)
+  read       4 KiB preads at random offsets of an open 64 MiB file, on a fresh mount (the
+             mount's page cache cold, SOURCE's warm): READ
+  write      4 KiB pwrites at random offsets of an open 64 MiB file: WRITE (+ GETXATTR)
+  write-fsync  the same with an fsync every 32 writes (as fio's --fsync=32 row): + FSYNC
 The "wall ms" column is how long the measured part took (one command, or --seconds).
 
 Two passes per round and target, in a rotating order (interleaved rounds: a shared machine's
@@ -57,6 +66,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import statistics
 import subprocess
 import sys
@@ -69,18 +79,24 @@ _spec.loader.exec_module(bench_fuse)
 
 XATTR = "user.metadata.bench"
 #: FUSE opcodes whose requests are counted on their own (the rest are "other").
-OPCODES = {"LOOKUP": 1, "GETATTR": 3, "SETXATTR": 21, "GETXATTR": 22, "LISTXATTR": 23,
-           "READDIRPLUS": 44}
+OPCODES = {"LOOKUP": 1, "GETATTR": 3, "SETATTR": 4, "RENAME": 12, "OPEN": 14, "READ": 15,
+           "WRITE": 16, "RELEASE": 18, "FSYNC": 20, "SETXATTR": 21, "GETXATTR": 22,
+           "LISTXATTR": 23, "FLUSH": 25, "CREATE": 35, "READDIRPLUS": 44, "RENAME2": 45}
 TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK")
 ROWS = ("getxattr", "setxattr", "stat-cold", "getattr", "lookup", "ls-l-cold", "ls-l-warm",
-        "getfattr-R", "readdir")
+        "getfattr-R", "readdir", "create", "mv", "read", "write", "write-fsync")
+#: the data rows' SOURCE: outside the floor's dicts (bench/fuse.py FLOOR_DIRS), which it
+#: serves as a bare passthrough, as in bench/fuse.py's data rows
+DATA_DIR, BIG_FILE, BIG_MIB = "data", "data/big.bin", 64
 #: the os functions whose calls from a handler count as its syscalls
 SYSCALLS = ("fstat", "stat", "lstat", "open", "close", "getxattr", "setxattr", "listxattr",
             "removexattr", "pwrite", "write", "pread", "read", "fsync", "fdatasync", "lseek",
-            "readlink", "scandir", "listdir", "rename", "replace", "unlink", "ftruncate")
+            "readlink", "scandir", "listdir", "rename", "replace", "unlink", "ftruncate",
+            "mkdir", "dup")
 #: the handlers timed in the instrumented pass
 HANDLERS = ("lookup", "getattr", "getxattr", "setxattr", "listxattr", "opendir", "readdir",
-            "releasedir", "open", "release", "forget", "flush")
+            "releasedir", "open", "release", "forget", "flush", "create", "read", "write",
+            "fsync", "rename", "setattr", "unlink", "mkdir")
 #: the metadata backend's methods timed as "store"
 STORE_METHODS = ("get", "get_all", "set", "unset", "remove", "move", "copy", "sync")
 #: the backend's methods called without awaiting (setxattr's inline append), also "store"
@@ -275,6 +291,7 @@ def hot_loop(src: Path, store: Path, files: list[str], calls: int = 20000) -> di
                    "syscall: os.fstat": best(lambda: os.fstat(node.fd)),
                    "syscall: os.stat at": best(lambda: os.stat(name, dir_fd=dir_fd,
                                                                follow_symlinks=False))}
+            out.update(await data_handlers(ops, d.st_ino, ctx, src))
             nursery.cancel_scope.cancel()
         # stat cold: every name looked up once on a new mount at the default timeout (its
         # listing scanned once, an inode and a reply built per name); process CPU, so the
@@ -299,11 +316,125 @@ def hot_loop(src: Path, store: Path, files: list[str], calls: int = 20000) -> di
 
     gc_was = gc.isenabled()
     gc.disable()  # the daemon's full collections are rare (fs/collector.py): none here
+    # no SOURCE watcher: nothing here would read its queue, which the data handlers' own
+    # changes would fill (the daemon's watcher is measured in the mounted rows)
+    watch_was = os.environ.get("JOURNALFS_WATCH")
+    os.environ["JOURNALFS_WATCH"] = "off"
     try:
         return trio.run(main)
     finally:
         if gc_was:
             gc.enable()
+        if watch_was is None:
+            del os.environ["JOURNALFS_WATCH"]
+        else:
+            os.environ["JOURNALFS_WATCH"] = watch_was
+
+
+async def data_handlers(ops, dir_ino: int, ctx, src: Path, calls: int = 2000) -> dict[str, float]:
+    """CPU µs per call of the data rows' handlers (awaited: they may yield), beside the bare
+    syscalls the floor makes for the same request, best of 5 runs of ``calls``."""
+    import pyfuse3
+
+    async def best(step) -> float:
+        runs = []
+        for r in range(5):
+            start = time.thread_time_ns()
+            for i in range(calls):
+                await step(r * calls + i)
+            runs.append((time.thread_time_ns() - start) / calls / 1e3)
+        return min(runs)
+
+    def bare(fn):
+        async def step(i):
+            fn(i)
+        return step
+
+    hot = src / "files" / "hot-data"
+    shutil.rmtree(hot, ignore_errors=True)
+    hot.mkdir()
+    try:
+        h = await ops.lookup(dir_ino, b"hot-data", ctx)
+        body = b"y" * 4096
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+
+        parts = dict.fromkeys(("create", "write", "flush", "release"), 0)
+
+        async def create(i):
+            now = time.thread_time_ns
+            start = now()
+            fi, attrs = await ops.create(h.st_ino, b"c%07d" % i, stat.S_IFREG | 0o644, flags,
+                                         ctx)
+            t1 = now()
+            await ops.write(fi.fh, 0, body)
+            t2 = now()
+            await ops.flush(fi.fh)
+            t3 = now()
+            await ops.release(fi.fh)
+            t4 = now()
+            for part, spent in zip(parts, (t1 - start, t2 - t1, t3 - t2, t4 - t3)):
+                parts[part] += spent
+            await ops.forget([(attrs.st_ino, 1)])
+
+        def bare_create(i):
+            fd = os.open(b"b%07d" % i, flags, 0o644, dir_fd=hot_fd)
+            os.fstat(fd)
+            os.pwrite(fd, body, 0)
+            os.close(fd)
+        hot_fd = os.open(hot, os.O_RDONLY | os.O_DIRECTORY)
+        out = {"create+write+flush+release (4 requests)": await best(create)}
+        # the four handlers' shares of it (over all runs: the best run's split is the same)
+        total = sum(parts.values())
+        for part, spent in parts.items():
+            out[f"  of it {part}"] = out["create+write+flush+release (4 requests)"] * spent / total
+        out |= {
+            "bare: open O_CREAT, fstat, pwrite, close": await best(bare(bare_create))}
+        names = [b"m%05d" % i for i in range(calls)]
+        for n in names:
+            os.close(os.open(n, os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=hot_fd))
+        for n in names:
+            await ops.lookup(h.st_ino, n, ctx)
+
+        async def rename(i):
+            a, b = (b"", b".b") if i // calls % 2 == 0 else (b".b", b"")
+            n = names[i % calls]
+            await ops.rename(h.st_ino, n + a, h.st_ino, n + b, 0, ctx)
+
+        def bare_rename(i):
+            i += 5 * calls  # on from where the handler's runs left the names
+            a, b = (b"", b".b") if i // calls % 2 == 0 else (b".b", b"")
+            n = names[i % calls]
+            os.rename(n + a, n + b, src_dir_fd=hot_fd, dst_dir_fd=hot_fd)
+        out["rename (no metadata)"] = await best(rename)
+        out["bare: rename"] = await best(bare(bare_rename))
+        big = os.open(b"big", os.O_CREAT | os.O_RDWR, 0o644, dir_fd=hot_fd)
+        os.pwrite(big, b"z" * (4 << 20), 0)
+        e = await ops.lookup(h.st_ino, b"big", ctx)
+        fi = await ops.open(e.st_ino, os.O_RDWR, ctx)
+        blocks = 1024
+        out["read 4 KiB"] = await best(lambda i: ops.read(fi.fh, i * 7 % blocks * 4096, 4096))
+        out["bare: pread"] = await best(bare(lambda i: os.pread(big, 4096, i * 7 % blocks * 4096)))
+        out["write 4 KiB"] = await best(lambda i: ops.write(fi.fh, i * 7 % blocks * 4096, body))
+        # a writer other than root: each write as the opener's fsuid/fsgid, CAP_SYS_RESOURCE
+        # dropped (quotas and root's reserve as on SOURCE; bench clients are root: none)
+        writer, ops.files[fi.fh].writer = ops.files[fi.fh].writer, (65534, 65534)
+        out["write 4 KiB as a user (setfsuid/setfsgid, capset)"] = await best(
+            lambda i: ops.write(fi.fh, i * 7 % blocks * 4096, body))
+        ops.files[fi.fh].writer = writer
+        out["bare: pwrite"] = await best(bare(lambda i: os.pwrite(big, body, i * 7 % blocks * 4096)))
+
+        async def capability(i):
+            try:
+                await ops.getxattr(e.st_ino, b"security.capability", ctx)
+            except pyfuse3.FUSEError:
+                pass
+        out["getxattr security.capability"] = await best(capability)
+        await ops.release(fi.fh)
+        os.close(big)
+        os.close(hot_fd)
+        return out
+    finally:
+        shutil.rmtree(hot, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- measuring
@@ -385,6 +516,53 @@ def workload(row: str, t: Daemon, files: list[str], seconds: float):
             step(i)
             i += 1
 
+    data = t.root / DATA_DIR
+    if row == "create":
+        folder = data / "created"
+        body = b"y" * 4096
+
+        def create(i):
+            fd = os.open(folder / f"c{i:06d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, body)
+            os.close(fd)
+        return (lambda: folder.mkdir()), (lambda: until(create)), \
+            (lambda: shutil.rmtree(t.src / DATA_DIR / "created"))
+    if row == "mv":
+        names = [f"m{i:05d}" for i in range(len(files))]
+
+        def setup():
+            for n in names:
+                os.stat(data / "mv" / n)
+
+        def step(i):
+            a, b = ("", ".b") if i % 2 == 0 else (".b", "")
+            for n in names:
+                os.rename(data / "mv" / (n + a), data / "mv" / (n + b))
+
+        def teardown():  # back to the names the next mount's setup expects
+            for n in os.listdir(t.src / DATA_DIR / "mv"):
+                if n.endswith(".b"):
+                    os.rename(t.src / DATA_DIR / "mv" / n, t.src / DATA_DIR / "mv" / n[:-2])
+        return setup, (lambda: until(step)), teardown
+    if row in ("read", "write", "write-fsync"):
+        import random
+        rng = random.Random(28)
+        blocks = BIG_MIB * 256
+        body = b"w" * 4096
+
+        def open_big():
+            fds.append(os.open(t.root / BIG_FILE, os.O_RDONLY if row == "read" else os.O_WRONLY))
+
+        def io(i):
+            fd = fds[0]
+            for n in range(32):
+                if row == "read":
+                    os.pread(fd, 4096, rng.randrange(blocks) * 4096)
+                else:
+                    os.pwrite(fd, body, rng.randrange(blocks) * 4096)
+            if row == "write-fsync":
+                os.fsync(fd)
+        return open_big, (lambda: until(io)), (lambda: os.close(fds[0]))
     if row == "stat-cold":
         def run():
             for p in paths:
@@ -438,6 +616,22 @@ def workload(row: str, t: Daemon, files: list[str], seconds: float):
         return setup, (lambda: until(lambda i: [os.setxattr(fd, XATTR, b"v%d-%d" % (i, n))
                                                 for n, fd in enumerate(fds)])), teardown
     raise ValueError(row)
+
+
+def make_data_source(src: Path, count: int) -> None:
+    """The data rows' SOURCE: ``count`` small files to rename, a 64 MiB file to read and
+    write (kept from earlier runs), no directory of created files left over."""
+    data = src / DATA_DIR
+    shutil.rmtree(data / "created", ignore_errors=True)
+    bench_fuse._fill(data / "mv", count, lambda d, i: (d / f"m{i:05d}").write_bytes(b"m"))
+    for n in os.listdir(data / "mv"):
+        if n.endswith(".b"):
+            os.rename(data / "mv" / n, data / "mv" / n[:-2])
+    big = src / BIG_FILE
+    if not big.exists() or big.stat().st_size != BIG_MIB << 20:
+        with open(big, "wb") as f:
+            for _ in range(BIG_MIB):
+                f.write(os.urandom(1 << 20))
 
 
 def measure(t: Daemon, row: str, files: list[str], seconds: float) -> dict:
@@ -512,6 +706,8 @@ def main() -> int:
     src = work / "src"
     bench_fuse._fill(src / "files", args.files, lambda d, i: (d / f"f{i:05d}").write_bytes(b"x" * 100))
     files = sorted(os.listdir(src / "files"))[:args.files]
+    if any(r in args.rows.split(",") for r in ("create", "mv", "read", "write", "write-fsync")):
+        make_data_source(src, len(files))
     trees = [("journalfs", None)] + [(f"journalfs-{label}", Path(tree).resolve())
                                      for label, _, tree in (s.partition("=") for s in args.tree)]
     targets: list[tuple[str, Daemon]] = [("floor", Daemon("floor", src, work / "mnt-floor"))]

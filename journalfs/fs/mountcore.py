@@ -301,10 +301,11 @@ class MountCore(pyfuse3.Operations):
             return result
         finally:
             self.table.unhold(parent)
-            self._namespace_changed(*(r for r in rels if r is not None))
+            others = parent.changes - changes  # made by other calls while this one ran
+            self._namespace_changed(*(r for r in rels if r is not None))  # bumps it too
             parent.changes += 1
             parent.stat = None
-            if dir_st is not None and changes + 1 == parent.changes:
+            if dir_st is not None and not others:
                 self._remember_stat(parent, dir_st)
 
     @staticmethod

@@ -104,7 +104,8 @@ class NamespaceOps(StoreCalls):
                 name_new, flags)
         finally:
             self.table.unhold(new_parent)
-        self._forget_stat_node(new_parent)
+        if new_parent is not old_parent:  # the old one's stat is _change_names' fresh fstat
+            self._forget_stat_node(new_parent)
         if replaced:
             self._links_changed(dst_key)
         # The objects now live under their new names: their fds are opened from there.
