@@ -39,10 +39,10 @@ def test_own_events_gather_while_a_foreign_change_still_applies(tmp_path, monkey
     rounds = 0
     read_all = watcher._read_all
 
-    def counted():
+    def counted(*args):
         nonlocal rounds
         rounds += 1
-        return read_all()
+        return read_all(*args)
     monkeypatch.setattr(watcher, "_read_all", counted)
     dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     watcher.directory_known(1, fd=dir_fd)
