@@ -1,6 +1,7 @@
 """The handlers of mirrored directories: opendir, readdir, releasedir, fsyncdir. A listing
 is taken at the first readdir and answered from the kept listings of dirlist.py when the
-watcher covers the directory; each reply does bounded work (READDIR_MAX, READDIR_NEW_MAX)."""
+watcher covers the directory; a reply goes in steps of bounded work (READDIR_STEP,
+READDIR_NEW_MAX) and lets waiting requests through between them."""
 from __future__ import annotations
 
 import os
@@ -15,20 +16,23 @@ from .inodes import Inode
 from .mountcore import DirHandle
 from .storecalls import StoreCalls
 from .views import VIEWS_NAME
+from .workers import KERNEL_QUEUE
 
-#: Entries whose inode and attributes a readdir reply builds at most (~50 µs each on a busy
-#: heap); the reply then ends early and the kernel asks for the rest in another request, so
-#: the first listing of a huge directory holds up nobody's requests for long.
+#: Entries one step of a readdir reply handles at most, and of them entries whose inode and
+#: attributes it builds at most (~50 µs each on a busy heap; a name the kernel holds costs
+#: ~1-3 µs). Between steps the reply looks at the kernel's queue (workers.KernelQueue): while
+#: nothing waits it goes on until the kernel's buffer is full (~5,000 entries with the 1 MiB
+#: st_blksize: a user listing alone sends few requests), and when another request waits it
+#: is let through first, so it waits for one step at most, not for a whole reply (bob lists
+#: 100k entries in a loop, bench/attacks.py: carol's requests wait behind ~0.2 ms, not more).
+READDIR_STEP = 64
 READDIR_NEW_MAX = 8
-#: Entries a readdir reply carries at most (a 1 MiB buffer takes ~5,000): bounds the work of
-#: one request whatever the kernel asks for (~0.3 ms on a busy machine). Measured with bob
-#: listing 100k entries in a loop (bench/attacks.py): carol's p99 ~1-2 ms at 64, ~6 ms at
-#: 256; bob's repeated listing of 100k takes 0.27 s instead of 0.19 s.
-READDIR_MAX = 64
 
 
 class DirectoryOps(StoreCalls):
     """opendir, readdir, releasedir, fsyncdir."""
+
+    kernel_queue = KERNEL_QUEUE  # whether a request waits (tests set their own)
 
     @guarded
     async def opendir(self, inode, ctx):
@@ -107,14 +111,26 @@ class DirectoryOps(StoreCalls):
             # the first read, or rewinddir: the directory as it is now (POSIX)
             await self._list(handle)
         handle.read = True
-        node = handle.node
-        listing = handle.listing
         dots = handle.dots
-        plain = handle.plain
-        entries = handle.rows
         for i in range(start_id, len(dots)):  # no lookup reference for these two
             if not pyfuse3.readdir_reply(token, dots[i][0], dots[i][1], i + 1):
                 return
+        index = max(0, start_id - len(dots))
+        while True:
+            index = self._reply_step(handle, token, index)
+            if index is None:
+                return
+            # room left and more to list: another step, after whoever waits in the kernel
+            await self.kernel_queue.let_through()
+
+    def _reply_step(self, handle: DirHandle, token, start: int) -> int | None:
+        """Entries of ``handle``'s listing from row ``start`` on into the reply: READDIR_STEP
+        at most, READDIR_NEW_MAX of them built at most. The row to go on from, or None when
+        the reply is full or the listing done."""
+        node = handle.node
+        listing = handle.listing
+        plain = handle.plain
+        entries = handle.rows
         # Per entry: the attributes built once per stat (shared with lookups and with later
         # listings of a kept listing), found through the listing's rows, so a repeated
         # listing costs a few identity checks and the reply.
@@ -129,12 +145,11 @@ class DirectoryOps(StoreCalls):
         written = self.meta_cache.written_paths if self.meta_cache is not None else None
         plain_attrs, plain_ino = (plain.attrs, plain.ino) if plain is not None else (None, None)
         plain_type = plain_attrs.st_mode if plain is not None else 0  # as the last call left it
-        start = max(0, start_id - len(dots))
         stale = False
         built = 0
-        first = len(dots) + 1
-        # only this reply's rows (LazyRows makes them now), never a copy of a big listing
-        for i, (name, st, entry) in enumerate(entries[start:start + READDIR_MAX], start + first):
+        first = len(handle.dots) + 1
+        # only this step's rows (LazyRows makes them now), never a copy of a big listing
+        for i, (name, st, entry) in enumerate(entries[start:start + READDIR_STEP], start + first):
             if entry is not None and entry[0] is st and by_ino.get(entry[1].ino) is entry[1]:
                 child, attrs = entry[1], entry[2]
                 if plain_attrs is not None and child.lookups and (
@@ -144,10 +159,10 @@ class DirectoryOps(StoreCalls):
                         plain_type = plain_attrs.st_mode = file_type(st.st_mode)
                     plain_ino.value = child.ino
                     if not reply(token, name, plain_attrs, i):
-                        return
+                        return None
                     continue
             elif built >= READDIR_NEW_MAX:
-                return  # enough work for one request: the kernel asks for the rest
+                return i - first  # enough building for one step: the next one goes on here
             else:
                 built += 1
                 child, attrs = self._listed(listing, node, name, st)
@@ -156,11 +171,13 @@ class DirectoryOps(StoreCalls):
                     self.snapshots.rows_stale(node.path)
             if not reply(token, name, attrs, i):
                 self.table.drop_if_unused(child)
-                return
+                return None
             child.lookups += 1
             child.acl_cached = False  # the kernel dropped its cached ACL with these attributes
             if written and child.meta_path is not None:
                 written.discard(child.meta_path[1])
+        start += READDIR_STEP
+        return start if start < len(entries) else None
 
     @guarded
     async def releasedir(self, fh):
