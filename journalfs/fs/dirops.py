@@ -123,7 +123,7 @@ class DirectoryOps(StoreCalls):
             # room left and more to list: another step, after whoever waits in the kernel
             await self.kernel_queue.let_through()
 
-    def _reply_step(self, handle: DirHandle, token, start: int) -> int | None:
+    def _reply_step(self, handle, token, start):
         """Entries of ``handle``'s listing from row ``start`` on into the reply: READDIR_STEP
         at most, READDIR_NEW_MAX of them built at most. The row to go on from, or None when
         the reply is full or the listing done."""
