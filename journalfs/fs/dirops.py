@@ -27,6 +27,7 @@ from .workers import KERNEL_QUEUE
 #: 100k entries in a loop, bench/attacks.py: carol's requests wait behind ~0.2 ms, not more).
 READDIR_STEP = 64
 READDIR_NEW_MAX = 8
+_S_IFMT = 0o170000  # stat.S_IFMT as a mask (an operator, not a call per entry)
 
 
 class DirectoryOps(StoreCalls):
@@ -141,7 +142,9 @@ class DirectoryOps(StoreCalls):
         # and the kernel holds no ACL of it: a setxattr invalidated its attributes, which the
         # entry then carries (else `getfattr -R` after setting metadata sends a GETATTR per
         # file). Every other entry carries its attributes.
-        by_ino, reply, file_type = self.table.by_ino, pyfuse3.readdir_reply, stat.S_IFMT
+        by_ino, reply = self.table.by_ino, pyfuse3.readdir_reply
+        # names whose metadata was written through the mount since their last entry (mostly
+        # none: then every name the kernel holds goes by name only)
         written = self.meta_cache.written_paths if self.meta_cache is not None else None
         plain_attrs, plain_ino = (plain.attrs, plain.ino) if plain is not None else (None, None)
         plain_type = plain_attrs.st_mode if plain is not None else 0  # as the last call left it
@@ -150,17 +153,18 @@ class DirectoryOps(StoreCalls):
         first = len(handle.dots) + 1
         # only this step's rows (LazyRows makes them now), never a copy of a big listing
         for i, (name, st, entry) in enumerate(entries[start:start + READDIR_STEP], start + first):
-            if entry is not None and entry[0] is st and by_ino.get(entry[1].ino) is entry[1]:
-                child, attrs = entry[1], entry[2]
+            if entry is not None and entry[0] is st and \
+                    by_ino.get((child := entry[1]).ino) is child:
                 if plain_attrs is not None and child.lookups and (
-                        child.acl_cached or written is None or child.meta_path is None or
+                        not written or child.acl_cached or child.meta_path is None or
                         child.meta_path[1] not in written):
-                    if file_type(st.st_mode) != plain_type:  # the entry's type
-                        plain_type = plain_attrs.st_mode = file_type(st.st_mode)
+                    if st.st_mode & _S_IFMT != plain_type:  # the entry's type
+                        plain_type = plain_attrs.st_mode = st.st_mode & _S_IFMT
                     plain_ino.value = child.ino
                     if not reply(token, name, plain_attrs, i):
                         return None
                     continue
+                attrs = entry[2]
             elif built >= READDIR_NEW_MAX:
                 return i - first  # enough building for one step: the next one goes on here
             else:
