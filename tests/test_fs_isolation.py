@@ -10,9 +10,7 @@ import json
 import os
 import pwd
 import re
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
