@@ -1,7 +1,8 @@
 """A readdir reply of a mirrored directory goes in bounded steps and lets waiting requests
 through between them (fast tier, in-process; the kernel's queue is a pipe here, looked at
 with the same poll as /dev/fuse): a user listing alone gets everything the kernel's buffer
-takes in one reply, and while another request waits, it runs after at most one step."""
+takes in one reply, while another request waits it runs after at most one step, and trio's
+other tasks (a request whose worker thread is done) run at least every CHECKPOINT_SECONDS."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,7 @@ import pytest
 import trio
 
 from fastops import ReplyBuffer, lookup_path, serving
+from journalfs.fs import workers
 from journalfs.fs.dirops import READDIR_NEW_MAX, READDIR_STEP
 from journalfs.fs.workers import KernelQueue
 
@@ -65,18 +67,38 @@ def run(source, scenario):
     return trio.run(main)
 
 
-def test_a_user_listing_alone_gets_one_reply_without_yielding(source, queue):
+def test_a_user_listing_alone_gets_one_reply_without_yielding(source, queue, monkeypatch):
     kernel, _ = queue
+    monkeypatch.setattr(workers, "CHECKPOINT_SECONDS", 3600.0)
 
     async def scenario(ops):
         ops.kernel_queue = kernel
         ino = (await lookup_path(ops, "big")).st_ino
         for _ in range(2):  # cold (every inode built, READDIR_NEW_MAX per step), then warm
-            token = await one_reply(ops, ino)
+            seen: list[int] = []
+            token = await one_reply(ops, ino, seen)
             assert len(token) == ENTRIES + 2  # . and .., and every name: one request
             assert sorted(name for name, _, _ in token)[2:] == \
                 sorted(os.fsencode(f"n{i:04d}") for i in range(ENTRIES))
-        assert kernel.yields == 0
+            assert set(seen) <= {0, ENTRIES + 2}  # nobody else ran in the middle
+        assert kernel.yields == kernel.checkpoints == 0
+    run(source, scenario)
+
+
+def test_trios_other_tasks_run_between_steps_past_the_checkpoint_time(source, queue,
+                                                                      monkeypatch):
+    kernel, _ = queue  # nothing waits in the kernel
+    monkeypatch.setattr(workers, "CHECKPOINT_SECONDS", 0.0)
+
+    async def scenario(ops):
+        ops.kernel_queue = kernel
+        ino = (await lookup_path(ops, "big")).st_ino
+        await one_reply(ops, ino)  # every inode built
+        seen: list[int] = []
+        assert len(await one_reply(ops, ino, seen)) == ENTRIES + 2
+        grew = [b - a for a, b in zip(seen, seen[1:]) if b > a]
+        assert len(grew) >= ENTRIES // READDIR_STEP - 1 and max(grew) <= READDIR_STEP + 2
+        assert kernel.yields == 0 and kernel.checkpoints > 0
     run(source, scenario)
 
 
