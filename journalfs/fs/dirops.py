@@ -21,12 +21,14 @@ from .workers import KERNEL_QUEUE
 
 #: Entries one step of a readdir reply handles at most, and of them entries whose inode and
 #: attributes it builds at most (~50 µs each on a busy heap; a name the kernel holds costs
-#: ~1-3 µs). Between steps the reply looks at the kernel's queue (workers.KernelQueue): while
-#: nothing waits it goes on until the kernel's buffer is full (~5,000 entries with the 1 MiB
-#: st_blksize: a user listing alone sends few requests), and when another request waits it
-#: is let through first, so it waits for one step at most, not for a whole reply (bob lists
-#: 100k entries in a loop, bench/attacks.py). Trio's other tasks (a request whose worker
-#: thread is done) run at least every workers.CHECKPOINT_SECONDS.
+#: ~1 µs). Between steps the reply looks at the kernel's queue (workers.KernelQueue): while
+#: nobody else uses the mount it goes on until the kernel's buffer is full (~5,000 entries
+#: with the 1 MiB st_blksize: a user listing alone sends few requests); once a request waits
+#: it is let through first and replies stay one step long for a while (workers.
+#: CONTENDED_SECONDS), so another user's request waits for one step at most and the
+#: lister's pace is the kernel's round trip (bob lists 100k entries in a loop,
+#: bench/attacks.py). Trio's other tasks (a request whose worker thread is done) run at
+#: least every workers.CHECKPOINT_SECONDS of a long reply.
 READDIR_STEP = 64
 READDIR_NEW_MAX = 8
 _S_IFMT = 0o170000  # stat.S_IFMT as a mask (an operator, not a call per entry)
@@ -124,8 +126,10 @@ class DirectoryOps(StoreCalls):
             index = self._reply_step(handle, token, index)
             if index is None:
                 return
-            # room left and more to list: another step, after whoever waits
+            # room left and more to list: another step, unless others use the mount
             since = await self.kernel_queue.between_steps(since)
+            if since is None:
+                return  # (the kernel asks for the rest)
 
     def _reply_step(self, handle, token, start):
         """Entries of ``handle``'s listing from row ``start`` on into the reply: READDIR_STEP

@@ -59,6 +59,8 @@ LET_THROUGH_YIELDS = 4
 #: thread is done, e.g. another user's first view being indexed, waits for the next
 #: checkpoint). ~15 µs a checkpoint: at most ~3% of such a task.
 CHECKPOINT_SECONDS = 0.0005
+#: How long after a request last waited between two steps replies stay one step long.
+CONTENDED_SECONDS = 0.1
 
 
 class _PollFd(ctypes.Structure):
@@ -94,6 +96,7 @@ class KernelQueue:
         self._pollfd = _PollFd(fd if fd is not None else -1, _POLLIN, 0)
         self.yields = 0  # times a step let waiting requests through (status, tests)
         self.checkpoints = 0  # times a step let trio's other tasks run (tests)
+        self.contended_at = float("-inf")  # when a request last waited between steps
 
     @staticmethod
     def find_fuse_fd(limit: int = 4096) -> int:
@@ -125,15 +128,21 @@ class KernelQueue:
             if not self.waiting():
                 return
 
-    async def between_steps(self, since: float) -> float:
+    async def between_steps(self, since: float) -> float | None:
         """Between two steps of a long task that last let trio run at ``since``
-        (``time.perf_counter()``): let a request waiting in the kernel through, else let
-        trio run its other tasks if CHECKPOINT_SECONDS have passed. Returns when trio last
-        ran others."""
-        if self.waiting():
-            await self.let_through()
-            return time.perf_counter()
+        (``time.perf_counter()``). None: end the task's reply here, after letting a request
+        waiting in the kernel through: others use the mount (a request waited within
+        CONTENDED_SECONDS), so replies stay one step long and the kernel's round trip paces
+        the long task, as its steps alone would not (the request thread serving one user
+        without a pause takes a core from everyone on a busy machine). Else when trio last
+        ran others: now if CHECKPOINT_SECONDS had passed."""
         now = time.perf_counter()
+        if self.waiting():
+            self.contended_at = now
+            await self.let_through()
+            return None
+        if now - self.contended_at < CONTENDED_SECONDS:
+            return None
         if now - since < CHECKPOINT_SECONDS:
             return since
         self.checkpoints += 1
