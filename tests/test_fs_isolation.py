@@ -9,9 +9,8 @@ import errno
 import json
 import os
 import pwd
-import shutil
+import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -149,6 +148,110 @@ def test_an_open_waiting_on_a_lease_holds_up_no_other_request(tmp_path, bob, car
                 if proc is not None and proc.poll() is None:
                     proc.kill()
                     proc.wait()
+        assert "Traceback" not in m.stderr()
+
+
+# -- finding 5: a user listing a huge directory in a loop ---------------------------------------
+TRACING = Path("/sys/kernel/tracing")
+FUSE_READDIRPLUS = 44
+#: TASK-PID [CPU] FLAGS TIME: fuse_request_send: connection N req U opcode OP (NAME) len L
+TRACE_LINE = re.compile(r"-(\d+)\s+\[\d+\][^:]*?\s(\d+\.\d+): fuse_request_(send|end): "
+                        r"connection \d+ req (\d+)(?: opcode (\d+))?")
+LISTER = r"""
+import os, sys
+path, want, until = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+import time
+n = 0
+while time.time() < until:
+    got = os.listdir(path)
+    assert len(got) == want and len(set(got)) == want, len(got)
+    n += 1
+print(n, flush=True)
+"""
+PROBE = r"""
+import os, sys, time
+path, until = sys.argv[1], float(sys.argv[2])
+n = 0
+while time.time() < until:
+    os.getxattr(path, "user.metadata.k")
+    os.close(os.open(path, os.O_RDONLY))
+    n += 1
+    time.sleep(0.001)
+print(n, flush=True)
+"""
+
+
+def _traced(connection: int, *procs: subprocess.Popen) -> tuple[list[str], list[tuple]]:
+    """Each of ``procs``'s output once it is done, and (pid, sent, answered, opcode) of every
+    request of one FUSE connection meanwhile (the fuse tracepoints, in an ftrace instance of
+    this test's own)."""
+    inst = TRACING / "instances" / f"jfs-iso-{os.getpid()}"
+    inst.mkdir()
+    outputs = []
+    try:
+        (inst / "buffer_size_kb").write_text("16384")
+        (inst / "events/fuse/filter").write_text(f"connection == {connection}")
+        (inst / "events/fuse/enable").write_text("1")
+        for proc in procs:
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
+            outputs.append(out)
+        (inst / "events/fuse/enable").write_text("0")
+        text = (inst / "trace").read_text()
+    finally:
+        (inst / "events/fuse/enable").write_text("0")
+        inst.rmdir()
+    assert "LOST" not in text
+    sent, requests = {}, []
+    for m in TRACE_LINE.finditer(text):
+        pid, when, kind, unique, opcode = int(m[1]), float(m[2]), m[3], m[4], m[5]
+        if kind == "send":
+            sent[unique] = (pid, when, int(opcode))
+        elif unique in sent:
+            pid, start, op = sent.pop(unique)
+            requests.append((pid, start, when, op))
+    return outputs, requests
+
+
+@pytest.mark.skipif(not (TRACING / "events" / "fuse").is_dir(), reason="no fuse tracepoints")
+def test_carol_is_served_in_the_middle_of_bobs_listing_replies(tmp_path, bob, carol):
+    """Bob lists a big directory in a loop: alone, each of his READDIRPLUS replies carries
+    what the kernel's buffer takes (a few requests per listing, not one per 64 entries);
+    from two processes at once with carol working beside him, her requests are answered
+    between the steps of his replies (kernel-side: sent and answered while one of his
+    READDIRPLUS is in flight), and every listing he gets is complete."""
+    src, mnt = _tree(tmp_path, bob, carol)
+    entries = 20_000
+    big = src / bob.pw_name / "big"
+    big.mkdir()
+    for i in range(entries):
+        os.close(os.open(big / f"entry-{i:06d}", os.O_CREAT | os.O_WRONLY, 0o644))
+    subprocess.run(["chown", "-R", f"{bob.pw_uid}:{bob.pw_gid}", str(big)], check=True)
+    (src / carol.pw_name / "mine").write_text("carol's\n")
+    _own(src / carol.pw_name / "mine", carol)
+
+    def as_user(user, code: str, *args) -> subprocess.Popen:
+        return _user_process(user, f"import sys\nsys.argv[1:] = {list(map(str, args))!r}\n"
+                                   + code)
+    with mounted(src, mnt, "-o", "allow_other") as m:
+        os.setxattr(mnt / carol.pw_name / "mine", "user.metadata.k", b"v")
+        connection = os.stat(mnt).st_dev
+        lister = as_user(bob, LISTER, mnt / bob.pw_name / "big", entries, time.time() + 1.5)
+        (listings,), requests = _traced(connection, lister)
+        readdirs = sum(1 for r in requests if r[3] == FUSE_READDIRPLUS)
+        # 64 entries a reply would be 313 requests per listing
+        assert 0 < readdirs <= int(listings) * entries // 1000, (readdirs, listings)
+
+        until = time.time() + 3
+        listers = [as_user(bob, LISTER, mnt / bob.pw_name / "big", entries, until)
+                   for _ in range(2)]
+        probe = as_user(carol, PROBE, mnt / carol.pw_name / "mine", until)
+        _, requests = _traced(connection, *listers, probe)
+        replies = [r for r in requests if r[3] == FUSE_READDIRPLUS]
+        carols = [r for r in requests if r[0] == probe.pid]
+        assert replies and carols
+        inside = sum(1 for c in carols if any(r[1] < c[1] and c[2] < r[2] for r in replies))
+        assert inside > 0, (len(carols), len(replies))
         assert "Traceback" not in m.stderr()
 
 

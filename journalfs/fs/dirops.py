@@ -1,10 +1,12 @@
 """The handlers of mirrored directories: opendir, readdir, releasedir, fsyncdir. A listing
 is taken at the first readdir and answered from the kept listings of dirlist.py when the
-watcher covers the directory; each reply does bounded work (READDIR_MAX, READDIR_NEW_MAX)."""
+watcher covers the directory; a reply goes in steps of bounded work (READDIR_STEP,
+READDIR_NEW_MAX) and lets waiting requests through between them."""
 from __future__ import annotations
 
 import os
 import stat
+import time
 
 import pyfuse3
 
@@ -15,20 +17,27 @@ from .inodes import Inode
 from .mountcore import DirHandle
 from .storecalls import StoreCalls
 from .views import VIEWS_NAME
+from .workers import KERNEL_QUEUE
 
-#: Entries whose inode and attributes a readdir reply builds at most (~50 µs each on a busy
-#: heap); the reply then ends early and the kernel asks for the rest in another request, so
-#: the first listing of a huge directory holds up nobody's requests for long.
+#: Entries one step of a readdir reply handles at most, and of them entries whose inode and
+#: attributes it builds at most (~50 µs each on a busy heap; a name the kernel holds costs
+#: ~1 µs). Between steps the reply looks at the kernel's queue (workers.KernelQueue): while
+#: nobody else uses the mount it goes on until the kernel's buffer is full (~5,000 entries
+#: with the 1 MiB st_blksize: a user listing alone sends few requests); once a request waits
+#: it is let through first and replies stay one step long for a while (workers.
+#: CONTENDED_SECONDS), so another user's request waits for one step at most and the
+#: lister's pace is the kernel's round trip (bob lists 100k entries in a loop,
+#: bench/attacks.py). Trio's other tasks (a request whose worker thread is done) run at
+#: least every workers.CHECKPOINT_SECONDS of a long reply.
+READDIR_STEP = 64
 READDIR_NEW_MAX = 8
-#: Entries a readdir reply carries at most (a 1 MiB buffer takes ~5,000): bounds the work of
-#: one request whatever the kernel asks for (~0.3 ms on a busy machine). Measured with bob
-#: listing 100k entries in a loop (bench/attacks.py): carol's p99 ~1-2 ms at 64, ~6 ms at
-#: 256; bob's repeated listing of 100k takes 0.27 s instead of 0.19 s.
-READDIR_MAX = 64
+_S_IFMT = 0o170000  # stat.S_IFMT as a mask (an operator, not a call per entry)
 
 
 class DirectoryOps(StoreCalls):
     """opendir, readdir, releasedir, fsyncdir."""
+
+    kernel_queue = KERNEL_QUEUE  # whether a request waits (tests set their own)
 
     @guarded
     async def opendir(self, inode, ctx):
@@ -108,14 +117,29 @@ class DirectoryOps(StoreCalls):
             # the first read, or rewinddir: the directory as it is now (POSIX)
             await self._list(handle)
         handle.read = True
-        node = handle.node
-        listing = handle.listing
         dots = handle.dots
-        plain = handle.plain
-        entries = handle.rows
         for i in range(start_id, len(dots)):  # no lookup reference for these two
             if not pyfuse3.readdir_reply(token, dots[i][0], dots[i][1], i + 1):
                 return
+        index = max(0, start_id - len(dots))
+        since = time.perf_counter()
+        while True:
+            index = self._reply_step(handle, token, index)
+            if index is None:
+                return
+            # room left and more to list: another step, unless others use the mount
+            since = await self.kernel_queue.between_steps(since)
+            if since is None:
+                return  # (the kernel asks for the rest)
+
+    def _reply_step(self, handle, token, start):
+        """Entries of ``handle``'s listing from row ``start`` on into the reply: READDIR_STEP
+        at most, READDIR_NEW_MAX of them built at most. The row to go on from, or None when
+        the reply is full or the listing done."""
+        node = handle.node
+        listing = handle.listing
+        plain = handle.plain
+        entries = handle.rows
         # Per entry: the attributes built once per stat (shared with lookups and with later
         # listings of a kept listing), found through the listing's rows, so a repeated
         # listing costs a few identity checks and the reply.
@@ -126,29 +150,31 @@ class DirectoryOps(StoreCalls):
         # and the kernel holds no ACL of it: a setxattr invalidated its attributes, which the
         # entry then carries (else `getfattr -R` after setting metadata sends a GETATTR per
         # file). Every other entry carries its attributes.
-        by_ino, reply, file_type = self.table.by_ino, pyfuse3.readdir_reply, stat.S_IFMT
+        by_ino, reply = self.table.by_ino, pyfuse3.readdir_reply
+        # names whose metadata was written through the mount since their last entry (mostly
+        # none: then every name the kernel holds goes by name only)
         written = self.meta_cache.written_paths if self.meta_cache is not None else None
         plain_attrs, plain_ino = (plain.attrs, plain.ino) if plain is not None else (None, None)
         plain_type = plain_attrs.st_mode if plain is not None else 0  # as the last call left it
-        start = max(0, start_id - len(dots))
         stale = False
         built = 0
-        first = len(dots) + 1
-        # only this reply's rows (LazyRows makes them now), never a copy of a big listing
-        for i, (name, st, entry) in enumerate(entries[start:start + READDIR_MAX], start + first):
-            if entry is not None and entry[0] is st and by_ino.get(entry[1].ino) is entry[1]:
-                child, attrs = entry[1], entry[2]
+        first = len(handle.dots) + 1
+        # only this step's rows (LazyRows makes them now), never a copy of a big listing
+        for i, (name, st, entry) in enumerate(entries[start:start + READDIR_STEP], start + first):
+            if entry is not None and entry[0] is st and \
+                    by_ino.get((child := entry[1]).ino) is child:
                 if plain_attrs is not None and child.lookups and (
-                        child.acl_cached or written is None or child.meta_path is None or
+                        not written or child.acl_cached or child.meta_path is None or
                         child.meta_path[1] not in written):
-                    if file_type(st.st_mode) != plain_type:  # the entry's type
-                        plain_type = plain_attrs.st_mode = file_type(st.st_mode)
+                    if st.st_mode & _S_IFMT != plain_type:  # the entry's type
+                        plain_type = plain_attrs.st_mode = st.st_mode & _S_IFMT
                     plain_ino.value = child.ino
                     if not reply(token, name, plain_attrs, i):
-                        return
+                        return None
                     continue
+                attrs = entry[2]
             elif built >= READDIR_NEW_MAX:
-                return  # enough work for one request: the kernel asks for the rest
+                return i - first  # enough building for one step: the next one goes on here
             else:
                 built += 1
                 child, attrs = self._listed(listing, node, name, st)
@@ -157,11 +183,13 @@ class DirectoryOps(StoreCalls):
                     self.snapshots.rows_stale(node.path)
             if not reply(token, name, attrs, i):
                 self.table.drop_if_unused(child)
-                return
+                return None
             child.lookups += 1
             child.acl_cached = False  # the kernel dropped its cached ACL with these attributes
             if written and child.meta_path is not None:
                 written.discard(child.meta_path[1])
+        start += READDIR_STEP
+        return start if start < len(entries) else None
 
     @guarded
     async def releasedir(self, fh):

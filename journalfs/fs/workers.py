@@ -18,6 +18,7 @@ directory scan) and come here only when that says it would wait.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import sys
@@ -48,6 +49,109 @@ def switch_interval(text: str | None) -> float:
     except ValueError:
         return SWITCH_INTERVAL
     return value if 1e-5 <= value <= 1.0 else SWITCH_INTERVAL
+
+
+#: Yields at most per look at the kernel's queue (see KernelQueue.let_through): enough for the
+#: task that reads /dev/fuse to take what waits, few enough that a long task always goes on.
+LET_THROUGH_YIELDS = 4
+#: Longest a long task runs on the request thread between two trio checkpoints when nothing
+#: waits in the kernel's queue: trio's other tasks are not in it (a request whose worker
+#: thread is done, e.g. another user's first view being indexed, waits for the next
+#: checkpoint). ~15 µs a checkpoint: at most ~3% of such a task.
+CHECKPOINT_SECONDS = 0.0005
+#: How long after a request last waited between two steps replies stay one step long.
+CONTENDED_SECONDS = 0.1
+
+
+class _PollFd(ctypes.Structure):
+    _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
+
+
+# PyDLL: the call keeps the interpreter lock (a plain os/select call would hand it to a worker
+# thread running Python, and the request thread could wait a switch interval to get it back)
+_poll = ctypes.PyDLL(None, use_errno=True).poll
+_poll.argtypes = [ctypes.POINTER(_PollFd), ctypes.c_ulong, ctypes.c_int]
+_poll.restype = ctypes.c_int
+_POLLIN = 0x001
+
+
+class KernelQueue:
+    """Whether a request waits in the kernel's queue of this process's FUSE session (sent by
+    someone, not yet read by the daemon), and a way to let it through first.
+
+    A handler that does a long task in steps on the one request thread (a readdir reply of
+    thousands of entries) looks between steps: while nothing waits it goes on (a user alone
+    gets big replies, few requests), and when something waits it yields, so the task that
+    reads /dev/fuse takes the waiting request and serves it before the next step: another
+    user's request waits for at most one step, not for the whole reply. ``poll`` of the
+    /dev/fuse fd with no timeout is the look (EPOLLIN while the kernel's pending list, its
+    FORGETs or its interrupts are not empty: ``fuse_dev_poll``), ~1 µs.
+
+    pyfuse3 keeps the session's fd to itself: it is found at the first look, as the lowest
+    fd open on /dev/fuse (opened at mount, before the inodes' fds). Without one (no kernel:
+    the in-process tests) nothing ever waits."""
+
+    def __init__(self, fd: int | None = None):
+        self._fd = fd
+        self._pollfd = _PollFd(fd if fd is not None else -1, _POLLIN, 0)
+        self.yields = 0  # times a step let waiting requests through (status, tests)
+        self.checkpoints = 0  # times a step let trio's other tasks run (tests)
+        self.contended_at = float("-inf")  # when a request last waited between steps
+
+    @staticmethod
+    def find_fuse_fd(limit: int = 4096) -> int:
+        """The lowest fd of this process open on /dev/fuse, or -1."""
+        for fd in range(limit):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}") == "/dev/fuse":
+                    return fd
+            except OSError:
+                continue
+        return -1
+
+    def waiting(self) -> bool:
+        if self._fd is None:
+            self._fd = self._pollfd.fd = self.find_fuse_fd()
+        if self._fd < 0:
+            return False
+        self._pollfd.revents = 0
+        return _poll(ctypes.byref(self._pollfd), 1, 0) > 0 and bool(self._pollfd.revents & _POLLIN)
+
+    async def let_through(self) -> None:
+        """If a request waits in the kernel: yield (trio), until pyfuse3's reading task has
+        taken it or LET_THROUGH_YIELDS times."""
+        if not self.waiting():
+            return
+        self.yields += 1
+        for _ in range(LET_THROUGH_YIELDS):
+            await trio.sleep(0)
+            if not self.waiting():
+                return
+
+    async def between_steps(self, since: float) -> float | None:
+        """Between two steps of a long task that last let trio run at ``since``
+        (``time.perf_counter()``). None: end the task's reply here, after letting a request
+        waiting in the kernel through: others use the mount (a request waited within
+        CONTENDED_SECONDS), so replies stay one step long and the kernel's round trip paces
+        the long task, as its steps alone would not (the request thread serving one user
+        without a pause takes a core from everyone on a busy machine). Else when trio last
+        ran others: now if CHECKPOINT_SECONDS had passed."""
+        now = time.perf_counter()
+        if self.waiting():
+            self.contended_at = now
+            await self.let_through()
+            return None
+        if now - self.contended_at < CONTENDED_SECONDS:
+            return None
+        if now - since < CHECKPOINT_SECONDS:
+            return since
+        self.checkpoints += 1
+        await trio.sleep(0)
+        return time.perf_counter()
+
+
+#: The process's one FUSE session (one mount per daemon).
+KERNEL_QUEUE = KernelQueue()
 
 
 class FairWorkers:
