@@ -528,6 +528,12 @@ def finish(table: str, parts: list):
     return _queues_table(pa.concat_tables(parts) if parts else _queue_schema().empty_table())
 
 
+def empty(table: str):
+    """The Arrow table ``table`` without rows (the columns :data:`DDLS` declares), for an
+    input holding none of its formats: written without a Spark job."""
+    return _metadata_schema().empty_table() if table == "metadata" else finish(table, [])
+
+
 def _queues_table(parts):
     """:func:`queues` from the per-batch partials: merged per file, then
     :func:`queue_heads`, then the PUTs past each reader's head counted from the runs."""
