@@ -30,7 +30,7 @@ from ..fs.indexfiles import user_cache_dir
 from . import derived
 from .plan import list_journals, local_path, plan
 from .schema import spark_schema
-from .session import build_session, package_zip
+from .session import PIPELINE_APP, build_session, package_zip, pipeline_settings
 from .storage import is_remote, s3_options
 from .writer import write_records
 
@@ -272,19 +272,11 @@ def print_summary(summary: Summary, console=None) -> None:
 
 
 def spark_for(master: str | None, scratch: str | None = None, conf: dict | None = None):
-    """The session for a pipeline run; off-machine executors get journalfs as a zip built
-    in ``scratch`` (which the caller removes after ``spark.stop()``). ``conf`` (the user's
-    memory sizes and settings) comes last, so it wins."""
+    """The session for a pipeline run (:func:`~journalfs.spark.session.pipeline_settings`);
+    off-machine executors get journalfs as a zip built in ``scratch`` (which the caller
+    removes after ``spark.stop()``)."""
     master = master or "local[*]"
-    settings = {"spark.sql.shuffle.partitions": "8", "spark.ui.showConsoleProgress": "false",
-                # the read (mapInArrow) and the metadata replay (applyInArrow) would set
-                # different worker environments and so start two Python daemons
-                "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
-                # pyarrow's default pool (mimalloc) keeps freed batches' pages: a worker's
-                # peak RSS 25-30 MB lower with malloc's, for the same CPU (bench corpus)
-                "spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL": "system"}
-    settings.update(conf or {})
-    spark = build_session(master, "journalfs pipeline", settings, journal_source=False)
+    spark = build_session(master, PIPELINE_APP, pipeline_settings(conf), journal_source=False)
     if not master.startswith("local"):
         spark.sparkContext.addPyFile(package_zip(scratch))
     return spark
