@@ -107,7 +107,7 @@ class EarlyDriver:
         if self.gateway is None or options != self.options:
             self.discard()
             return False
-        from ..spark.session import adopt_driver
+        from ..spark.session import adopt_driver  # pyspark, as in jvm_input_bytes
         adopt_driver(self.gateway)
         self.adopted = True
         return True
@@ -132,6 +132,7 @@ class EarlyDriver:
 
 def run_options(args, conf: dict[str, str]) -> dict[str, str]:
     """Every setting of the run's session (what its driver JVM is started with)."""
+    # pyspark, as in jvm_input_bytes
     from ..spark.session import PIPELINE_APP, pipeline_settings, session_options
     return session_options(args.master or "local[*]", PIPELINE_APP, pipeline_settings(conf))
 

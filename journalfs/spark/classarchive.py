@@ -116,7 +116,7 @@ def _remove_unfinished(path: str) -> None:
 
 def _jvm_key(java_options: str) -> str:
     """What an archive depends on: pyspark and its jars, the java binary, the options."""
-    import pyspark
+    import pyspark  # here: the pipeline command names the archive while pyspark loads
     jars = os.path.join(os.path.dirname(os.path.abspath(pyspark.__file__)), "jars")
     java_home = os.environ.get("JAVA_HOME")
     java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java") or ""

@@ -56,6 +56,7 @@ def build_session(master: str = "local[*]", app_name: str = "journalfs", conf: d
     (``journal_source``: registering it makes Spark start a Python process to look up data
     sources, which the pipeline does not need). It uses a driver JVM :func:`launch_driver`
     started already, if any."""
+    # pyspark.sql here: the pipeline command works out its settings before it has loaded
     from pyspark.sql import SparkSession
     builder = SparkSession.builder
     for key, value in session_options(master, app_name, conf).items():
@@ -72,14 +73,15 @@ def launch_driver(options: dict[str, str], stderr: int):
     pyspark would, its stderr to the file descriptor ``stderr``: a py4j gateway whose
     ``proc`` is the JVM. :func:`adopt_driver` makes the next session use it, provided
     it is built with the very same options (they are the JVM's system properties)."""
+    # as in build_session
     from pyspark import SparkConf
     from pyspark.java_gateway import launch_gateway
-    return launch_gateway(SparkConf(loadDefaults=False).setAll(options.items()),
+    return launch_gateway(SparkConf(loadDefaults=False).setAll(list(options.items())),
                           popen_kwargs={"stderr": stderr})
 
 
 def adopt_driver(gateway) -> None:
-    from pyspark import SparkContext
+    from pyspark import SparkContext  # as in build_session
     SparkContext._ensure_initialized(gateway=gateway)
 
 
