@@ -92,11 +92,15 @@ class EarlyDriver:
         """None where pyspark would not start a JVM itself (it is given one's port)."""
         if "PYSPARK_GATEWAY_PORT" in os.environ:
             return None
+        # pyspark (as in jvm_input_bytes), loaded on this thread before the JVM's starts:
+        # two threads importing it at once can meet a partially initialised module
+        import pyspark.core.context  # noqa: F401  (what SparkConf loads)
+        import pyspark.java_gateway  # noqa: F401
         return cls(run_options(args, spark_conf(args, 0, class_archive(0))), stderr)
 
     def _launch(self, stderr: int) -> None:
+        from ..spark.session import launch_driver  # loaded by run_options, on the main thread
         try:
-            from ..spark.session import launch_driver  # pyspark, as in jvm_input_bytes
             self.gateway = launch_driver(self.options, stderr)
         except Exception:  # e.g. no java: the run's own start says why, in its log
             self.gateway = None
