@@ -58,9 +58,9 @@ def write_records(spark, groups: list, records_dir: str) -> Written:
     ``records_dir``, in one job of one task per group.
 
     An RDD job, not a DataFrame one (``range().mapInArrow()``): no row of it is a table
-    row, and the SQL planning, code generation and Arrow set-up of a first DataFrame job
-    cost the driver JVM about 1.1 CPU-s more (2.1 against 1.0 on the 0.25 GB bench
-    corpus), before the first task could start."""
+    row, so it needs no SQL planning, code generation or Arrow set-up before its first
+    task (the driver JVM's CPU for a whole run was the same within noise: 3.6-3.8 s both
+    ways on the 0.25 GB bench corpus, busy machine)."""
     os.makedirs(records_dir, exist_ok=True)
     task = functools.partial(write_groups, groups, records_dir)
     results = [dict(zip(RESULT_NAMES, r)) for r in spark.sparkContext.parallelize(
