@@ -264,6 +264,65 @@ def write_gvfs_journal(path: Path, size: int, seed: int = 8) -> int:
     return count
 
 
+def write_sqlite_wal(path: Path, size: int, seed: int = 9) -> int:
+    """A WAL of 4096-byte pages of printable text, a transaction committed every
+    ``SQLITE_TX`` frames (and at the last frame). The checksum chain runs through the whole
+    file, so each frame's is computed: its content's share with numpy for a chunk of frames,
+    then the chain ``s' = F s + c`` (F: the frame's carry matrix) frame by frame."""
+    import struct
+    from journalfs.formats.sqlite_wal import HEADER, MAGIC_LE, VERSION, _weights, checksum
+    page_size, salt1, salt2 = 4096, 0x5EED0001, 0x5EED0002
+    frame = 24 + page_size
+    total = (size - HEADER) // frame
+    rng = np.random.default_rng(seed)
+    weights = _weights(page_size)
+    carry = [[int(v) for v in row] for row in weights.frame_power]
+    head = struct.pack(">6I", MAGIC_LE, VERSION, page_size, 0, salt1, salt2)
+    state = checksum(head, False)
+    chunk = 4096  # frames per numpy step (16 MiB of pages)
+
+    def frames(first: int, n: int) -> bytes:
+        nonlocal state
+        idx = np.arange(first, first + n)
+        pages = _payloads(rng, n, page_size)
+        db_size = np.where((idx % SQLITE_TX == SQLITE_TX - 1) | (idx == total - 1),
+                           idx + 1, 0)
+        fields = np.zeros((n, 2), ">u4")
+        fields[:, 0], fields[:, 1] = idx % 100_000 + 1, db_size
+        # the content's share of each checksum, from a zero seed (little-endian words: MAGIC_LE)
+        shares = weights.frames(np.zeros((n, 2), np.uint64), fields.view("<u4"),
+                                pages.view("<u4"))
+        sums = np.empty((n, 2), ">u4")
+        s0, s1 = state
+        for i, (c0, c1) in enumerate(shares.tolist()):
+            s0, s1 = ((carry[0][0] * s0 + carry[0][1] * s1 + c0) & 0xFFFFFFFF,
+                      (carry[1][0] * s0 + carry[1][1] * s1 + c1) & 0xFFFFFFFF)
+            sums[i] = s0, s1
+        state = (s0, s1)
+        out = np.empty((n, frame), np.uint8)
+        out[:, 0:8] = fields.view(np.uint8)
+        out[:, 8:16] = np.frombuffer(struct.pack(">II", salt1, salt2), np.uint8)
+        out[:, 16:24] = sums.view(np.uint8)
+        out[:, 24:] = pages
+        return out.tobytes()
+
+    first3 = frames(0, 3)
+    state = checksum(head, False)
+    records = [{"page": i + 1, "db_size": 0, "payload": first3[i * frame + 24:(i + 1) * frame]}
+               for i in range(3)]
+    _check_against_writer("sqlite-wal", records, head + struct.pack(">II", *state) + first3,
+                          page_size=page_size, salt1=salt1, salt2=salt2)
+    rng = np.random.default_rng(seed)  # the same pages again for the file itself
+    with open(path, "wb") as f:
+        f.write(head + struct.pack(">II", *state))
+        for first in range(0, total, chunk):
+            f.write(frames(first, min(chunk, total - first)))
+    return total
+
+
+#: Frames per transaction of :func:`write_sqlite_wal`.
+SQLITE_TX = 8
+
 #: format -> (generator, file name, kind of its first record)
 GENERATORS = {"kestrel-writer": (write_kestrel_writer, "jobs.1700000000000", "put"),
               "kestrel-reader": (write_kestrel_reader, "jobs.read.reader", "read_head"),
@@ -272,7 +331,8 @@ GENERATORS = {"kestrel-writer": (write_kestrel_writer, "jobs.1700000000000", "pu
               "akka-data": (write_akka_data, "data", "message"),
               "akka-meta": (write_akka_meta, "meta", "meta"),
               "jrnl": (write_jrnl, "pages.jrnl", "transaction"),
-              "gvfs-journal": (write_gvfs_journal, "home-0badcafe.log", "set")}
+              "gvfs-journal": (write_gvfs_journal, "home-0badcafe.log", "set"),
+              "sqlite-wal": (write_sqlite_wal, "shop.db-wal", "page")}
 
 
 def journal(fmt: str, megabytes: int) -> tuple[Path, int]:

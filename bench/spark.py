@@ -1,6 +1,7 @@
 """Benchmark: the `journal` Spark data source vs a single-process reader and vs binaryFile.
 
-    .venv/bin/python bench/spark.py --pipeline [ROWS] [--size GB | --input DIR] [--out bench/out]
+    .venv/bin/python bench/spark.py --pipeline [ROWS] [--size GB | --sizes GB,GB | --input DIR]
+                                    [--rounds N] [--out bench/out]
     .venv/bin/python bench/spark.py [--size GB] [--out bench/out]
 
 ``--pipeline``: in one run over the same files, one Python process writing every table of
@@ -10,6 +11,8 @@ started here on 127.0.0.1 with one executor of 1 and of 2 cores, `binaryFile` +
 `mapInArrow` writing the records with Spark's writer, and local[2] with the input in a moto
 S3 server on 127.0.0.1; wall time and CPU seconds per component (driver JVM, executor JVM,
 Python workers, driver Python) from /proc, and the largest RSS of one Python worker.
+``--sizes 0.25,1``: every row on the generated corpus of each size, in one run and one
+table (the README's), each size's rows interleaved over ``--rounds``.
 
 Without ``--pipeline``, the data source alone:
 
@@ -509,7 +512,7 @@ PIPELINE_ROWS = ("local[1]", "local[2]", "cluster-1core", "cluster-2cores", "bin
 
 
 def pipeline_rows(root: Path, out: Path, rows: list[str], extra: list[str],
-                  rounds: int = 1) -> dict:
+                  rounds: int = 1, table: bool = True) -> dict:
     """`journalfs pipeline` against :func:`single_parquet` on the same files, in one run:
     ``local[N]`` or a ``spark://`` master as given; ``cluster-Ncore(s)``: a standalone
     master and one worker of N cores started here on 127.0.0.1; ``binaryFile``:
@@ -568,20 +571,30 @@ def pipeline_rows(root: Path, out: Path, rows: list[str], extra: list[str],
                     keep(f"pipeline {row}", run_measured([*cli, str(root), str(dest(row)),
                                                           "--master", row, *extra], env))
         results.pop("s3", None)
-    base = results["single process"]["seconds"]
-    print("\n| run | wall s | ÷ single | CPU-s: driver JVM | executor JVM | Python workers "
-          "| driver Python | largest Python worker RSS |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, r in results.items():
-        cpu, rss = r["cpu_s"], r.get("peak_rss_mb", {})
-        cells = [f"{cpu[k]:.1f}" if k in cpu else "–" for k in
-                 ("driver_jvm", "executor_jvm", "python_workers", "python_driver")]
-        print(f"| {name} | {r['seconds']:.1f} | {r['seconds'] / base:.2f}× | "
-              + " | ".join(cells) + f" | {rss.get('python_workers', '–')} MB |"
-              + (f" FAILED: {r['error']}" if r.get("error") else ""))
+    if table:
+        print_pipeline_table([("", results)], rounds)
+    return results
+
+
+def print_pipeline_table(inputs: list[tuple[str, dict]], rounds: int) -> None:
+    """The README's table of :func:`pipeline_rows`' results, one block of rows per input
+    (``inputs``: (its label, e.g. "0.25 GB", or "" for one input; its results))."""
+    label = any(name for name, _r in inputs)
+    print("\n|" + " input |" * label + " run | wall s | ÷ single | CPU-s: driver JVM | executor JVM "
+          "| Python workers | driver Python | largest Python worker RSS |")
+    print("|" + "---|" * (8 + label))
+    for input_name, results in inputs:
+        base = results["single process"]["seconds"]
+        for name, r in results.items():
+            cpu, rss = r["cpu_s"], r.get("peak_rss_mb", {})
+            cells = [f"{cpu[k]:.1f}" if k in cpu else "–" for k in
+                     ("driver_jvm", "executor_jvm", "python_workers", "python_driver")]
+            print("|" + f" {input_name} |" * label
+                  + f" {name} | {r['seconds']:.1f} | {r['seconds'] / base:.2f}× | "
+                  + " | ".join(cells) + f" | {rss.get('python_workers', '–')} MB |"
+                  + (f" FAILED: {r['error']}" if r.get("error") else ""))
     print(f"{os.cpu_count()} cores, load avg {os.getloadavg()[0]:.1f}, fastest of {rounds} "
           "interleaved round(s)")
-    return results
 
 
 def spark_session(master: str, heap: str):
@@ -618,6 +631,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=float, default=8.0,
                     help="corpus size in GB (default 8: journals of 2.8, 2.0 and 1.2 GB)")
+    ap.add_argument("--sizes", default=None, metavar="GB,GB",
+                    help="with --pipeline: every row on the corpus of each size (e.g. 0.25,1), "
+                         "one table")
     ap.add_argument("--out", default=str(REPO / "bench" / "out"))
     ap.add_argument("--skip", default="", help="comma list of methods to skip")
     # One JVM serves every session of a run, so one heap for all. binaryFile holds whole files
@@ -639,11 +655,27 @@ def main(argv=None) -> int:
         binary_file_job(*args.binaryfile_job)
         return 0
     if args.pipeline:
-        root = Path(args.input) if args.input else corpus(Path(args.out), args.size)
-        results = pipeline_rows(root, Path(args.out) / "pipeline-runs",
-                                [m for m in args.pipeline.split(",") if m], [], args.rounds)
-        print(json.dumps({"input": str(root), "mb": round(_tree_bytes(root) / MB),
-                          "results": results}))
+        rows = [m for m in args.pipeline.split(",") if m]
+        if args.input:
+            inputs = [("", Path(args.input))]
+        else:
+            sizes = [float(x) for x in args.sizes.split(",")] if args.sizes else [args.size]
+            # every corpus first: generating one must not fall between the rows of another
+            inputs = [(f"{size:g} GB" if args.sizes else "", corpus(Path(args.out), size))
+                      for size in sizes]
+        started = time.perf_counter()
+        done = []
+        for label, root in inputs:
+            if len(inputs) > 1:
+                print(f"-- {label}: {root}", file=sys.stderr)
+            done.append((label, root, pipeline_rows(root, Path(args.out) / "pipeline-runs",
+                                                    rows, [], args.rounds, table=len(inputs) == 1)))
+        if len(inputs) > 1:
+            print_pipeline_table([(label, results) for label, _root, results in done],
+                                 args.rounds)
+        print(f"{time.perf_counter() - started:.0f} s for the whole run")
+        print(json.dumps([{"input": str(root), "mb": round(_tree_bytes(root) / MB),
+                           "results": results} for _label, root, results in done]))
         return 0
     root = corpus(Path(args.out), args.size)
     total_bytes = _tree_bytes(root)

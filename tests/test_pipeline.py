@@ -318,6 +318,37 @@ def test_records_keep_only_the_files_the_successful_attempts_wrote(spark, tmp_pa
         len(file_records(src / "db0.jrnl"))
 
 
+def test_a_task_goes_on_in_a_new_file_every_so_many_row_groups(tmp_path, monkeypatch):
+    """A Parquet writer holds every row group's metadata until it closes (the worker of a
+    2 GB JRNL journal grew by ~70 MB): a task's records and transactions files end every
+    ROW_GROUPS_PER_FILE row groups, and together hold every row, once."""
+    from journalfs.spark import read, source, writer
+    from journalfs.spark.plan import list_journals, plan
+    monkeypatch.setattr(writer, "ROW_GROUPS_PER_FILE", 3)
+    for module in (read, source):  # many small batches (not merged again), a row group each
+        monkeypatch.setattr(module, "BATCH_BYTES", 4096)
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "q.1700000000000").write_bytes(kestrel.build_writer_file([b"x" * 50] * 2000))
+    txs = [{"time": 1_700_000_000 + i, "complete": True,
+            "ops": [{"op": "alloc", "page": i}, {"op": "complete"}]} for i in range(600)]
+    (src / "pages.jrnl").write_bytes(CODECS["jrnl"].write(txs))
+    groups = plan(list_journals(str(src)), 1, cache_dir=None).groups
+    out = tmp_path / "out"
+    reported = [dict(zip(writer.RESULT_NAMES, r)) for r in
+                writer.write_groups(groups, str(out / "records"), iter(range(len(groups))))]
+    files = {r["path"]: r["rows"] for r in reported if r["rows"] is not None}
+    on_disk = sorted(str(p) for p in out.rglob("*.parquet"))
+    assert sorted(files) == on_disk
+    for name, expected in (("format=kestrel-writer", 2000), ("format=jrnl", 600),
+                           ("transactions", 600)):
+        mine = [p for p in on_disk if f"/{name}/" in p]
+        assert len(mine) > 1, name
+        assert all(pq.ParquetFile(p).metadata.num_row_groups <= 3 for p in mine), name
+        assert sum(pq.ParquetFile(p).metadata.num_rows for p in mine) == \
+            sum(files[p] for p in mine) == expected, name
+
+
 def test_files_the_driver_cannot_see_fail_the_run(spark, tmp_path, records_corpus, monkeypatch):
     """On a cluster whose executors write to disks of their own, the driver does not see the
     records files they report: the run fails saying so, rather than writing empty tables."""

@@ -14,8 +14,10 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from pyarrow import fs
@@ -44,19 +46,99 @@ class PipelineError(Exception):
 
 
 def run(args) -> int:
+    # Spark's console output (the driver JVM's from its start) goes to this log
+    log = tempfile.mkstemp(prefix="journalfs-pipeline-", suffix=".log")
+    early = None
     try:
         output = check_paths(args.input, args.output, args.overwrite)
         unreadable: list[tuple[str, str]] = []
         files = list_input(args.input, unreadable)
+        if args.master and args.master.startswith("spark://"):
+            check_master(args.master, args.master_timeout)
+        # past every check a user can fail quickly: the JVM starts while the rest loads
+        early = EarlyDriver.start(args, log[0])
         jvm_bytes = jvm_input_bytes(files)
         archive = class_archive(jvm_bytes)
         conf = spark_conf(args, jvm_bytes, archive)
-        if args.master and args.master.startswith("spark://"):
-            check_master(args.master, args.master_timeout)
-    except PipelineError as exc:
+    except BaseException as exc:
+        if early is not None:
+            early.discard()
+        os.close(log[0])
+        os.unlink(log[1])
+        if not isinstance(exc, PipelineError):
+            raise
         print(f"journalfs: pipeline: {exc}", file=sys.stderr)
         return exc.code
-    return _run_spark(args, output, conf, (files, unreadable), archive)
+    return _run_spark(args, output, conf, (files, unreadable), archive, log, early)
+
+
+class EarlyDriver:
+    """The driver JVM, started in a thread once INPUT is listed and checked, while the
+    pipeline's modules load and its settings are worked out (the JVM's start-up would
+    otherwise wait for them), with the settings of a short job; the run uses it when its
+    settings turn out the same (they are the JVM's system properties), else stops it and
+    starts its own."""
+
+    def __init__(self, options: dict[str, str], stderr: int):
+        self.options = options
+        self.gateway = None
+        self.adopted = False
+        self._thread = threading.Thread(target=self._launch, args=(stderr,), daemon=True,
+                                        name="driver-jvm")
+        self._thread.start()
+
+    @classmethod
+    def start(cls, args, stderr: int) -> "EarlyDriver | None":
+        """None where pyspark would not start a JVM itself (it is given one's port)."""
+        if "PYSPARK_GATEWAY_PORT" in os.environ:
+            return None
+        # pyspark (as in jvm_input_bytes), loaded on this thread before the JVM's starts:
+        # two threads importing it at once can meet a partially initialised module
+        import pyspark.core.context  # noqa: F401  (what SparkConf loads)
+        import pyspark.java_gateway  # noqa: F401
+        return cls(run_options(args, spark_conf(args, 0, class_archive(0))), stderr)
+
+    def _launch(self, stderr: int) -> None:
+        from ..spark.session import launch_driver  # loaded by run_options, on the main thread
+        try:
+            self.gateway = launch_driver(self.options, stderr)
+        except Exception:  # e.g. no java: the run's own start says why, in its log
+            self.gateway = None
+
+    def adopt(self, options: dict[str, str]) -> bool:
+        """Whether the session about to be built with ``options`` will use this JVM."""
+        self._thread.join()
+        if self.gateway is None or options != self.options:
+            self.discard()
+            return False
+        from ..spark.session import adopt_driver  # pyspark, as in jvm_input_bytes
+        adopt_driver(self.gateway)
+        self.adopted = True
+        return True
+
+    def discard(self) -> None:
+        """Stop the JVM unless a session uses it (then ``spark.stop()`` does)."""
+        self._thread.join()
+        gateway, self.gateway = self.gateway, None
+        if gateway is None or self.adopted:
+            return
+        with contextlib.suppress(Exception):
+            gateway.close()
+        proc = gateway.proc
+        with contextlib.suppress(OSError):
+            proc.stdin.close()  # the JVM exits when its stdin closes
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_options(args, conf: dict[str, str]) -> dict[str, str]:
+    """Every setting of the run's session (what its driver JVM is started with)."""
+    # pyspark, as in jvm_input_bytes
+    from ..spark.session import PIPELINE_APP, pipeline_settings, session_options
+    return session_options(args.master or "local[*]", PIPELINE_APP, pipeline_settings(conf))
 
 
 def list_input(input_path: str, unreadable: list | None = None):
@@ -239,10 +321,12 @@ def check_master(url: str, timeout: float) -> None:
 
 # -- running ------------------------------------------------------------------------------------
 
-def _run_spark(args, output: str, conf: dict[str, str], listing=None, archive=None) -> int:
-    """Run the job with Spark's console output in a log file and SIGINT handled: Ctrl-C
-    cancels the jobs, stops Spark and exits 130; nothing half-written is left in OUTPUT."""
-    fd, log_path = tempfile.mkstemp(prefix="journalfs-pipeline-", suffix=".log")
+def _run_spark(args, output: str, conf: dict[str, str], listing=None, archive=None,
+               log: tuple[int, str] | None = None, early: EarlyDriver | None = None) -> int:
+    """Run the job with Spark's console output in a log file (``log``: its open descriptor
+    and path) and SIGINT handled: Ctrl-C cancels the jobs, stops Spark and exits 130;
+    nothing half-written is left in OUTPUT. ``early``: a driver JVM started already."""
+    fd, log_path = log or tempfile.mkstemp(prefix="journalfs-pipeline-", suffix=".log")
     remote_output = is_remote(output)
     if remote_output:  # written here, uploaded when complete
         partial = os.path.join(tempfile.gettempdir(), f"journalfs-pipeline-output-{os.getpid()}")
@@ -256,6 +340,8 @@ def _run_spark(args, output: str, conf: dict[str, str], listing=None, archive=No
         try:
             # pyspark, as in jvm_input_bytes
             from ..spark.pipeline import print_summary, run as run_pipeline, spark_for
+            if early is not None:
+                early.adopt(run_options(args, conf))
             spark = spark_for(args.master, scratch, conf)
             # PySpark's own handler calls into the JVM from inside the signal handler (a
             # reentrant py4j call that fails noisily); a plain KeyboardInterrupt instead, and
@@ -293,6 +379,8 @@ def _run_spark(args, output: str, conf: dict[str, str], listing=None, archive=No
             with _no_interrupts():
                 if spark is not None:
                     _stop(spark)
+                if early is not None:
+                    early.discard()
                 shutil.rmtree(partial, ignore_errors=True)
     if message:
         print(f"journalfs: pipeline: {message}", file=sys.stderr)

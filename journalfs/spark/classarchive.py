@@ -27,13 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import pyspark
-from pyspark import SparkContext
-
-from ..demo import write_demo
 from ..fs.indexfiles import user_cache_dir
-from .pipeline import run
-from .session import build_session
 
 #: CDS's own warnings (classes it skips) would go to the JVM's stdout.
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
@@ -78,6 +72,11 @@ def _lowest_priority() -> None:
 def make(path: str, java_options: str, lock: str) -> None:
     """Run the pipeline over the demo's journals with a JVM that writes its classes to
     ``path`` as it exits, and wait for it to."""
+    # here, not at the top: the pipeline's command names the archive before loading these
+    from pyspark import SparkContext
+    from ..demo import write_demo
+    from .pipeline import run
+    from .session import build_session
     making = f"{path}.{os.getpid()}.tmp"
     _remove_unfinished(path)
     try:
@@ -117,6 +116,7 @@ def _remove_unfinished(path: str) -> None:
 
 def _jvm_key(java_options: str) -> str:
     """What an archive depends on: pyspark and its jars, the java binary, the options."""
+    import pyspark  # here: the pipeline command names the archive while pyspark loads
     jars = os.path.join(os.path.dirname(os.path.abspath(pyspark.__file__)), "jars")
     java_home = os.environ.get("JAVA_HOME")
     java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java") or ""

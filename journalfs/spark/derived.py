@@ -121,7 +121,9 @@ def _writers_with_puts(files, d: str, q: str) -> list[str]:
 
 def queue_heads(files) -> dict[tuple[str, str, str], tuple[int, int, set[int]]]:
     """{(dir, queue, reader): (head, tail, done ids within (head, tail])} from one row per
-    Kestrel file (source, format, queue, last_id, first_id, raw_head, done)."""
+    Kestrel file (source, format, queue, last_id, first_id, raw_head, and ``done``: its
+    READ_DONE ids, or ``done_runs``: them as (first id, count) runs, of which only the
+    part within (head, tail] is ever held as ids)."""
     bounds: dict[tuple[str, str], tuple] = {}  # (dir, queue) -> (tail, floor)
     newest: dict[tuple[str, str], tuple] = {}
     oldest: dict[tuple[str, str], tuple] = {}
@@ -143,11 +145,14 @@ def queue_heads(files) -> dict[tuple[str, str, str], tuple[int, int, set[int]]]:
         else:
             name = re.search(READER_SUFFIX, f["source"])
             r = readers.setdefault((d, q, name.group(1) if name else ""),
-                                   {"raw_head": None, "done": set()})
+                                   {"raw_head": None, "done": set(), "runs": []})
             if f["raw_head"] is not None:  # one checkpoint file per reader: the highest head
                 r["raw_head"] = f["raw_head"] if r["raw_head"] is None else \
                     max(r["raw_head"], f["raw_head"])
-            r["done"].update(f["done"] or ())
+            if "done_runs" in f:
+                r["runs"].extend(f["done_runs"] or ())
+            else:
+                r["done"].update(f["done"] or ())
     for key in bounds:
         tail = newest[key][1] if key in newest else None
         floor = oldest[key][1] - 1 if key in oldest and oldest[key][1] is not None else None
@@ -155,14 +160,17 @@ def queue_heads(files) -> dict[tuple[str, str, str], tuple[int, int, set[int]]]:
     with_readers = {(d, q) for d, q, _r in readers}
     for d, q in bounds:
         if (d, q) not in with_readers:  # the default reader of a queue without reader files
-            readers[(d, q, "")] = {"raw_head": None, "done": set()}
+            readers[(d, q, "")] = {"raw_head": None, "done": set(), "runs": []}
     state = {}
     for (d, q, reader), r in readers.items():
         tail, floor = bounds.get((d, q)) or (None, None)
         tail = tail if tail is not None else 0
         floor = floor if floor is not None else 0
         head = max(min(r["raw_head"] if r["raw_head"] is not None else 0, tail), min(floor, tail))
-        state[(d, q, reader)] = (head, tail, {i for i in r["done"] if head < i <= tail})
+        done = {i for i in r["done"] if head < i <= tail}
+        for start, length in r["runs"]:
+            done.update(range(max(start, head + 1), min(start + length - 1, tail) + 1))
+        state[(d, q, reader)] = (head, tail, done)
     return state
 
 
@@ -423,13 +431,15 @@ def _queue_schema():
                       ("first_seq", pa.int64()), ("first_id", pa.int64()),
                       ("last_seq", pa.int64()), ("last_id", pa.int64()),
                       ("head_seq", pa.int64()), ("head_id", pa.int64()),
-                      ("done", longs), ("run_starts", longs), ("run_lengths", longs)])
+                      ("done_starts", longs), ("done_lengths", longs),
+                      ("run_starts", longs), ("run_lengths", longs)])
 
 
 def _queue_partial(kestrel):
     """Per (file, queue) of the batch: the first and last PUT and the last READ_HEAD (by
-    seq), the READ_DONE ids, and the PUT ids as runs of consecutive ids (a queue file's
-    ids are mostly one run, so a file's PUTs travel as a few numbers)."""
+    seq), and the READ_DONE ids and the PUT ids as runs of consecutive ids (a queue file's
+    ids are mostly one run, so a file's PUTs travel as a few numbers; a reader's done ids
+    mostly follow its head: as a list they made a 2 GB reader file's worker 680 MB)."""
     rows = []
     keys = pc.binary_join_element_wise(kestrel.column("source"), kestrel.column("format"),
                                        kestrel.column("key"), "\0")
@@ -447,21 +457,25 @@ def _queue_partial(kestrel):
                          ("head", heads[np.argmax(seqs[heads])] if len(heads) else None)):
             row[f"{name}_seq"] = None if at is None else int(seqs[at])
             row[f"{name}_id"] = None if at is None else int(ids[at])
-        done = []
         dones = _where(kind, "read_done")
+        done = np.array([], dtype=np.int64)
         if len(dones):
             texts = pc.map_lookup(part.column("attrs").take(pa.array(dones)), "ids", "first")
-            for text in texts.to_pylist():
-                done.extend(_json_longs(text))
-        row["done"] = done
-        put_ids = ids[puts[np.argsort(seqs[puts], kind="stable")]]
-        breaks = np.flatnonzero(np.diff(put_ids) != 1) + 1
-        starts = np.concatenate(([0], breaks)) if len(put_ids) else breaks
-        ends = np.concatenate((breaks, [len(put_ids)])) if len(put_ids) else breaks
-        row["run_starts"] = put_ids[starts].tolist()
-        row["run_lengths"] = (ends - starts).tolist()
+            done = np.unique(np.fromiter((i for text in texts.to_pylist()
+                                          for i in _json_longs(text)), np.int64))
+        row["done_starts"], row["done_lengths"] = _runs(done)
+        row["run_starts"], row["run_lengths"] = \
+            _runs(ids[puts[np.argsort(seqs[puts], kind="stable")]])
         rows.append(row)
     return pa.Table.from_pylist(rows, schema=_queue_schema())
+
+
+def _runs(ids) -> tuple[list[int], list[int]]:
+    """(starts, lengths) of the runs of consecutive ids in ``ids`` (in their order)."""
+    breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+    starts = np.concatenate(([0], breaks)) if len(ids) else breaks
+    ends = np.concatenate((breaks, [len(ids)])) if len(ids) else breaks
+    return ids[starts].tolist(), (ends - starts).tolist()
 
 
 def _where(column, value: str):
@@ -528,6 +542,12 @@ def finish(table: str, parts: list):
     return _queues_table(pa.concat_tables(parts) if parts else _queue_schema().empty_table())
 
 
+def empty(table: str):
+    """The Arrow table ``table`` without rows (the columns :data:`DDLS` declares), for an
+    input holding none of its formats: written without a Spark job."""
+    return _metadata_schema().empty_table() if table == "metadata" else finish(table, [])
+
+
 def _queues_table(parts):
     """:func:`queues` from the per-batch partials: merged per file, then
     :func:`queue_heads`, then the PUTs past each reader's head counted from the runs."""
@@ -540,12 +560,12 @@ def _queues_table(parts):
             if p[f"{name}_seq"] is not None:
                 here = (p[f"{name}_seq"], p[f"{name}_id"])
                 f[name] = here if f[name] is None else pick(f[name], here)
-        f["done"].extend(p["done"] or ())
+        f["done"].extend(zip(p["done_starts"] or (), p["done_lengths"] or ()))
         f["runs"].extend(zip(p["run_starts"] or (), p["run_lengths"] or ()))
     files = [{"source": f["source"], "format": f["format"], "queue": f["queue"],
               "first_id": f["first"][1] if f["first"] else None,
               "last_id": f["last"][1] if f["last"] else None,
-              "raw_head": f["head"][1] if f["head"] else None, "done": f["done"]}
+              "raw_head": f["head"][1] if f["head"] else None, "done_runs": f["done"]}
              for f in merged.values()]
     state = queue_heads(files)
     runs = {f["source"]: f["runs"] for f in merged.values() if f["format"] == WRITER}

@@ -30,7 +30,7 @@ from ..fs.indexfiles import user_cache_dir
 from . import derived
 from .plan import list_journals, local_path, plan
 from .schema import spark_schema
-from .session import build_session, package_zip
+from .session import PIPELINE_APP, build_session, package_zip, pipeline_settings
 from .storage import is_remote, s3_options
 from .writer import write_records
 
@@ -154,7 +154,6 @@ def run(spark, input_path: str, output: str, console=None, files=None) -> Summar
             if table is not None:
                 write_arrow(table, os.path.join(output, name))
 
-        records = spark.read.schema(_records_schema()).parquet(_literal(records_dir))
         # the tables the pass could not give (see derived.finish) are computed from the records
         tables = [name for name in derived.TABLES
                   if written.tables.get(name) is None and name not in written.on_disk]
@@ -162,14 +161,20 @@ def run(spark, input_path: str, output: str, console=None, files=None) -> Summar
             write_arrow(derived.metadata_of_parquet(records_dir), os.path.join(output, "metadata"))
             tables.remove("metadata")
         busy = [name for name in tables if present & set(derived.TABLES[name])]
-        progress.step("writing " + (", ".join(busy) or "empty tables"))
+        # read back only for those: a DataFrame is the SQL engine's set-up in the driver JVM
+        records = spark.read.schema(_records_schema()).parquet(_literal(records_dir)) \
+            if busy else None
+        for name in tables:  # none of its formats found: its columns, no rows, no job
+            if name not in busy:
+                write_arrow(derived.empty(name), os.path.join(output, name))
+        if busy:
+            progress.step("writing " + ", ".join(busy))
         # small inputs: each job is mostly fixed driver-side latency (planning, codegen,
-        # scheduling), so the tables' jobs run side by side; a table none of whose formats
-        # was found is written empty without reading anything
+        # scheduling), so the tables' jobs run side by side
         pool = ThreadPoolExecutor(max_workers=max(1, len(busy)))
         try:
-            jobs = [pool.submit(_write_table, spark, records, name, os.path.join(output, name),
-                                name in busy) for name in tables]
+            jobs = [pool.submit(_write_table, records, name, os.path.join(output, name))
+                    for name in busy]
             for job in jobs:
                 job.result()
         except BaseException:  # Ctrl-C or a failed table: the others must not run on
@@ -206,12 +211,9 @@ def _literal(path: str) -> str:
     return re.sub(r"([\[\]{}*?\\])", r"\\\1", path)
 
 
-def _write_table(spark, records, name: str, path: str, has_input: bool) -> None:
-    """Derived table ``name`` from ``records``; written empty (its columns, no scan) when
-    none of its formats was found."""
-    table = getattr(derived, name)(records) if has_input else \
-        spark.createDataFrame([], derived.DDLS[name])
-    table.write.mode("overwrite").parquet(path)
+def _write_table(records, name: str, path: str) -> None:
+    """Derived table ``name`` computed by Spark from ``records``."""
+    getattr(derived, name)(records).write.mode("overwrite").parquet(path)
 
 
 def write_damage(damage: list[tuple[str, int, str]], path: str) -> None:
@@ -270,19 +272,11 @@ def print_summary(summary: Summary, console=None) -> None:
 
 
 def spark_for(master: str | None, scratch: str | None = None, conf: dict | None = None):
-    """The session for a pipeline run; off-machine executors get journalfs as a zip built
-    in ``scratch`` (which the caller removes after ``spark.stop()``). ``conf`` (the user's
-    memory sizes and settings) comes last, so it wins."""
+    """The session for a pipeline run (:func:`~journalfs.spark.session.pipeline_settings`);
+    off-machine executors get journalfs as a zip built in ``scratch`` (which the caller
+    removes after ``spark.stop()``)."""
     master = master or "local[*]"
-    settings = {"spark.sql.shuffle.partitions": "8", "spark.ui.showConsoleProgress": "false",
-                # the read (mapInArrow) and the metadata replay (applyInArrow) would set
-                # different worker environments and so start two Python daemons
-                "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
-                # pyarrow's default pool (mimalloc) keeps freed batches' pages: a worker's
-                # peak RSS 25-30 MB lower with malloc's, for the same CPU (bench corpus)
-                "spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL": "system"}
-    settings.update(conf or {})
-    spark = build_session(master, "journalfs pipeline", settings, journal_source=False)
+    spark = build_session(master, PIPELINE_APP, pipeline_settings(conf), journal_source=False)
     if not master.startswith("local"):
         spark.sparkContext.addPyFile(package_zip(scratch))
     return spark

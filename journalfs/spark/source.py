@@ -99,14 +99,6 @@ def read_group(slices, include_damage: bool) -> Iterator:
                      for batch in read_slice(s, include_damage, BATCH_ROWS)), BATCH_ROWS)
 
 
-def read_groups(groups, include_damage: bool, ids: Iterator) -> Iterator:
-    """``mapInArrow`` function of the pipeline: ``ids`` are batches of a ``range`` column
-    (one task per group), each the index of a group of ``groups`` to read."""
-    for batch in ids:
-        for i in batch.column(0).to_pylist():
-            yield from read_group(groups[i], include_damage)
-
-
 def coalesce(batches: Iterator, rows: int, max_bytes: int | None = None) -> Iterator:
     """Merge runs of small batches (one per small file) into batches of about ``rows`` rows
     (or ``max_bytes`` bytes, whichever comes first)."""
