@@ -48,7 +48,7 @@ checkout as target `journalfs-NAME`, so two branches are measured side by side i
 Every row starts from a settled daemon: a row's set-up and clean-up (files made or removed
 in SOURCE or through the mount, xattrs set for it) run outside its clock and CPU counters,
 and before the clock starts the bench waits until the daemon's CPU time has stopped moving
-(< 2 ms over 0.2 s; the same for every FUSE target), so no row pays for work an earlier row
+(< 1 ms over 0.2 s; the same for every FUSE target), so no row pays for work an earlier row
 left (the SOURCE watcher applying `500 x mv`'s clean-up, a batch sync). The JSON has the
 wait per row and target (`settle_s`).
 
@@ -622,7 +622,7 @@ def pick_rows(spec: str) -> tuple[str, ...]:
 #: SETTLE_WINDOW seconds (an idle pyfuse3/trio daemon uses next to none); SETTLE_MAX caps
 #: the wait (the row then notes it).
 SETTLE_WINDOW = 0.2
-SETTLE_CPU_NS = 2_000_000
+SETTLE_CPU_NS = 1_000_000
 SETTLE_MAX = 15.0
 
 
