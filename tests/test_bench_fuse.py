@@ -142,21 +142,25 @@ def test_a_rows_run_measures_exactly_those_rows(tmp_path):
     out = tmp_path / "out.json"
     run = subprocess.run(
         [sys.executable, str(bench_fuse.REPO / "bench" / "fuse.py"), "--workdir",
-         str(tmp_path / "work"), "--files", "200", "--rounds", "1", "--view-records", "0",
-         "--rows", "readdir,ls-l-warm,getfattr-r,mv-500", "--only", "native,journalfs,floor",
+         str(tmp_path / "work"), "--files", "200", "--rounds", "1", "--view-records", "300",
+         "--view-ls-l-records", "300", "--rows", "readdir,ls-l-warm,getfattr-r,mv-500,view-ls-l-w*",
+         "--only", "native,journalfs,floor",
          "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     blob = json.loads(out.read_text())
     results = {r["workload"]: r for r in blob["results"]}
-    assert blob["rows"] == ["readdir", "ls-l-warm", "getfattr-r", "mv-500"]
-    # ls -l warm brought its cold listing along, unrecorded
+    assert blob["rows"] == ["readdir", "ls-l-warm", "getfattr-r", "mv-500", "view-ls-l-warm"]
+    # the warm rows brought their cold listings along (and journalfs its view's first,
+    # indexing, listing), unrecorded
     assert set(results) == {"readdir (entries/s)", "ls -l 2000 entries, warm",
-                            "getfattr -R, 5,005 files", "500 x mv (whole command)"}
+                            "getfattr -R, 5,005 files", "500 x mv (whole command)",
+                            "view ls -l, 300 records, warm"}
     for r in results.values():
         assert not r["notes"] or not any(n.startswith("failed") for n in r["notes"].values()), r
         assert set(r["values"]) == {"native", "journalfs", "floor"}
         assert set(r["settle_s"]) == {"journalfs", "floor"}
     for name, unit in (("readdir (entries/s)", "entry"), ("ls -l 2000 entries, warm", "entry"),
+                       ("view ls -l, 300 records, warm", "entry"),
                        ("getfattr -R, 5,005 files", "file"), ("500 x mv (whole command)", "request")):
         r = results[name]
         assert r["cpu_unit"] == unit
