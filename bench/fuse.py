@@ -385,7 +385,7 @@ def fresh_folder(folder: Path) -> None:
     folder.mkdir()
 
 
-def create_files(folder: Path, count: int) -> float:
+def write_new_files(folder: Path, count: int) -> float:
     """Creates ``count`` files of 4 KiB in ``folder`` (made by :func:`fresh_folder`, removed
     by the row's clean-up, both outside the row's clock and CPU counters)."""
     body = b"y" * 4096
@@ -396,6 +396,15 @@ def create_files(folder: Path, count: int) -> float:
             os.write(fd, body)
             os.close(fd)
     return count / timed(run)
+
+
+def create_files(folder: Path, count: int) -> float:
+    """The whole create+write row, set-up and clean-up included (bench/writeback.py)."""
+    fresh_folder(folder)
+    try:
+        return write_new_files(folder, count)
+    finally:
+        shutil.rmtree(folder)
 
 
 def readdir(folder: Path, repeat: int = 5) -> float:
@@ -478,8 +487,17 @@ def mv_500_setup(t: Target) -> None:
     os.listdir(t.root / mv_dir(t))
 
 
-def mv_500(t: Target) -> float:
+def rename_500(t: Target) -> float:
     return 500 / shell("for i in $(seq 0 499); do mv a$i b$i; done", t.root / mv_dir(t))
+
+
+def mv_500(t: Target) -> float:
+    """The whole `500 x mv` row, set-up and clean-up included (bench/writeback.py)."""
+    mv_500_setup(t)
+    try:
+        return rename_500(t)
+    finally:
+        shutil.rmtree(t.src / mv_dir(t))
 
 
 def setfattr_500(t: Target) -> float:
@@ -547,7 +565,8 @@ def fio_create_dir(t: Target) -> str:
     return f"fio-create-{t.name}"
 
 
-def fio_create(t: Target, count: int = 1000) -> float:
+def fio_create_files(t: Target, count: int = 1000) -> float:
+    """fio creating ``count`` files of 4 KiB in the empty directory fio_create_dir(t)."""
     d = t.root / fio_create_dir(t)
     seconds = timed(lambda: subprocess.run(
         ["fio", "--name=create", f"--directory={d}", f"--nrfiles={count}", "--filesize=4k",
@@ -555,6 +574,16 @@ def fio_create(t: Target, count: int = 1000) -> float:
          "--file_service_type=sequential", "--fallocate=none", "--output-format=json"],
         check=True, capture_output=True))
     return count / seconds
+
+
+def fio_create(t: Target, count: int = 1000) -> float:
+    """The whole fio file-creation row, set-up and clean-up included (bench/writeback.py)."""
+    fresh_folder(t.src / fio_create_dir(t))
+    settle(t)
+    try:
+        return fio_create_files(t, count)
+    finally:
+        shutil.rmtree(t.src / fio_create_dir(t))
 
 
 # ---------------------------------------------------------------- rows
@@ -829,9 +858,9 @@ def data_rows(t: Target, rec: Recorder, args) -> None:
     outside its counters, and the next row starts once the daemon has settled them."""
     m = rec.measure
     new = t.root / f"new-{t.name}"
-    m(t, "create-write", ROWS["create-write"], "ops/s", create_files, new, args.create,
+    m(t, "create-write", ROWS["create-write"], "ops/s", write_new_files, new, args.create,
       setup=lambda: fresh_folder(new), cleanup=lambda: shutil.rmtree(new))
-    m(t, "mv-500", ROWS["mv-500"], "ops/s", mv_500, t, setup=lambda: mv_500_setup(t),
+    m(t, "mv-500", ROWS["mv-500"], "ops/s", rename_500, t, setup=lambda: mv_500_setup(t),
       cleanup=lambda: shutil.rmtree(t.src / mv_dir(t)))
     m(t, "fio-randread", ROWS["fio-randread"], "IOPS", fio, t,
       [f"--filename={t.root / 'big.bin'}", "--rw=randread", "--bs=4k", f"--size={min(256, args.big_mib)}m",
@@ -840,7 +869,7 @@ def data_rows(t: Target, rec: Recorder, args) -> None:
       [f"--filename={t.root / 'rand.bin'}", "--rw=randwrite", "--bs=4k", "--size=256m",
        "--fsync=32", "--runtime=4", "--time_based"], "write_iops")
     fio_src = t.src / fio_create_dir(t)
-    m(t, "fio-create", ROWS["fio-create"], "files/s", fio_create, t,
+    m(t, "fio-create", ROWS["fio-create"], "files/s", fio_create_files, t,
       setup=lambda: fresh_folder(fio_src), cleanup=lambda: shutil.rmtree(fio_src))
     if rec.wants("seq-read-cold", "seq-reread"):
         t.mount()
