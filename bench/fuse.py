@@ -4,7 +4,7 @@ passthrough, the baseline for "what FUSE costs") and on journalfs, in one interl
     sudo .venv/bin/python bench/fuse.py [--rounds 3] [--files 10000] [--big-mib 1024]
                                         [--workdir DIR] [--only native,bindfs,journalfs,floor]
                                         [--view-records 200000] [--view-ls-l-records 20000]
-                                        [--json FILE]
+                                        [--rows NAME,...] [--list-rows] [--json FILE]
 
 Every round measures every target once, in a rotating order, so slow phases of a busy
 machine spread over all of them; each figure is the median of the rounds, with the spread
@@ -35,12 +35,29 @@ of a real directory of as many empty files named like the records on the others.
 the first listing after a fresh mount with dropped caches, "warm" the same again; the first
 listing of all (the journal indexed into the new store) is its own row.
 
-`--cpu-rows-only` runs just the CPU rows (plus fsetxattr) on the FUSE targets, and
-`--tree NAME=DIR` adds journalfs from another checkout as target `journalfs-NAME`, so two
-branches are measured side by side in one run, e.g.
+Every row has a short name (`--list-rows`); `--rows NAME,...` (names or shell patterns,
+`--rows 'fio-*,readdir'`) runs just those, still every target in interleaved rounds, and
+builds only the parts of SOURCE they read; a warm row brings its cold row along, unrecorded.
+`--cpu-rows-only` is `--rows 'cpu-*'` (the CPU rows plus fsetxattr, FUSE targets only),
+`--view-rows-only` is `--rows 'view-*'`. `--tree NAME=DIR` adds journalfs from another
+checkout as target `journalfs-NAME`, so two branches are measured side by side in one run:
 
-    .venv/bin/python bench/fuse.py --cpu-rows-only --rounds 3 --files 2000 \
+    .venv/bin/python bench/fuse.py --rows 'cpu-*,readdir' --rounds 3 --files 2000 \
         --tree main=/work/main --only journalfs,journalfs-main,floor
+
+Every row starts from a settled daemon: a row's set-up and clean-up (files made or removed
+in SOURCE or through the mount, xattrs set for it) run outside its clock and CPU counters,
+and before the clock starts the bench waits until the daemon's CPU time has stopped moving
+(< 1 ms over 0.2 s; the same for every FUSE target), so no row pays for work an earlier row
+left (the SOURCE watcher applying `500 x mv`'s clean-up, a batch sync). The JSON has the
+wait per row and target (`settle_s`).
+
+Rows whose requests each carry many names (the listings: readdir, `ls -l`, the view rows;
+`getfattr -R`, per file) count daemon CPU per entry (file), not per request: a READDIRPLUS
+reply holds anything from one entry to the whole kernel buffer, so per request would
+compare reply sizes, not work. The table says the unit ("CPU µs per"); `jfs/floor CPU` uses
+it; the JSON keeps the per-request figures too (`cpu_us_per_request`, `cpu_unit`,
+`cpu_us_per_unit`, `cpu_ratios_per_request`).
 """
 from __future__ import annotations
 
@@ -93,30 +110,49 @@ def _fill(folder: Path, count: int, make) -> None:
         make(folder, i)
 
 
-def build_source(src: Path, n_files: int, big_mib: int) -> None:
-    """Create the tree once; reruns reuse what is already there."""
+#: The parts of SOURCE beyond files/ that rows read (build_source makes only those of the
+#: chosen rows).
+SOURCE_PARTS = {
+    "ls2000": ("ls-l-cold", "ls-l-warm", "setfattr-500"),
+    "tree5005": ("getfattr-r",),
+    "records": ("cat-cold", "cat-warm"),
+    "big.bin": ("fio-randread", "seq-read-cold", "seq-reread", "fio-seqread"),
+    "rand.bin": ("fio-randwrite",),
+}
+
+
+LS_ENTRIES = 2000  # ls2000/: the `ls -l` rows' directory
+
+
+def build_source(src: Path, n_files: int, big_mib: int,
+                 parts: set[str] = set(SOURCE_PARTS)) -> None:
+    """Create the tree (files/ and ``parts``) once; reruns reuse what is already there."""
     _fill(src / "files", n_files, lambda d, i: (d / f"f{i:05d}").write_bytes(b"x" * 100))
-    _fill(src / "small", n_files, lambda d, i: (d / f"r{i:05d}").write_bytes(
-        (b"record %08d " % i).ljust(RECORD_PAYLOAD, b".")))
-    _fill(src / "ls2000", 2000, lambda d, i: (d / f"entry-{i:05d}.txt").write_bytes(b"l" * 10))
+    if "records" in parts:
+        _fill(src / "small", n_files, lambda d, i: (d / f"r{i:05d}").write_bytes(
+            (b"record %08d " % i).ljust(RECORD_PAYLOAD, b".")))
+    if "ls2000" in parts:
+        _fill(src / "ls2000", LS_ENTRIES, lambda d, i: (d / f"entry-{i:05d}.txt").write_bytes(b"l" * 10))
     tree = src / "tree5005"  # getfattr -R: 5 directories of 1,001 files
-    if not tree.is_dir() or sum(len(os.listdir(d)) for d in tree.iterdir()) != 5005:
+    if "tree5005" in parts and (
+            not tree.is_dir() or sum(len(os.listdir(d)) for d in tree.iterdir()) != 5005):
         shutil.rmtree(tree, ignore_errors=True)
         for d in range(5):
             _fill(tree / f"d{d}", 1001, lambda f, i: (f / f"g{i:04d}").write_bytes(b"g"))
     log = src / "logs" / "bench.log"
-    if not log.exists() or log.stat().st_size != 16 + n_files * (16 + RECORD_PAYLOAD):
+    if "records" in parts and (
+            not log.exists() or log.stat().st_size != 16 + n_files * (16 + RECORD_PAYLOAD)):
         log.parent.mkdir(exist_ok=True)
         log.write_bytes(wallaby_log(n_files))
     big = src / "big.bin"
-    if not big.exists() or big.stat().st_size != big_mib << 20:
+    if "big.bin" in parts and (not big.exists() or big.stat().st_size != big_mib << 20):
         block = os.urandom(READ_CHUNK)
         with open(big, "wb") as out:
             for _ in range(big_mib):
                 out.write(block)
             os.fsync(out.fileno())
     rnd = src / "rand.bin"  # fio random writes go here, not into big.bin
-    if not rnd.exists() or rnd.stat().st_size != 256 << 20:
+    if "rand.bin" in parts and (not rnd.exists() or rnd.stat().st_size != 256 << 20):
         with open(rnd, "wb") as out:
             out.truncate(256 << 20)
             out.write(os.urandom(256 << 20))
@@ -201,6 +237,7 @@ class Target:
         self.readdirs: RequestCounter | None = None
         self.floor_dirs: tuple[str, ...] = FLOOR_DIRS  # what the floor serves (view rows: more)
         self.indexed: set[int] = set()  # view rows: journals of this many records indexed
+        self.valued = 0  # files/'s first this many files have the bench's xattr (ensure_values)
 
     @property
     def fuse(self) -> bool:
@@ -343,9 +380,14 @@ def fsetxattr_all(fds: list[int], name: str) -> float:
     return len(fds) / timed(run)
 
 
-def create_files(folder: Path, count: int) -> float:
+def fresh_folder(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)  # left over by an interrupted run
     folder.mkdir()
+
+
+def write_new_files(folder: Path, count: int) -> float:
+    """Creates ``count`` files of 4 KiB in ``folder`` (made by :func:`fresh_folder`, removed
+    by the row's clean-up, both outside the row's clock and CPU counters)."""
     body = b"y" * 4096
 
     def run():
@@ -353,9 +395,16 @@ def create_files(folder: Path, count: int) -> float:
             fd = os.open(folder / f"c{i:05d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             os.write(fd, body)
             os.close(fd)
-    rate = count / timed(run)
-    shutil.rmtree(folder)
-    return rate
+    return count / timed(run)
+
+
+def create_files(folder: Path, count: int) -> float:
+    """The whole create+write row, set-up and clean-up included (bench/writeback.py)."""
+    fresh_folder(folder)
+    try:
+        return write_new_files(folder, count)
+    finally:
+        shutil.rmtree(folder)
 
 
 def readdir(folder: Path, repeat: int = 5) -> float:
@@ -369,9 +418,10 @@ def readdir(folder: Path, repeat: int = 5) -> float:
     return entries / elapsed
 
 
-def ls_l(folder: Path) -> float:
-    """`ls -l` (C): one readdir plus a stat of every entry; entries per second."""
-    count = len(os.listdir(folder))
+def ls_l(folder: Path, count: int) -> float:
+    """`ls -l` (C) of ``folder`` of ``count`` entries: one readdir plus a stat of every
+    entry; entries per second. (The count is not listed through the mount: that listing
+    would be counted in the row's CPU and fill the kernel's caches before the cold one.)"""
     return count / timed(lambda: subprocess.run(["ls", "-l", str(folder)], check=True,
                                                  stdout=subprocess.DEVNULL))
 
@@ -422,17 +472,32 @@ def shell(script: str, cwd: Path) -> float:
                                         stdout=subprocess.DEVNULL))
 
 
-def mv_500(t: Target) -> float:
-    d = t.root / f"mv-{t.name}"
-    shutil.rmtree(t.src / d.name, ignore_errors=True)
-    (t.src / d.name).mkdir()
+def mv_dir(t: Target) -> str:
+    return f"mv-{t.name}"
+
+
+def mv_500_setup(t: Target) -> None:
+    """500 files made in SOURCE (behind the mount) and listed once through it."""
+    d = t.src / mv_dir(t)
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir()
     for i in range(500):
-        (t.src / d.name / f"a{i}").write_bytes(b"m")
-    time.sleep(0.2)  # let the watcher settle what it saw
-    os.listdir(d)
-    seconds = shell("for i in $(seq 0 499); do mv a$i b$i; done", d)
-    shutil.rmtree(t.src / d.name)
-    return 500 / seconds
+        (d / f"a{i}").write_bytes(b"m")
+    settle(t)  # the watcher has seen them before the listing
+    os.listdir(t.root / mv_dir(t))
+
+
+def rename_500(t: Target) -> float:
+    return 500 / shell("for i in $(seq 0 499); do mv a$i b$i; done", t.root / mv_dir(t))
+
+
+def mv_500(t: Target) -> float:
+    """The whole `500 x mv` row, set-up and clean-up included (bench/writeback.py)."""
+    mv_500_setup(t)
+    try:
+        return rename_500(t)
+    finally:
+        shutil.rmtree(t.src / mv_dir(t))
 
 
 def setfattr_500(t: Target) -> float:
@@ -441,9 +506,13 @@ def setfattr_500(t: Target) -> float:
                        f"entry-00$i.txt; done", d)
 
 
-def getfattr_tree(t: Target) -> float:
+TREE_FILES = 5005  # getfattr -R: 5 directories of 1,001 files
+
+
+def getfattr_tree_setup(t: Target) -> None:
+    """Metadata on every file of tree5005 (set once per target, kept after)."""
     tree = t.root / "tree5005"
-    for d in sorted(os.listdir(tree)):  # metadata on every file (once per target)
+    for d in sorted(os.listdir(tree)):
         for f in sorted(os.listdir(tree / d))[:1001]:
             p = tree / d / f
             try:
@@ -452,7 +521,10 @@ def getfattr_tree(t: Target) -> float:
                 if exc.errno != errno.ENODATA:
                     raise
                 os.setxattr(p, t.xattr, b"tree")
-    return 5005 / shell("getfattr -R -d -m '^user\\.' . > /dev/null", tree)
+
+
+def getfattr_tree(t: Target) -> float:
+    return TREE_FILES / shell("getfattr -R -d -m '^user\\.' . > /dev/null", t.root / "tree5005")
 
 
 def staleness(t: Target, changes: int = 5) -> float:
@@ -489,21 +561,124 @@ def fio(t: Target, job: list[str], metric: str) -> float:
     raise ValueError(metric)
 
 
-def fio_create(t: Target, count: int = 1000) -> float:
-    d = t.root / f"fio-create-{t.name}"
-    shutil.rmtree(t.src / d.name, ignore_errors=True)
-    (t.src / d.name).mkdir()
-    time.sleep(0.1)
+def fio_create_dir(t: Target) -> str:
+    return f"fio-create-{t.name}"
+
+
+def fio_create_files(t: Target, count: int = 1000) -> float:
+    """fio creating ``count`` files of 4 KiB in the empty directory fio_create_dir(t)."""
+    d = t.root / fio_create_dir(t)
     seconds = timed(lambda: subprocess.run(
         ["fio", "--name=create", f"--directory={d}", f"--nrfiles={count}", "--filesize=4k",
          "--bs=4k", "--rw=write", "--create_on_open=1", "--openfiles=1",
          "--file_service_type=sequential", "--fallocate=none", "--output-format=json"],
         check=True, capture_output=True))
-    shutil.rmtree(t.src / d.name)
     return count / seconds
 
 
+def fio_create(t: Target, count: int = 1000) -> float:
+    """The whole fio file-creation row, set-up and clean-up included (bench/writeback.py)."""
+    fresh_folder(t.src / fio_create_dir(t))
+    settle(t)
+    try:
+        return fio_create_files(t, count)
+    finally:
+        shutil.rmtree(t.src / fio_create_dir(t))
+
+
 # ---------------------------------------------------------------- rows
+
+#: Every row by a stable short name (``--rows``, ``--list-rows``): name -> the row's title
+#: ({N}: --view-records or --view-ls-l-records; view-first is one row per view size).
+ROWS = {
+    "ls-l-cold": "ls -l 2000 entries, cold",
+    "stat-cold": "stat cold",
+    "stat-warm": "stat warm",
+    "readdir": "readdir (entries/s)",
+    "ls-l-warm": "ls -l 2000 entries, warm",
+    "setxattr-none": "setxattr (jfs sync=none)",
+    "setxattr-batch": "setxattr (default: jfs sync=batch)",
+    "getxattr": "getxattr",
+    "stat-getxattr-1": "stat+getxattr, 1 client",
+    "stat-getxattr-2": "stat+getxattr, 2 clients",
+    "stat-getxattr-4": "stat+getxattr, 4 clients",
+    "setfattr-500": "500 x setfattr (whole command)",
+    "getfattr-r": "getfattr -R, 5,005 files",
+    "staleness": "staleness after a SOURCE change",
+    "create-write": "create+write 4K+close",
+    "mv-500": "500 x mv (whole command)",
+    "fio-randread": "fio 4k random read",
+    "fio-randwrite": "fio 4k random write, fsync/32",
+    "fio-create": "fio creation of 4 KiB files",
+    "seq-read-cold": "seq read 1st (cold)",
+    "seq-reread": "seq re-read",
+    "fio-seqread": "fio seq read 1 GiB, cold",
+    "cat-cold": "cat record files cold",
+    "cat-warm": "cat record files warm",
+    "view-ls-U-cold": "view ls -U, {N} records, cold",
+    "view-ls-U-warm": "view ls -U, {N} records, warm",
+    "view-ls-f-cold": "view ls -f, {N} records, cold",
+    "view-ls-f-warm": "view ls -f, {N} records, warm",
+    "view-ls-l-cold": "view ls -l, {N} records, cold",
+    "view-ls-l-warm": "view ls -l, {N} records, warm",
+    "view-first": "view ls -U, {N} records, first (indexes)",
+    "cpu-setxattr": "CPU row: setxattr (fsetxattr)",
+    "cpu-lookup": "CPU row: lookup (timeout=0)",
+    "cpu-getattr": "CPU row: getattr (fstat, timeout=0)",
+    "cpu-getxattr": "CPU row: getxattr",
+}
+#: What a full run measures (the fsetxattr CPU row only with --cpu-rows-only or --rows).
+DEFAULT_ROWS = tuple(k for k in ROWS if k != "cpu-setxattr")
+#: Rows that measure the state another row leaves: when they are chosen without it, it runs
+#: first, unrecorded.
+ROW_NEEDS = {
+    "stat-warm": ("stat-cold",), "ls-l-warm": ("ls-l-cold",), "cat-warm": ("cat-cold",),
+    "seq-reread": ("seq-read-cold",),
+    **{f"view-{c}-warm": (f"view-{c}-cold",) for c in ("ls-U", "ls-f", "ls-l")},
+}
+
+
+def pick_rows(spec: str) -> tuple[str, ...]:
+    """``--rows`` (names or shell patterns, comma-separated: ``fio-*,readdir``) -> the
+    chosen names in ROWS's order; ValueError names what matches no row."""
+    import fnmatch
+    chosen: set[str] = set()
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        hits = fnmatch.filter(ROWS, part)
+        if not hits:
+            raise ValueError(f"no row is named {part!r} (--list-rows lists them)")
+        chosen.update(hits)
+    return tuple(k for k in ROWS if k in chosen)
+
+
+#: A daemon counts as settled when its CPU time grew less than SETTLE_CPU_NS over the last
+#: SETTLE_WINDOW seconds (an idle pyfuse3/trio daemon uses next to none); SETTLE_MAX caps
+#: the wait (the row then notes it).
+SETTLE_WINDOW = 0.2
+SETTLE_CPU_NS = 1_000_000
+SETTLE_MAX = 15.0
+
+
+def settle(t: Target) -> float:
+    """Wait until ``t``'s daemon is idle: what an earlier row or a set-up left it to do (the
+    SOURCE watcher applying 500 renames or removals, a store's batch sync, indexing) must not
+    be counted in the next row, nor slow it. The same for every FUSE target; seconds waited
+    (-1 when SETTLE_MAX passed first)."""
+    if t.proc is None:
+        return 0.0
+    start = time.monotonic()
+    samples = [(start, cpu_ns(t.proc.pid))]
+    while True:
+        time.sleep(SETTLE_WINDOW / 4)
+        now = time.monotonic()
+        samples.append((now, cpu_ns(t.proc.pid)))
+        while samples[1][0] <= now - SETTLE_WINDOW:
+            samples.pop(0)
+        if samples[0][0] <= now - SETTLE_WINDOW and samples[-1][1] - samples[0][1] < SETTLE_CPU_NS:
+            return now - start
+        if now - start > SETTLE_MAX:
+            return -1.0
+
 
 @dataclass
 class Row:
@@ -514,35 +689,78 @@ class Row:
     cpu_us: dict[str, list[float]] = field(default_factory=dict)   # daemon CPU per request
     requests: dict[str, list[int]] = field(default_factory=dict)
     note: dict[str, str] = field(default_factory=dict)
+    #: what "CPU µs" counts on this row: "request", or on rows whose requests each carry
+    #: many names (listings, getfattr -R) "entry"/"file", as one request may carry 10 or 500
+    cpu_unit: str = "request"
+    cpu_us_per_unit: dict[str, list[float]] = field(default_factory=dict)
+    settle_s: dict[str, list[float]] = field(default_factory=dict)  # waited before the row
+
+    def cpu(self, name: str) -> list[float] | None:
+        """The row's CPU figures of target ``name`` in its own unit."""
+        return self.cpu_us.get(name) if self.cpu_unit == "request" else self.cpu_us_per_unit.get(name)
 
 
 class Recorder:
-    def __init__(self):
+    def __init__(self, rows: tuple[str, ...] = DEFAULT_ROWS):
         self.rows: dict[str, Row] = {}
+        self.chosen = set(rows)
+        self.needed = set(rows)
+        for key in rows:
+            self.needed.update(ROW_NEEDS.get(key, ()))
 
-    def measure(self, t: Target, workload: str, unit: str, fn, *args, better="higher",
-                readdir_entries: int | None = None):
-        row = self.rows.setdefault(workload, Row(workload, unit, better))
-        before = t.sample()
+    def wants(self, *keys: str) -> bool:
+        """Whether any of ``keys`` runs (recorded or as another chosen row's prerequisite)."""
+        return any(k in self.needed for k in keys)
+
+    def measure(self, t: Target, key: str, workload: str, unit: str, fn, *args,
+                better="higher", per: tuple[str, int] | None = None, setup=None, cleanup=None):
+        """Row ``key`` on target ``t``: ``setup()``, then the daemon settles, then ``fn(*args)``
+        between the clock's and the CPU counters' readings, then ``cleanup()`` (whose
+        background work the next row's settling waits out). ``per`` = (unit, count): the
+        CPU figure that compares is per entry/file, not per request."""
+        if key not in self.needed:
+            return None
+        row = None
+        if key in self.chosen:
+            row = self.rows.setdefault(workload, Row(workload, unit, better))
+            if per:
+                row.cpu_unit = per[0]
         try:
+            if setup is not None:
+                setup()
+            waited = settle(t)
+            before = t.sample()
             value = fn(*args)
+            after = t.sample()
         except Exception as exc:
             print(f"  {t.name}: {workload} failed: {exc!r}", file=sys.stderr)
-            row.note[t.name] = f"failed: {exc!r}"[:200]
+            if row is not None:
+                row.note[t.name] = f"failed: {exc!r}"[:200]
             return None
-        after = t.sample()
+        finally:
+            if cleanup is not None:
+                with contextlib.suppress(OSError):
+                    cleanup()
+        if row is None:  # run only for the state a chosen row measures
+            return value
         row.values.setdefault(t.name, []).append(value)
         requests = after[1] - before[1]
         if t.fuse and t.counter is not None:
+            row.settle_s.setdefault(t.name, []).append(round(waited, 3))
+            notes = [f"daemon still busy after {SETTLE_MAX:.0f} s of waiting"] if waited < 0 else []
             row.requests.setdefault(t.name, []).append(requests)
+            cpu = after[0] - before[0]
             if requests > 0:
-                row.cpu_us.setdefault(t.name, []).append((after[0] - before[0]) / requests / 1e3)
-            if readdir_entries:
+                row.cpu_us.setdefault(t.name, []).append(cpu / requests / 1e3)
+            if per:
+                row.cpu_us_per_unit.setdefault(t.name, []).append(cpu / per[1] / 1e3)
                 calls = after[2] - before[2]
                 if calls:  # and every request per listed entry (ls -l: stats, getxattrs)
-                    row.note[t.name] = (f"{readdir_entries / calls:.0f} entries per "
-                                        f"READDIR(PLUS) reply, {requests / readdir_entries:.2f} "
-                                        f"requests per entry")
+                    plural = "entries" if per[0] == "entry" else f"{per[0]}s"
+                    notes.append(f"{per[1] / calls:.0f} {plural} per READDIR(PLUS) reply, "
+                                 f"{requests / per[1]:.2f} requests per {per[0]}")
+            if notes:
+                row.note[t.name] = "; ".join(notes)
         print(f"  {t.name:10s} {workload:34s} {fmt(value):>10s} {unit}"
               + (f"  ({requests} req)" if t.fuse else ""), file=sys.stderr, flush=True)
         return value
@@ -551,49 +769,75 @@ class Recorder:
 def listing_rows(t: Target, rec: Recorder, files: list[str]) -> None:
     """Right after a cold mount: `ls -l`, stat and readdir."""
     m = rec.measure
-    m(t, "ls -l 2000 entries, cold", "entries/s", ls_l, t.root / "ls2000")
-    m(t, "stat cold", "ops/s", stat_all, files)
-    m(t, "stat warm", "ops/s", stat_all, files)
-    m(t, "readdir (entries/s)", "entries/s", readdir, t.root / "files",
-      readdir_entries=5 * len(files))
-    m(t, "ls -l 2000 entries, warm", "entries/s", ls_l, t.root / "ls2000")
+    ls_entries = LS_ENTRIES
+    m(t, "ls-l-cold", ROWS["ls-l-cold"], "entries/s", ls_l, t.root / "ls2000", ls_entries,
+      per=("entry", ls_entries))
+    m(t, "stat-cold", ROWS["stat-cold"], "ops/s", stat_all, files)
+    m(t, "stat-warm", ROWS["stat-warm"], "ops/s", stat_all, files)
+    m(t, "readdir", ROWS["readdir"], "entries/s", readdir, t.root / "files",
+      per=("entry", 5 * len(files)))
+    m(t, "ls-l-warm", ROWS["ls-l-warm"], "entries/s", ls_l, t.root / "ls2000", ls_entries,
+      per=("entry", ls_entries))
+
+
+READ_ROWS = ("getxattr", "stat-getxattr-1", "stat-getxattr-2", "stat-getxattr-4")
+#: The rows run_round measures on the mount with default options.
+MAIN_MOUNT_ROWS = ("setxattr-batch", *READ_ROWS, "setfattr-500", "getfattr-r", "staleness",
+                   "create-write", "mv-500", "fio-randread", "fio-randwrite", "fio-create")
 
 
 def read_rows(t: Target, rec: Recorder, files: list[str]) -> None:
     """Metadata reads of every file (each already has the xattr): 1, 2 and 4 clients."""
     m = rec.measure
-    m(t, "getxattr", "ops/s", getxattr_all, files, t.xattr)
+    m(t, "getxattr", ROWS["getxattr"], "ops/s", getxattr_all, files, t.xattr)
     for n in (1, 2, 4):
-        m(t, f"stat+getxattr, {n} client{'s' if n > 1 else ''}", "pairs/s",
+        m(t, f"stat-getxattr-{n}", ROWS[f"stat-getxattr-{n}"], "pairs/s",
           parallel_clients, files, t.xattr, n)
+
+
+def ensure_values(t: Target, files: list[str]) -> None:
+    """Every one of ``files`` (files/'s first ones) has the bench's xattr, for the rows that
+    read it when the setxattr rows did not run (once per target and run; the floor starts
+    with it in every file)."""
+    if t.valued < len(files) and t.name != "floor":
+        setxattr_all(files[t.valued:], t.xattr)
+    t.valued = max(t.valued, len(files))
 
 
 def run_round(t: Target, rec: Recorder, args, work: Path) -> None:
     m = rec.measure
     files = file_paths(t)
-    if args.cpu_rows_only:
-        if t.fuse:
-            run_cpu_rows(t, rec, files, with_setxattr=True)
-        return
-    if args.view_rows_only:
-        view_rows(t, rec, args)
-        return
     if t.name == "floor":
         run_floor_rows(t, rec, files, args, work)
         return
-    t.mount()
-    listing_rows(t, rec, files)
-    t.mount(sync="none", cold=False)
-    stat_all(files)  # names known to the kernel, as for the other warm rows
-    m(t, "setxattr (jfs sync=none)", "ops/s", setxattr_all, files[:2000], t.xattr)
-    setxattr_all(files[2000:], t.xattr)  # the getxattr rows read every file's value
-    t.mount(cold=False)  # default options from here on
-    stat_all(files)
-    m(t, "setxattr (default: jfs sync=batch)", "ops/s", setxattr_all, files[:2000], t.xattr)
-    read_rows(t, rec, files)
-    m(t, "500 x setfattr (whole command)", "ops/s", setfattr_500, t)
-    m(t, "getfattr -R, 5,005 files", "files/s", getfattr_tree, t)
-    m(t, "staleness after a SOURCE change", "ms", staleness, t, better="lower")
+    # the round's first mount drops the caches, whichever rows run (as in a full run, where
+    # the listing rows' is first: a later row reads big.bin cold, on every target alike)
+    cold = True
+    if rec.wants("ls-l-cold", "stat-cold", "stat-warm", "readdir", "ls-l-warm"):
+        t.mount()
+        cold = False
+        listing_rows(t, rec, files)
+    if rec.wants("setxattr-none"):
+        t.mount(sync="none", cold=cold)
+        cold = False
+        stat_all(files)  # names known to the kernel, as for the other warm rows
+        if m(t, "setxattr-none", ROWS["setxattr-none"], "ops/s", setxattr_all, files[:2000],
+             t.xattr) is not None:
+            setxattr_all(files[2000:], t.xattr)  # the getxattr rows read every file's value
+            t.valued = len(files)
+    if rec.wants(*MAIN_MOUNT_ROWS):
+        t.mount(cold=cold)  # default options from here on
+    if rec.wants("setxattr-batch"):
+        stat_all(files)
+        m(t, "setxattr-batch", ROWS["setxattr-batch"], "ops/s", setxattr_all, files[:2000],
+          t.xattr)
+    if rec.wants(*READ_ROWS):
+        ensure_values(t, files)
+        read_rows(t, rec, files)
+    m(t, "setfattr-500", ROWS["setfattr-500"], "ops/s", setfattr_500, t)
+    m(t, "getfattr-r", ROWS["getfattr-r"], "files/s", getfattr_tree, t,
+      per=("file", TREE_FILES), setup=lambda: getfattr_tree_setup(t))
+    m(t, "staleness", ROWS["staleness"], "ms", staleness, t, better="lower")
     data_rows(t, rec, args)
     cat_rows(t, rec, work)
     if args.view_records:
@@ -605,31 +849,42 @@ def run_round(t: Target, rec: Recorder, args, work: Path) -> None:
 
 def cat_rows(t: Target, rec: Recorder, work: Path) -> None:
     """`cat` of small files: journalfs's record files, the same bytes as files elsewhere."""
+    if not rec.wants("cat-cold", "cat-warm"):
+        return
     records = t.record_files()
     t.mount()
-    rec.measure(t, "cat record files cold", "files/s", cat_files, records, work / f"list-{t.name}")
-    rec.measure(t, "cat record files warm", "files/s", cat_files, records, work / f"list-{t.name}")
+    for key in ("cat-cold", "cat-warm"):
+        rec.measure(t, key, ROWS[key], "files/s", cat_files, records, work / f"list-{t.name}")
 
 
 def data_rows(t: Target, rec: Recorder, args) -> None:
-    """File data, creation and renames (the floor serves them as a bare passthrough)."""
+    """File data, creation and renames (the floor serves them as a bare passthrough). Each
+    row's set-up and clean-up (files made or removed in SOURCE or through the mount) run
+    outside its counters, and the next row starts once the daemon has settled them."""
     m = rec.measure
-    m(t, "create+write 4K+close", "ops/s", create_files, t.root / f"new-{t.name}", args.create)
-    m(t, "500 x mv (whole command)", "ops/s", mv_500, t)
-    m(t, "fio 4k random read", "IOPS", fio, t,
+    new = t.root / f"new-{t.name}"
+    m(t, "create-write", ROWS["create-write"], "ops/s", write_new_files, new, args.create,
+      setup=lambda: fresh_folder(new), cleanup=lambda: shutil.rmtree(new))
+    m(t, "mv-500", ROWS["mv-500"], "ops/s", rename_500, t, setup=lambda: mv_500_setup(t),
+      cleanup=lambda: shutil.rmtree(t.src / mv_dir(t)))
+    m(t, "fio-randread", ROWS["fio-randread"], "IOPS", fio, t,
       [f"--filename={t.root / 'big.bin'}", "--rw=randread", "--bs=4k", f"--size={min(256, args.big_mib)}m",
        "--runtime=4", "--time_based"], "read_iops")
-    m(t, "fio 4k random write, fsync/32", "IOPS", fio, t,
+    m(t, "fio-randwrite", ROWS["fio-randwrite"], "IOPS", fio, t,
       [f"--filename={t.root / 'rand.bin'}", "--rw=randwrite", "--bs=4k", "--size=256m",
        "--fsync=32", "--runtime=4", "--time_based"], "write_iops")
-    m(t, "fio creation of 4 KiB files", "files/s", fio_create, t)
-    t.mount()
-    m(t, "seq read 1st (cold)", "MB/s", sequential_read, t.root / "big.bin")
-    m(t, "seq re-read", "MB/s", sequential_read, t.root / "big.bin")
-    t.mount()
-    m(t, "fio seq read 1 GiB, cold", "MB/s", fio, t,
-      [f"--filename={t.root / 'big.bin'}", "--rw=read", "--bs=1m", f"--size={args.big_mib}m"],
-      "read_MBps")
+    fio_src = t.src / fio_create_dir(t)
+    m(t, "fio-create", ROWS["fio-create"], "files/s", fio_create_files, t,
+      setup=lambda: fresh_folder(fio_src), cleanup=lambda: shutil.rmtree(fio_src))
+    if rec.wants("seq-read-cold", "seq-reread"):
+        t.mount()
+        m(t, "seq-read-cold", ROWS["seq-read-cold"], "MB/s", sequential_read, t.root / "big.bin")
+        m(t, "seq-reread", ROWS["seq-reread"], "MB/s", sequential_read, t.root / "big.bin")
+    if rec.wants("fio-seqread"):
+        t.mount()
+        m(t, "fio-seqread", ROWS["fio-seqread"], "MB/s", fio, t,
+          [f"--filename={t.root / 'big.bin'}", "--rw=read", "--bs=1m", f"--size={args.big_mib}m"],
+          "read_MBps")
 
 
 def run_floor_rows(t: Target, rec: Recorder, files: list[str], args, work: Path) -> None:
@@ -637,13 +892,16 @@ def run_floor_rows(t: Target, rec: Recorder, files: list[str], args, work: Path)
     with one syscall) can serve, by the same client code: the rate pyfuse3 itself reaches
     where every call is a FUSE round trip."""
     m = rec.measure
-    t.mount()
+    if rec.wants("ls-l-cold", "stat-cold", "stat-warm", "readdir", "ls-l-warm",
+                 "setxattr-none", *MAIN_MOUNT_ROWS):
+        t.mount()
     listing_rows(t, rec, files)
-    m(t, "setxattr (jfs sync=none)", "ops/s", setxattr_all, files[:2000], t.xattr)
-    m(t, "setxattr (default: jfs sync=batch)", "ops/s", setxattr_all, files[:2000], t.xattr)
+    m(t, "setxattr-none", ROWS["setxattr-none"], "ops/s", setxattr_all, files[:2000], t.xattr)
+    m(t, "setxattr-batch", ROWS["setxattr-batch"], "ops/s", setxattr_all, files[:2000], t.xattr)
     read_rows(t, rec, files)
-    m(t, "500 x setfattr (whole command)", "ops/s", setfattr_500, t)
-    m(t, "getfattr -R, 5,005 files", "files/s", getfattr_tree, t)
+    m(t, "setfattr-500", ROWS["setfattr-500"], "ops/s", setfattr_500, t)
+    m(t, "getfattr-r", ROWS["getfattr-r"], "files/s", getfattr_tree, t,
+      per=("file", TREE_FILES), setup=lambda: getfattr_tree_setup(t))
     data_rows(t, rec, args)
     cat_rows(t, rec, work)
     if args.view_records:
@@ -703,29 +961,42 @@ def list_view(command: list[str], folder: Path, expected: int) -> float:
     return listed / elapsed
 
 
+VIEW_ROWS = tuple(k for k in ROWS if k.startswith("view-"))
+
+
 def view_rows(t: Target, rec: Recorder, args) -> None:
     """`ls -U`, `ls -f` and `ls -l` of a journal view (journalfs) beside a real directory of
     as many files (the others): the first listing after a fresh mount with dropped caches
     ("cold"), then the same again ("warm")."""
-    sizes = {"ls -U": args.view_records, "ls -f": args.view_records,
+    if not rec.wants(*VIEW_ROWS):
+        return
+    every = {"ls -U": args.view_records, "ls -f": args.view_records,
              "ls -l": args.view_ls_l_records}
+    sizes = {label: count for label, count in every.items()
+             if rec.wants(f"view-{label.replace(' -', '-')}-cold")}
     if t.name == "floor":
         t.floor_dirs = FLOOR_DIRS + tuple(view_dir(n) for n in set(sizes.values()))
     try:
         if t.name.startswith("journalfs"):  # the store is new: the first listing indexes
-            for count in sorted(set(sizes.values()) - t.indexed):
+            indexed = set(every.values()) if rec.wants("view-first") else set(sizes.values())
+            for count in sorted(indexed - t.indexed):
                 t.mount()
                 folder, expected = view_folder(t, count)
-                rec.measure(t, f"view ls -U, {count:,} records, first (indexes)", "entries/s",
-                            list_view, VIEW_COMMANDS["ls -U"], folder, expected)
+                title = ROWS["view-first"].replace("{N}", f"{count:,}")
+                if rec.wants("view-first"):
+                    rec.measure(t, "view-first", title, "entries/s", list_view,
+                                VIEW_COMMANDS["ls -U"], folder, expected, per=("entry", expected))
+                else:  # the cold rows measure an indexed view
+                    list_view(VIEW_COMMANDS["ls -U"], folder, expected)
                 t.indexed.add(count)
         for label, count in sizes.items():
             t.mount()
             folder, expected = view_folder(t, count)
             for phase in ("cold", "warm"):
-                rec.measure(t, f"view {label}, {count:,} records, {phase}", "entries/s",
+                key = f"view-{label.replace(' -', '-')}-{phase}"
+                rec.measure(t, key, ROWS[key].replace("{N}", f"{count:,}"), "entries/s",
                             list_view, VIEW_COMMANDS[label], folder, expected,
-                            readdir_entries=expected)
+                            per=("entry", expected))
     finally:
         t.floor_dirs = FLOOR_DIRS
         t.unmount()
@@ -733,23 +1004,31 @@ def view_rows(t: Target, rec: Recorder, args) -> None:
 
 #: Files each CPU row goes through (--cpu-files): longer rows average out a busy machine.
 CPU_ROW_FILES = 1000
+CPU_ROWS = ("cpu-setxattr", "cpu-lookup", "cpu-getattr", "cpu-getxattr")
 
 
-def run_cpu_rows(t: Target, rec: Recorder, files: list[str], with_setxattr: bool = False) -> None:
+def run_cpu_rows(t: Target, rec: Recorder, files: list[str]) -> None:
     """Rows where every call is one request (timeout 0): CPU per LOOKUP, GETATTR, GETXATTR
-    (and SETXATTR, which also gives the getxattr row its values, with ``with_setxattr``)."""
+    (and SETXATTR, which also gives the getxattr row its values)."""
+    if not rec.wants(*CPU_ROWS):
+        return
     subset = files[:CPU_ROW_FILES]
     t.mount(timeout=0, cold=False)
-    if with_setxattr:
+    if rec.wants("cpu-setxattr"):
         fds = [os.open(p, os.O_RDONLY) for p in subset]  # one LOOKUP each before the row
         try:
-            rec.measure(t, "CPU row: setxattr (fsetxattr)", "ops/s", fsetxattr_all, fds, t.xattr)
+            if rec.measure(t, "cpu-setxattr", ROWS["cpu-setxattr"], "ops/s", fsetxattr_all,
+                           fds, t.xattr) is not None:
+                t.valued = max(t.valued, len(subset))
         finally:
             for fd in fds:
                 os.close(fd)
-    rec.measure(t, "CPU row: lookup (timeout=0)", "ops/s", stat_all, subset)
-    rec.measure(t, "CPU row: getattr (fstat, timeout=0)", "ops/s", fstat_all, subset)
-    rec.measure(t, "CPU row: getxattr", "ops/s", getxattr_all, subset, t.xattr, 2)
+    if rec.wants("cpu-getxattr"):
+        ensure_values(t, subset)
+    rec.measure(t, "cpu-lookup", ROWS["cpu-lookup"], "ops/s", stat_all, subset)
+    rec.measure(t, "cpu-getattr", ROWS["cpu-getattr"], "ops/s", fstat_all, subset)
+    rec.measure(t, "cpu-getxattr", ROWS["cpu-getxattr"], "ops/s", getxattr_all, subset,
+                t.xattr, 2)
     t.unmount()
 
 
@@ -789,9 +1068,13 @@ def short(name: str) -> str:
     return name.replace("journalfs", "jfs", 1)
 
 
-def cpu_ratio(row: Row, a: str, b: str) -> float | None:
-    """Daemon CPU per request of ``a`` ÷ that of ``b`` (medians)."""
-    ca, cb = row.cpu_us.get(a), row.cpu_us.get(b)
+def cpu_ratio(row: Row, a: str, b: str, per_request: bool = False) -> float | None:
+    """Daemon CPU per request of ``a`` ÷ that of ``b`` (medians); per entry (file) on the rows
+    that count CPU so, unless ``per_request``."""
+    if per_request:
+        ca, cb = row.cpu_us.get(a), row.cpu_us.get(b)
+    else:
+        ca, cb = row.cpu(a), row.cpu(b)
     if not ca or not cb:
         return None
     return statistics.median(ca) / statistics.median(cb)
@@ -824,7 +1107,8 @@ def report(rec: Recorder, names: list[str], meta: dict) -> dict:
         pairs.append(("floor", "bindfs"))
     cpu_pairs = [(n, "floor") for n in mine if "floor" in names]
     head = ["workload", "unit", *names, *(f"{short(a)}/{b}" for a, b in pairs),
-            *(f"{n} µs/req" for n in fuse), *(f"{short(a)}/{b} CPU" for a, b in cpu_pairs)]
+            "CPU µs per", *(f"{n} CPU µs" for n in fuse),
+            *(f"{short(a)}/{b} CPU" for a, b in cpu_pairs)]
     rows = []
     for r in rec.rows.values():
         cells = [r.workload, r.unit]
@@ -839,8 +1123,9 @@ def report(rec: Recorder, names: list[str], meta: dict) -> dict:
         for a, b in pairs:
             q = ratio(r, a, b)
             cells.append(f"{q:.2f}" if q else "-")
+        cells.append(r.cpu_unit)
         for n in fuse:
-            c = r.cpu_us.get(n)
+            c = r.cpu(n)
             cells.append(f"{statistics.median(c):.1f}" if c else "-")
         for a, b in cpu_pairs:
             q = cpu_ratio(r, a, b)
@@ -854,7 +1139,9 @@ def report(rec: Recorder, names: list[str], meta: dict) -> dict:
         print("| " + line(row) + " |")
     if cpu_pairs:
         print("- x/floor: rate ÷ the floor's (higher is better); x/floor CPU: daemon CPU per "
-              "request ÷ the floor's (lower is better)")
+              "request ÷ the floor's (lower is better); per entry (per file) on the rows whose "
+              "\"CPU µs per\" says so: listings, where one request carries 1 to thousands of "
+              "entries (per-request figures are in the JSON)")
     missing = floor_missing(rec, names)
     for workload, why in missing.items():
         print(f"- the floor does not run \"{workload}\": {why}")
@@ -865,6 +1152,10 @@ def report(rec: Recorder, names: list[str], meta: dict) -> dict:
         {"workload": r.workload, "unit": r.unit, "better": r.better,
          "values": {n: summary(v) for n, v in r.values.items()},
          "cpu_us_per_request": {n: summary(v) for n, v in r.cpu_us.items()},
+         # the unit CPU compares in: "request", or "entry"/"file" on listing rows
+         "cpu_unit": r.cpu_unit,
+         "cpu_us_per_unit": {n: summary(r.cpu(n)) for n in r.cpu_us_per_unit or r.cpu_us},
+         "settle_s": r.settle_s,
          "requests": r.requests, "notes": r.note,
          "ratio_journalfs_bindfs": ratio(r, "journalfs", "bindfs"),
          "ratio_journalfs_floor": ratio(r, "journalfs", "floor"),
@@ -873,7 +1164,9 @@ def report(rec: Recorder, names: list[str], meta: dict) -> dict:
          "ratio_journalfs_floor_cpu": cpu_ratio(r, "journalfs", "floor"),
          # every pair of the table, --tree targets included ("journalfs-main/floor": ...)
          "ratios": {f"{a}/{b}": ratio(r, a, b) for a, b in pairs},
-         "cpu_ratios": {f"{a}/{b}": cpu_ratio(r, a, b) for a, b in cpu_pairs}}
+         "cpu_ratios": {f"{a}/{b}": cpu_ratio(r, a, b) for a, b in cpu_pairs},
+         "cpu_ratios_per_request": {f"{a}/{b}": cpu_ratio(r, a, b, per_request=True)
+                                    for a, b in cpu_pairs}}
         for r in rec.rows.values()]}
     print(json.dumps(blob, indent=1))
     return blob
@@ -1127,9 +1420,15 @@ def main() -> int:
     ap.add_argument("--journalfs-arg", action="append", default=[],
                     help="extra argument for journalfs mount (repeatable), e.g. --journalfs-arg=--sync=batch")
     ap.add_argument("--json", type=Path, help="also write the JSON result here")
+    ap.add_argument("--rows", metavar="NAME,...",
+                    help="run only these rows (names from --list-rows, or shell patterns such "
+                         "as 'fio-*'; a warm row also runs its cold row first, unrecorded); "
+                         "only the parts of SOURCE they read are built")
+    ap.add_argument("--list-rows", action="store_true",
+                    help="print every row's short name and title, then exit")
     ap.add_argument("--cpu-rows-only", action="store_true",
                     help="only the CPU rows (setxattr, lookup, getattr, getxattr at timeout=0) "
-                         "on the FUSE targets; builds only files/ of SOURCE")
+                         "on the FUSE targets, as --rows 'cpu-*'")
     ap.add_argument("--cpu-files", type=int, default=1000,
                     help="files each CPU row goes through (at most --files)")
     ap.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
@@ -1142,7 +1441,7 @@ def main() -> int:
     ap.add_argument("--view-ls-l-records", type=int, default=20_000,
                     help="records of the view (and files of the directory) `ls -l` lists")
     ap.add_argument("--view-rows-only", action="store_true",
-                    help="only the view rows (and only their part of SOURCE is built)")
+                    help="only the view rows, as --rows 'view-*'")
     ap.add_argument("--serve-floor", nargs=2, metavar=("SRC", "MNT"), help=argparse.SUPPRESS)
     ap.add_argument("--floor-timeout", type=float, default=120, help=argparse.SUPPRESS)
     ap.add_argument("--floor-dir-blksize", type=int, default=0, help=argparse.SUPPRESS)
@@ -1151,6 +1450,15 @@ def main() -> int:
                     help="only measure READDIRPLUS entries per reply against the listing "
                          "directory's st_blksize (floor filesystem, os.listdir and ls)")
     args = ap.parse_args()
+    if args.list_rows:
+        for key, title in ROWS.items():
+            print(f"{key:16s} {title}{'' if key in DEFAULT_ROWS else '  (not in a full run)'}")
+        return 0
+    try:
+        rows = pick_rows(args.rows or ("cpu-*" if args.cpu_rows_only else
+                                       "view-*" if args.view_rows_only else ",".join(DEFAULT_ROWS)))
+    except ValueError as exc:
+        ap.error(str(exc))
     CPU_ROW_FILES = args.cpu_files
     # the setxattr CPU row holds one fd per file
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
@@ -1162,11 +1470,10 @@ def main() -> int:
 
     work = args.workdir.resolve()
     src = work / "src"
-    if args.cpu_rows_only or args.view_rows_only:
-        _fill(src / "files", args.files, lambda d, i: (d / f"f{i:05d}").write_bytes(b"x" * 100))
-    else:
-        build_source(src, args.files, args.big_mib)
-    if args.view_records and not args.cpu_rows_only:
+    rec = Recorder(rows)
+    build_source(src, args.files, args.big_mib,
+                 {part for part, keys in SOURCE_PARTS.items() if rec.wants(*keys)})
+    if args.view_records and rec.wants(*VIEW_ROWS):
         build_view_source(src, {args.view_records, args.view_ls_l_records})
     store = work / "store"
     shutil.rmtree(store, ignore_errors=True)
@@ -1190,13 +1497,12 @@ def main() -> int:
         return 0
     names = args.only.split(",")
     targets = [all_targets[n] for n in names]
-    rec = Recorder()
     started = time.time()
 
     def meta(rounds_done: int) -> dict:
         return {"files": args.files, "big_mib": args.big_mib, "create": args.create,
                 "view_records": args.view_records, "view_ls_l_records": args.view_ls_l_records,
-                "rounds": args.rounds, "rounds_done": rounds_done,
+                "rounds": args.rounds, "rounds_done": rounds_done, "rows": list(rows),
                 "journalfs_args": args.journalfs_arg, "cpus": os.cpu_count(),
                 "kernel": os.uname().release, "loadavg_end": os.getloadavg(),
                 "seconds": round(time.time() - started),

@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -88,3 +91,114 @@ def test_a_tree_target_runs_that_trees_journalfs(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="did not mount"):
         target.mount(cold=False)
     assert seen.read_text() == str(tree / "journalfs" / "cli.py")
+
+
+def test_rows_are_picked_by_name_or_pattern():
+    assert bench_fuse.pick_rows("readdir,ls-l-cold") == ("ls-l-cold", "readdir")
+    assert bench_fuse.pick_rows("fio-*") == ("fio-randread", "fio-randwrite", "fio-create",
+                                            "fio-seqread")
+    with pytest.raises(ValueError, match="no row is named 'fio'"):
+        bench_fuse.pick_rows("fio")
+    # a warm row's cold row runs first (unrecorded); nothing else does
+    rec = bench_fuse.Recorder(bench_fuse.pick_rows("stat-warm"))
+    assert rec.wants("stat-cold") and not rec.wants("ls-l-cold", "readdir")
+    assert all(need in bench_fuse.ROWS for needs in bench_fuse.ROW_NEEDS.values()
+               for need in needs)
+
+
+def test_listing_rows_compare_cpu_per_entry():
+    """On a row whose CPU is counted per entry, jfs/floor CPU compares per entry (the
+    requests carry different numbers of entries); the per-request figures stay in the JSON."""
+    rec = bench_fuse.Recorder()
+    row = rec.rows.setdefault("readdir (entries/s)", bench_fuse.Row(
+        "readdir (entries/s)", "entries/s", cpu_unit="entry"))
+    row.values = {"journalfs": [100.0], "floor": [100.0]}
+    # journalfs: 10 requests for 10,000 entries; the floor 55 for as many
+    row.cpu_us = {"journalfs": [300.0], "floor": [80.0]}
+    row.cpu_us_per_unit = {"journalfs": [0.3], "floor": [0.44]}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        blob = bench_fuse.report(rec, ["journalfs", "floor"], {})
+    lines = out.getvalue().splitlines()
+    columns = [c.strip() for c in lines[0].strip("| ").split(" | ")]
+    cells = [c.strip() for c in lines[2].strip("| ").split(" | ")]
+    assert cells[columns.index("CPU µs per")] == "entry"
+    assert cells[columns.index("journalfs CPU µs")] == "0.3"
+    assert cells[columns.index("jfs/floor CPU")] == "0.68"
+    result = blob["results"][0]
+    assert result["cpu_unit"] == "entry"
+    assert result["ratio_journalfs_floor_cpu"] == pytest.approx(0.3 / 0.44)
+    assert result["cpu_ratios_per_request"]["journalfs/floor"] == pytest.approx(300 / 80)
+    assert result["cpu_us_per_request"]["journalfs"]["median"] == 300.0
+
+
+@pytest.mark.fuse
+def test_a_rows_run_measures_exactly_those_rows(tmp_path):
+    """A real run of two rows on native, journalfs and the floor (tiny sizes): the JSON has
+    exactly those rows, the listing rows' CPU per entry and per request, every FUSE target's
+    wait for a settled daemon, and no row failed."""
+    if os.geteuid() != 0 or not bench_fuse.RequestCounter.available():
+        pytest.skip("the bench counts requests on tracefs: root only")
+    out = tmp_path / "out.json"
+    run = subprocess.run(
+        [sys.executable, str(bench_fuse.REPO / "bench" / "fuse.py"), "--workdir",
+         str(tmp_path / "work"), "--files", "200", "--rounds", "1", "--view-records", "300",
+         "--view-ls-l-records", "300", "--rows", "readdir,ls-l-warm,getfattr-r,mv-500,view-ls-l-w*",
+         "--only", "native,journalfs,floor",
+         "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    blob = json.loads(out.read_text())
+    results = {r["workload"]: r for r in blob["results"]}
+    assert blob["rows"] == ["readdir", "ls-l-warm", "getfattr-r", "mv-500", "view-ls-l-warm"]
+    # the warm rows brought their cold listings along (and journalfs its view's first,
+    # indexing, listing), unrecorded
+    assert set(results) == {"readdir (entries/s)", "ls -l 2000 entries, warm",
+                            "getfattr -R, 5,005 files", "500 x mv (whole command)",
+                            "view ls -l, 300 records, warm"}
+    for r in results.values():
+        assert not r["notes"] or not any(n.startswith("failed") for n in r["notes"].values()), r
+        assert set(r["values"]) == {"native", "journalfs", "floor"}
+        assert set(r["settle_s"]) == {"journalfs", "floor"}
+    for name, unit in (("readdir (entries/s)", "entry"), ("ls -l 2000 entries, warm", "entry"),
+                       ("view ls -l, 300 records, warm", "entry"),
+                       ("getfattr -R, 5,005 files", "file"), ("500 x mv (whole command)", "request")):
+        r = results[name]
+        assert r["cpu_unit"] == unit
+        for target in ("journalfs", "floor"):
+            per_unit = r["cpu_us_per_unit"][target]["median"]
+            per_request = r["cpu_us_per_request"][target]["median"]
+            assert per_unit > 0 and per_request > 0
+            if unit == "request":
+                assert per_unit == per_request
+        assert r["ratio_journalfs_floor_cpu"] == pytest.approx(
+            r["cpu_us_per_unit"]["journalfs"]["median"] / r["cpu_us_per_unit"]["floor"]["median"])
+    # readdir: 5 listings of 200 names in a few requests, so CPU per entry is far below
+    # CPU per request
+    readdir = results["readdir (entries/s)"]
+    assert sum(readdir["requests"]["journalfs"]) < 5 * 200
+    assert (readdir["cpu_us_per_unit"]["journalfs"]["median"]
+            < readdir["cpu_us_per_request"]["journalfs"]["median"])
+    # nothing of mv-500's set-up in SOURCE is left
+    assert not list((tmp_path / "work" / "src").glob("mv-*"))
+
+
+def test_a_row_starts_once_the_daemon_stopped_working(tmp_path):
+    """settle() returns only after the daemon's CPU time stopped moving: a stand-in daemon
+    that works (burns CPU) until it writes a marker, then sleeps."""
+    done = tmp_path / "done"
+    busy = subprocess.Popen([sys.executable, "-c", (
+        "import time, pathlib\n"
+        "end = time.monotonic() + 1.0\n"
+        "while time.monotonic() < end: pass\n"
+        f"pathlib.Path({str(done)!r}).write_text('idle')\n"
+        "time.sleep(60)\n")])
+    try:
+        target = bench_fuse.Target("floor", tmp_path, tmp_path / "mnt")
+        target.proc = busy
+        waited = bench_fuse.settle(target)
+        assert done.exists()
+        assert waited >= bench_fuse.SETTLE_WINDOW
+        target.proc = None  # not a mount: nothing to unmount
+    finally:
+        busy.kill()
+        busy.wait()
