@@ -141,9 +141,6 @@ class Inode:
     # (stat, timeout, EntryAttributes) of the last reply built for it: reused while equal
     reply: tuple | None = None
     meta_path: tuple | None = None  # (path, its store path): see Ownership.store_path
-    # (path, the watcher's generation) when statx_beneath last found this object at that,
-    # its only name, below watched directories: see XattrOps._one_name_now
-    settled: tuple | None = None
     # The kernel asked for its ACL (which it then caches: enable_acl) since a READDIRPLUS
     # entry last carried its attributes (such an entry drops that cache): readdir sends it
     # by name only then, else with attributes (dirops.py)
@@ -336,8 +333,7 @@ class InodeTable:
                 # listing brings back: no new objects for them (docs/security.md, "Slower")
                 node = reuse
                 node.dropped = False
-                # seen again: nothing cached is trusted
-                node.stat = node.meta_path = node.settled = None
+                node.stat = node.meta_path = None  # seen again: nothing cached is trusted
             else:
                 number = self.number(key)
                 if number in self.by_ino:  # only after a reuse as above

@@ -157,19 +157,14 @@ def statx_beneath(dir_fd: int, rel: bytes) -> BeneathStat:
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), rel)
+    buf = _StatxBuf()
     try:
-        return statx_fd(fd)
+        failed = _statx(fd, b"", _STATX_EMPTY_NOFOLLOW, _STATX_IDENTITY, buf)
     finally:
         os.close(fd)
-
-
-def statx_fd(fd: int) -> BeneathStat:
-    """:func:`statx_beneath`'s facts of the object ``fd`` (O_PATH is fine) stands for: one
-    syscall, no path walk."""
-    buf = _StatxBuf()
-    if _statx(fd, b"", _STATX_EMPTY_NOFOLLOW, _STATX_IDENTITY, buf):
+    if failed:
         err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+        raise OSError(err, os.strerror(err), rel)
     mask, attributes, uid, mode, ino, btime_s, btime_ns, major, minor = \
         _STATX_FIELDS.unpack_from(buf)
     return _new_tuple(BeneathStat, (os.makedev(major, minor), ino, mode, uid,

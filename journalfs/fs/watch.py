@@ -25,8 +25,6 @@ Interface used by the passthrough (journalfs/fs/passthrough.py):
                                                 # (lookup, readdirplus, the root): watch it
     watcher.directory_forgotten(ino)            # the kernel forgot it: stop watching
     watcher.unsettled(ino)                      # a change in that directory not yet applied?
-    watcher.settled()                           # the generation of names and attributes
-                                                # now, or -1 (see settled's doc)
     await nursery.start(watcher.run)            # serve events until cancelled
 
 ``directory_known`` is cheap and idempotent; pass an fd (O_PATH is fine) or a path of the
@@ -100,10 +98,6 @@ _FAN_KIND = {FAN_CREATE: NAMES, FAN_DELETE: NAMES, FAN_MOVED_FROM: NAMES, FAN_MO
              FAN_MODIFY: DATA, FAN_ATTRIB: ATTRS}
 _IN_KIND = {IN_CREATE: NAMES, IN_DELETE: NAMES, IN_MOVED_FROM: NAMES, IN_MOVED_TO: NAMES,
             IN_MODIFY: DATA, IN_ATTRIB: ATTRS}
-#: fanotify events that change what a name means or an object's attributes (anyone's, the
-#: daemon's own included), and lost events: each one starts a new generation (settled())
-_FAN_UNSETTLING = (FAN_ATTRIB | FAN_MOVED_FROM | FAN_MOVED_TO | FAN_CREATE | FAN_DELETE
-                   | FAN_RENAME | FAN_Q_OVERFLOW)
 _AT_EMPTY_PATH = 0x1000
 _MAX_HANDLE = 128
 _READ_SIZE = 1 << 16
@@ -306,10 +300,6 @@ class SourceWatcher:
         self.events = 0
         self.invalidations = 0
         self.overflows = 0
-        #: see settled(); ``walks_skipped``: path walks the passthrough left out on its word
-        self.generation = 0
-        self.walks_skipped = 0
-        self._probe = ctypes.create_string_buffer(_READ_SIZE)
         forced = os.environ.get("JOURNALFS_WATCH", "")  # for benches and tests only
         if forced == "off":
             self.reason = "JOURNALFS_WATCH=off"
@@ -369,7 +359,6 @@ class SourceWatcher:
                 "directories": len(self._key_of), "events": self.events,
                 "renames": self.renames,
                 "invalidations": self.invalidations, "overflows": self.overflows,
-                "generation": self.generation, "walks_skipped": self.walks_skipped,
                 "notifications": self.notifier.status()}
 
     # -- the passthrough's hooks ----------------------------------------------------------
@@ -415,40 +404,10 @@ class SourceWatcher:
                 return True
         return ino in self._applying_dirs or ino in self._waiting_dirs
 
-    def settled(self) -> int:
-        """The generation of SOURCE's names and attributes as of now, or -1 when this
-        watcher cannot prove it. It goes up with every change to a name (create, delete,
-        rename) or an attribute (chown, chmod, times, xattrs: FS_ATTRIB) in a watched
-        directory, the daemon's own changes included, with a lost event (queue overflow) and
-        with a directory no longer watched. fsnotify queues an event before the changing
-        syscall returns, and the queue is read here (never waiting), so a fact about a name
-        below watched directories found at generation G still holds while this returns G.
-        -1: not fanotify (inotify does not say whose a change is and is not asked to be
-        exact here), some directory went unwatched (the mark limit), the queue cannot be
-        read, or changes read are not yet applied to the mount's tables. Not covered (no
-        event): inode flags (FS_IOC_SETFLAGS, chattr), and changes made through a hard link
-        in a directory not watched."""
-        if self.mechanism != "fanotify" or self.limit_reached or self.fd < 0 or self.stopped:
-            return -1
-        size = _libc.read(self.fd, self._probe, _READ_SIZE)  # ctypes: no exception on EAGAIN
-        if size > 0:
-            if self._take(ctypes.string_at(self._probe, size)) and self._wake is not None:
-                self._wake.cancel()  # run() applies them now
-        elif size < 0 and ctypes.get_errno() != errno.EAGAIN:
-            return -1
-        if self._waiting or self._name_events or self._applying_dirs:
-            return -1
-        return self.generation
-
-    def _take(self, first: bytes | None = None) -> bool:
-        """Read the queue into ``_waiting`` (never blocks); whether anything was read.
-        ``first``: what the caller already read from it."""
+    def _take(self) -> bool:
+        """Read the queue into ``_waiting`` (never blocks); whether anything was read."""
         names = len(self._name_events)
-        new: dict[tuple[int, bytes | None], int] = {}
-        if first is not None:
-            self._parse_fanotify(first, new)
-        if first is None or len(first) >= _READ_SIZE // 2:  # (as _read_all decides)
-            self._read_all(new)
+        new = self._read_all({})
         for key, kinds in new.items():
             self._waiting[key] = self._waiting.get(key, 0) | kinds
             self._waiting_dirs.add(key[0])
@@ -458,7 +417,6 @@ class SourceWatcher:
         key = self._key_of.pop(ino, None)
         if key is None:
             return
-        self.generation += 1  # changes in it are no longer heard (settled())
         if self._by_key.get(key) == ino:
             del self._by_key[key]
         if self.mechanism == "inotify":
@@ -620,8 +578,6 @@ class SourceWatcher:
                 break
             if fd >= 0:  # not sent in FID mode; never leak one
                 os.close(fd)
-            if mask & _FAN_UNSETTLING:
-                self.generation += 1
             if mask & FAN_Q_OVERFLOW:
                 self._overflow(changes)
             elif pid != me:
@@ -697,7 +653,6 @@ class SourceWatcher:
         # The kernel's cached *names* in those directories cannot be listed from here: they
         # stay until the cache timeout (attributes and data are dropped below).
         self.overflows += 1
-        self.generation += 1
         self.reason = ("the change queue overflowed: names changed behind the mount may show "
                        "only after the cache timeout")
         log.warning("SOURCE change queue overflowed: dropping every cached directory")

@@ -13,7 +13,7 @@ from . import xattrs
 from .caller import CAP_SYS_ADMIN
 from .guards import fuse_error, guarded, guards_itself
 from .inodes import Inode, same_object, stale
-from .linuxcalls import frozen, proc_path, stat_beneath, statx_beneath, statx_fd
+from .linuxcalls import frozen, proc_path, stat_beneath, statx_beneath
 from .storecalls import StoreCalls
 
 #: The POSIX ACLs' attribute names: the kernel caches what getxattr answers for them.
@@ -152,66 +152,23 @@ class XattrOps(StoreCalls):
         """:meth:`_names_if_writable` of a file known under one name (no hard link of it
         seen), on this thread (local SOURCE), with the ledger's identity of it
         (``Ownership.identity``) from the same statx: three syscalls where the general way
-        takes six, and one without a path walk where the watcher proves that name still
-        means this object (below). None: that way must decide (the name now means something
-        else or nothing, is too long for one call, or the kernel lacks openat2)."""
+        takes six. None: that way must decide (the name now means something else or
+        nothing, is too long for one call, or the kernel lacks openat2)."""
         paths = node.paths  # (table.names_of's answer when no hard link was seen)
         if len(paths) != 1 or node is self.table.root or node.key in self.table.links:
             return None
-        path = paths[0]
-        fd = node.fd
-        known = node.settled
-        watch = self.watch
-        if known is not None and known[0] is path and fd is not None and \
-                known[1] == watch.settled():
-            # No name or attribute changed anywhere watched since statx_beneath found this
-            # object at ``path`` (watch.settled()), and every directory above it is watched:
-            # the name still means it (#24 item 2). Owner and flags are read from the object
-            # itself: chattr raises no fanotify event, and a hard link made in an unwatched
-            # directory would carry a chown or a chattr past the watch.
-            try:
-                st = statx_fd(fd)
-            except OSError:
-                return None
-            watch.walks_skipped += 1
-        else:
-            generation = watch.settled()  # before the walk: a change after it shows as a new one
-            root_fd = self.table.root.fd
-            assert root_fd is not None  # the root's fd is held for the mount's life
-            try:
-                st = statx_beneath(root_fd, path)
-            except OSError:
-                return None
-            if (st.dev, st.ino) != node.key or stat.S_IFMT(st.mode) != node.file_type:
-                node.settled = None
-                return None
-            node.settled = None
-            if generation >= 0 and not node.transient and self._watched_above(path):
-                try:
-                    if fd is None:  # once: the object's own fd serves the sets that follow
-                        self.table.fd(node)
-                    node.settled = (path, generation)
-                except (OSError, pyfuse3.FUSEError):  # gone meanwhile: the walk decides
-                    pass
+        names = [paths[0]]
+        root_fd = self.table.root.fd
+        assert root_fd is not None  # the root's fd is held for the mount's life
+        try:
+            st = statx_beneath(root_fd, names[0])
+        except OSError:
+            return None
+        if (st.dev, st.ino) != node.key or stat.S_IFMT(st.mode) != node.file_type:
+            return None
         if st.frozen:
             raise pyfuse3.FUSEError(errno.EPERM)
-        return [path], ((st.ino, st.btime_ns), st.uid)
-
-    def _watched_above(self, path: bytes) -> bool:
-        """Whether every directory from SOURCE's root down to ``path``'s own is watched, so
-        that a rename or delete of any of them, or of ``path``, is heard (settled())."""
-        watching, by_path, root = self.watch.watching, self.table.by_path, self.table.root
-        if not watching(root.ino):
-            self._watch_directory(root)  # (a mount watches it from its first getattr)
-            if not watching(root.ino):
-                return False
-        end = path.find(b"/")
-        while end >= 0:
-            above = by_path.get(path[:end])
-            if above is None or not watching(above.ino):
-                return False
-            end = path.find(b"/", end + 1)
-        return True
+        return names, ((st.ino, st.btime_ns), st.uid)
 
     async def _set_acl(self, node: Inode, name: bytes, value: bytes, ctx) -> None:
         """An ACL set with the caller's credentials, so that SOURCE itself decides whether
