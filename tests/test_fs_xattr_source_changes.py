@@ -154,7 +154,8 @@ def test_chattr_i_in_source_is_eperm_at_once(base):
             ino = await lookup(ops, "d/e/f")
             for value in (b"1", b"2"):
                 assert await set_note(ops, ino, value) == "ok"
-            subprocess.run(["chattr", "+i", str(path)], check=True)
+            if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode:
+                pytest.skip("SOURCE's filesystem has no inode flags here")
             try:
                 # (chattr raises no fanotify event: no watcher could report it)
                 assert await set_note(ops, ino, b"3") == "EPERM"
