@@ -41,6 +41,7 @@ class Ctx:
 @asynccontextmanager
 async def handlers(base: Path, watch: str = "fanotify"):
     """The mount's handlers on ``base/src`` with a store in ``base/store``, no kernel."""
+    before = os.environ.get("JOURNALFS_WATCH")
     os.environ["JOURNALFS_WATCH"] = watch
     try:
         config = MountConfig(source=str(base / "src"), mountpoint=str(base / "mnt"),
@@ -48,7 +49,10 @@ async def handlers(base: Path, watch: str = "fanotify"):
         meta, location = _open_metadata(config)
         ops = assemble(config, meta, location, str(base / "src"))
     finally:
-        del os.environ["JOURNALFS_WATCH"]
+        if before is None:
+            del os.environ["JOURNALFS_WATCH"]
+        else:
+            os.environ["JOURNALFS_WATCH"] = before
     # no FUSE session here: the kernel's caches the watcher would drop are not there
     notifier = KernelNotifier()
     notifier.invalidate_entry = lambda parent, name: None  # type: ignore[method-assign]
