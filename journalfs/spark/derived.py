@@ -294,7 +294,7 @@ class _StoreReplay:
         if tree.num_rows:
             if self.merged is None:
                 self.tree.append(tree)
-            else:  # not in metadata()'s order; the replay applies the tree first all the same
+            else:  # metadata()'s sort puts a store's tree rows first: a caller's bug
                 raise ValueError(f"{self.store}: tree rows after journal entries")
         journal = rows.filter(pc.invert(is_tree))
         if not journal.num_rows:
@@ -329,6 +329,8 @@ class _StoreReplay:
                 yield from state.to_batches()
                 return
         yield from _state_batches(self.store, _state_of(self._merged()))
+
+
 #: gvfs stores up to this many bytes in all (trees and journals) are replayed by the driver
 #: from the records' Parquet with pyarrow (:func:`metadata_of_parquet`): the Spark job
 #: (a shuffle, a Python worker, two stages) costs more than the replay of a few stores.
