@@ -649,6 +649,96 @@ def test_a_store_with_journal_entries_is_replayed(tmp_path, monkeypatch):
     assert derived._replay_group(table).to_pylist() == []
 
 
+def _streamed_stores(tmp_path):
+    """Three stores as metadata()'s replay meets them: one with its own journal and a journal
+    of another tag, one whose only journal has another tag, one with a journal and no tree;
+    plus each store's rows as _replay_group gets them."""
+    import pyarrow as pa
+    tree = CODECS["gvfs-tree"]
+    groups = []
+    for name, tag in (("a", 0x1234abcd), ("b", 0x0badcafe)):
+        store = str(tmp_path / name)
+        buf = tree.write([{"path": f"/d{i}/f{j}", "metadata": {"k": f"{i}.{j}", "e": ["x", str(j)]},
+                           "mtime": 1} for i in range(4) for j in range(5)], tag=tag)
+        Path(store).write_bytes(buf)
+        groups.append((store, list(tree.read(buf, store))))
+    a, b = groups[0][0], groups[1][0]
+    own = [(a + "-1234abcd.log", i, kind, path, attrs) for i, (kind, path, attrs) in enumerate([
+        ("set", "/d0/f1", {"key": "k", "value": "new"}),
+        ("setv", "/d5/f0", {"key": "e", "value": json.dumps(["p", "q"])}),
+        ("copy", "/d9", {"source": "/d1"}),
+        ("unset", "/d9/f2", {"key": "k"}),
+        ("remove", "/d2", {}),
+        ("set", "/d2/g", {"key": "k", "value": "after"}),
+    ] * 3)]
+    other = [(a + "-00000000.log", i, "remove", "/", {}) for i in range(3)]  # not the tree's
+    c = str(tmp_path / "c")  # no tree: every journal of the store is replayed
+    tables = [_store_table(a, groups[0][1], other + own),
+              _store_table(b, groups[1][1], [(b + "-00000001.log", 0, "remove", "/", {})]),
+              _store_table(c, [], [(c + "-00000002.log", i, "set", f"/x{i % 3}",
+                                    {"key": "k", "value": str(i)}) for i in range(7)])]
+    rows = pa.concat_tables(tables)
+    order = pa.compute.sort_indices(rows.append_column(
+        "journal", pa.compute.not_equal(rows.column("format"), "gvfs-tree")),
+        [("store", "ascending"), ("journal", "ascending"), ("source", "ascending"),
+         ("seq", "ascending")])
+    return rows.take(order), tables
+
+
+def test_the_streamed_replay_equals_the_grouped_one(tmp_path):
+    """metadata()'s replay gets each store's rows over many batches (Spark's Arrow batches)
+    and keeps only the store's state: the rows of replaying each store's rows at once."""
+    from journalfs.spark import derived
+    rows, tables = _streamed_stores(tmp_path)
+    expected = [r for t in tables for r in derived._replay_group(t).to_pylist()]
+    assert len(expected) > 50 and {r["store"] for r in expected} == {t["store"][0].as_py() for t in tables}
+    for size in (1, 4, 7, 1000):
+        batches = rows.to_batches(max_chunksize=size)
+        got = [r for b in derived.replay_batches(iter(batches)) for r in b.to_pylist()]
+        assert got == expected, size
+
+
+def test_the_streamed_replay_yields_a_store_before_reading_the_next(tmp_path):
+    """A store's rows are never all in the worker at once: the replay pulls batches one by
+    one and yields a store's rows as soon as the next store's first batch comes."""
+    from journalfs.spark import derived
+    rows, tables = _streamed_stores(tmp_path)
+    pulled = []
+
+    def batches():
+        for batch in rows.to_batches(max_chunksize=5):
+            pulled.append(batch.column("store").to_pylist())
+            yield batch
+    first = tables[0]["store"][0].as_py()
+    replay = derived.replay_batches(batches())
+    out = next(replay)
+    assert set(out.column("store").to_pylist()) == {first}
+    assert sum(first in stores for stores in pulled) > 5  # the store came in many batches
+    assert pulled[-1][-1] != first and first not in pulled[-1][1:]  # ... and is done with
+    assert len(pulled) < len(rows.to_batches(max_chunksize=5))
+
+
+def test_metadata_dataframe_streams_each_store(spark, tmp_path):
+    """derived.metadata on Spark, with Arrow batches of 3 rows: the same rows as the grouped
+    replay, through mapInArrow (no grouped applyInArrow of a whole store)."""
+    from journalfs.spark import derived
+    rows, tables = _streamed_stores(tmp_path)
+    path = str(tmp_path / "records.parquet")
+    pq.write_table(rows.drop_columns(["store"]), path)
+    previous = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "3")
+    try:
+        df = derived.metadata(spark.read.parquet(path))
+        plan = df._jdf.queryExecution().executedPlan().toString()
+        got = sorted(tuple(r) for r in df.collect())
+    finally:
+        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", previous)
+    assert "MapInArrow" in plan and "FlatMapGroupsInArrow" not in plan
+    expected = sorted((r["store"], r["path"], r["key"], r["value"], r["values"])
+                      for t in tables for r in derived._replay_group(t).to_pylist())
+    assert got == expected and len(got) > 50
+
+
 def test_summary_names_damage_and_what_was_not_read():
     import io
     from rich.console import Console

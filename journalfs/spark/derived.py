@@ -16,6 +16,7 @@ import bisect
 import json
 import os
 import re
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +29,7 @@ from ..formats import CODECS
 from ..formats.gvfs_journal import JOURNAL_SUFFIX, tree_and_tag
 from ..formats.gvfs_tree import MergedTree, header_tag
 from ..formats.kestrel import READER_SUFFIX, WRITER_SUFFIX
+from .read import TRIM_EVERY, malloc_trim
 from .storage import is_remote, read_head, s3_options
 
 
@@ -228,13 +230,105 @@ def transactions(records: DataFrame) -> DataFrame:
 
 def metadata(records: DataFrame) -> DataFrame:
     """(store, path, key, value, values): every store's tree + journal replayed to its current
-    state. Replay is ordered and path-structured (copy/remove act on subtrees), so each store
-    is one group replayed by :func:`replay_store` on an executor."""
+    state. Replay is ordered and path-structured (copy/remove act on subtrees), so each store's
+    rows go to one partition, sorted there (the tree's rows first, then the journals' in
+    (source, seq) order: Spark's sort spills to disk), and :func:`replay_batches` walks them a
+    batch at a time keeping only the current store's state, never its history (a grouped
+    ``applyInArrow`` handed the worker a store's every row as one table: 3.45 GB and growing
+    for a 2 GB journal)."""
     gvfs = records.where(F.col("format").isin(GVFS_TREE, GVFS_JOURNAL)).select(
         F.when(F.col("format") == GVFS_TREE, F.col("source"))
         .otherwise(F.regexp_replace("source", JOURNAL_SUFFIX, "")).alias("store"),
         "source", "format", "seq", "kind", "key", "attrs")
-    return gvfs.groupBy("store").applyInArrow(_replay_group, METADATA_DDL)
+    return gvfs.repartition("store") \
+        .sortWithinPartitions("store", F.col("format") != GVFS_TREE, "source", "seq") \
+        .mapInArrow(replay_batches, METADATA_DDL)
+
+
+def replay_batches(batches) -> Iterator:
+    """``mapInArrow`` function of :func:`metadata`: ``batches`` hold the gvfs rows sorted by
+    store, then a store's tree rows before its journals' rows, those by (source, seq); yields
+    each store's state rows (:func:`_replay_group`'s, in its order) when the next store
+    starts and at the end."""
+    replay = None
+    trim, seen = malloc_trim(), 0
+    for batch in batches:
+        seen += 1
+        if seen % TRIM_EVERY == 0:
+            trim()
+        for lo, hi in _store_runs(batch.column("store")):
+            store = batch.column("store")[lo].as_py()
+            if replay is None or replay.store != store:
+                if replay is not None:
+                    yield from replay.finish()
+                    trim()
+                replay = _StoreReplay(store)
+            replay.add(batch.slice(lo, hi - lo))
+    if replay is not None:
+        yield from replay.finish()
+
+
+def _store_runs(stores) -> list[tuple[int, int]]:
+    """(lo, hi) of each run of equal values (nulls equal) in a column of sorted stores."""
+    codes = pc.fill_null(stores.dictionary_encode().indices, -1).to_numpy(zero_copy_only=False)
+    cuts = [0, *(np.flatnonzero(codes[1:] != codes[:-1]) + 1).tolist(), len(codes)]
+    return [(lo, hi) for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
+
+
+class _StoreReplay:
+    """One store's replay fed its sorted rows a batch at a time (:func:`replay_batches`). The
+    tree's rows are kept as they came (Arrow) until an entry of the store's journal is met:
+    a store with none is its tree's rows as they are (:func:`_tree_state`); else they become
+    a :class:`MergedTree` and the entries are applied as they come, none kept."""
+
+    def __init__(self, store: str | None):
+        self.store = store
+        self.tag = _tree_tag(store) if store else None
+        self.tree: list = []  # the tree's rows, until the first entry to replay
+        self.merged: MergedTree | None = None
+        self.read: dict[str | None, bool] = {}  # journal source -> whether the tree reads it
+
+    def add(self, rows) -> None:
+        is_tree = pc.equal(rows.column("format"), GVFS_TREE)
+        tree = rows.filter(is_tree)
+        if tree.num_rows:
+            if self.merged is None:
+                self.tree.append(tree)
+            else:  # metadata()'s sort puts a store's tree rows first: a caller's bug
+                raise ValueError(f"{self.store}: tree rows after journal entries")
+        journal = rows.filter(pc.invert(is_tree))
+        if not journal.num_rows:
+            return
+        sources = journal.column("source")
+        for source in pc.unique(sources).to_pylist():
+            if source not in self.read:
+                named = tree_and_tag(source)
+                self.read[source] = self.tag is None or bool(named and named[1] == self.tag)
+        read = [s for s, yes in self.read.items() if yes]
+        entries = journal.filter(pc.is_in(sources, pa.array(read, pa.string())))
+        if entries.num_rows:
+            merged = self._merged()
+            for r in entries.to_pylist():
+                _apply_entry(merged, r["kind"], r["key"], _attrs(r))
+
+    def _merged(self) -> MergedTree:
+        if self.merged is None:
+            self.merged = MergedTree(None)
+            for part in self.tree:
+                _set_tree_rows(self.merged, part.to_pylist())
+            self.tree = []
+        return self.merged
+
+    def finish(self) -> Iterator:
+        if self.merged is None:
+            tree = pa.Table.from_batches(self.tree) if self.tree else pa.table(
+                {"key": pa.array([], pa.string()),
+                 "attrs": pa.array([], pa.map_(pa.string(), pa.string()))})
+            state = _tree_state(self.store, tree)
+            if state is not None:
+                yield from state.to_batches()
+                return
+        yield from _state_batches(self.store, _state_of(self._merged()))
 
 
 #: gvfs stores up to this many bytes in all (trees and journals) are replayed by the driver
@@ -292,12 +386,22 @@ def _replay_group(table):
         state = _tree_state(store, table.filter(is_tree))
         if state is not None:
             return state
-    state = replay_store(store, table.to_pylist())
+    return pa.Table.from_batches(
+        list(_state_batches(store, replay_store(store, table.to_pylist()))), _metadata_schema())
+
+
+def _state_batches(store: str | None, state: dict[str, dict]) -> Iterator:
+    """The rows of a store's ``{path: {key: value}}``, sorted by path and key, as record
+    batches of about :data:`TREE_ROWS_AT_ONCE` rows."""
     out = _empty_state()
     for path in sorted(state):
         for key in sorted(state[path]):
             _state_row(out, store, path, key, state[path][key])
-    return pa.table(out, schema=_metadata_schema())
+        if len(out["store"]) >= TREE_ROWS_AT_ONCE:
+            yield pa.record_batch(out, schema=_metadata_schema())
+            out = _empty_state()
+    if out["store"]:
+        yield pa.record_batch(out, schema=_metadata_schema())
 
 
 def _metadata_schema():
@@ -362,16 +466,28 @@ def replay_store(store: str | None, rows: list[dict]) -> dict[str, dict]:
     nodes, then the entries of the journal whose tag matches the tree, oldest first, applied
     as the store's own compaction applies them (:class:`MergedTree`)."""
     merged = MergedTree(None)
+    _set_tree_rows(merged, rows)
+    for _source, _seq, kind, path, attrs in _journal_entries(store, rows):
+        _apply_entry(merged, kind, path, attrs)
+    return _state_of(merged)
+
+
+def _set_tree_rows(merged: MergedTree, rows: list[dict]) -> None:
     for r in rows:
         if r["format"] == GVFS_TREE:
             attrs = _attrs(r)
             for key, value in json.loads(attrs.get("metadata") or "{}").items():
                 merged.set(r["key"], key, value, 0)
-    for _source, _seq, kind, path, attrs in _journal_entries(store, rows):
-        value = attrs.get("value", "")
-        merged.apply({"kind": kind, "path": path, "key": attrs.get("key"), "mtime": 0,
-                      "value": json.loads(value or "[]") if kind == "setv" else value,
-                      "source": attrs.get("source")})
+
+
+def _apply_entry(merged: MergedTree, kind: str, path: str, attrs: dict) -> None:
+    value = attrs.get("value", "")
+    merged.apply({"kind": kind, "path": path, "key": attrs.get("key"), "mtime": 0,
+                  "value": json.loads(value or "[]") if kind == "setv" else value,
+                  "source": attrs.get("source")})
+
+
+def _state_of(merged: MergedTree) -> dict[str, dict]:
     return {path: meta for path, meta, _mtime in merged.items()}
 
 

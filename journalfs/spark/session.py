@@ -40,7 +40,7 @@ def pipeline_settings(conf: dict | None = None) -> dict[str, str]:
     """The pipeline's own settings, then ``conf`` (the user's memory sizes and settings,
     which win)."""
     settings = {"spark.sql.shuffle.partitions": "8", "spark.ui.showConsoleProgress": "false",
-                # the records' job and the metadata replay (applyInArrow) would set
+                # the records' job and the metadata replay (mapInArrow) would set
                 # different worker environments and so start two Python daemons
                 "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
                 # pyarrow's default pool (mimalloc) keeps freed batches' pages: a worker's

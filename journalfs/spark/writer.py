@@ -14,7 +14,6 @@ or retried attempt's files are removed), so the table is complete or the job fai
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import pyarrow.parquet as pq
 from pyspark import TaskContext
 
 from . import derived
+from .read import TRIM_EVERY, malloc_trim
 from .schema import DAMAGE_KIND, arrow_schema
 from .source import read_group
 
@@ -121,22 +121,6 @@ def _remove_others(records_dir: str, keep: dict[str, int]) -> None:
             os.rmdir(d)
 
 
-#: Batches a task writes between two calls of glibc's ``malloc_trim``: the workers' Arrow
-#: buffers come from malloc (the system pool), whose freed pages a long task kept as it
-#: went (a 2 GB Kestrel reader file's worker: 340 MB; over 300 MB of it, in one process,
-#: anonymous memory 143 MB at the end without, 109 MB with, peak RSS 227 against 197 MB).
-TRIM_EVERY = 16
-
-
-def _malloc_trim():
-    """glibc's ``malloc_trim(0)`` (gives free heap pages back), or a no-op without glibc."""
-    try:
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return lambda: None
-    return lambda: trim(0)
-
-
 def write_groups(groups: list, records_dir: str, ids: Iterator[int]) -> Iterator[tuple]:
     """``mapPartitions`` function: ``ids`` are the indexes of the groups this task reads
     (one); yields its :data:`RESULT_NAMES` tuples at the end."""
@@ -149,7 +133,7 @@ def write_groups(groups: list, records_dir: str, ids: Iterator[int]) -> Iterator
     parts: dict[str, list] = {}
     given_up: set[str] = set()  # tables whose partials grew too big here
     akka = partial_rows = 0
-    trim, batches = _malloc_trim(), 0
+    trim, batches = malloc_trim(), 0
     try:
         for i in ids:
             for batch in read_group(groups[i], True):
