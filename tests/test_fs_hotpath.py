@@ -18,25 +18,11 @@ import pyfuse3
 import pytest
 import trio
 
-from fastops import ROOT, ReplyBuffer, lookup_path, serving
+from fastops import ROOT, ReplyBuffer, Yielded, at_once, lookup_path, serving
 
 pytestmark = pytest.mark.fast
 
 KEY = b"user.metadata.colour"
-
-
-class Yielded(AssertionError):
-    pass
-
-
-def at_once(coro):
-    """The result of ``coro``, which must complete without yielding to the scheduler."""
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    coro.close()
-    raise Yielded("the handler yielded to the scheduler")
 
 
 def error_at_once(coro) -> int:

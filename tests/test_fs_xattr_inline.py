@@ -12,22 +12,12 @@ import pyfuse3
 import pytest
 import trio
 
-from fastops import ROOT, lookup_path, serving
+from fastops import ROOT, at_once, lookup_path, serving
 from journalfs.metastore.ledger import metadata_bytes
 
 pytestmark = pytest.mark.fast
 
 KEY = b"user.metadata.colour"
-
-
-def at_once(coro):
-    """The result of ``coro``, which must complete without yielding to the scheduler."""
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    coro.close()
-    raise AssertionError("the handler yielded to the scheduler")
 
 
 def run(src, tmp_path, scenario):
