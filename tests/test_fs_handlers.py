@@ -78,14 +78,20 @@ def names_now(ops, ino: int) -> list[bytes]:
     return sorted(ops._inline(node, ops._names_now, node))
 
 
+def one_file_source(tmp_path):
+    """SOURCE with one file, d/f."""
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "f").write_bytes(b"x")
+    return src
+
+
 def test_a_file_of_one_name_is_checked_in_one_statx_beneath(tmp_path):
     """setxattr of a file known under one name (the common case) checks that name, the
     file's inode flags and its ledger identity with one openat2+statx (_one_name_now):
     the same identity Ownership.identity gives, and a directory of the path swapped for a
     symlink behind the mount's back still does not make the name count (ENOENT)."""
-    src = tmp_path / "src"
-    (src / "d").mkdir(parents=True)
-    (src / "d" / "f").write_bytes(b"x")
+    src = one_file_source(tmp_path)
     key = b"user.metadata.colour"
 
     async def main():
@@ -111,9 +117,7 @@ def test_metadata_goes_only_to_names_that_still_lead_to_the_file(tmp_path):
     the path swapped for a symlink behind the mount's back (to where the file now is) does
     not make the old name count, so nothing is written under a path that no longer names
     the file; a hard link made through the mount does count."""
-    src = tmp_path / "src"
-    (src / "d").mkdir(parents=True)
-    (src / "d" / "f").write_bytes(b"x")
+    src = one_file_source(tmp_path)
     key = b"user.metadata.colour"
 
     async def main():

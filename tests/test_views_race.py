@@ -185,6 +185,43 @@ def test_a_forget_arriving_while_a_lookup_waits_keeps_the_node(tmp_path):
 
 
 @pytest.mark.fast
+def test_a_forget_arriving_while_a_dotdot_lookup_waits_keeps_the_node(tmp_path):
+    """The same for a mirrored directory's ``..`` (NFS exports ask it): the FORGET of the
+    kernel's references to the parent, handled while the lookup's stat waits, leaves the
+    node the reply names in the table."""
+    src = tmp_path / "src"
+    (src / "a" / "b").mkdir(parents=True)
+
+    async def scenario(ops):
+        a = await lookup_path(ops, "a")
+        b = await lookup_path(ops, "a/b")
+        held = ops.table.by_ino[a.st_ino].lookups
+        parked, release = trio.Event(), trio.Event()
+        real = ops._stat
+
+        async def stat_waiting(node):
+            if node.ino == a.st_ino:
+                parked.set()
+                await release.wait()
+            return await real(node)
+
+        ops._stat = stat_waiting
+        found = {}
+        async with trio.open_nursery() as nursery:
+            async def look():
+                found["attrs"] = await ops.lookup(b.st_ino, b"..", ROOT)
+            nursery.start_soon(look)
+            await parked.wait()
+            await ops.forget([(a.st_ino, held)])  # the kernel evicted its inode
+            release.set()
+        assert found["attrs"].st_ino == a.st_ino
+        assert ops.table.by_ino[a.st_ino].lookups == 1  # the kernel's one new reference
+        assert (await ops.getattr(a.st_ino, ROOT)).st_ino == a.st_ino
+
+    fastops.run(src, scenario)
+
+
+@pytest.mark.fast
 @pytest.mark.skipif(os.environ.get("JOURNALFS_WATCH") == "off", reason="needs a SOURCE watcher")
 def test_changes_elsewhere_in_source_leave_a_listing_its_kept_copy(tmp_path):
     """With the watcher running (as a mount runs it), a directory listed once is listed

@@ -87,18 +87,14 @@ class NodeOps(MountCore):
             return await self._found_again(parent_inode)
         parent = self.table.get(parent_inode)
         if name == b".":
-            st = await self._stat(parent)
-            parent.lookups += 1
-            return self.attrs(parent, st)
+            return await self._lookup_held(parent)
         if name == b"..":  # asked by NFS exports; the directory it was found in
             up = parent if parent is self.table.root else self.table.by_ino.get(parent.parent)
             if up is None and parent.path:  # e.g. a directory found again by its handle
                 return await self._found_at(os.path.dirname(parent.path))
             if up is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)
-            st = await self._stat(up)
-            up.lookups += 1
-            return self.attrs(up, st)
+            return await self._lookup_held(up)
         # a fresh listing is a dict lookup: no coroutine for it (stat of many names, cold)
         dir_rel = parent.path
         listing = self.snapshots.listing(dir_rel) if dir_rel is not None else None
@@ -162,6 +158,17 @@ class NodeOps(MountCore):
     @staticmethod
     def _lstat_at(dir_fd: int, name: bytes) -> os.stat_result:
         return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+
+    async def _lookup_held(self, node):
+        """A lookup's answer for ``node`` after a stat that may wait: the reference is
+        counted before the wait, so a FORGET arriving meanwhile cannot drop the node the
+        reply names."""
+        node.lookups += 1
+        try:
+            return self.attrs(node, await self._stat(node))
+        except BaseException:
+            self.table.forget(node.ino, 1)
+            raise
 
     @guarded
     async def forget(self, inode_list):
