@@ -266,3 +266,23 @@ def test_changes_elsewhere_in_source_leave_a_listing_its_kept_copy(tmp_path):
             nursery.cancel_scope.cancel()
 
     fastops.run(src, scenario)
+
+
+@pytest.mark.fast
+def test_unsettled_reads_ahead_of_the_watcher_within_a_bound(monkeypatch, tmp_path):
+    """unsettled() reads the kernel's queue ahead of the watcher's round only up to
+    MAX_TAKEN changes; past it nothing more is read and every directory is unsettled."""
+    from journalfs.fs import watch
+    watcher = watch.SourceWatcher(lambda ino, name: None)
+    try:
+        monkeypatch.setattr(watch, "MAX_TAKEN", 2)
+        read = []
+        monkeypatch.setattr(watcher, "_read_all", lambda changes: read.append(1) or changes)
+        watcher._waiting = {(7, b"a"): 1, (7, b"b"): 1}
+        watcher._waiting_dirs = {7}
+        assert watcher.unsettled(8) is True and read == []
+        watcher._waiting = {(7, b"a"): 1}
+        assert watcher.unsettled(8) is False
+        assert watcher.unsettled(7) is True
+    finally:
+        watcher.stop()

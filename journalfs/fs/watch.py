@@ -115,6 +115,10 @@ CLOSE_TIMEOUT = 2.0
 #: and 4 syscalls on the request thread, #28). A change behind the mount made during the
 #: pause shows at most this much later.
 OWN_EVENTS_PAUSE = 0.001
+#: Changes unsettled() reads ahead of the watcher's round at most (distinct (directory, name)
+#: pairs, while run() still applies the last round): past it the rest stays in the kernel's
+#: queue and every directory counts as unsettled, so a flood of changes cannot grow memory.
+MAX_TAKEN = 65_536
 
 
 class KernelNotifier:
@@ -396,6 +400,8 @@ class SourceWatcher:
         of changes costs nobody else's listings a rescan). Not counted: a change inside a
         subdirectory, which only changes that subdirectory's times in this listing until
         the watcher's round (the kernel drops them then)."""
+        if len(self._waiting) >= MAX_TAKEN:
+            return True
         if self.fd >= 0 and not self.stopped:
             try:
                 if self._take() and self._wake is not None:
